@@ -1,0 +1,79 @@
+// ulpgate command-line tool. Exit codes (DESIGN.md): 0 ok, 1 a check failed / regression,
+// 2 bad usage or bad input (one line on stderr), 3 internal error.
+#include <cstdio>
+#include <exception>
+#include <string>
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include "harness/core/error.hpp"
+#include "harness/core/format.hpp"
+
+namespace {
+
+constexpr int kExitOk = 0, kExitUsage = 2, kExitInternal = 3;
+
+int usage_error(const std::string& msg) {
+  std::fprintf(stderr, "ulpgate: error: %s (see 'ulpgate --help')\n", msg.c_str());
+  return kExitUsage;
+}
+
+void list_formats() {
+  using namespace ulpgate;
+  std::printf("formats:\n");
+  std::printf("  %-5s %4s %4s %5s %5s %-13s %-13s %-13s %s\n", "name", "bits", "exp", "frac",
+              "bias", "max", "min normal", "min subnorm", "description");
+  for (Format f : kAllFormats) {
+    const auto& fi = info(f);
+    std::printf("  %-5s %4d %4d %5d %5d %-13.6g %-13.6g %-13.6g %s\n",
+                std::string(fi.name).c_str(), fi.bits, fi.exp_bits, fi.frac_bits, fi.bias,
+                fi.max_finite(), fi.min_normal(), fi.min_subnormal(),
+                std::string(fi.description).c_str());
+  }
+  std::printf("roundings: rne (nearest even), rna (nearest, ties away), rz, ru, rd; "
+              "overflow: nosat (IEEE), satfinite\n");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"ulpgate: numerical-precision validation and fuzzing for GPU GEMM and attention kernels",
+               "ulpgate"};
+  app.set_version_flag("--version", fmt::format("ulpgate {} (git {})", ULPGATE_VERSION, ULPGATE_GIT_REVISION));
+  app.require_subcommand(1);
+  app.fallthrough(false);
+
+  auto* list = app.add_subcommand("list", "Kernels, formats and distributions available here");
+
+  // An unknown verb gets a message of its own rather than CLI11's "argument not expected".
+  if (argc > 1 && argv[1][0] != '-') {
+    bool known = false;
+    for (const auto* sub : app.get_subcommands({})) known |= sub->get_name() == argv[1];
+    if (!known) return usage_error(fmt::format("unknown command '{}'", argv[1]));
+  }
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    if (e.get_exit_code() == 0) return app.exit(e);  // --help, --version
+    if (argc <= 1) {
+      std::fputs(app.help().c_str(), stderr);
+      return kExitUsage;
+    }
+    return usage_error(e.what());
+  }
+
+  try {
+    if (list->parsed()) {
+      list_formats();
+      return kExitOk;
+    }
+  } catch (const ulpgate::InputError& e) {
+    std::fprintf(stderr, "ulpgate: error: %s\n", e.what());
+    return kExitUsage;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "ulpgate: internal error: %s\n", e.what());
+    return kExitInternal;
+  }
+  return kExitOk;
+}

@@ -1,0 +1,375 @@
+#include "harness/core/case.hpp"
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "harness/core/error.hpp"
+
+namespace ulpgate {
+namespace {
+
+using json = nlohmann::json;
+
+template <class E, std::size_t N>
+std::optional<E> parse_enum(std::string_view t, const E (&all)[N]) {
+  for (E e : all)
+    if (name(e) == t) return e;
+  return std::nullopt;
+}
+
+constexpr Op kOps[] = {Op::Gemm, Op::Attention};
+constexpr Layout kLayouts[] = {Layout::RowMajor, Layout::ColMajor};
+constexpr AttentionLayout kAttnLayouts[] = {AttentionLayout::BHSD, AttentionLayout::BSHD};
+constexpr Epilogue kEpilogues[] = {Epilogue::None,     Epilogue::Bias,     Epilogue::Relu,
+                                   Epilogue::Gelu,     Epilogue::GeluTanh, Epilogue::BiasRelu,
+                                   Epilogue::BiasGelu, Epilogue::BiasGeluTanh};
+
+[[noreturn]] void fail(const std::string& path, const std::string& msg) {
+  throw InputError(path + ": " + msg);
+}
+
+std::string shown(const json& v) {
+  std::string s = v.dump();
+  return s.size() > 40 ? s.substr(0, 37) + "..." : s;
+}
+
+// Reads one JSON object field by field, so that every message names the field's path and
+// fields nobody asked for are reported as unknown (typos must not pass silently).
+class ObjectReader {
+ public:
+  ObjectReader(const json& j, std::string path) : j_(j), path_(std::move(path)) {
+    if (!j_.is_object()) fail(path_, "must be a JSON object, got " + shown(j_));
+  }
+  std::string path(std::string_view key) const { return path_ + "." + std::string(key); }
+  const json* find(std::string_view key) {
+    seen_.insert(std::string(key));
+    auto it = j_.find(std::string(key));
+    return it == j_.end() ? nullptr : &*it;
+  }
+  const json& need(std::string_view key) {
+    const json* v = find(key);
+    if (!v) fail(path(key), "missing");
+    return *v;
+  }
+  std::int64_t integer(std::string_view key, std::int64_t dflt, std::int64_t min_value) {
+    const json* v = find(key);
+    if (!v) return dflt;
+    if (!v->is_number_integer() || (v->is_number_unsigned() && v->get<std::uint64_t>() > INT64_MAX))
+      fail(path(key), "must be an integer, got " + shown(*v));
+    const auto x = v->get<std::int64_t>();
+    if (x < min_value) fail(path(key), fmt::format("must be >= {}, got {}", min_value, x));
+    return x;
+  }
+  bool boolean(std::string_view key, bool dflt) {
+    const json* v = find(key);
+    if (!v) return dflt;
+    if (!v->is_boolean()) fail(path(key), "must be true or false, got " + shown(*v));
+    return v->get<bool>();
+  }
+  double number(std::string_view key, double dflt) {
+    const json* v = find(key);
+    return v ? finite_number(*v, path(key)) : dflt;
+  }
+  template <class E, std::size_t N>
+  E enumeration(std::string_view key, E dflt, const E (&all)[N]) {
+    const json* v = find(key);
+    if (!v) return dflt;
+    std::string choices;
+    for (E e : all) choices += (choices.empty() ? "" : ", ") + std::string(name(e));
+    if (!v->is_string()) fail(path(key), "must be one of " + choices + ", got " + shown(*v));
+    auto e = parse_enum(v->get<std::string>(), all);
+    if (!e) fail(path(key), "must be one of " + choices + ", got " + shown(*v));
+    return *e;
+  }
+  void finish() const {
+    for (auto it = j_.begin(); it != j_.end(); ++it)
+      if (!seen_.count(it.key())) fail(path(it.key()), "unknown field");
+  }
+
+  // A finite double: a JSON number, or a string holding a C99 hex float ("0x1.8p+0") or
+  // decimal, for values that must survive exactly.
+  static double finite_number(const json& v, const std::string& p) {
+    double x;
+    if (v.is_number()) {
+      x = v.get<double>();
+    } else if (v.is_string()) {
+      const std::string s = v.get<std::string>();
+      char* end = nullptr;
+      x = std::strtod(s.c_str(), &end);
+      if (s.empty() || *end != '\0') fail(p, "must be a number, got " + shown(v));
+    } else {
+      fail(p, "must be a number, got " + shown(v));
+    }
+    if (!std::isfinite(x)) fail(p, "must be finite, got " + shown(v));
+    return x;
+  }
+
+ private:
+  const json& j_;
+  std::string path_;
+  std::set<std::string> seen_;
+};
+
+std::vector<std::string> operands_of(Op op) {
+  if (op == Op::Gemm) return {"A", "B", "C", "D", "bias"};
+  return {"Q", "K", "V", "O"};
+}
+
+bool contains(const std::vector<std::string>& v, const std::string& s) {
+  return std::find(v.begin(), v.end(), s) != v.end();
+}
+
+}  // namespace
+
+std::string_view name(Op o) { return o == Op::Gemm ? "gemm" : "attention"; }
+std::string_view name(Layout l) { return l == Layout::RowMajor ? "row" : "col"; }
+std::string_view name(AttentionLayout l) { return l == AttentionLayout::BHSD ? "bhsd" : "bshd"; }
+std::string_view name(Epilogue e) {
+  switch (e) {
+    case Epilogue::None: return "none";
+    case Epilogue::Bias: return "bias";
+    case Epilogue::Relu: return "relu";
+    case Epilogue::Gelu: return "gelu";
+    case Epilogue::GeluTanh: return "gelu_tanh";
+    case Epilogue::BiasRelu: return "bias_relu";
+    case Epilogue::BiasGelu: return "bias_gelu";
+    case Epilogue::BiasGeluTanh: return "bias_gelu_tanh";
+  }
+  return "?";
+}
+bool has_bias(Epilogue e) {
+  return e == Epilogue::Bias || e == Epilogue::BiasRelu || e == Epilogue::BiasGelu ||
+         e == Epilogue::BiasGeluTanh;
+}
+
+std::vector<std::string> Case::inputs() const {
+  if (op == Op::Attention) return {"Q", "K", "V"};
+  std::vector<std::string> in{"A", "B"};
+  if (beta != 0.0) in.push_back("C");
+  if (has_bias(epilogue)) in.push_back("bias");
+  return in;
+}
+
+void validate(const Case& c) {
+  const auto ops = operands_of(c.op);
+  if (c.op == Op::Gemm) {
+    const auto& g = c.gemm;
+    for (auto [key, v] : {std::pair{"m", g.m}, {"n", g.n}, {"k", g.k}, {"batch", g.batch}})
+      if (v < 1) fail(std::string("case.gemm.") + key, fmt::format("must be >= 1, got {}", v));
+    struct Ld { const char* key; std::int64_t ld, rows, cols; };
+    for (const Ld& l : {Ld{"lda", g.lda, g.a_rows(), g.a_cols()},
+                        Ld{"ldb", g.ldb, g.b_rows(), g.b_cols()}, Ld{"ldc", g.ldc, g.m, g.n},
+                        Ld{"ldd", g.ldd, g.m, g.n}}) {
+      const std::int64_t need = g.packed_ld(l.rows, l.cols);
+      if (l.ld != 0 && l.ld < need)
+        fail(std::string("case.gemm.") + l.key,
+             fmt::format("must be 0 (packed) or >= {} for a {} {}x{} matrix, got {}", need,
+                         name(g.layout) == "row" ? "row-major" : "column-major", l.rows, l.cols,
+                         l.ld));
+    }
+  } else {
+    const auto& a = c.attention;
+    for (auto [key, v] : {std::pair{"batch", a.batch}, {"heads", a.heads}, {"seq_q", a.seq_q},
+                          {"seq_kv", a.seq_kv}, {"head_dim", a.head_dim}})
+      if (v < 1) fail(std::string("case.attention.") + key, fmt::format("must be >= 1, got {}", v));
+    if (a.head_dim_v < 0)
+      fail("case.attention.head_dim_v", fmt::format("must be >= 0, got {}", a.head_dim_v));
+    if (a.softmax_scale && !std::isfinite(*a.softmax_scale))
+      fail("case.attention.softmax_scale", "must be finite");
+    if (!a.kv_lengths.empty()) {
+      if (static_cast<std::int64_t>(a.kv_lengths.size()) != a.batch)
+        fail("case.attention.kv_lengths",
+             fmt::format("must have one entry per batch ({}), got {}", a.batch, a.kv_lengths.size()));
+      for (std::size_t i = 0; i < a.kv_lengths.size(); ++i)
+        if (a.kv_lengths[i] < 0 || a.kv_lengths[i] > a.seq_kv)
+          fail(fmt::format("case.attention.kv_lengths[{}]", i),
+               fmt::format("must be in [0, seq_kv={}], got {}", a.seq_kv, a.kv_lengths[i]));
+    }
+  }
+  for (const auto& [op, f] : c.types)
+    if (op != "compute" && !contains(ops, op))
+      fail("case.types." + op, fmt::format("unknown operand for {}", name(c.op)));
+  std::vector<std::string> required =
+      c.op == Op::Gemm ? std::vector<std::string>{"A", "B", "D", "compute"}
+                       : std::vector<std::string>{"Q", "K", "V", "O", "compute"};
+  if (c.op == Op::Gemm && c.beta != 0.0) required.push_back("C");
+  if (c.op == Op::Gemm && has_bias(c.epilogue)) required.push_back("bias");
+  for (const auto& op : required)
+    if (!c.types.count(op))
+      fail("case.types." + op, op == "C"      ? "missing (required when beta != 0)"
+                               : op == "bias" ? "missing (required by the bias epilogue)"
+                                              : "missing");
+  if (!std::isfinite(c.alpha)) fail("case.alpha", "must be finite");
+  if (!std::isfinite(c.beta)) fail("case.beta", "must be finite");
+  if (c.op == Op::Attention && c.epilogue != Epilogue::None)
+    fail("case.epilogue", "attention takes no epilogue");
+  for (const auto& [op, s] : c.scales) {
+    if (c.op != Op::Gemm || !(op == "A" || op == "B" || op == "C" || op == "D"))
+      fail("case.scales." + op, "unknown scale (GEMM scales are A, B, C, D)");
+    if (!(std::isfinite(s) && s > 0)) fail("case.scales." + op, fmt::format("must be finite and > 0, got {}", s));
+  }
+  const auto in = c.inputs();
+  for (const auto& [op, spec] : c.dist) {
+    if (!contains(in, op))
+      fail("case.dist." + op, fmt::format("not an input operand of this case ({})",
+                                          fmt::join(in, ", ")));
+    if (spec.empty()) fail("case.dist." + op, "empty distribution spec");
+  }
+}
+
+json to_json(const Case& c) {
+  json j;
+  j["ulpgate_case"] = kCaseSchemaVersion;
+  j["op"] = name(c.op);
+  j["kernel"] = c.kernel;
+  if (c.op == Op::Gemm) {
+    const auto& g = c.gemm;
+    j["gemm"] = {{"m", g.m},     {"n", g.n},         {"k", g.k},         {"batch", g.batch},
+                 {"layout", name(g.layout)}, {"trans_a", g.trans_a}, {"trans_b", g.trans_b},
+                 {"lda", g.lda}, {"ldb", g.ldb},     {"ldc", g.ldc},     {"ldd", g.ldd}};
+  } else {
+    const auto& a = c.attention;
+    j["attention"] = {{"batch", a.batch},       {"heads", a.heads},
+                      {"seq_q", a.seq_q},       {"seq_kv", a.seq_kv},
+                      {"head_dim", a.head_dim}, {"head_dim_v", a.head_dim_v},
+                      {"layout", name(a.layout)}, {"causal", a.causal},
+                      {"softmax_scale", a.softmax_scale ? json(*a.softmax_scale) : json(nullptr)},
+                      {"kv_lengths", a.kv_lengths}};
+  }
+  json types = json::object();
+  for (const auto& [op, f] : c.types) types[op] = name(f);
+  j["types"] = types;
+  j["alpha"] = c.alpha;
+  j["beta"] = c.beta;
+  j["epilogue"] = name(c.epilogue);
+  j["scales"] = c.scales;
+  j["dist"] = c.dist;
+  j["seed"] = c.seed;
+  return j;
+}
+
+Case case_from_json(const json& j) {
+  ObjectReader r(j, "case");
+  const json& version = r.need("ulpgate_case");
+  if (!version.is_number_integer() || version.get<std::int64_t>() != kCaseSchemaVersion)
+    fail("case.ulpgate_case",
+         fmt::format("unsupported case version {} (this build reads {})", shown(version),
+                     kCaseSchemaVersion));
+  Case c;
+  c.op = r.enumeration("op", Op::Gemm, kOps);
+  if (const json* k = r.find("kernel")) {
+    if (!k->is_string()) fail("case.kernel", "must be a string, got " + shown(*k));
+    c.kernel = k->get<std::string>();
+  }
+  const char* other = c.op == Op::Gemm ? "attention" : "gemm";
+  if (r.find(other)) fail(std::string("case.") + other, fmt::format("not allowed when op is {}", name(c.op)));
+  if (c.op == Op::Gemm) {
+    ObjectReader g(r.need("gemm"), "case.gemm");
+    auto& s = c.gemm;
+    s.m = g.integer("m", 1, 1);
+    s.n = g.integer("n", 1, 1);
+    s.k = g.integer("k", 1, 1);
+    s.batch = g.integer("batch", 1, 1);
+    s.layout = g.enumeration("layout", Layout::RowMajor, kLayouts);
+    s.trans_a = g.boolean("trans_a", false);
+    s.trans_b = g.boolean("trans_b", false);
+    s.lda = g.integer("lda", 0, 0);
+    s.ldb = g.integer("ldb", 0, 0);
+    s.ldc = g.integer("ldc", 0, 0);
+    s.ldd = g.integer("ldd", 0, 0);
+    g.finish();
+  } else {
+    ObjectReader a(r.need("attention"), "case.attention");
+    auto& s = c.attention;
+    s.batch = a.integer("batch", 1, 1);
+    s.heads = a.integer("heads", 1, 1);
+    s.seq_q = a.integer("seq_q", 1, 1);
+    s.seq_kv = a.integer("seq_kv", 1, 1);
+    s.head_dim = a.integer("head_dim", 64, 1);
+    s.head_dim_v = a.integer("head_dim_v", 0, 0);
+    s.layout = a.enumeration("layout", AttentionLayout::BHSD, kAttnLayouts);
+    s.causal = a.boolean("causal", false);
+    if (const json* sc = a.find("softmax_scale"); sc && !sc->is_null())
+      s.softmax_scale = ObjectReader::finite_number(*sc, "case.attention.softmax_scale");
+    if (const json* kv = a.find("kv_lengths")) {
+      if (!kv->is_array()) fail("case.attention.kv_lengths", "must be an array of integers");
+      for (std::size_t i = 0; i < kv->size(); ++i) {
+        const json& e = (*kv)[i];
+        if (!e.is_number_integer())
+          fail(fmt::format("case.attention.kv_lengths[{}]", i), "must be an integer, got " + shown(e));
+        s.kv_lengths.push_back(e.get<std::int64_t>());
+      }
+    }
+    a.finish();
+  }
+  {
+    ObjectReader t(r.need("types"), "case.types");
+    for (const auto& [op, v] : r.need("types").items()) {
+      t.find(op);
+      const auto f = v.is_string() ? parse_format(v.get<std::string>()) : std::nullopt;
+      if (!f) fail("case.types." + op, "unknown format " + shown(v) + " (see `ulpgate list`)");
+      c.types[op] = *f;
+    }
+  }
+  c.alpha = r.number("alpha", 1.0);
+  c.beta = r.number("beta", 0.0);
+  c.epilogue = r.enumeration("epilogue", Epilogue::None, kEpilogues);
+  if (const json* s = r.find("scales")) {
+    ObjectReader sr(*s, "case.scales");
+    for (const auto& [op, v] : s->items()) c.scales[op] = sr.number(op, 1.0);
+  }
+  if (const json* d = r.find("dist")) {
+    ObjectReader dr(*d, "case.dist");
+    for (const auto& [op, v] : d->items()) {
+      dr.find(op);
+      if (!v.is_string()) fail("case.dist." + op, "must be a distribution spec string, got " + shown(v));
+      c.dist[op] = v.get<std::string>();
+    }
+  }
+  if (const json* s = r.find("seed")) {
+    if (s->is_number_unsigned() || (s->is_number_integer() && s->get<std::int64_t>() >= 0)) {
+      c.seed = s->get<std::uint64_t>();
+    } else {
+      fail("case.seed", "must be an unsigned 64-bit integer, got " + shown(*s));
+    }
+  }
+  r.finish();
+  validate(c);
+  return c;
+}
+
+Case read_case_file(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw InputError(path + ": cannot open");
+  json j;
+  try {
+    j = json::parse(in);
+  } catch (const json::parse_error& e) {
+    throw InputError(fmt::format("{}: not valid JSON (byte {})", path, e.byte));
+  }
+  try {
+    return case_from_json(j);
+  } catch (const InputError& e) {
+    throw InputError(path + ": " + e.what());
+  }
+}
+
+void write_case_file(const std::string& path, const Case& c) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    if (!out) throw InputError(path + ": cannot write");
+    out << to_json(c).dump(2) << '\n';
+    if (!out.flush()) throw InputError(path + ": write failed");
+  }
+  std::filesystem::rename(tmp, path);
+}
+
+}  // namespace ulpgate

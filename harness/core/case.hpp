@@ -1,0 +1,110 @@
+// The case model: everything needed to reproduce one kernel run, serialised as JSON.
+//
+// Memory interpretation (the contract every kernel and reference follows):
+//   GEMM   D[b] = epilogue(alpha * op(A[b]) op(B[b]) + beta * C[b] + bias)
+//          op(A) is M x K, op(B) is K x N, C and D are M x N, bias has N entries (one per
+//          output column, broadcast over rows, as cuBLASLt's bias epilogue).
+//          `layout` is the storage order of every matrix. A matrix stored transposed
+//          (trans_a: A is stored K x M) is read through op() = transpose.
+//          Leading dimension (0 = packed): row-major: elements between rows;
+//          column-major: elements between columns. Batch b starts at b * rows_stored *
+//          (ld) elements, i.e. batches are packed one after another.
+//   Attention  O[b,h] = softmax(scale * Q K^T + mask) V per batch b and head h,
+//          Q: seq_q x head_dim, K: seq_kv x head_dim, V: seq_kv x head_dim_v,
+//          layout "bhsd" ([batch][head][seq][dim]) or "bshd" ([batch][seq][head][dim]).
+//          mask: key j of batch b is visible to query i iff j < kv_lengths[b] and, when
+//          causal, j <= i + (seq_kv - seq_q) (bottom-right aligned, as FlashAttention-2).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "harness/core/format.hpp"
+
+namespace ulpgate {
+
+enum class Op : std::uint8_t { Gemm, Attention };
+enum class Layout : std::uint8_t { RowMajor, ColMajor };
+enum class AttentionLayout : std::uint8_t { BHSD, BSHD };
+enum class Epilogue : std::uint8_t {
+  None, Bias, Relu, Gelu, GeluTanh, BiasRelu, BiasGelu, BiasGeluTanh
+};
+
+std::string_view name(Op);
+std::string_view name(Layout);
+std::string_view name(AttentionLayout);
+std::string_view name(Epilogue);
+bool has_bias(Epilogue e);
+
+struct GemmShape {
+  std::int64_t m = 1, n = 1, k = 1, batch = 1;
+  Layout layout = Layout::RowMajor;
+  bool trans_a = false, trans_b = false;
+  std::int64_t lda = 0, ldb = 0, ldc = 0, ldd = 0;  ///< 0: packed
+
+  /// Rows and columns of A and B as stored (after undoing op()).
+  std::int64_t a_rows() const { return trans_a ? k : m; }
+  std::int64_t a_cols() const { return trans_a ? m : k; }
+  std::int64_t b_rows() const { return trans_b ? n : k; }
+  std::int64_t b_cols() const { return trans_b ? k : n; }
+  /// Packed leading dimension of a rows x cols matrix in this layout.
+  std::int64_t packed_ld(std::int64_t rows, std::int64_t cols) const {
+    return layout == Layout::RowMajor ? cols : rows;
+  }
+  std::int64_t eff_lda() const { return lda ? lda : packed_ld(a_rows(), a_cols()); }
+  std::int64_t eff_ldb() const { return ldb ? ldb : packed_ld(b_rows(), b_cols()); }
+  std::int64_t eff_ldc() const { return ldc ? ldc : packed_ld(m, n); }
+  std::int64_t eff_ldd() const { return ldd ? ldd : packed_ld(m, n); }
+  bool operator==(const GemmShape&) const = default;
+};
+
+struct AttentionShape {
+  std::int64_t batch = 1, heads = 1, seq_q = 1, seq_kv = 1, head_dim = 64, head_dim_v = 0;
+  AttentionLayout layout = AttentionLayout::BHSD;
+  bool causal = false;
+  std::optional<double> softmax_scale;   ///< nullopt: 1/sqrt(head_dim)
+  std::vector<std::int64_t> kv_lengths;  ///< one per batch; empty: all seq_kv
+  std::int64_t eff_head_dim_v() const { return head_dim_v ? head_dim_v : head_dim; }
+  bool operator==(const AttentionShape&) const = default;
+};
+
+/// One reproducible run. Operand names: GEMM A, B, C, D, bias; attention Q, K, V, O.
+/// types also holds "compute" (the accumulation format).
+struct Case {
+  Op op = Op::Gemm;
+  std::string kernel;  ///< kernel name, "" if not bound to one
+  GemmShape gemm;
+  AttentionShape attention;
+  std::map<std::string, Format> types;
+  double alpha = 1.0, beta = 0.0;
+  Epilogue epilogue = Epilogue::None;
+  std::map<std::string, double> scales;     ///< FP8 per-tensor scales: A, B, C, D
+  std::map<std::string, std::string> dist;  ///< input operand -> distribution spec
+  std::uint64_t seed = 0;
+  bool operator==(const Case&) const = default;
+
+  /// The input operands that get generated data (A, B[, C][, bias] or Q, K, V).
+  std::vector<std::string> inputs() const;
+};
+
+inline constexpr int kCaseSchemaVersion = 1;
+
+/// Serialises a case. Every field is written, defaults included.
+nlohmann::json to_json(const Case& c);
+/// Parses and validates; throws InputError naming the offending field
+/// (e.g. "case.gemm.lda: must be 0 (packed) or >= 64, got 10").
+Case case_from_json(const nlohmann::json& j);
+/// Checks a case's consistency (shapes, leading dimensions, operands, scales); throws
+/// InputError. case_from_json calls it.
+void validate(const Case& c);
+
+Case read_case_file(const std::string& path);
+/// Writes atomically (temporary file + rename).
+void write_case_file(const std::string& path, const Case& c);
+
+}  // namespace ulpgate

@@ -1,0 +1,248 @@
+#include "harness/core/format.hpp"
+
+#include <bit>
+#include <cmath>
+#include <cstdio>
+#include <fmt/format.h>
+
+namespace ulpgate {
+namespace {
+
+// name, bits, exp, frac, bias, has_inf, ieee_specials, max finite code, description
+constexpr FormatInfo kInfo[] = {
+    {Format::FP64, "fp64", 64, 11, 52, 1023, true, true, 0x7FEFFFFFFFFFFFFFull,
+     "IEEE binary64"},
+    {Format::FP32, "fp32", 32, 8, 23, 127, true, true, 0x7F7FFFFFull, "IEEE binary32"},
+    {Format::TF32, "tf32", 19, 8, 10, 127, true, true, 0x3FBFFull,
+     "NVIDIA TensorFloat-32: FP32 range, 10 fraction bits (stored as FP32, low 13 bits 0)"},
+    {Format::FP16, "fp16", 16, 5, 10, 15, true, true, 0x7BFFull, "IEEE binary16"},
+    {Format::BF16, "bf16", 16, 8, 7, 127, true, true, 0x7F7Full, "bfloat16: FP32 range, 7 fraction bits"},
+    {Format::E4M3, "e4m3", 8, 4, 3, 7, false, false, 0x7Eull,
+     "OCP FP8 E4M3 (\"fn\"): no Inf, NaN only S.1111.111, max 448"},
+    {Format::E5M2, "e5m2", 8, 5, 2, 15, true, true, 0x7Bull, "OCP FP8 E5M2: IEEE-like, max 57344"},
+};
+
+std::uint64_t bits_of(double x) { return std::bit_cast<std::uint64_t>(x); }
+
+Code magnitude(const FormatInfo& fi, Code c) { return c & (fi.sign_mask() - 1); }
+
+// The code a finite overflow (or an Inf input) becomes under IEEE (non-saturating) rules.
+Code overflow_code(const FormatInfo& fi, bool negative) {
+  const Code sign = negative ? fi.sign_mask() : 0;
+  if (fi.has_inf) return sign | (fi.max_finite_code + 1);  // the Inf code follows max finite
+  return sign | (fi.sign_mask() - 1);                         // E4M3: NaN, keeping the sign (as CUDA)
+}
+
+}  // namespace
+
+int FormatInfo::emax() const { return static_cast<int>(max_finite_code >> frac_bits) - bias; }
+double FormatInfo::max_finite() const { return decode(format, max_finite_code); }
+double FormatInfo::min_normal() const { return std::ldexp(1.0, emin()); }
+double FormatInfo::min_subnormal() const { return std::ldexp(1.0, emin() - frac_bits); }
+double FormatInfo::epsilon() const { return std::ldexp(1.0, -frac_bits); }
+
+const FormatInfo& info(Format f) { return kInfo[static_cast<int>(f)]; }
+std::string_view name(Format f) { return info(f).name; }
+
+std::optional<Format> parse_format(std::string_view t) {
+  for (const auto& fi : kInfo)
+    if (t == fi.name) return fi.format;
+  struct Alias { std::string_view text; Format f; };
+  static constexpr Alias kAliases[] = {
+      {"float64", Format::FP64}, {"double", Format::FP64},   {"float32", Format::FP32},
+      {"float", Format::FP32},   {"float16", Format::FP16},  {"half", Format::FP16},
+      {"bfloat16", Format::BF16}, {"fp8e4m3", Format::E4M3}, {"float8_e4m3fn", Format::E4M3},
+      {"e4m3fn", Format::E4M3},  {"fp8e5m2", Format::E5M2},  {"float8_e5m2", Format::E5M2},
+      {"tensorfloat32", Format::TF32}};
+  for (const auto& a : kAliases)
+    if (t == a.text) return a.f;
+  return std::nullopt;
+}
+
+std::string_view name(Rounding r) {
+  switch (r) {
+    case Rounding::NearestEven: return "rne";
+    case Rounding::NearestAway: return "rna";
+    case Rounding::TowardZero: return "rz";
+    case Rounding::Up: return "ru";
+    case Rounding::Down: return "rd";
+  }
+  return "?";
+}
+
+std::optional<Rounding> parse_rounding(std::string_view t) {
+  for (Rounding r : {Rounding::NearestEven, Rounding::NearestAway, Rounding::TowardZero,
+                     Rounding::Up, Rounding::Down})
+    if (t == name(r)) return r;
+  return std::nullopt;
+}
+
+bool is_nan(Format f, Code c) {
+  const auto& fi = info(f);
+  const Code mag = magnitude(fi, c);
+  if (!fi.ieee_specials) return mag == fi.sign_mask() - 1;
+  return mag > fi.max_finite_code + 1;
+}
+
+bool is_inf(Format f, Code c) {
+  const auto& fi = info(f);
+  return fi.has_inf && magnitude(fi, c) == fi.max_finite_code + 1;
+}
+
+bool is_negative(Format f, Code c) { return (c & info(f).sign_mask()) != 0; }
+Code canonical_nan(Format f) { return info(f).sign_mask() - 1; }
+
+double decode(Format f, Code c) {
+  if (f == Format::FP64) return std::bit_cast<double>(c);
+  const auto& fi = info(f);
+  const bool neg = is_negative(f, c);
+  if (is_nan(f, c)) return neg ? -NAN : NAN;
+  if (is_inf(f, c)) return neg ? -INFINITY : INFINITY;
+  const Code mag = magnitude(fi, c);
+  const int bexp = static_cast<int>(mag >> fi.frac_bits);
+  const Code frac = mag & ((Code{1} << fi.frac_bits) - 1);
+  // Every code is a small integer times a power of two: exact in double.
+  const double v = bexp == 0
+                       ? std::ldexp(static_cast<double>(frac), fi.emin() - fi.frac_bits)
+                       : std::ldexp(static_cast<double>(frac | (Code{1} << fi.frac_bits)),
+                                    bexp - fi.bias - fi.frac_bits);
+  return neg ? -v : v;
+}
+
+Code encode(Format f, double x, Rounding r, Overflow o) {
+  if (f == Format::FP64) return bits_of(x);
+  const auto& fi = info(f);
+  const std::uint64_t u = bits_of(x);
+  const bool neg = (u >> 63) != 0;
+  const Code sign = neg ? fi.sign_mask() : 0;
+  if (!std::isfinite(x)) return detail::special_code(f, neg, std::isnan(x), o);
+
+  const int E = static_cast<int>((u >> 52) & 0x7FF);
+  const std::uint64_t frac = u & ((std::uint64_t{1} << 52) - 1);
+  if (E == 0 && frac == 0) return sign;  // +-0
+
+  // |x| = sig * 2^e2 exactly.
+  const std::uint64_t sig = E == 0 ? frac : (frac | (std::uint64_t{1} << 52));
+  const int e2 = E == 0 ? -1074 : E - 1075;
+  const int lg = e2 + 63 - std::countl_zero(sig);  // floor(log2|x|)
+  // Quantum (value of the last fraction bit) of the target at |x|'s binade.
+  const int q = std::max(lg, fi.emin()) - fi.frac_bits;
+  const int shift = q - e2;  // low bits of sig that fall below the quantum
+
+  enum { Exact, BelowHalf, Tie, AboveHalf } rest = Exact;
+  std::uint64_t i;
+  if (shift <= 0) {
+    i = sig << -shift;
+  } else if (shift >= 64) {
+    i = 0;
+    rest = BelowHalf;  // |x| < 2^(lg+1) <= 2^(q-1)
+  } else {
+    i = sig >> shift;
+    const std::uint64_t rem = sig & ((std::uint64_t{1} << shift) - 1);
+    const std::uint64_t half = std::uint64_t{1} << (shift - 1);
+    rest = rem == 0 ? Exact : rem < half ? BelowHalf : rem == half ? Tie : AboveHalf;
+  }
+  bool up = false;  // whether to add one unit in the last place to |x| truncated
+  switch (r) {
+    case Rounding::NearestEven: up = rest == AboveHalf || (rest == Tie && (i & 1)); break;
+    case Rounding::NearestAway: up = rest == AboveHalf || rest == Tie; break;
+    case Rounding::TowardZero: up = false; break;
+    case Rounding::Up: up = !neg && rest != Exact; break;
+    case Rounding::Down: up = neg && rest != Exact; break;
+  }
+  return detail::compose(f, neg, i + up, q, r, o);
+}
+
+namespace detail {
+Code compose(Format f, bool neg, std::uint64_t i, int q, Rounding r, Overflow o) {
+  const auto& fi = info(f);
+  const Code sign = neg ? fi.sign_mask() : 0;
+  if (i == (std::uint64_t{1} << fi.precision())) {  // rounded up into the next binade
+    i >>= 1;
+    ++q;
+  }
+  if (i == 0) return sign;  // underflow to a signed zero
+  Code mag;
+  if (i < (std::uint64_t{1} << fi.frac_bits)) {
+    mag = i;  // subnormal (q is emin - frac_bits here)
+  } else {
+    const long bexp = static_cast<long>(q) + fi.frac_bits + fi.bias;
+    const long max_bexp = static_cast<long>(fi.max_finite_code >> fi.frac_bits);
+    mag = bexp > max_bexp ? fi.max_finite_code + 1
+                          : (static_cast<Code>(bexp) << fi.frac_bits) |
+                                (i - (std::uint64_t{1} << fi.frac_bits));
+  }
+  if (mag > fi.max_finite_code) {
+    // Overflow: saturating clamps; IEEE clamps only when rounding toward zero's side.
+    const bool to_max = o == Overflow::Saturate || r == Rounding::TowardZero ||
+                        (r == Rounding::Up && neg) || (r == Rounding::Down && !neg);
+    return to_max ? (sign | fi.max_finite_code) : overflow_code(fi, neg);
+  }
+  return sign | mag;
+}
+
+Code special_code(Format f, bool neg, bool nan, Overflow o) {
+  const auto& fi = info(f);
+  if (nan) return canonical_nan(f);
+  return o == Overflow::Saturate ? ((neg ? fi.sign_mask() : 0) | fi.max_finite_code)
+                                 : overflow_code(fi, neg);
+}
+}  // namespace detail
+
+std::optional<std::int64_t> ordinal(Format f, Code c) {
+  if (is_nan(f, c)) return std::nullopt;
+  const auto mag = static_cast<std::int64_t>(magnitude(info(f), c));
+  return is_negative(f, c) ? -mag : mag;
+}
+
+namespace {
+Code from_ordinal(const FormatInfo& fi, std::int64_t o, bool negative_zero) {
+  if (o > 0) return static_cast<Code>(o);
+  if (o < 0) return fi.sign_mask() | static_cast<Code>(-o);
+  return negative_zero ? fi.sign_mask() : 0;
+}
+}  // namespace
+
+Code next_up(Format f, Code c) {
+  const auto& fi = info(f);
+  const auto o = ordinal(f, c);
+  if (!o) return c;
+  const auto top = static_cast<std::int64_t>(fi.max_finite_code + (fi.has_inf ? 1 : 0));
+  if (*o == top) return fi.has_inf ? c : canonical_nan(f);
+  // IEEE nextUp(-min subnormal) is -0.
+  return from_ordinal(fi, *o + 1, /*negative_zero=*/*o < 0);
+}
+
+Code next_down(Format f, Code c) {
+  if (is_nan(f, c)) return c;
+  const Code s = info(f).sign_mask();
+  const Code n = next_up(f, c ^ s);
+  return is_nan(f, n) ? n : n ^ s;
+}
+
+std::optional<std::uint64_t> ulp_distance(Format f, Code a, Code b) {
+  const auto oa = ordinal(f, a), ob = ordinal(f, b);
+  if (!oa || !ob) return std::nullopt;
+  return static_cast<std::uint64_t>(*oa > *ob ? *oa - *ob : *ob - *oa);
+}
+
+double ulp_of(Format f, double x) {
+  const auto& fi = info(f);
+  if (std::isnan(x)) return NAN;
+  const double a = std::fabs(x);
+  if (a < fi.min_normal()) return fi.min_subnormal();
+  if (a > fi.max_finite()) return std::ldexp(1.0, fi.emax() - fi.frac_bits);
+  return std::ldexp(1.0, std::max(std::ilogb(a), fi.emin()) - fi.frac_bits);
+}
+
+std::string hex_code(Format f, Code c) {
+  return fmt::format("0x{:0{}x}", c, (info(f).bits + 3) / 4);
+}
+
+std::string hex_float(double x) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%a", x);
+  return buf;
+}
+
+}  // namespace ulpgate

@@ -1,0 +1,67 @@
+// The CLI contract: exit codes and one-line errors.
+#include <gtest/gtest.h>
+
+#include <array>
+#include <cstdio>
+#include <string>
+#include <sys/wait.h>
+
+namespace {
+
+struct Result {
+  int code;
+  std::string out, err;
+};
+
+Result run(const std::string& args) {
+  const std::string err_file = testing::TempDir() + "ulpgate_cli_stderr.txt";
+  const std::string cmd = std::string(ULPGATE_BIN) + " " + args + " 2>" + err_file;
+  Result r{};
+  FILE* p = popen(cmd.c_str(), "r");
+  std::array<char, 4096> buf;
+  while (std::size_t n = std::fread(buf.data(), 1, buf.size(), p)) r.out.append(buf.data(), n);
+  const int status = pclose(p);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  if (FILE* e = std::fopen(err_file.c_str(), "r")) {
+    while (std::size_t n = std::fread(buf.data(), 1, buf.size(), e)) r.err.append(buf.data(), n);
+    std::fclose(e);
+  }
+  return r;
+}
+
+int lines(const std::string& s) {
+  int n = 0;
+  for (char c : s) n += c == '\n';
+  return n;
+}
+
+}  // namespace
+
+TEST(Cli, HelpAndVersion) {
+  const Result h = run("--help");
+  EXPECT_EQ(h.code, 0);
+  EXPECT_NE(h.out.find("list"), std::string::npos);
+  const Result v = run("--version");
+  EXPECT_EQ(v.code, 0);
+  EXPECT_EQ(v.out.rfind("ulpgate ", 0), 0u) << v.out;
+}
+
+TEST(Cli, ListShowsEveryFormat) {
+  const Result r = run("list");
+  EXPECT_EQ(r.code, 0);
+  for (const char* f : {"fp64", "fp32", "tf32", "fp16", "bf16", "e4m3", "e5m2"})
+    EXPECT_NE(r.out.find(f), std::string::npos) << f;
+  EXPECT_NE(r.out.find("448"), std::string::npos);
+}
+
+TEST(Cli, BadUsageExitsTwoWithOneLine) {
+  for (const char* args : {"frobnicate", "list --no-such-flag", "--no-such-flag", ""}) {
+    const Result r = run(args);
+    EXPECT_EQ(r.code, 2) << "'" << args << "'";
+    if (*args) {
+      EXPECT_EQ(lines(r.err), 1) << "'" << args << "': " << r.err;
+      EXPECT_EQ(r.err.rfind("ulpgate: error: ", 0), 0u) << r.err;
+    }
+  }
+  EXPECT_NE(run("frobnicate").err.find("unknown command 'frobnicate'"), std::string::npos);
+}

@@ -1,0 +1,187 @@
+#include <gtest/gtest.h>
+#include <rapidcheck/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "harness/core/case.hpp"
+#include "harness/core/error.hpp"
+
+using namespace ulpgate;
+using nlohmann::json;
+
+namespace {
+
+rc::Gen<Format> any_format() {
+  return rc::gen::elementOf(std::vector<Format>(std::begin(kAllFormats), std::end(kAllFormats)));
+}
+
+rc::Gen<double> any_scalar() {
+  return rc::gen::oneOf(rc::gen::element(0.0, 1.0, -1.0, 0.5, -0.0),
+                        rc::gen::map(rc::gen::arbitrary<std::uint64_t>(), [](std::uint64_t b) {
+                          const double d = std::bit_cast<double>(b);
+                          return std::isfinite(d) ? d : 2.0;
+                        }));
+}
+
+rc::Gen<Case> any_valid_case() {
+  return rc::gen::exec([] {
+    Case c;
+    c.op = *rc::gen::element(Op::Gemm, Op::Attention);
+    c.kernel = *rc::gen::element<std::string>("", "cpu.fp32_seq", "cublaslt.fp8");
+    c.seed = *rc::gen::arbitrary<std::uint64_t>();
+    const auto in_shape = rc::gen::inRange<std::int64_t>(1, 70000);
+    if (c.op == Op::Gemm) {
+      auto& g = c.gemm;
+      g.m = *in_shape;
+      g.n = *in_shape;
+      g.k = *in_shape;
+      g.batch = *rc::gen::inRange<std::int64_t>(1, 9);
+      g.layout = *rc::gen::element(Layout::RowMajor, Layout::ColMajor);
+      g.trans_a = *rc::gen::arbitrary<bool>();
+      g.trans_b = *rc::gen::arbitrary<bool>();
+      const auto pad = [] { return *rc::gen::element<std::int64_t>(0, 0, 1, 7, 64); };
+      auto ld = [&](std::int64_t rows, std::int64_t cols) {
+        const std::int64_t p = pad();
+        return p == 0 && *rc::gen::arbitrary<bool>() ? 0 : g.packed_ld(rows, cols) + p;
+      };
+      g.lda = ld(g.a_rows(), g.a_cols());
+      g.ldb = ld(g.b_rows(), g.b_cols());
+      g.ldc = ld(g.m, g.n);
+      g.ldd = ld(g.m, g.n);
+      c.alpha = *any_scalar();
+      c.beta = *any_scalar();
+      c.epilogue = *rc::gen::element(Epilogue::None, Epilogue::Bias, Epilogue::Relu, Epilogue::Gelu,
+                                     Epilogue::GeluTanh, Epilogue::BiasRelu, Epilogue::BiasGelu,
+                                     Epilogue::BiasGeluTanh);
+      for (const char* op : {"A", "B", "C", "D", "bias"}) c.types[op] = *any_format();
+      if (*rc::gen::arbitrary<bool>())
+        for (const char* op : {"A", "B", "D"})
+          c.scales[op] = std::ldexp(1.0, *rc::gen::inRange(-20, 20));
+    } else {
+      auto& a = c.attention;
+      a.batch = *rc::gen::inRange<std::int64_t>(1, 5);
+      a.heads = *rc::gen::inRange<std::int64_t>(1, 17);
+      a.seq_q = *in_shape;
+      a.seq_kv = *in_shape;
+      a.head_dim = *rc::gen::element<std::int64_t>(32, 64, 80, 96, 111, 128, 256);
+      a.head_dim_v = *rc::gen::element<std::int64_t>(0, 64);
+      a.layout = *rc::gen::element(AttentionLayout::BHSD, AttentionLayout::BSHD);
+      a.causal = *rc::gen::arbitrary<bool>();
+      if (*rc::gen::arbitrary<bool>()) a.softmax_scale = *any_scalar();
+      if (*rc::gen::arbitrary<bool>())
+        for (std::int64_t b = 0; b < a.batch; ++b)
+          a.kv_lengths.push_back(*rc::gen::inRange<std::int64_t>(0, a.seq_kv + 1));
+      for (const char* op : {"Q", "K", "V", "O"}) c.types[op] = *any_format();
+    }
+    c.types["compute"] = *any_format();
+    for (const auto& in : c.inputs())
+      if (*rc::gen::arbitrary<bool>())
+        c.dist[in] = *rc::gen::element<std::string>("normal(0,1)", "uniform(-9,9)", "gendot(cond=1e12)");
+    return c;
+  });
+}
+
+json minimal_gemm() {
+  return json::parse(R"({"ulpgate_case": 1, "op": "gemm",
+    "gemm": {"m": 16, "n": 8, "k": 32},
+    "types": {"A": "bf16", "B": "bf16", "D": "fp32", "compute": "fp32"}})");
+}
+
+std::string error_of(const json& j) {
+  try {
+    case_from_json(j);
+  } catch (const InputError& e) {
+    return e.what();
+  }
+  return "(accepted)";
+}
+
+}  // namespace
+
+RC_GTEST_PROP(Case, JsonRoundTrip, ()) {
+  const Case c = *any_valid_case();
+  validate(c);
+  const json j = to_json(c);
+  const Case back = case_from_json(json::parse(j.dump()));
+  RC_ASSERT(back == c);
+  RC_ASSERT(to_json(back) == j);
+}
+
+TEST(Case, DefaultsAndDerivedValues) {
+  const Case c = case_from_json(minimal_gemm());
+  EXPECT_EQ(c.gemm.batch, 1);
+  EXPECT_EQ(c.gemm.eff_lda(), 32);  // row-major A is 16 x 32
+  EXPECT_EQ(c.gemm.eff_ldb(), 8);
+  EXPECT_EQ(c.alpha, 1.0);
+  EXPECT_EQ(c.beta, 0.0);
+  EXPECT_EQ(c.inputs(), (std::vector<std::string>{"A", "B"}));
+  json j = minimal_gemm();
+  j["gemm"]["layout"] = "col";
+  j["gemm"]["trans_a"] = true;
+  j["alpha"] = "0x1.8p+0";  // hex floats are read exactly
+  const Case t = case_from_json(j);
+  EXPECT_EQ(t.gemm.eff_lda(), 32);  // A stored K x M = 32 x 16, column-major: ld = rows
+  EXPECT_EQ(t.alpha, 1.5);
+}
+
+// Every malformed input is rejected with a message that names the field.
+TEST(Case, MalformedInputsNameTheField) {
+  struct Bad { const char* pointer; json value; const char* expect; };
+  const Bad bad[] = {
+      {"/gemm/m", -3, "case.gemm.m: must be >= 1, got -3"},
+      {"/gemm/m", "16", "case.gemm.m: must be an integer"},
+      {"/gemm/k", 0, "case.gemm.k: must be >= 1"},
+      {"/gemm/lda", 10, "case.gemm.lda: must be 0 (packed) or >= 32"},
+      {"/gemm/tarns_a", true, "case.gemm.tarns_a: unknown field"},
+      {"/gemm/layout", "diagonal", "case.gemm.layout: must be one of row, col"},
+      {"/types/A", "fp12", "case.types.A: unknown format"},
+      {"/types/Q", "fp16", "case.types.Q: unknown operand for gemm"},
+      {"/beta", 1.0, "case.types.C: missing (required when beta != 0)"},
+      {"/epilogue", "bias_relu", "case.types.bias: missing (required by the bias epilogue)"},
+      {"/epilogue", "swish", "case.epilogue: must be one of"},
+      {"/alpha", "fast", "case.alpha: must be a number"},
+      {"/alpha", "inf", "case.alpha: must be finite"},
+      {"/scales/A", -1.0, "case.scales.A: must be finite and > 0"},
+      {"/scales/Q", 1.0, "case.scales.Q: unknown scale"},
+      {"/dist/C", "normal(0,1)", "case.dist.C: not an input operand of this case (A, B)"},
+      {"/dist/A", 3, "case.dist.A: must be a distribution spec string"},
+      {"/seed", -1, "case.seed: must be an unsigned 64-bit integer"},
+      {"/ulpgate_case", 2, "case.ulpgate_case: unsupported case version 2"},
+      {"/attention", json::object(), "case.attention: not allowed when op is gemm"},
+      {"/colour", "red", "case.colour: unknown field"},
+      {"/gemm", 5, "case.gemm: must be a JSON object"},
+  };
+  for (const auto& b : bad) {
+    json j = minimal_gemm();
+    j[json::json_pointer(b.pointer)] = b.value;
+    const std::string msg = error_of(j);
+    EXPECT_NE(msg.find(b.expect), std::string::npos) << b.pointer << " -> " << msg;
+  }
+  json j = minimal_gemm();
+  j.erase("types");
+  EXPECT_EQ(error_of(j), "case.types: missing");
+  j = minimal_gemm();
+  j["types"].erase("compute");
+  EXPECT_EQ(error_of(j), "case.types.compute: missing");
+  EXPECT_EQ(error_of(json::array()), "case: must be a JSON object, got []");
+}
+
+TEST(Case, AttentionValidation) {
+  json j = json::parse(R"({"ulpgate_case": 1, "op": "attention",
+    "attention": {"batch": 2, "heads": 4, "seq_q": 100, "seq_kv": 130, "head_dim": 80,
+                  "causal": true, "kv_lengths": [130, 77]},
+    "types": {"Q": "fp16", "K": "fp16", "V": "fp16", "O": "fp16", "compute": "fp32"}})");
+  const Case c = case_from_json(j);
+  EXPECT_FALSE(c.attention.softmax_scale.has_value());
+  EXPECT_EQ(c.attention.eff_head_dim_v(), 80);
+  EXPECT_EQ(c.inputs(), (std::vector<std::string>{"Q", "K", "V"}));
+  j["attention"]["kv_lengths"] = {130};
+  EXPECT_NE(error_of(j).find("case.attention.kv_lengths: must have one entry per batch (2), got 1"),
+            std::string::npos);
+  j["attention"]["kv_lengths"] = {130, 131};
+  EXPECT_NE(error_of(j).find("case.attention.kv_lengths[1]: must be in [0, seq_kv=130], got 131"),
+            std::string::npos);
+  j["attention"]["kv_lengths"] = {1, 2};
+  j["epilogue"] = "relu";
+  EXPECT_NE(error_of(j).find("case.epilogue: attention takes no epilogue"), std::string::npos);
+}
