@@ -157,6 +157,51 @@ std::vector<std::string> Case::inputs() const {
   return in;
 }
 
+MatrixView gemm_view(const Case& c, std::string_view operand) {
+  const auto& g = c.gemm;
+  MatrixView v;
+  v.layout = g.layout;
+  v.batch = g.batch;
+  if (operand == "A") {
+    v.rows = g.a_rows(), v.cols = g.a_cols(), v.ld = g.eff_lda();
+  } else if (operand == "B") {
+    v.rows = g.b_rows(), v.cols = g.b_cols(), v.ld = g.eff_ldb();
+  } else if (operand == "C") {
+    v.rows = g.m, v.cols = g.n, v.ld = g.eff_ldc();
+  } else if (operand == "D") {
+    v.rows = g.m, v.cols = g.n, v.ld = g.eff_ldd();
+  } else if (operand == "bias") {
+    v.rows = 1, v.cols = g.n, v.batch = 1, v.layout = Layout::RowMajor, v.ld = g.n;
+  } else {
+    throw InputError(fmt::format("gemm has no operand '{}'", operand));
+  }
+  return v;
+}
+
+AttentionView attention_view(const Case& c, std::string_view operand) {
+  const auto& a = c.attention;
+  AttentionView v{a.batch, a.heads, 0, a.head_dim, a.layout};
+  if (operand == "Q") {
+    v.seq = a.seq_q;
+  } else if (operand == "K") {
+    v.seq = a.seq_kv;
+  } else if (operand == "V") {
+    v.seq = a.seq_kv, v.dim = a.eff_head_dim_v();
+  } else if (operand == "O") {
+    v.seq = a.seq_q, v.dim = a.eff_head_dim_v();
+  } else {
+    throw InputError(fmt::format("attention has no operand '{}'", operand));
+  }
+  return v;
+}
+
+bool attention_visible(const Case& c, std::int64_t b, std::int64_t i, std::int64_t j) {
+  const auto& a = c.attention;
+  const std::int64_t len = a.kv_lengths.empty() ? a.seq_kv : a.kv_lengths[b];
+  if (j >= len) return false;
+  return !a.causal || j <= i + (a.seq_kv - a.seq_q);
+}
+
 void validate(const Case& c) {
   const auto ops = operands_of(c.op);
   if (c.op == Op::Gemm) {

@@ -92,6 +92,52 @@ struct Case {
   std::vector<std::string> inputs() const;
 };
 
+/// Where each element of a GEMM operand lives in its buffer (case.hpp's memory contract).
+/// rows x cols is the matrix as stored: A is a_rows() x a_cols() (K x M when trans_a),
+/// B likewise, C and D are M x N, bias is 1 x N and shared by all batches.
+struct MatrixView {
+  std::int64_t rows = 0, cols = 0, ld = 0, batch = 1;
+  Layout layout = Layout::RowMajor;
+  std::int64_t batch_stride() const { return (layout == Layout::RowMajor ? rows : cols) * ld; }
+  /// Elements of the whole buffer, padding included.
+  std::int64_t elements() const { return batch * batch_stride(); }
+  std::int64_t offset(std::int64_t b, std::int64_t r, std::int64_t c) const {
+    return b * batch_stride() + (layout == Layout::RowMajor ? r * ld + c : c * ld + r);
+  }
+  /// Whether buffer element e is padding (not inside any batch's rows x cols).
+  bool is_padding(std::int64_t e) const {
+    const std::int64_t in = e % batch_stride(), minor = in % ld;
+    return minor >= (layout == Layout::RowMajor ? cols : rows);
+  }
+};
+/// The view of GEMM operand "A", "B", "C", "D" or "bias"; throws InputError otherwise.
+MatrixView gemm_view(const Case& c, std::string_view operand);
+/// Offsets of op(A)[b][i][k] and op(B)[b][k][j]: the logical operands, transposes undone.
+inline std::int64_t op_a_offset(const Case& c, const MatrixView& a, std::int64_t b, std::int64_t i,
+                                std::int64_t k) {
+  return c.gemm.trans_a ? a.offset(b, k, i) : a.offset(b, i, k);
+}
+inline std::int64_t op_b_offset(const Case& c, const MatrixView& bv, std::int64_t b, std::int64_t k,
+                                std::int64_t j) {
+  return c.gemm.trans_b ? bv.offset(b, j, k) : bv.offset(b, k, j);
+}
+
+/// Where element [batch][head][position][dim] of attention operand "Q", "K", "V" or "O"
+/// lives (packed; layout bhsd or bshd).
+struct AttentionView {
+  std::int64_t batch = 1, heads = 1, seq = 1, dim = 1;
+  AttentionLayout layout = AttentionLayout::BHSD;
+  std::int64_t elements() const { return batch * heads * seq * dim; }
+  std::int64_t offset(std::int64_t b, std::int64_t h, std::int64_t s, std::int64_t d) const {
+    return layout == AttentionLayout::BHSD ? ((b * heads + h) * seq + s) * dim + d
+                                           : ((b * seq + s) * heads + h) * dim + d;
+  }
+};
+/// The view of attention operand "Q", "K", "V" or "O"; throws InputError otherwise.
+AttentionView attention_view(const Case& c, std::string_view operand);
+/// Whether key j is visible to query i in batch b (kv_lengths and causal, bottom-right aligned).
+bool attention_visible(const Case& c, std::int64_t b, std::int64_t i, std::int64_t j);
+
 inline constexpr int kCaseSchemaVersion = 1;
 
 /// Serialises a case. Every field is written, defaults included.

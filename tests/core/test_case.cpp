@@ -185,3 +185,38 @@ TEST(Case, AttentionValidation) {
   j["epilogue"] = "relu";
   EXPECT_NE(error_of(j).find("case.epilogue: attention takes no epilogue"), std::string::npos);
 }
+
+TEST(Case, MemoryViews) {
+  Case c = case_from_json(minimal_gemm());  // row-major, A 16x32, B 32x8
+  c.gemm.batch = 2;
+  c.gemm.ldb = 10;  // padded
+  const MatrixView b = gemm_view(c, "B");
+  EXPECT_EQ(b.ld, 10);
+  EXPECT_EQ(b.batch_stride(), 320);
+  EXPECT_EQ(b.elements(), 640);
+  EXPECT_EQ(b.offset(1, 2, 3), 320 + 23);
+  EXPECT_FALSE(b.is_padding(7));
+  EXPECT_TRUE(b.is_padding(8));
+  EXPECT_TRUE(b.is_padding(320 + 9));
+  c.gemm.layout = Layout::ColMajor;
+  c.gemm.trans_a = true;  // A stored K x M = 32 x 16, column-major, ld = 32
+  c.gemm.ldb = 0;
+  const MatrixView a = gemm_view(c, "A");
+  EXPECT_EQ(a.ld, 32);
+  EXPECT_EQ(op_a_offset(c, a, 0, /*i=*/3, /*k=*/5), 3 * 32 + 5);
+  EXPECT_EQ(gemm_view(c, "bias").elements(), 8);
+  EXPECT_THROW(gemm_view(c, "Q"), InputError);
+
+  Case t = case_from_json(json::parse(R"({"ulpgate_case": 1, "op": "attention",
+    "attention": {"batch": 2, "heads": 3, "seq_q": 4, "seq_kv": 6, "head_dim": 8, "causal": true,
+                  "kv_lengths": [6, 3], "layout": "bshd"},
+    "types": {"Q": "fp16", "K": "fp16", "V": "fp16", "O": "fp16", "compute": "fp32"}})"));
+  const AttentionView k = attention_view(t, "K");
+  EXPECT_EQ(k.elements(), 2 * 3 * 6 * 8);
+  EXPECT_EQ(k.offset(1, 2, 5, 7), ((1 * 6 + 5) * 3 + 2) * 8 + 7);
+  // causal, bottom-right aligned: query 0 sees keys 0..2 (seq_kv - seq_q = 2)
+  EXPECT_TRUE(attention_visible(t, 0, 0, 2));
+  EXPECT_FALSE(attention_visible(t, 0, 0, 3));
+  EXPECT_TRUE(attention_visible(t, 0, 3, 5));
+  EXPECT_FALSE(attention_visible(t, 1, 3, 3));  // beyond kv_lengths[1] = 3
+}
