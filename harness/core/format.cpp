@@ -124,25 +124,31 @@ Code encode(Format f, double x, Rounding r, Overflow o) {
   // |x| = sig * 2^e2 exactly.
   const std::uint64_t sig = E == 0 ? frac : (frac | (std::uint64_t{1} << 52));
   const int e2 = E == 0 ? -1074 : E - 1075;
-  const int lg = e2 + 63 - std::countl_zero(sig);  // floor(log2|x|)
-  // Quantum (value of the last fraction bit) of the target at |x|'s binade.
+  return encode_scaled(f, neg, sig, e2, r, o);
+}
+
+Code encode_scaled(Format f, bool neg, std::uint64_t sig, int e2, Rounding r, Overflow o) {
+  const auto& fi = info(f);
+  if (sig == 0) return neg ? fi.sign_mask() : 0;
+  const int lg = e2 + 63 - std::countl_zero(sig);  // floor(log2 |value|)
+  // Quantum (value of the last fraction bit) of the target at the value's binade.
   const int q = std::max(lg, fi.emin()) - fi.frac_bits;
   const int shift = q - e2;  // low bits of sig that fall below the quantum
 
   enum { Exact, BelowHalf, Tie, AboveHalf } rest = Exact;
   std::uint64_t i;
   if (shift <= 0) {
-    i = sig << -shift;
+    i = sig << -shift;  // exact: shift >= bit_length(sig) - precision, so i < 2^precision
   } else if (shift >= 64) {
     i = 0;
-    rest = BelowHalf;  // |x| < 2^(lg+1) <= 2^(q-1)
+    rest = BelowHalf;  // |value| < 2^(lg+1) <= 2^(q-1)
   } else {
     i = sig >> shift;
     const std::uint64_t rem = sig & ((std::uint64_t{1} << shift) - 1);
     const std::uint64_t half = std::uint64_t{1} << (shift - 1);
     rest = rem == 0 ? Exact : rem < half ? BelowHalf : rem == half ? Tie : AboveHalf;
   }
-  bool up = false;  // whether to add one unit in the last place to |x| truncated
+  bool up = false;  // whether to add one unit in the last place to |value| truncated
   switch (r) {
     case Rounding::NearestEven: up = rest == AboveHalf || (rest == Tie && (i & 1)); break;
     case Rounding::NearestAway: up = rest == AboveHalf || rest == Tie; break;

@@ -78,6 +78,11 @@ double decode(Format f, Code c);
 Code encode(Format f, double x, Rounding r = Rounding::NearestEven,
             Overflow o = Overflow::NoSaturate);
 
+/// Rounds (-1)^neg * sig * 2^exp2 (an exact value given as an integer significand and a
+/// power of two, e.g. an integer sum of aligned terms) to the format and encodes it.
+Code encode_scaled(Format f, bool neg, std::uint64_t sig, int exp2, Rounding r = Rounding::NearestEven,
+                   Overflow o = Overflow::NoSaturate);
+
 /// round(x) as a double: decode(encode(...)).
 inline double round_to(Format f, double x, Rounding r = Rounding::NearestEven,
                        Overflow o = Overflow::NoSaturate) {

@@ -3,6 +3,7 @@
 // value against an exact one.
 #pragma once
 
+#include <stdint.h>  // before mpfr.h: enables the intmax_t functions (mpfr_set_uj_2exp)
 #include <mpfr.h>
 
 #include "harness/core/format.hpp"

@@ -4,6 +4,7 @@
 #include <bit>
 #include <cfenv>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 
 #include "harness/core/format.hpp"
@@ -343,4 +344,16 @@ RC_GTEST_PROP(Format, CorrectRoundingHasErrorAtMostHalfUlp, ()) {
         std::fabs(decode(f, other)) <= info(f).max_finite())
       RC_ASSERT(std::fabs(ulp_error(f, other, x)) >= 0.5);
   }
+}
+
+// encode_scaled rounds integer * 2^e exactly: checked against MPFR on 64-bit significands.
+RC_GTEST_PROP(Format, EncodeScaledMatchesExactRounding, (std::uint64_t sig, bool neg)) {
+  const int e = *rc::gen::inRange(-1200, 1100);
+  Mpfr x(64);
+  mpfr_set_ui_2exp(x, 0, 0, MPFR_RNDN);
+  mpfr_set_uj_2exp(x, sig, e, MPFR_RNDN);
+  if (neg) mpfr_neg(x, x, MPFR_RNDN);
+  for (Format f : kAllFormats)
+    for (Rounding r : kRoundings)
+      for (Overflow o : kOverflows) RC_ASSERT(encode_scaled(f, neg, sig, e, r, o) == encode_exact(f, x, r, o));
 }

@@ -1,0 +1,15 @@
+#include "harness/core/parallel.hpp"
+
+#include <cstdlib>
+
+namespace ulpgate {
+
+unsigned default_threads() {
+  if (const char* s = std::getenv("ULPGATE_THREADS")) {
+    const long v = std::strtol(s, nullptr, 10);
+    if (v > 0) return static_cast<unsigned>(v);
+  }
+  return std::max(1u, std::thread::hardware_concurrency());
+}
+
+}  // namespace ulpgate

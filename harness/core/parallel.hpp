@@ -1,0 +1,47 @@
+// A minimal parallel loop over independent items (output elements, rows, cases).
+#pragma once
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <exception>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace ulpgate {
+
+/// Threads to use by default: ULPGATE_THREADS if set, else the hardware concurrency.
+unsigned default_threads();
+
+/// Calls fn(i) for every i in [0, n) on up to `threads` threads, in chunks of `grain`
+/// items handed out dynamically. The first exception thrown by fn is rethrown here.
+template <class Fn>
+void parallel_for(std::int64_t n, Fn&& fn, unsigned threads = default_threads(),
+                  std::int64_t grain = 1) {
+  threads = static_cast<unsigned>(std::clamp<std::int64_t>(threads, 1, std::max<std::int64_t>(1, n / grain)));
+  if (threads <= 1) {
+    for (std::int64_t i = 0; i < n; ++i) fn(i);
+    return;
+  }
+  std::atomic<std::int64_t> next{0};
+  std::exception_ptr error;
+  std::mutex mu;
+  auto worker = [&] {
+    try {
+      for (std::int64_t start; (start = next.fetch_add(grain)) < n;)
+        for (std::int64_t i = start, end = std::min(n, start + grain); i < end; ++i) fn(i);
+    } catch (...) {
+      std::lock_guard lock(mu);
+      if (!error) error = std::current_exception();
+      next = n;
+    }
+  };
+  std::vector<std::thread> pool;
+  for (unsigned t = 1; t < threads; ++t) pool.emplace_back(worker);
+  worker();
+  for (auto& t : pool) t.join();
+  if (error) std::rethrow_exception(error);
+}
+
+}  // namespace ulpgate
