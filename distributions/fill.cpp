@@ -1,0 +1,405 @@
+#include "distributions/fill.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "distributions/gendot.hpp"
+#include "distributions/sampling.hpp"
+#include "harness/core/error.hpp"
+#include "harness/core/rng.hpp"
+
+namespace ulpgate {
+namespace {
+
+using sampling::Kind;
+using sampling::Sampler;
+
+[[noreturn]] void fail(std::string_view op, const std::string& msg) {
+  throw InputError(fmt::format("case.dist.{}: {}", op, msg));
+}
+
+// The logical shape of an input and where each logical element lives in its buffer.
+struct Operand {
+  std::string name;
+  Format format;
+  std::uint32_t stream;
+  std::vector<std::int64_t> dims;  // logical extents (fill.hpp table)
+  int reduction_axis, channel_axis;
+  std::int64_t storage;            // buffer elements, padding included
+  std::function<std::int64_t(const std::int64_t*)> offset;
+
+  std::int64_t count() const {
+    std::int64_t n = 1;
+    for (auto d : dims) n *= d;
+    return n;
+  }
+  std::int64_t stride(int axis) const {
+    std::int64_t s = 1;
+    for (int a = static_cast<int>(dims.size()) - 1; a > axis; --a) s *= dims[a];
+    return s;
+  }
+  /// Calls fn(logical index, coordinates) for every logical element, in index order.
+  template <class Fn>
+  void for_each(Fn&& fn) const {
+    std::vector<std::int64_t> coord(dims.size(), 0);
+    const std::int64_t n = count();
+    for (std::int64_t idx = 0; idx < n; ++idx) {
+      fn(idx, coord.data());
+      for (int a = static_cast<int>(dims.size()) - 1; a >= 0; --a) {
+        if (++coord[a] < dims[a]) break;
+        coord[a] = 0;
+      }
+    }
+  }
+};
+
+Operand describe(const Case& c, const std::string& op) {
+  Operand o;
+  o.name = op;
+  o.format = c.types.at(op);
+  o.stream = operand_stream(op);
+  if (c.op == Op::Gemm) {
+    const auto& g = c.gemm;
+    const MatrixView v = gemm_view(c, op);
+    o.storage = v.elements();
+    if (op == "A") {
+      o.dims = {g.batch, g.m, g.k};
+      o.reduction_axis = o.channel_axis = 2;
+      o.offset = [&c, v](const std::int64_t* x) { return op_a_offset(c, v, x[0], x[1], x[2]); };
+    } else if (op == "B") {
+      o.dims = {g.batch, g.k, g.n};
+      o.reduction_axis = o.channel_axis = 1;
+      o.offset = [&c, v](const std::int64_t* x) { return op_b_offset(c, v, x[0], x[1], x[2]); };
+    } else if (op == "C") {
+      o.dims = {g.batch, g.m, g.n};
+      o.reduction_axis = o.channel_axis = 2;
+      o.offset = [v](const std::int64_t* x) { return v.offset(x[0], x[1], x[2]); };
+    } else {  // bias
+      o.dims = {g.n};
+      o.reduction_axis = o.channel_axis = 0;
+      o.offset = [v](const std::int64_t* x) { return v.offset(0, 0, x[0]); };
+    }
+  } else {
+    const AttentionView v = attention_view(c, op);
+    o.storage = v.elements();
+    o.dims = {v.batch, v.heads, v.seq, v.dim};
+    o.channel_axis = 3;
+    o.reduction_axis = op == "V" ? 2 : 3;
+    o.offset = [v](const std::int64_t* x) { return v.offset(x[0], x[1], x[2], x[3]); };
+  }
+  return o;
+}
+
+const DistSpec& core_of(const DistSpec& s) { return s.base ? core_of(*s.base) : s; }
+
+// Folds a spec (its core family and any outliers/specials wrappers) into a Sampler.
+Sampler resolve(const DistSpec& s, const Case& c, const Operand& o) {
+  const auto& fi = info(o.format);
+  if (s.base) {
+    Sampler r = resolve(*s.base, c, o);
+    if (s.family == "outliers") {
+      r.outlier_rate = s["rate"];
+      r.outlier_scale = s["scale"];
+    } else if (s.family == "specials") {
+      if (!fi.has_inf && s["inf"] > 0)
+        throw InputError(fmt::format("dist \"{}\": {} has no Inf (inf must be 0)", s.text.empty() ? s.canonical() : s.text,
+                                     fi.name));
+      r.nan_rate = s["nan"];
+      r.inf_rate = s["inf"];
+      r.negzero_rate = s["negzero"];
+    }
+    return r;  // amax: applied to the whole tensor in fill_operand
+  }
+  const std::string& f = s.family;
+  Sampler r;
+  auto set = [&](Kind k, double a, double b = 0, double cc = 0, double d = 0) {
+    r.kind = k, r.a = a, r.b = b, r.c = cc, r.d = d;
+  };
+  const double red = static_cast<double>(o.dims[o.reduction_axis]);
+  if (f == "uniform") set(Kind::Uniform, s["lo"], s["hi"]);
+  else if (f == "normal") set(Kind::Normal, s["mean"], s["std"]);
+  else if (f == "lognormal") set(Kind::LogNormal, s["mu"], s["sigma"]);
+  else if (f == "student_t") set(Kind::StudentT, s["nu"], s["scale"]);
+  else if (f == "cauchy") set(Kind::Cauchy, s["loc"], s["scale"]);
+  else if (f == "activations") set(Kind::Activations, s["std"], s["rate"], s["scale"]);
+  else if (f == "weights") set(Kind::Normal, 0.0, s["gain"] / std::sqrt(s["fan_in"] > 0 ? s["fan_in"] : red));
+  else if (f == "softmax") set(Kind::SoftmaxWeight, s["std"]);
+  else if (f == "sparse") set(Kind::Sparse, s["density"], s["std"]);
+  else if (f == "relu") set(Kind::Relu, s["mean"], s["std"]);
+  else if (f == "positive") set(Kind::Positive, 0.0, s["std"]);
+  else if (f == "near_overflow")
+    set(Kind::NearOverflow, s["lo"] * fi.max_finite(), s["hi"] * fi.max_finite());
+  else if (f == "subnormal")
+    set(Kind::Subnormal, s["rate"], fi.min_subnormal(), std::ldexp(1.0, fi.frac_bits), fi.min_normal());
+  else if (f == "exact")
+    set(Kind::Exact, s["max"] > 0 ? s["max"] : exact_auto_max(c, o.name), std::ldexp(1.0, -static_cast<int>(s["frac"])));
+  else
+    throw std::logic_error("resolve: family " + f + " is not per-element");
+  return r;
+}
+
+void check_scope(const DistSpec& s, const Case& c, const std::string& op) {
+  const FamilyInfo* fam = find_family(s.family);
+  const bool gemm = c.op == Op::Gemm;
+  switch (fam->scope) {
+    case Scope::Any: return;
+    case Scope::GemmAB:
+      if (gemm && (op == "A" || op == "B")) return;
+      fail(op, fmt::format("{} is only for GEMM A and B (it builds them together)", s.family));
+    case Scope::GemmABC:
+      if (gemm && (op == "A" || op == "B" || op == "C")) return;
+      fail(op, fmt::format("{} is only for GEMM A, B and C (case.scales has no {} scale)", s.family, op));
+    case Scope::AttnQK:
+      if (!gemm && (op == "Q" || op == "K")) return;
+      fail(op, fmt::format("{} is only for attention Q and K (it builds them together)", s.family));
+  }
+}
+
+// Writes logical values into a poisoned buffer of the operand's storage size.
+Tensor store(const Operand& o, const std::vector<double>& vals) {
+  Tensor t(o.format, static_cast<std::size_t>(o.storage));
+  t.fill_code(padding_poison(o.format));
+  o.for_each([&](std::int64_t idx, const std::int64_t* x) {
+    t.set_value(static_cast<std::size_t>(o.offset(x)), vals[static_cast<std::size_t>(idx)]);
+  });
+  return t;
+}
+
+// Per-element families, softmax normalisation, modifiers and amax scaling.
+Tensor fill_operand(Case& c, const Operand& o, const DistSpec& spec) {
+  const Sampler sampler = resolve(spec, c, o);
+  const std::uint64_t seed = c.seed;
+  std::vector<double> vals(static_cast<std::size_t>(o.count()));
+  o.for_each([&](std::int64_t idx, const std::int64_t* x) {
+    vals[static_cast<std::size_t>(idx)] = sampling::sample_core(
+        sampler, seed, o.stream, static_cast<std::uint64_t>(idx), static_cast<std::uint64_t>(x[o.channel_axis]));
+  });
+  if (sampler.kind == Kind::SoftmaxWeight) {
+    // Normalise each line along the reduction axis, summing in coordinate order.
+    const std::int64_t len = o.dims[o.reduction_axis], stride = o.stride(o.reduction_axis);
+    o.for_each([&](std::int64_t idx, const std::int64_t* x) {
+      if (x[o.reduction_axis] != 0) return;
+      double sum = 0.0;
+      for (std::int64_t r = 0; r < len; ++r) sum += vals[static_cast<std::size_t>(idx + r * stride)];
+      for (std::int64_t r = 0; r < len; ++r) vals[static_cast<std::size_t>(idx + r * stride)] /= sum;
+    });
+  }
+  for (std::size_t i = 0; i < vals.size(); ++i)
+    vals[i] = sampling::apply_modifiers(sampler, seed, o.stream, i, vals[i]);
+  if (spec.family == "amax") {
+    double amax = 0.0;
+    for (double v : vals)
+      if (std::isfinite(v)) amax = std::max(amax, std::fabs(v));
+    // The scale is an FP32 number, as cuBLASLt's scale pointers; kept in FP32's normal range.
+    double scale = 1.0;
+    if (amax > 0.0)
+      scale = std::clamp(round_to(Format::FP32, amax / (spec["frac"] * info(o.format).max_finite())),
+                         0x1p-126, 0x1p127);
+    for (double& v : vals) v /= scale;
+    c.scales[o.name] = scale;
+  }
+  return store(o, vals);
+}
+
+// A format whose values are all values of the other one (so one GenDot pair fits both).
+bool contained(Format a, Format b) {
+  const auto &fa = info(a), &fb = info(b);
+  return fa.precision() <= fb.precision() && fa.emax() <= fb.emax() &&
+         fa.emin() - fa.frac_bits >= fb.emin() - fb.frac_bits;
+}
+
+// GenDot: pair r = b * pairs + (i mod pairs) gives op(A)[b][i][:] = +-x_r and
+// op(B)[b][:][j] = +-y_r (signs per row / column), so every C[b][i][j] with i = j mod pairs
+// is a GenDot dot product (a sign flip does not change the condition number).
+void fill_gendot(Case& c, const DistSpec& spec, std::map<std::string, Tensor>& out) {
+  const auto& g = c.gemm;
+  const Format fa = c.types.at("A"), fb = c.types.at("B");
+  Format common = fa;
+  if (contained(fb, fa)) common = fb;
+  else if (!contained(fa, fb))
+    fail("A", fmt::format("gendot needs A and B formats where one contains the other, got {} and {}",
+                          name(fa), name(fb)));
+  const auto pairs = static_cast<std::int64_t>(spec["pairs"]);
+  if (g.batch * pairs > 65536)
+    fail("A", fmt::format("gendot: batch x pairs must be <= 65536, got {}", g.batch * pairs));
+  std::vector<DotPair> dots;
+  for (std::int64_t r = 0; r < g.batch * pairs; ++r) {
+    const std::uint32_t stream = sampling::with_draw(kStreamA, sampling::kDrawGenDot) |
+                                 (static_cast<std::uint32_t>(r) << 16);
+    try {
+      dots.push_back(gendot(static_cast<std::size_t>(g.k), spec["cond"], common, c.seed, stream));
+    } catch (const InputError& e) {
+      fail("A", fmt::format("dist \"{}\": {}", spec.text, e.what()));
+    }
+  }
+  auto sign = [&](std::uint32_t stream, std::int64_t line) {
+    return sampling::unit(c.seed, sampling::with_draw(stream, sampling::kDrawLine),
+                          static_cast<std::uint64_t>(line)) < 0.5 ? -1.0 : 1.0;
+  };
+  for (const char* op : {"A", "B"}) {
+    const Operand o = describe(c, op);
+    std::vector<double> vals(static_cast<std::size_t>(o.count()));
+    const bool is_a = o.name == "A";
+    o.for_each([&](std::int64_t idx, const std::int64_t* x) {
+      const std::int64_t b = x[0], line = is_a ? x[1] : x[2], k = is_a ? x[2] : x[1];
+      const DotPair& p = dots[static_cast<std::size_t>(b * pairs + line % pairs)];
+      const double s = sign(o.stream, b * (is_a ? g.m : g.n) + line);
+      vals[static_cast<std::size_t>(idx)] = s * (is_a ? p.x : p.y)[static_cast<std::size_t>(k)];
+    });
+    out[op] = store(o, vals);
+  }
+}
+
+// Attention logits / sink / masked: Q and K normal(0, sigma) with sigma chosen so that the
+// scaled logits softmax_scale * q.k have standard deviation `std` (Var(q.k) = D sigma^4).
+void fill_attention_qk(Case& c, const DistSpec& spec, std::map<std::string, Tensor>& out) {
+  auto& a = c.attention;
+  const double d = static_cast<double>(a.head_dim);
+  const double scale = a.softmax_scale ? *a.softmax_scale : 1.0 / std::sqrt(d);
+  if (scale == 0.0) fail("Q", fmt::format("{} needs a nonzero softmax_scale", spec.family));
+  const double sigma = std::sqrt(spec["std"] / (std::fabs(scale) * std::sqrt(d)));
+  Sampler normal;
+  normal.kind = Kind::Normal;
+  normal.a = 0.0;
+  normal.b = sigma;
+  const bool sink = spec.family == "sink";
+  if (sink && spec["key"] >= static_cast<double>(a.seq_kv))
+    fail("K", fmt::format("sink key {} is beyond seq_kv {}", spec["key"], a.seq_kv));
+  // The sink: every query gets +m in dimension 0 and the sink key holds logit / (scale m) there,
+  // so its logit with any query is logit * (1 + z/m) + (the other dimensions), z ~ N(0, sigma).
+  const double m = sigma > 0 ? 4.0 * sigma : 1.0;
+  for (const char* op : {"Q", "K"}) {
+    const Operand o = describe(c, op);
+    const bool is_q = o.name == "Q";
+    std::vector<double> vals(static_cast<std::size_t>(o.count()));
+    o.for_each([&](std::int64_t idx, const std::int64_t* x) {
+      double v = sampling::sample(normal, c.seed, o.stream, static_cast<std::uint64_t>(idx), 0);
+      if (sink && x[3] == 0) {
+        if (is_q) v += m;
+        else if (x[2] == static_cast<std::int64_t>(spec["key"])) v = spec["logit"] / (scale * m);
+      }
+      vals[static_cast<std::size_t>(idx)] = v;
+    });
+    out[op] = store(o, vals);
+  }
+  if (spec.family == "masked") {
+    // Batches whose draw falls below frac get kv_length 0 (every row fully masked); at least
+    // the batch with the smallest draw, so the case always has fully masked rows.
+    if (a.kv_lengths.empty()) a.kv_lengths.assign(static_cast<std::size_t>(a.batch), a.seq_kv);
+    std::int64_t lowest = 0;
+    double lowest_u = 2.0;
+    for (std::int64_t b = 0; b < a.batch; ++b) {
+      const double u = sampling::unit(c.seed, sampling::with_draw(kStreamK, sampling::kDrawLine),
+                                      static_cast<std::uint64_t>(b));
+      if (u < spec["frac"]) a.kv_lengths[static_cast<std::size_t>(b)] = 0;
+      if (u < lowest_u) lowest_u = u, lowest = b;
+    }
+    a.kv_lengths[static_cast<std::size_t>(lowest)] = 0;
+  }
+}
+
+DistSpec parse_for(const Case& c, const std::string& op) {
+  auto it = c.dist.find(op);
+  const std::string text = it == c.dist.end() ? std::string(kDefaultDist) : it->second;
+  try {
+    return parse_dist(text);
+  } catch (const InputError& e) {
+    fail(op, e.what());
+  }
+}
+
+// The joint spec of two operands built together: given on either; if on both, the same.
+const DistSpec* joint(const std::map<std::string, DistSpec>& specs, const Case& c, const char* p,
+                      const char* q, Scope scope) {
+  const DistSpec* first = nullptr;
+  for (const char* op : {p, q}) {
+    const DistSpec& s = specs.at(op);
+    if (find_family(s.family)->scope != scope) continue;
+    if (!first) {
+      first = &s;
+      continue;
+    }
+    if (s.canonical() != first->canonical())
+      fail(op, fmt::format("\"{}\" must equal {}'s \"{}\" (they are built together) or be absent",
+                           s.text, p, first->text));
+  }
+  if (!first) return nullptr;
+  for (const char* op : {p, q}) {
+    const auto it = c.dist.find(op);
+    if (it != c.dist.end() && find_family(specs.at(op).family)->scope != scope)
+      fail(op, fmt::format("must be absent or \"{}\": {} and {} are built together", first->text, p, q));
+  }
+  return first;
+}
+
+}  // namespace
+
+std::uint32_t operand_stream(std::string_view op) {
+  if (op == "A") return kStreamA;
+  if (op == "B") return kStreamB;
+  if (op == "C") return kStreamC;
+  if (op == "bias") return kStreamBias;
+  if (op == "Q") return kStreamQ;
+  if (op == "K") return kStreamK;
+  if (op == "V") return kStreamV;
+  throw InputError(fmt::format("no input operand \"{}\"", op));
+}
+
+Code padding_poison(Format f) {
+  const auto& fi = info(f);
+  if (f == Format::E4M3) return 0xFF;
+  const Code exp_all_ones = ((Code{1} << fi.exp_bits) - 1) << fi.frac_bits;
+  const Code quiet = Code{1} << (fi.frac_bits - 1);
+  const Code payload = 0x5A5A5A5A5A5A5A5Aull & (quiet - 1);
+  return exp_all_ones | quiet | payload;
+}
+
+double exact_auto_max(const Case& c, std::string_view op) {
+  const Format f = c.types.at(std::string(op));
+  int p_out;
+  std::int64_t len;
+  if (c.op == Op::Gemm) {
+    p_out = std::min(info(c.types.at("D")).precision(), info(c.types.at("compute")).precision());
+    len = c.gemm.k + 2;  // + C and bias terms, each no larger than one product's bound
+  } else {
+    p_out = info(c.types.at("compute")).precision();
+    len = op == "V" ? c.attention.seq_kv : c.attention.head_dim;
+  }
+  const int log_len = static_cast<int>(std::ceil(std::log2(static_cast<double>(len))));
+  int e = static_cast<int>(std::floor((p_out - log_len) / 2.0));
+  e = std::min(e, info(f).precision());
+  while (e > 0 && std::ldexp(1.0, e) > info(f).max_finite()) --e;
+  return std::ldexp(1.0, std::max(e, 0));
+}
+
+std::map<std::string, Tensor> fill_inputs(Case& c) {
+  std::map<std::string, DistSpec> specs;
+  for (const std::string& op : c.inputs()) {
+    if (!c.types.count(op)) throw InputError(fmt::format("case.types.{}: missing", op));
+    specs.emplace(op, parse_for(c, op));
+    check_scope(specs.at(op), c, op);
+  }
+  std::map<std::string, Tensor> out;
+  if (c.op == Op::Gemm) {
+    if (const DistSpec* g = joint(specs, c, "A", "B", Scope::GemmAB)) fill_gendot(c, *g, out);
+  } else if (const DistSpec* q = joint(specs, c, "Q", "K", Scope::AttnQK)) {
+    fill_attention_qk(c, *q, out);
+  }
+  for (const std::string& op : c.inputs()) {
+    if (out.count(op)) continue;
+    try {
+      out[op] = fill_operand(c, describe(c, op), specs.at(op));
+    } catch (const InputError& e) {
+      const std::string msg = e.what();
+      if (msg.rfind("case.", 0) == 0) throw;
+      fail(op, msg);
+    }
+  }
+  return out;
+}
+
+}  // namespace ulpgate
