@@ -1,0 +1,264 @@
+// fill_inputs: values depend on logical coordinates only, padding is poisoned, joint
+// constructions (gendot, amax, attention logits / sink / masking, exact) do what they say.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "fill_test_util.hpp"
+#include "distributions/gendot.hpp"
+#include "distributions/sampling.hpp"
+#include "harness/core/error.hpp"
+#include "harness/core/format_mpfr.hpp"
+
+using namespace ulpgate;
+using namespace ulpgate::test;
+
+namespace {
+
+std::string fill_error(Case c) {
+  try {
+    fill_inputs(c);
+  } catch (const InputError& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+}  // namespace
+
+TEST(Fill, ValuesDependOnLogicalCoordinatesOnly) {
+  for (const char* spec : {"normal(0,1)", "gendot(cond=1e6,pairs=3)", "specials(nan=0.1,inf=0.1,negzero=0.1)",
+                           "softmax", "activations(rate=0.2)"}) {
+    Case base = gemm_case(17, 9, 33, Format::FP16, spec, "", 2);
+    base.beta = 0.5;
+    base.types["C"] = Format::FP16;
+    auto ref = fill_inputs(base);
+    const auto a0 = logical_gemm(base, ref, "A"), b0 = logical_gemm(base, ref, "B"),
+               c0 = logical_gemm(base, ref, "C");
+    for (Layout layout : {Layout::RowMajor, Layout::ColMajor})
+      for (bool ta : {false, true})
+        for (bool tb : {false, true})
+          for (std::int64_t pad : {0, 3}) {
+            Case c = base;
+            c.gemm.layout = layout, c.gemm.trans_a = ta, c.gemm.trans_b = tb;
+            if (pad) {
+              c.gemm.lda = c.gemm.packed_ld(c.gemm.a_rows(), c.gemm.a_cols()) + pad;
+              c.gemm.ldb = c.gemm.packed_ld(c.gemm.b_rows(), c.gemm.b_cols()) + pad;
+              c.gemm.ldc = c.gemm.packed_ld(c.gemm.m, c.gemm.n) + pad;
+            }
+            validate(c);
+            auto t = fill_inputs(c);
+            EXPECT_TRUE(same_bits(logical_gemm(c, t, "A"), a0)) << spec << " layout " << name(layout) << ta << tb << pad;
+            EXPECT_TRUE(same_bits(logical_gemm(c, t, "B"), b0)) << spec << " layout " << name(layout) << ta << tb << pad;
+            EXPECT_TRUE(same_bits(logical_gemm(c, t, "C"), c0)) << spec << " layout " << name(layout) << ta << tb << pad;
+            // Every padding element holds the poison NaN, every other one does not.
+            for (const char* op : {"A", "B", "C"}) {
+              const MatrixView v = gemm_view(c, op);
+              const Tensor& x = t.at(op);
+              ASSERT_EQ(static_cast<std::int64_t>(x.size()), v.elements());
+              std::int64_t poisoned = 0;
+              for (std::int64_t e = 0; e < v.elements(); ++e) {
+                const bool is_poison = x.code(static_cast<std::size_t>(e)) == padding_poison(Format::FP16);
+                poisoned += is_poison;
+                if (v.is_padding(e)) ASSERT_TRUE(is_poison) << op << " element " << e;
+              }
+              EXPECT_EQ(poisoned, v.elements() - v.batch * v.rows * v.cols) << op;
+            }
+          }
+  }
+}
+
+TEST(Fill, AttentionLayoutsAgree) {
+  for (const char* spec : {"normal(0,1)", "logits(std=3)", "sink(logit=20,key=2)"}) {
+    Case c = attention_case(2, 3, 5, 7, 16, Format::BF16, spec);
+    auto t1 = fill_inputs(c);
+    Case d = c;
+    d.attention.layout = AttentionLayout::BSHD;
+    auto t2 = fill_inputs(d);
+    for (const char* op : {"Q", "K", "V"})
+      EXPECT_TRUE(same_bits(logical_attention(c, t1, op), logical_attention(d, t2, op))) << spec << op;
+  }
+}
+
+TEST(Fill, RoundedFromTheFp64DrawOfTheSameCoordinates) {
+  // The stored FP16 bits are the FP64 sample rounded once: the generator is the sampler.
+  Case c = gemm_case(6, 5, 7, Format::FP16, "student_t(3)", "uniform(-9,9)");
+  auto t = fill_inputs(c);
+  const auto a = logical_gemm(c, t, "A");
+  sampling::Sampler s;
+  s.kind = sampling::Kind::StudentT, s.a = 3, s.b = 1;
+  for (std::size_t i = 0; i < a.size(); ++i)
+    EXPECT_EQ(a[i], round_to(Format::FP16, sampling::sample(s, c.seed, kStreamA, i, i % 7))) << i;
+  // Different operands and seeds give different data.
+  EXPECT_NE(logical_gemm(c, t, "A"), logical_gemm(c, t, "B"));
+  Case c2 = c;
+  c2.seed = 99;
+  auto t2 = fill_inputs(c2);
+  EXPECT_NE(logical_gemm(c2, t2, "A"), a);
+}
+
+TEST(Fill, PoisonIsANonCanonicalNaN) {
+  for (Format f : kAllFormats) {
+    EXPECT_TRUE(is_nan(f, padding_poison(f))) << name(f);
+    if (f != Format::E4M3) EXPECT_NE(padding_poison(f), canonical_nan(f)) << name(f);
+  }
+}
+
+TEST(Fill, GenDotMatrixHitsTheConditionNumber) {
+  for (Format f : {Format::FP32, Format::BF16, Format::E4M3}) {
+    const double cond = f == Format::FP32 ? 1e30 : f == Format::BF16 ? 1e10 : 100;
+    const std::int64_t m = 5, n = 6, k = 64, pairs = 2;
+    Case c = gemm_case(m, n, k, f, "gendot(cond=" + std::to_string(cond) + ",pairs=2)", "", 2);
+    c.gemm.trans_a = true;
+    auto t = fill_inputs(c);
+    const auto a = logical_gemm(c, t, "A"), b = logical_gemm(c, t, "B");
+    for (std::int64_t bt = 0; bt < 2; ++bt)
+      for (std::int64_t i = 0; i < m; ++i)
+        for (std::int64_t j = 0; j < n; ++j) {
+          std::vector<double> x, y;
+          for (std::int64_t kk = 0; kk < k; ++kk) {
+            x.push_back(a[(bt * m + i) * k + kk]);
+            y.push_back(b[(bt * k + kk) * n + j]);
+          }
+          if (i % pairs != j % pairs) continue;
+          const double r = exact_dot_condition(x, y) / cond;
+          EXPECT_TRUE(r > 0.1 && r < 10) << name(f) << " C[" << bt << "][" << i << "][" << j << "] ratio " << r;
+        }
+  }
+  // Mixed formats: one contains the other (FP16 values are FP32 values).
+  Case mixed = gemm_case(3, 3, 40, Format::FP32, "gendot(cond=1e8)");
+  mixed.types["B"] = Format::FP16;
+  EXPECT_NO_THROW(fill_inputs(mixed));
+}
+
+TEST(Fill, AmaxPutsTheMaxAtTheFormatsMax) {
+  for (Format f : {Format::E4M3, Format::E5M2, Format::FP16}) {
+    for (double frac : {1.0, 0.5}) {
+      Case c = gemm_case(30, 20, 50, f, "amax(frac=" + std::to_string(frac) + ",base=normal(0,3))",
+                         "amax(base=uniform(0,1e-3))");
+      auto t = fill_inputs(c);
+      ASSERT_TRUE(c.scales.count("A") && c.scales.count("B"));
+      for (const char* op : {"A", "B"}) {
+        const double scale = c.scales.at(op);
+        EXPECT_EQ(round_to(Format::FP32, scale), scale) << "an FP32 scale";
+        const auto v = logical_gemm(c, t, op);
+        double mx = 0;
+        for (double x : v) mx = std::max(mx, std::fabs(x));
+        const double target = std::string(op) == "A" ? frac : 1.0;
+        // The largest stored value is the format's value nearest frac * max finite.
+        EXPECT_EQ(mx, round_to(f, target * info(f).max_finite())) << name(f) << " " << op << " frac " << frac;
+      }
+      // Stored x scale reproduces the base data to the format's precision.
+      Case plain = gemm_case(30, 20, 50, Format::FP64, "normal(0,3)");
+      auto tp = fill_inputs(plain);
+      const auto intended = logical_gemm(plain, tp, "A"), stored = logical_gemm(c, t, "A");
+      for (std::size_t i = 0; i < stored.size(); ++i)
+        ASSERT_NEAR(stored[i] * c.scales.at("A"), intended[i],
+                    std::fabs(intended[i]) * info(f).epsilon() + info(f).min_subnormal() * c.scales.at("A"))
+            << i;
+    }
+  }
+  Case attn = attention_case(1, 1, 4, 4, 8, Format::E4M3, "amax");
+  EXPECT_EQ(fill_error(attn), "case.dist.Q: amax is only for GEMM A, B and C (case.scales has no Q scale)");
+}
+
+TEST(Fill, ExactByConstructionIsExact) {
+  // Integers chosen so K * max_a * max_b fits the output precision: every dot product (and
+  // every partial sum, in any order) is exact in FP32 and in the output format.
+  for (Format f : {Format::FP16, Format::BF16, Format::E4M3, Format::FP32}) {
+    for (std::int64_t k : {1, 16, 128, 1000}) {
+      Case c = gemm_case(8, 8, k, f, "exact", "exact");
+      auto t = fill_inputs(c);
+      const auto a = logical_gemm(c, t, "A"), b = logical_gemm(c, t, "B");
+      const double m = exact_auto_max(c, "A");
+      const int p = info(f).precision();
+      if (k * m * m > std::ldexp(1.0, p)) continue;  // stated bound does not hold: nothing to check
+      for (std::int64_t i = 0; i < 8; ++i)
+        for (std::int64_t j = 0; j < 8; ++j) {
+          double sum = 0, sum_abs = 0;
+          for (std::int64_t kk = 0; kk < k; ++kk) {
+            const double prod = a[i * k + kk] * b[kk * 8 + j];
+            sum += prod;
+            sum_abs += std::fabs(prod);
+          }
+          EXPECT_LE(sum_abs, std::ldexp(1.0, p));
+          EXPECT_EQ(round_to(f, sum), sum) << name(f) << " k=" << k;
+          EXPECT_EQ(round_to(Format::FP32, sum), sum);
+        }
+      // Above E4M3 (4 bits: sums up to 16 only) the bound leaves room for integers beyond +-1.
+      if (f != Format::E4M3) EXPECT_GE(m, k <= 16 ? 2.0 : 1.0) << name(f) << " k=" << k;
+    }
+  }
+}
+
+TEST(Fill, AttentionLogitsHaveTheRequestedSpread) {
+  Case c = attention_case(2, 4, 64, 64, 64, Format::FP32, "logits(std=3)");
+  auto t = fill_inputs(c);
+  const auto q = logical_attention(c, t, "Q"), k = logical_attention(c, t, "K");
+  const double scale = 1.0 / 8;
+  double s2 = 0;
+  int n = 0;
+  for (int bh = 0; bh < 8; ++bh)
+    for (int i = 0; i < 64; ++i)
+      for (int j = 0; j < 64; ++j) {
+        double dot = 0;
+        for (int d = 0; d < 64; ++d) dot += q[(bh * 64 + i) * 64 + d] * k[(bh * 64 + j) * 64 + d];
+        s2 += (scale * dot) * (scale * dot);
+        ++n;
+      }
+  // 32768 logits, each with variance 9 (kurtosis of a sum of 64 normal products ~3.1):
+  // tolerance 5 * 9 * sqrt(2.1 / n) ~ 0.36 (neighbouring logits share q or k, so use 2x).
+  EXPECT_NEAR(s2 / n, 9.0, 0.72);
+}
+
+TEST(Fill, AttentionSinkDominates) {
+  Case c = attention_case(1, 2, 32, 40, 64, Format::FP16, "sink(logit=20,key=3,std=1)");
+  auto t = fill_inputs(c);
+  const auto q = logical_attention(c, t, "Q"), k = logical_attention(c, t, "K");
+  double mean_sink = 0, max_other = -1e9;
+  for (int h = 0; h < 2; ++h)
+    for (int i = 0; i < 32; ++i)
+      for (int j = 0; j < 40; ++j) {
+        double dot = 0;
+        for (int d = 0; d < 64; ++d) dot += q[(h * 32 + i) * 64 + d] * k[(h * 40 + j) * 64 + d];
+        if (j == 3) mean_sink += dot / 8 / 64;
+        else max_other = std::max(max_other, dot / 8);
+      }
+  EXPECT_NEAR(mean_sink, 20.0, 2.0);  // logit (1 + z/m): z/m has std 1/4 -> mean within 2
+  EXPECT_LT(max_other, 10.0);
+  Case bad = attention_case(1, 1, 4, 4, 8, Format::FP16, "sink(key=4)");
+  EXPECT_EQ(fill_error(bad), "case.dist.K: sink key 4 is beyond seq_kv 4");
+}
+
+TEST(Fill, MaskedSetsFullyMaskedBatches) {
+  for (std::uint64_t seed : {1, 2, 3}) {
+    Case c = attention_case(8, 1, 4, 6, 8, Format::FP16, "masked(frac=0.25)", seed);
+    fill_inputs(c);
+    ASSERT_EQ(c.attention.kv_lengths.size(), 8u);
+    EXPECT_GE(std::count(c.attention.kv_lengths.begin(), c.attention.kv_lengths.end(), 0), 1);
+    validate(c);
+    for (std::int64_t b = 0; b < 8; ++b)
+      if (c.attention.kv_lengths[b] == 0)
+        for (std::int64_t i = 0; i < 4; ++i)
+          for (std::int64_t j = 0; j < 6; ++j) EXPECT_FALSE(attention_visible(c, b, i, j));
+  }
+}
+
+TEST(Fill, CaseLevelErrorsNameTheOperand) {
+  EXPECT_EQ(fill_error(gemm_case(4, 4, 4, Format::FP32, "normal(0,)")),
+            "case.dist.A: dist \"normal(0,)\": empty argument 2");
+  EXPECT_EQ(fill_error(gemm_case(4, 4, 4, Format::FP32, "logits")),
+            "case.dist.A: logits is only for attention Q and K (it builds them together)");
+  EXPECT_EQ(fill_error(gemm_case(4, 4, 4, Format::FP32, "gendot", "normal")),
+            "case.dist.B: must be absent or \"gendot\": A and B are built together");
+  EXPECT_EQ(fill_error(gemm_case(4, 4, 4, Format::FP32, "gendot(cond=1e5)", "gendot(cond=1e6)")),
+            "case.dist.B: \"gendot(cond=1e6)\" must equal A's \"gendot(cond=1e5)\" (they are built together) or be absent");
+  EXPECT_EQ(fill_error(gemm_case(4, 4, 4, Format::FP32, "gendot(cond=1e40)")),
+            "case.dist.A: dist \"gendot(cond=1e40)\": gendot: cond=1e+40 is beyond what length 4 in fp32 reaches (max 5.49756e+11)");
+  EXPECT_EQ(fill_error(gemm_case(4, 4, 4, Format::E4M3, "specials(inf=0.1)")),
+            "case.dist.A: dist \"specials(inf=0.1)\": e4m3 has no Inf (inf must be 0)");
+  Case mixed = gemm_case(4, 4, 64, Format::E4M3, "gendot(cond=100)");
+  mixed.types["B"] = Format::E5M2;
+  EXPECT_EQ(fill_error(mixed), "case.dist.A: gendot needs A and B formats where one contains the other, got e4m3 and e5m2");
+}
