@@ -110,7 +110,7 @@ double decode(Format f, Code c) {
 }
 
 Code encode(Format f, double x, Rounding r, Overflow o) {
-  if (f == Format::FP64) return bits_of(x);
+  if (f == Format::FP64 && !(std::isinf(x) && o == Overflow::Saturate)) return bits_of(x);
   const auto& fi = info(f);
   const std::uint64_t u = bits_of(x);
   const bool neg = (u >> 63) != 0;
@@ -139,9 +139,13 @@ Code encode_scaled(Format f, bool neg, std::uint64_t sig, int e2, Rounding r, Ov
   std::uint64_t i;
   if (shift <= 0) {
     i = sig << -shift;  // exact: shift >= bit_length(sig) - precision, so i < 2^precision
-  } else if (shift >= 64) {
+  } else if (shift > 64) {
     i = 0;
-    rest = BelowHalf;  // |value| < 2^(lg+1) <= 2^(q-1)
+    rest = BelowHalf;  // sig < 2^64, so |value| < 2^(e2+64) <= 2^(q-1)
+  } else if (shift == 64) {
+    i = 0;
+    const std::uint64_t half = std::uint64_t{1} << 63;
+    rest = sig < half ? BelowHalf : sig == half ? Tie : AboveHalf;
   } else {
     i = sig >> shift;
     const std::uint64_t rem = sig & ((std::uint64_t{1} << shift) - 1);

@@ -23,18 +23,21 @@ Code storage_to_code(Format f, std::uint64_t word) {
   return f == Format::TF32 ? fp32_bits_to_tf32_code(static_cast<std::uint32_t>(word)) : word;
 }
 
-Code Tensor::code(std::size_t i) const {
-  const std::size_t w = storage_bytes(format_);
+Code load_code(Format f, const void* base, std::int64_t index) {
+  const std::size_t w = storage_bytes(f);
   std::uint64_t word = 0;
-  std::memcpy(&word, bytes_.data() + i * w, w);  // little-endian hosts only
-  return storage_to_code(format_, word);
+  std::memcpy(&word, static_cast<const std::byte*>(base) + index * w, w);  // little-endian hosts
+  return storage_to_code(f, word);
 }
 
-void Tensor::set_code(std::size_t i, Code c) {
-  const std::size_t w = storage_bytes(format_);
-  const std::uint64_t word = code_to_storage(format_, c);
-  std::memcpy(bytes_.data() + i * w, &word, w);
+void store_code(Format f, void* base, std::int64_t index, Code c) {
+  const std::size_t w = storage_bytes(f);
+  const std::uint64_t word = code_to_storage(f, c);
+  std::memcpy(static_cast<std::byte*>(base) + index * w, &word, w);
 }
+
+Code Tensor::code(std::size_t i) const { return load_code(format_, bytes_.data(), i); }
+void Tensor::set_code(std::size_t i, Code c) { store_code(format_, bytes_.data(), i, c); }
 
 void Tensor::fill_code(Code c) {
   for (std::size_t i = 0, n = size(); i < n; ++i) set_code(i, c);

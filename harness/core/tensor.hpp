@@ -20,6 +20,10 @@ std::size_t storage_bytes(Format f);
 std::uint64_t code_to_storage(Format f, Code c);
 Code storage_to_code(Format f, std::uint64_t word);
 
+/// Reads / writes element `index` of a raw buffer of format f's storage words.
+Code load_code(Format f, const void* base, std::int64_t index);
+void store_code(Format f, void* base, std::int64_t index, Code c);
+
 class Tensor {
  public:
   Tensor() = default;

@@ -1,0 +1,112 @@
+#include "harness/runner.hpp"
+
+#include <cstring>
+
+#include <fmt/format.h>
+
+#include "harness/core/error.hpp"
+#include "kernels/device.hpp"
+
+namespace ulpgate {
+
+std::string_view name(Disposition d) {
+  switch (d) {
+    case Disposition::Ok: return "ok";
+    case Disposition::NotSupported: return "not_supported";
+    case Disposition::Failed: return "failed";
+    case Disposition::Crashed: return "crashed";
+    case Disposition::TimedOut: return "timed_out";
+  }
+  return "?";
+}
+
+Code poison_code(Format f) {
+  switch (f) {
+    case Format::FP64: return 0xFFF5BADBADBADBADull;
+    case Format::FP32: return 0xFFBADBADull;
+    case Format::TF32: return 0x7FEADull;  // the 19-bit code of FP32 word 0xFFD5A000
+    case Format::FP16: return 0xFDADull;
+    case Format::BF16: return 0xFFADull;
+    case Format::E4M3: return 0xFFull;  // E4M3 has one NaN per sign: the negative one
+    case Format::E5M2: return 0xFDull;
+  }
+  return 0;
+}
+
+std::vector<std::string> outputs_of(const Case& c) {
+  return c.op == Op::Gemm ? std::vector<std::string>{"D"} : std::vector<std::string>{"O"};
+}
+
+Tensor make_output(const Case& c, const std::string& operand) {
+  const Format f = c.types.at(operand);
+  const std::int64_t n = c.op == Op::Gemm ? gemm_view(c, operand).elements() : attention_view(c, operand).elements();
+  Tensor t(f, static_cast<std::size_t>(n));
+  t.fill_code(poison_code(f));
+  return t;
+}
+
+namespace {
+
+// Counts poisoned (unwritten) logical elements and changed padding elements.
+void audit_output(const Case& c, const std::string& operand, const Tensor& t, RunOutcome& out) {
+  const Code poison = poison_code(t.format());
+  const bool gemm = c.op == Op::Gemm;
+  const MatrixView v = gemm ? gemm_view(c, operand) : MatrixView{};
+  for (std::size_t e = 0; e < t.size(); ++e) {
+    const bool pad = gemm && v.is_padding(static_cast<std::int64_t>(e));
+    const bool untouched = t.code(e) == poison;
+    if (pad && !untouched) ++out.padding_written;
+    if (!pad && untouched) ++out.unwritten;
+  }
+}
+
+}  // namespace
+
+RunOutcome run_kernel(Kernel& k, const Case& c, const std::map<std::string, Tensor>& inputs) {
+  RunOutcome out;
+  if (auto why = k.unsupported(c)) {
+    out.status = Disposition::NotSupported;
+    out.message = *why;
+    return out;
+  }
+  for (const auto& op : c.inputs())
+    if (!inputs.count(op)) throw InputError(fmt::format("run_kernel: input {} missing", op));
+  for (const auto& op : outputs_of(c)) out.outputs[op] = make_output(c, op);
+  try {
+    KernelIo io;
+    if (k.traits().memory == Memory::Host) {
+      // The kernel gets copies, so a kernel that writes its inputs is caught below.
+      std::map<std::string, Tensor> copies = inputs;
+      for (auto& [op, t] : copies) io.in[op] = t.data();
+      for (auto& [op, t] : out.outputs) io.out[op] = t.data();
+      k.run(c, io, out.notes);
+      for (const auto& [op, t] : copies)
+        if (t.size_bytes() && std::memcmp(t.data(), inputs.at(op).data(), t.size_bytes()) != 0)
+          out.inputs_modified.push_back(op);
+    } else {
+      std::map<std::string, DeviceBuffer> din, dout;
+      for (const auto& [op, t] : inputs) io.in[op] = (din[op] = to_device(t)).get();
+      for (auto& [op, t] : out.outputs) io.out[op] = (dout[op] = to_device(t)).get();
+      k.run(c, io, out.notes);
+      device_synchronize();
+      for (auto& [op, t] : out.outputs) to_host(t, dout.at(op));
+      for (const auto& [op, t] : inputs) {
+        Tensor back(t.format(), t.size());
+        to_host(back, din.at(op));
+        if (t.size_bytes() && std::memcmp(back.data(), t.data(), t.size_bytes()) != 0) out.inputs_modified.push_back(op);
+      }
+    }
+  } catch (const KernelUnsupported& e) {
+    out.status = Disposition::NotSupported;
+    out.message = e.what();
+    return out;
+  } catch (const KernelError& e) {
+    out.status = Disposition::Failed;
+    out.message = e.what();
+    return out;
+  }
+  for (const auto& [op, t] : out.outputs) audit_output(c, op, t, out);
+  return out;
+}
+
+}  // namespace ulpgate

@@ -1,0 +1,115 @@
+/* ulpgate plugin C ABI, version 1.
+ *
+ * A plugin is a shared library that exports one function,
+ *
+ *     const ulpgate_plugin* ulpgate_plugin_entry(void);
+ *
+ * returning a static description of its kernels. ulpgate loads it with
+ * `--plugin path.so` (repeatable) and runs its kernels like built-in ones.
+ *
+ * Memory contract (the same as ulpgate's Case, see harness/core/case.hpp):
+ *   GEMM       D[b] = epilogue(alpha * op(A[b]) op(B[b]) + beta * C[b] + bias)
+ *              op(A) is M x K, op(B) K x N, C and D M x N, bias N entries (one per output
+ *              column, shared by all batches). `layout` is the storage order of every
+ *              matrix; trans_a means A is stored K x M. ld* are leading dimensions (row-major:
+ *              elements between rows; column-major: between columns), never 0 here.
+ *              Batch b of X starts at b * batch_stride_x elements.
+ *   Attention  O[b,h] = softmax(softmax_scale * Q K^T + mask) V; key j is visible to query
+ *              i of batch b iff j < kv_lengths[b] and (when causal) j <= i + seq_kv - seq_q.
+ *              Packed [batch][heads][seq][dim] (BHSD) or [batch][seq][heads][dim] (BSHD).
+ * Element storage: FP64/FP32 as IEEE words, TF32 as FP32 words with the low 13 bits zero,
+ * FP16/BF16 as 16-bit words, FP8 as bytes (OCP E4M3 "fn" / E5M2).
+ * Pointers are host or device pointers as the kernel's `memory` says. Outputs are
+ * poisoned with a NaN pattern before each call: write every element, and nothing else.
+ */
+#ifndef ULPGATE_PLUGIN_H
+#define ULPGATE_PLUGIN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define ULPGATE_PLUGIN_ABI_VERSION 1u
+
+typedef enum {
+  ULPGATE_FP64 = 0, ULPGATE_FP32 = 1, ULPGATE_TF32 = 2, ULPGATE_FP16 = 3,
+  ULPGATE_BF16 = 4, ULPGATE_E4M3 = 5, ULPGATE_E5M2 = 6
+} ulpgate_format;
+
+typedef enum { ULPGATE_OP_GEMM = 0, ULPGATE_OP_ATTENTION = 1 } ulpgate_op;
+typedef enum { ULPGATE_ROW_MAJOR = 0, ULPGATE_COL_MAJOR = 1 } ulpgate_layout;
+typedef enum { ULPGATE_BHSD = 0, ULPGATE_BSHD = 1 } ulpgate_attention_layout;
+typedef enum {
+  ULPGATE_EPI_NONE = 0, ULPGATE_EPI_BIAS = 1, ULPGATE_EPI_RELU = 2, ULPGATE_EPI_GELU = 3,
+  ULPGATE_EPI_GELU_TANH = 4, ULPGATE_EPI_BIAS_RELU = 5, ULPGATE_EPI_BIAS_GELU = 6,
+  ULPGATE_EPI_BIAS_GELU_TANH = 7
+} ulpgate_epilogue;
+typedef enum { ULPGATE_HOST_MEMORY = 0, ULPGATE_DEVICE_MEMORY = 1 } ulpgate_memory;
+
+typedef struct {
+  int64_t m, n, k, batch;
+  int32_t layout;             /* ulpgate_layout */
+  int32_t trans_a, trans_b;   /* 0 or 1 */
+  int64_t lda, ldb, ldc, ldd;
+  int64_t batch_stride_a, batch_stride_b, batch_stride_c, batch_stride_d;
+  int32_t type_a, type_b, type_c, type_d, type_bias, type_compute; /* ulpgate_format; -1: none */
+  double alpha, beta;
+  int32_t epilogue;           /* ulpgate_epilogue */
+  double scale_a, scale_b, scale_c, scale_d; /* FP8 per-tensor scales, 1 when unused */
+  const void* a;
+  const void* b;
+  const void* c;              /* NULL when beta == 0 */
+  const void* bias;           /* NULL without a bias epilogue */
+  void* d;
+} ulpgate_gemm_problem;
+
+typedef struct {
+  int64_t batch, heads, seq_q, seq_kv, head_dim, head_dim_v;
+  int32_t layout;             /* ulpgate_attention_layout */
+  int32_t causal;
+  double softmax_scale;       /* already resolved (1/sqrt(head_dim) by default) */
+  const int64_t* kv_lengths;  /* batch entries, host memory */
+  int32_t type_q, type_k, type_v, type_o, type_compute;
+  const void* q;
+  const void* k;
+  const void* v;
+  void* o;
+} ulpgate_attention_problem;
+
+typedef struct {
+  uint32_t struct_size;       /* sizeof(ulpgate_problem) of the caller: check it */
+  int32_t op;                 /* ulpgate_op: which member below is valid */
+  ulpgate_gemm_problem gemm;
+  ulpgate_attention_problem attention;
+  void* stream;               /* cudaStream_t for device kernels (NULL: default stream) */
+} ulpgate_problem;
+
+typedef struct {
+  const char* name;           /* unique, e.g. "myplugin.gemm_fp16" */
+  const char* description;
+  int32_t memory;             /* ulpgate_memory */
+  int32_t deterministic;      /* 1 if bitwise repeatable */
+  /* Returns 1 if the kernel can run the problem (data pointers are NULL here); else 0
+     and writes a reason into why (NUL-terminated, at most why_size bytes). */
+  int (*supports)(const ulpgate_problem* p, char* why, size_t why_size);
+  /* Runs the problem; returns 0 on success, else nonzero with a message in err. */
+  int (*run)(const ulpgate_problem* p, char* err, size_t err_size);
+} ulpgate_kernel;
+
+typedef struct {
+  uint32_t abi_version;       /* ULPGATE_PLUGIN_ABI_VERSION */
+  uint32_t kernel_count;
+  const ulpgate_kernel* kernels;
+} ulpgate_plugin;
+
+typedef const ulpgate_plugin* (*ulpgate_plugin_entry_fn)(void);
+#define ULPGATE_PLUGIN_ENTRY "ulpgate_plugin_entry"
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* ULPGATE_PLUGIN_H */

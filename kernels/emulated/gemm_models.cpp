@@ -1,0 +1,241 @@
+#include "kernels/emulated/gemm_models.hpp"
+
+#include <cmath>
+#include <cstdlib>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "harness/core/error.hpp"
+#include "harness/core/parallel.hpp"
+#include "harness/core/tensor.hpp"
+
+namespace ulpgate {
+namespace {
+
+float round32(double x, Rounding r) { return static_cast<float>(round_to(Format::FP32, x, r)); }
+
+// round32(x + y) for doubles x, y, rounded once. TwoSum gives the exact sum as hi + lo; when
+// lo != 0 the true sum lies strictly between hi and its FP64 neighbour towards lo, and no
+// FP32 rounding boundary (those have at most 26 significant bits) lies in that open
+// interval, so rounding the neighbour gives the same FP32 result as rounding the true sum.
+float add_round32(double x, double y, Rounding r) {
+  const double hi = x + y;
+  if (!std::isfinite(hi)) return static_cast<float>(hi);
+  const double yv = hi - x, lo = (x - (hi - yv)) + (y - yv);
+  return round32(lo == 0.0 ? hi : std::nextafter(hi, lo > 0 ? INFINITY : -INFINITY), r);
+}
+
+// One block-FMA step: acc and the exact products aligned to the largest, truncated to
+// frac_bits below its leading bit, summed exactly, rounded once to FP32.
+float block_step(const AccumulationModel& m, float acc, const double* p, int n) {
+  double naive = acc;  // IEEE semantics for NaN/Inf, and the sign of an all-zero sum
+  bool finite = std::isfinite(acc);
+  int emax = acc != 0.0f ? std::ilogb(acc) : INT32_MIN;
+  for (int i = 0; i < n; ++i) {
+    naive += p[i];
+    finite &= std::isfinite(p[i]);
+    if (p[i] != 0.0) emax = std::max(emax, std::ilogb(p[i]));
+  }
+  if (!finite || emax == INT32_MIN) return static_cast<float>(naive);  // NaN/Inf, or all zeros
+  const int q = emax - m.frac_bits;
+  // |t| < 2^(emax+1), so |t / 2^q| < 2^(frac_bits+1) <= 2^53: the scaling is exact and the
+  // cast truncates toward zero, which is the alignment shifter dropping bits.
+  std::int64_t sum = static_cast<std::int64_t>(std::ldexp(static_cast<double>(acc), -q));
+  for (int i = 0; i < n; ++i) sum += static_cast<std::int64_t>(std::ldexp(p[i], -q));
+  if (sum == 0) return 0.0f;
+  const Code c = encode_scaled(Format::FP32, sum < 0, static_cast<std::uint64_t>(std::llabs(sum)), q,
+                               m.rounding);
+  return static_cast<float>(decode(Format::FP32, c));
+}
+
+float pairwise(const double* a, const double* b, std::int64_t n, Rounding r) {
+  if (n == 1) return round32(a[0] * b[0], r);  // the product is exact in FP64
+  const std::int64_t h = n / 2;
+  return add_round32(pairwise(a, b, h, r), pairwise(a + h, b + h, n - h, r), r);
+}
+
+double gelu_erf(double x) { return 0.5 * x * (1.0 + std::erf(x / std::sqrt(2.0))); }
+double gelu_tanh(double x) {
+  return 0.5 * x * (1.0 + std::tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)));
+}
+
+bool is_fp8(Format f) { return f == Format::E4M3 || f == Format::E5M2; }
+double scale(const Case& c, const char* op) {
+  auto it = c.scales.find(op);
+  return it == c.scales.end() ? 1.0 : it->second;
+}
+
+class EmulatedGemm final : public Kernel {
+ public:
+  explicit EmulatedGemm(AccumulationModel m) : m_(m) {}
+  std::string name() const override { return m_.name(); }
+  std::string description() const override {
+    switch (m_.order) {
+      case AccumulationModel::Order::SequentialFma:
+        return "CPU model: sequential FP32 FMA accumulation";
+      case AccumulationModel::Order::Pairwise:
+        return "CPU model: FP32 products, pairwise (tree) FP32 summation";
+      case AccumulationModel::Order::BlockFma:
+        return fmt::format("CPU model: tensor-core block FMA, {} products per step, {} fraction "
+                           "bits after alignment (truncated), accumulator {}",
+                           m_.block, m_.frac_bits, name_of(m_.rounding));
+    }
+    return "";
+  }
+  KernelTraits traits() const override { return {Memory::Host, true}; }
+  std::optional<std::string> unsupported(const Case& c) const override {
+    if (c.op != Op::Gemm) return "CPU models cover GEMM only";
+    for (const char* op : {"A", "B"})
+      if (c.types.at(op) == Format::FP64) return "FP64 inputs: products are not exact in FP64";
+    if (c.types.at("compute") != Format::FP32) return "the CPU models accumulate in fp32 (compute must be fp32)";
+    return std::nullopt;
+  }
+  void run(const Case& c, const KernelIo& io, RunNotes& notes) override {
+    const auto& g = c.gemm;
+    const MatrixView av = gemm_view(c, "A"), bv = gemm_view(c, "B"), dv = gemm_view(c, "D");
+    const Format fa = c.types.at("A"), fb = c.types.at("B"), fd = c.types.at("D");
+    const void* A = io.in.at("A");
+    const void* B = io.in.at("B");
+    void* D = io.out.at("D");
+    const bool with_c = c.beta != 0.0, with_bias = has_bias(c.epilogue);
+    const MatrixView cv = with_c ? gemm_view(c, "C") : MatrixView{};
+    const MatrixView biasv = with_bias ? gemm_view(c, "bias") : MatrixView{};
+    parallel_for(g.batch * g.m, [&](std::int64_t row) {
+      const std::int64_t b = row / g.m, i = row % g.m;
+      std::vector<double> arow(g.k), bcol(g.k);
+      for (std::int64_t k = 0; k < g.k; ++k) arow[k] = decode(fa, load_code(fa, A, op_a_offset(c, av, b, i, k)));
+      for (std::int64_t j = 0; j < g.n; ++j) {
+        for (std::int64_t k = 0; k < g.k; ++k) bcol[k] = decode(fb, load_code(fb, B, op_b_offset(c, bv, b, k, j)));
+        const float acc = model_dot(m_, arow.data(), bcol.data(), g.k);
+        const double cval = with_c ? decode(c.types.at("C"), load_code(c.types.at("C"), io.in.at("C"), cv.offset(b, i, j))) : 0.0;
+        const double bias = with_bias ? decode(c.types.at("bias"), load_code(c.types.at("bias"), io.in.at("bias"), biasv.offset(0, 0, j))) : 0.0;
+        store_code(fd, D, dv.offset(b, i, j), model_epilogue(c, acc, cval, bias));
+      }
+    });
+    notes["model"] = name();
+  }
+
+ private:
+  static std::string name_of(Rounding r) { return std::string(ulpgate::name(r)); }
+  AccumulationModel m_;
+};
+
+}  // namespace
+
+std::string AccumulationModel::name() const {
+  const std::string r = rounding == Rounding::NearestEven ? "" : fmt::format(",round={}", ulpgate::name(rounding));
+  switch (order) {
+    case Order::SequentialFma: return "cpu.fp32_seq" + (r.empty() ? "" : ":" + r.substr(1));
+    case Order::Pairwise: return "cpu.fp32_pairwise" + (r.empty() ? "" : ":" + r.substr(1));
+    case Order::BlockFma:
+      return fmt::format("cpu.blockfma:block={},frac={},round={}", block, frac_bits, ulpgate::name(rounding));
+  }
+  return "";
+}
+
+std::optional<AccumulationModel> AccumulationModel::parse(const std::string& text) {
+  const auto colon = text.find(':');
+  const std::string base = text.substr(0, colon);
+  AccumulationModel m;
+  if (base == "cpu.fp32_seq") {
+    m.order = Order::SequentialFma;
+  } else if (base == "cpu.fp32_pairwise") {
+    m.order = Order::Pairwise;
+  } else if (base == "cpu.blockfma") {
+    m.order = Order::BlockFma;
+    m.block = 0;
+    m.frac_bits = 0;
+  } else {
+    return std::nullopt;
+  }
+  std::string params = colon == std::string::npos ? "" : text.substr(colon + 1);
+  while (!params.empty()) {
+    const auto comma = params.find(',');
+    const std::string kv = params.substr(0, comma);
+    params = comma == std::string::npos ? "" : params.substr(comma + 1);
+    const auto eq = kv.find('=');
+    const std::string key = kv.substr(0, eq), value = eq == std::string::npos ? "" : kv.substr(eq + 1);
+    auto integer = [&](int lo, int hi) {
+      char* end = nullptr;
+      const long v = std::strtol(value.c_str(), &end, 10);
+      if (value.empty() || *end || v < lo || v > hi)
+        throw InputError(fmt::format("kernel '{}': {} must be an integer in [{}, {}], got '{}'", text, key, lo, hi, value));
+      return static_cast<int>(v);
+    };
+    if (key == "round") {
+      const auto r = parse_rounding(value);
+      if (!r) throw InputError(fmt::format("kernel '{}': round must be rne, rna, rz, ru or rd, got '{}'", text, value));
+      m.rounding = *r;
+    } else if (key == "block" && m.order == Order::BlockFma) {
+      m.block = integer(1, 512);
+    } else if (key == "frac" && m.order == Order::BlockFma) {
+      m.frac_bits = integer(1, 52);
+    } else {
+      throw InputError(fmt::format("kernel '{}': unknown parameter '{}'", text, key));
+    }
+  }
+  if (m.order == Order::BlockFma && (m.block == 0 || m.frac_bits == 0))
+    throw InputError(fmt::format("kernel '{}': cpu.blockfma needs block=N and frac=N (e.g. cpu.blockfma:block=16,frac=23,round=rz)", text));
+  return m;
+}
+
+float model_dot(const AccumulationModel& m, const double* a, const double* b, std::int64_t k, float acc0) {
+  switch (m.order) {
+    case AccumulationModel::Order::SequentialFma: {
+      float acc = acc0;
+      // a[i]*b[i] is exact in FP64; the FMA's single rounding is add_round32's.
+      for (std::int64_t i = 0; i < k; ++i) acc = add_round32(a[i] * b[i], acc, m.rounding);
+      return acc;
+    }
+    case AccumulationModel::Order::Pairwise:
+      return k == 0 ? acc0 : add_round32(acc0, pairwise(a, b, k, m.rounding), m.rounding);
+    case AccumulationModel::Order::BlockFma: {
+      float acc = acc0;
+      std::vector<double> p(m.block);
+      for (std::int64_t i = 0; i < k; i += m.block) {
+        const int n = static_cast<int>(std::min<std::int64_t>(m.block, k - i));
+        for (int j = 0; j < n; ++j) p[j] = a[i + j] * b[i + j];
+        acc = block_step(m, acc, p.data(), n);
+      }
+      return acc;
+    }
+  }
+  return acc0;
+}
+
+Code model_epilogue(const Case& c, float acc, double c_value, double bias_value) {
+  const Format fd = c.types.at("D");
+  float v = acc;
+  const double sab = scale(c, "A") * scale(c, "B");
+  if (sab != 1.0) v = v * static_cast<float>(sab);
+  if (c.alpha != 1.0) v = static_cast<float>(c.alpha) * v;
+  if (c.beta != 0.0)
+    v = std::fma(static_cast<float>(c.beta), static_cast<float>(scale(c, "C") * c_value), v);
+  if (has_bias(c.epilogue)) v = v + static_cast<float>(bias_value);
+  switch (c.epilogue) {
+    case Epilogue::Relu:
+    case Epilogue::BiasRelu: v = v < 0.0f ? 0.0f : v; break;  // NaN stays NaN
+    case Epilogue::Gelu:
+    case Epilogue::BiasGelu: v = static_cast<float>(gelu_erf(v)); break;
+    case Epilogue::GeluTanh:
+    case Epilogue::BiasGeluTanh: v = static_cast<float>(gelu_tanh(v)); break;
+    default: break;
+  }
+  if (is_fp8(fd)) v = v * static_cast<float>(scale(c, "D"));
+  return encode(fd, v, Rounding::NearestEven, is_fp8(fd) ? Overflow::Saturate : Overflow::NoSaturate);
+}
+
+std::unique_ptr<Kernel> make_emulated_gemm(const AccumulationModel& m) { return std::make_unique<EmulatedGemm>(m); }
+
+std::vector<AccumulationModel> default_models() {
+  using O = AccumulationModel::Order;
+  return {
+      {O::SequentialFma, 1, 23, Rounding::NearestEven},
+      {O::Pairwise, 1, 23, Rounding::NearestEven},
+      {O::BlockFma, 4, 23, Rounding::TowardZero},   // Volta-like (Fasi et al.)
+      {O::BlockFma, 16, 13, Rounding::TowardZero},  // a low-precision accumulator, FP8-fast-accumulation-like
+  };
+}
+
+}  // namespace ulpgate

@@ -1,0 +1,60 @@
+// CPU models of how GEMM hardware accumulates: they run everywhere (CI included) and give
+// the "expected bits" of a kernel that accumulates a known way.
+//
+//   sequential FMA   acc = fma32(a_k, b_k, acc) for k = 0, 1, ..., K-1 (one rounding per
+//                    step, the accumulator rounded to FP32 with the model's rounding)
+//   pairwise         p_k = fl32(a_k b_k), then a balanced binary tree of FP32 additions
+//   block FMA        the tensor-core model of Fasi et al. ("Numerical behavior of NVIDIA
+//                    tensor cores", PeerJ CS 2021): per step, `block` exact products and the
+//                    accumulator are aligned to the largest of them, each truncated (toward
+//                    zero) to `frac_bits` fraction bits below that largest term's leading
+//                    bit, summed exactly, and the sum rounded to FP32 with `rounding`.
+//
+// Inputs are the exact values of A and B (any format up to FP32, so products are exact in
+// FP64). The epilogue is then applied in FP32, in this order, each step rounded (RNE):
+//   v = acc * (scale_A * scale_B)       when FP8 scales are not 1
+//   v = alpha * v                       v = fma(beta, scale_C * c, v) when beta != 0
+//   v = v + bias[j]                     v = act(v) (ReLU; GELU erf/tanh evaluated in FP64)
+//   v = v * scale_D                     only when D is FP8
+//   D = round(v) to D's format: RNE, saturating for FP8, IEEE overflow otherwise.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "harness/core/format.hpp"
+#include "kernels/kernel.hpp"
+
+namespace ulpgate {
+
+struct AccumulationModel {
+  enum class Order { SequentialFma, Pairwise, BlockFma };
+  Order order = Order::SequentialFma;
+  int block = 1;       ///< BlockFma: products added to the accumulator in one step (1..512)
+  int frac_bits = 23;  ///< BlockFma: fraction bits kept after alignment (1..52)
+  Rounding rounding = Rounding::NearestEven;  ///< rounding of the FP32 accumulator
+
+  /// Kernel name: "cpu.fp32_seq", "cpu.fp32_pairwise", "cpu.blockfma:block=16,frac=13,round=rz"
+  /// (sequential and pairwise add ",round=rz" etc. when not RNE).
+  std::string name() const;
+  /// Parses a name as above; nullopt if it is not a model name. Throws InputError for a
+  /// model name with bad parameters.
+  static std::optional<AccumulationModel> parse(const std::string& name);
+};
+
+/// The dot product sum_k a[k] b[k] accumulated under the model, starting from acc0.
+float model_dot(const AccumulationModel& m, const double* a, const double* b, std::int64_t k,
+                float acc0 = 0.0f);
+
+/// The FP32 epilogue above, and the final rounding to D's format.
+Code model_epilogue(const Case& c, float acc, double c_value, double bias_value);
+
+/// A host GEMM kernel that computes the case under the model.
+std::unique_ptr<Kernel> make_emulated_gemm(const AccumulationModel& m);
+
+/// The models registered by default.
+std::vector<AccumulationModel> default_models();
+
+}  // namespace ulpgate

@@ -1,0 +1,227 @@
+// cuBLASLt GEMM backends: FP32, TF32, FP16, BF16 and FP8 (E4M3/E5M2 with A/B scales, fast
+// accumulation off and on), with the bias, ReLU and GELU epilogues. The algorithm the
+// heuristic picked, the workspace and the library version go into the run notes.
+#include <algorithm>
+#include <cstring>
+
+#include <fmt/format.h>
+
+#include "kernels/cuda_check.hpp"
+#include "kernels/device.hpp"
+#include "kernels/gemm/library.hpp"
+
+namespace ulpgate {
+namespace {
+
+constexpr std::size_t kWorkspaceBytes = 32u << 20;
+
+template <class T, cublasStatus_t (*Destroy)(T)>
+struct LtDeleter {
+  void operator()(T p) const { Destroy(p); }
+};
+using LtHandle = std::unique_ptr<std::remove_pointer_t<cublasLtHandle_t>, LtDeleter<cublasLtHandle_t, cublasLtDestroy>>;
+using MatmulDesc = std::unique_ptr<std::remove_pointer_t<cublasLtMatmulDesc_t>,
+                                   LtDeleter<cublasLtMatmulDesc_t, cublasLtMatmulDescDestroy>>;
+using LtLayout = std::unique_ptr<std::remove_pointer_t<cublasLtMatrixLayout_t>,
+                               LtDeleter<cublasLtMatrixLayout_t, cublasLtMatrixLayoutDestroy>>;
+using Preference = std::unique_ptr<std::remove_pointer_t<cublasLtMatmulPreference_t>,
+                                   LtDeleter<cublasLtMatmulPreference_t, cublasLtMatmulPreferenceDestroy>>;
+
+bool is_fp8(Format f) { return f == Format::E4M3 || f == Format::E5M2; }
+std::string name_of(Format f) { return std::string(ulpgate::name(f)); }
+
+LtLayout make_layout(Format f, std::int64_t rows, std::int64_t cols, std::int64_t ld, std::int64_t batch,
+                   std::int64_t stride) {
+  cublasLtMatrixLayout_t l;
+  ULPGATE_CHECK(cublasLtMatrixLayoutCreate(&l, cuda_data_type(f), rows, cols, ld));
+  LtLayout owned(l);
+  if (batch > 1) {
+    const std::int32_t count = static_cast<std::int32_t>(batch);
+    ULPGATE_CHECK(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof count));
+    ULPGATE_CHECK(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof stride));
+  }
+  return owned;
+}
+
+template <class T>
+void set_desc(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t a, const T& v) {
+  ULPGATE_CHECK(cublasLtMatmulDescSetAttribute(d, a, &v, sizeof v));
+}
+
+struct LtVariant {
+  const char* name;
+  const char* description;
+  std::vector<Format> inputs;
+  Format compute;
+  bool fast_accum = false;
+};
+
+class CublasLtGemm final : public Kernel {
+ public:
+  explicit CublasLtGemm(LtVariant v) : v_(std::move(v)) {}
+  std::string name() const override { return v_.name; }
+  std::string description() const override { return v_.description; }
+  KernelTraits traits() const override { return {Memory::Device, true}; }
+
+  std::optional<std::string> unsupported(const Case& c) const override {
+    if (c.op != Op::Gemm) return std::string("GEMM only");
+    const Format a = c.types.at("A"), b = c.types.at("B"), d = c.types.at("D");
+    const bool fp8 = is_fp8(a);
+    if (std::find(v_.inputs.begin(), v_.inputs.end(), a) == v_.inputs.end() ||
+        std::find(v_.inputs.begin(), v_.inputs.end(), b) == v_.inputs.end())
+      return fmt::format("input formats {}/{} not handled by {}", name_of(a), name_of(b), v_.name);
+    if (!fp8 && a != b) return std::string("A and B must have one format");
+    if (fp8 && a == Format::E5M2 && b == Format::E5M2) return std::string("cuBLASLt has no E5M2 x E5M2 GEMM");
+    if (c.types.at("compute") != v_.compute) return fmt::format("compute must be {}", name_of(v_.compute));
+    const bool out_ok = fp8 ? (d == Format::FP32 || d == Format::BF16 || d == Format::FP16)
+                        : (a == Format::FP16 || a == Format::BF16) ? (d == a || d == Format::FP32)
+                                                                    : d == Format::FP32;
+    if (!out_ok) return fmt::format("output format {} not supported with {} inputs", name_of(d), name_of(a));
+    if (c.beta != 0.0 && c.types.at("C") != d) return std::string("C must have D's format");
+    if (has_bias(c.epilogue)) {
+      const Format want = fp8 ? (d == Format::FP16 ? Format::FP16 : Format::BF16) : d;
+      if (c.types.at("bias") != want) return fmt::format("bias must be {} here", name_of(want));
+      if (c.gemm.layout == Layout::ColMajor)
+        return std::string("cuBLASLt's bias runs along M of a column-major D, not along N: use layout row");
+    }
+    if (c.epilogue == Epilogue::Gelu || c.epilogue == Epilogue::BiasGelu)
+      return std::string("cuBLASLt's GELU is the tanh form: use gelu_tanh");
+    for (const auto& [op, s] : c.scales)
+      if ((op == "C" || op == "D") && s != 1.0) return fmt::format("scale {} is not applied to a non-FP8 output", op);
+    if (!fp8 && !c.scales.empty()) return std::string("scales apply to FP8 inputs only");
+    if (fp8) {
+      // FP8 needs the "TN" form: X transposed, Y not (see library.hpp's mapping).
+      const ColumnMajorGemm g = to_column_major(c);
+      if (g.op1 != CUBLAS_OP_T || g.op2 != CUBLAS_OP_N)
+        return std::string(c.gemm.layout == Layout::RowMajor ? "FP8 needs trans_a=false, trans_b=true in row layout"
+                                                              : "FP8 needs trans_a=true, trans_b=false in col layout");
+      if (c.gemm.k % 16 != 0) return std::string("FP8 needs K % 16 == 0");
+    }
+    return std::nullopt;
+  }
+
+  void run(const Case& c, const KernelIo& io, RunNotes& notes) override {
+    if (!handle_) {
+      cublasLtHandle_t h;
+      ULPGATE_CHECK(cublasLtCreate(&h));
+      handle_.reset(h);
+      workspace_ = DeviceBuffer(kWorkspaceBytes);
+    }
+    const ColumnMajorGemm g = to_column_major(c);
+    const Format fx = c.types.at(g.x), fy = c.types.at(g.y), fd = c.types.at("D");
+    const Format fc = c.beta != 0.0 ? c.types.at("C") : fd;
+    const bool fp8 = is_fp8(fx);
+
+    cublasComputeType_t compute = v_.compute == Format::TF32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+    cublasLtMatmulDesc_t desc_raw;
+    ULPGATE_CHECK(cublasLtMatmulDescCreate(&desc_raw, compute, CUDA_R_32F));
+    MatmulDesc desc(desc_raw);
+    set_desc(desc_raw, CUBLASLT_MATMUL_DESC_TRANSA, g.op1);
+    set_desc(desc_raw, CUBLASLT_MATMUL_DESC_TRANSB, g.op2);
+
+    // FP8 scales: D = alpha * (scale_A scale_B) op(A) op(B) + beta C (+ bias, act).
+    DeviceBuffer scales;
+    if (fp8) {
+      const float host_scales[2] = {static_cast<float>(scale_of(c, g.x)), static_cast<float>(scale_of(c, g.y))};
+      scales = DeviceBuffer(sizeof host_scales);
+      ULPGATE_CHECK(cudaMemcpy(scales.get(), host_scales, sizeof host_scales, cudaMemcpyHostToDevice));
+      const void* sx = scales.get();
+      const void* sy = static_cast<const float*>(scales.get()) + 1;
+      set_desc(desc_raw, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, sx);
+      set_desc(desc_raw, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, sy);
+      const std::int8_t fast = v_.fast_accum ? 1 : 0;
+      set_desc(desc_raw, CUBLASLT_MATMUL_DESC_FAST_ACCUM, fast);
+    }
+    const cublasLtEpilogue_t epi = epilogue_of(c.epilogue);
+    set_desc(desc_raw, CUBLASLT_MATMUL_DESC_EPILOGUE, epi);
+    if (has_bias(c.epilogue)) {
+      const void* bias = io.in.at("bias");
+      set_desc(desc_raw, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias);
+      const cudaDataType_t bt = cuda_data_type(c.types.at("bias"));
+      set_desc(desc_raw, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, bt);
+    }
+
+    const LtLayout lx = make_layout(fx, g.x_rows(), g.x_cols(), g.ld_x, g.batch, g.stride_x);
+    const LtLayout ly = make_layout(fy, g.y_rows(), g.y_cols(), g.ld_y, g.batch, g.stride_y);
+    const LtLayout lc = make_layout(fc, g.m, g.n, c.beta != 0.0 ? g.ld_c : g.ld_d, g.batch,
+                                  c.beta != 0.0 ? g.stride_c : g.stride_d);
+    const LtLayout ld = make_layout(fd, g.m, g.n, g.ld_d, g.batch, g.stride_d);
+
+    cublasLtMatmulPreference_t pref_raw;
+    ULPGATE_CHECK(cublasLtMatmulPreferenceCreate(&pref_raw));
+    Preference pref(pref_raw);
+    const std::size_t ws = kWorkspaceBytes;
+    ULPGATE_CHECK(cublasLtMatmulPreferenceSetAttribute(pref_raw, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
+    cublasLtMatmulHeuristicResult_t heur{};
+    int found = 0;
+    ULPGATE_CHECK(cublasLtMatmulAlgoGetHeuristic(handle_.get(), desc_raw, lx.get(), ly.get(), lc.get(), ld.get(),
+                                                 pref_raw, 1, &heur, &found));
+    if (found == 0) throw KernelUnsupported("cublasLtMatmulAlgoGetHeuristic found no algorithm for this case");
+
+    const float alpha = static_cast<float>(c.alpha), beta = static_cast<float>(c.beta);
+    void* d = io.out.at("D");
+    const void* cptr = c.beta != 0.0 ? io.in.at("C") : d;
+    ULPGATE_CHECK(cublasLtMatmul(handle_.get(), desc_raw, &alpha, io.in.at(g.x), lx.get(), io.in.at(g.y), ly.get(),
+                                 &beta, cptr, lc.get(), d, ld.get(), &heur.algo, workspace_.get(), ws,
+                                 static_cast<cudaStream_t>(io.stream)));
+    notes["library"] = fmt::format("cuBLASLt {}", cublasLtGetVersion());
+    notes["algorithm"] = describe_algo(heur.algo);
+    notes["workspace_bytes"] = std::to_string(heur.workspaceSize);
+    notes["call"] = fmt::format("cublasLtMatmul(op1={}, op2={}, m={}, n={}, k={}, batch={}, fast_accum={})",
+                                g.op1 == CUBLAS_OP_T ? "T" : "N", g.op2 == CUBLAS_OP_T ? "T" : "N", g.m, g.n, g.k,
+                                g.batch, fp8 ? (v_.fast_accum ? "on" : "off") : "n/a");
+  }
+
+ private:
+  static double scale_of(const Case& c, const std::string& op) {
+    auto it = c.scales.find(op);
+    return it == c.scales.end() ? 1.0 : it->second;
+  }
+  static cublasLtEpilogue_t epilogue_of(Epilogue e) {
+    switch (e) {
+      case Epilogue::Bias: return CUBLASLT_EPILOGUE_BIAS;
+      case Epilogue::Relu: return CUBLASLT_EPILOGUE_RELU;
+      case Epilogue::BiasRelu: return CUBLASLT_EPILOGUE_RELU_BIAS;
+      case Epilogue::GeluTanh: return CUBLASLT_EPILOGUE_GELU;
+      case Epilogue::BiasGeluTanh: return CUBLASLT_EPILOGUE_GELU_BIAS;
+      default: return CUBLASLT_EPILOGUE_DEFAULT;
+    }
+  }
+  static std::string describe_algo(const cublasLtMatmulAlgo_t& algo) {
+    auto get = [&](cublasLtMatmulAlgoConfigAttributes_t a) {
+      std::uint32_t v = 0;
+      std::size_t written = 0;
+      cublasLtMatmulAlgoConfigGetAttribute(&algo, a, &v, sizeof v, &written);
+      return v;
+    };
+    return fmt::format("id={} tile={} stages={} splitk={} reduction={} swizzle={}", get(CUBLASLT_ALGO_CONFIG_ID),
+                       get(CUBLASLT_ALGO_CONFIG_TILE_ID), get(CUBLASLT_ALGO_CONFIG_STAGES_ID),
+                       get(CUBLASLT_ALGO_CONFIG_SPLITK_NUM), get(CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME),
+                       get(CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING));
+  }
+  LtVariant v_;
+  LtHandle handle_;
+  DeviceBuffer workspace_;
+};
+
+}  // namespace
+
+std::vector<std::unique_ptr<Kernel>> make_cublaslt_kernels() {
+  const std::vector<Format> fp8 = {Format::E4M3, Format::E5M2};
+  const LtVariant variants[] = {
+      {"cublaslt.fp32", "cuBLASLt matmul, FP32 inputs, CUBLAS_COMPUTE_32F", {Format::FP32}, Format::FP32},
+      {"cublaslt.tf32", "cuBLASLt matmul, FP32 inputs on TF32 tensor cores", {Format::FP32, Format::TF32},
+       Format::TF32},
+      {"cublaslt.fp16", "cuBLASLt matmul, FP16 inputs, FP32 compute", {Format::FP16}, Format::FP32},
+      {"cublaslt.bf16", "cuBLASLt matmul, BF16 inputs, FP32 compute", {Format::BF16}, Format::FP32},
+      {"cublaslt.fp8", "cuBLASLt matmul, FP8 inputs with A/B scales, FP32 compute, fast accumulation off", fp8,
+       Format::FP32, false},
+      {"cublaslt.fp8_fast", "cuBLASLt matmul, FP8 inputs with A/B scales, fast accumulation on", fp8, Format::FP32,
+       true},
+  };
+  std::vector<std::unique_ptr<Kernel>> out;
+  for (const auto& v : variants) out.push_back(std::make_unique<CublasLtGemm>(v));
+  return out;
+}
+
+}  // namespace ulpgate

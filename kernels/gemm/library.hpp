@@ -1,0 +1,48 @@
+// cuBLAS and cuBLASLt backends (kernels/gemm/cublas.cpp, cublaslt.cpp).
+//
+// Memory interpretation. cuBLAS computes column-major C(m x n) = op1(X) op2(Y). A case in
+// row-major layout stores D (M x N, ld = ldd) in exactly the memory of the column-major
+// matrix D^T (N x M), and D^T = op(B)^T op(A)^T. So a row-major case becomes:
+//   X = the B buffer, m = N; op1 = T iff trans_b (B stored K x N row-major is N x K column-
+//       major = op(B)^T, no transpose needed; stored N x K it is K x N and needs T)
+//   Y = the A buffer, n = M; op2 = T iff trans_a (by the same argument)
+//   ld1 = ldb, ld2 = lda, ldc/ldd unchanged; C and D are read as N x M column-major.
+// A column-major case maps directly: X = A, Y = B, m = M, n = N, op1 = T iff trans_a,
+// op2 = T iff trans_b. Batches are strided by each operand's batch stride (case.hpp).
+#pragma once
+
+#include <cublasLt.h>
+#include <cublas_v2.h>
+
+#include <memory>
+#include <vector>
+
+#include "harness/core/case.hpp"
+#include "kernels/kernel.hpp"
+
+namespace ulpgate {
+
+/// The case as cuBLAS sees it (see the comment above).
+struct ColumnMajorGemm {
+  cublasOperation_t op1 = CUBLAS_OP_N, op2 = CUBLAS_OP_N;
+  std::int64_t m = 0, n = 0, k = 0, batch = 1;
+  std::string x, y;  ///< operand names behind X and Y ("A"/"B")
+  std::int64_t ld_x = 0, ld_y = 0, ld_c = 0, ld_d = 0;
+  std::int64_t stride_x = 0, stride_y = 0, stride_c = 0, stride_d = 0;
+  /// Rows and columns of X and Y as stored column-major (before op1/op2).
+  std::int64_t x_rows() const { return op1 == CUBLAS_OP_N ? m : k; }
+  std::int64_t x_cols() const { return op1 == CUBLAS_OP_N ? k : m; }
+  std::int64_t y_rows() const { return op2 == CUBLAS_OP_N ? k : n; }
+  std::int64_t y_cols() const { return op2 == CUBLAS_OP_N ? n : k; }
+};
+ColumnMajorGemm to_column_major(const Case& c);
+
+/// The CUDA data type that stores a format (TF32 is stored as CUDA_R_32F).
+cudaDataType_t cuda_data_type(Format f);
+
+/// Every cuBLAS and cuBLASLt kernel variant (requires a CUDA device to run).
+std::vector<std::unique_ptr<Kernel>> make_library_kernels();
+std::vector<std::unique_ptr<Kernel>> make_cublas_kernels();
+std::vector<std::unique_ptr<Kernel>> make_cublaslt_kernels();
+
+}  // namespace ulpgate

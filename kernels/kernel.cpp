@@ -1,0 +1,51 @@
+#include "kernels/kernel.hpp"
+
+#include "harness/core/error.hpp"
+#include "kernels/emulated/gemm_models.hpp"
+
+#if ULPGATE_HAVE_CUDA
+#include <cuda_runtime.h>
+
+#include "kernels/gemm/library.hpp"
+#endif
+
+namespace ulpgate {
+
+void Registry::add(std::unique_ptr<Kernel> k) {
+  if (find(k->name())) throw InputError("kernel '" + k->name() + "' is registered twice");
+  kernels_.push_back(std::move(k));
+}
+
+Kernel* Registry::find(const std::string& name) const {
+  for (const auto& k : kernels_)
+    if (k->name() == name) return k.get();
+  return nullptr;
+}
+
+std::vector<Kernel*> Registry::matching(const std::string& prefix) const {
+  std::vector<Kernel*> out;
+  for (const auto& k : kernels_)
+    if (k->name().rfind(prefix, 0) == 0) out.push_back(k.get());
+  return out;
+}
+
+bool cuda_device_available() {
+#if ULPGATE_HAVE_CUDA
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+#else
+  return false;
+#endif
+}
+
+Registry builtin_registry() {
+  Registry r;
+  for (const auto& m : default_models()) r.add(make_emulated_gemm(m));
+#if ULPGATE_HAVE_CUDA
+  if (cuda_device_available())
+    for (auto& k : make_library_kernels()) r.add(std::move(k));
+#endif
+  return r;
+}
+
+}  // namespace ulpgate

@@ -1,0 +1,84 @@
+// The one interface every kernel under test implements, and the registry that names them.
+//
+// A kernel computes the op of a Case (GEMM or attention, see case.hpp for the memory
+// contract) from operand buffers that the runner prepared in the kernel's memory space.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "harness/core/case.hpp"
+
+namespace ulpgate {
+
+enum class Memory { Host, Device };
+
+struct KernelTraits {
+  Memory memory = Memory::Host;
+  bool deterministic = true;  ///< bitwise repeatable run to run
+};
+
+/// Operand buffers, in the kernel's memory space. Inputs: A, B[, C][, bias] or Q, K, V;
+/// outputs: D or O. Each buffer holds the operand's storage words (tensor.hpp), laid out
+/// as gemm_view()/attention_view() say.
+struct KernelIo {
+  std::map<std::string, const void*> in;
+  std::map<std::string, void*> out;
+  void* stream = nullptr;  ///< cudaStream_t for device kernels (nullptr: default stream)
+};
+
+/// What a kernel reports about a run: chosen algorithm, workspace, library version, ...
+using RunNotes = std::map<std::string, std::string>;
+
+/// A kernel failure (the library returned an error, the launch failed). The message names
+/// the failing call.
+class KernelError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+/// The kernel cannot run this case after all (e.g. a library found no algorithm): the
+/// runner records "not supported", not a failure.
+class KernelUnsupported : public KernelError {
+ public:
+  using KernelError::KernelError;
+};
+
+class Kernel {
+ public:
+  virtual ~Kernel() = default;
+  virtual std::string name() const = 0;
+  virtual std::string description() const = 0;
+  virtual KernelTraits traits() const = 0;
+  /// nullopt if the kernel can run the case; otherwise why not ("fp8 needs K % 16 == 0").
+  virtual std::optional<std::string> unsupported(const Case& c) const = 0;
+  bool supports(const Case& c) const { return !unsupported(c).has_value(); }
+  /// Runs the case. Throws KernelError on failure.
+  virtual void run(const Case& c, const KernelIo& io, RunNotes& notes) = 0;
+};
+
+/// The kernels available in this process: built-in ones, and plugins loaded at run time.
+class Registry {
+ public:
+  void add(std::unique_ptr<Kernel> k);
+  Kernel* find(const std::string& name) const;
+  const std::vector<std::unique_ptr<Kernel>>& all() const { return kernels_; }
+  /// Kernels whose name starts with prefix (e.g. "cpu." or "cublaslt.").
+  std::vector<Kernel*> matching(const std::string& prefix) const;
+
+ private:
+  std::vector<std::unique_ptr<Kernel>> kernels_;
+};
+
+/// A registry holding every built-in kernel that can run on this machine: the CPU models
+/// always, the CUDA and library kernels when a CUDA device is present.
+Registry builtin_registry();
+
+/// Whether a usable CUDA device exists (false when built without CUDA).
+bool cuda_device_available();
+
+}  // namespace ulpgate

@@ -1,0 +1,131 @@
+#include "kernels/plugin/loader.hpp"
+
+#include <dlfcn.h>
+
+#include <cmath>
+
+#include <fmt/format.h>
+
+#include "harness/core/error.hpp"
+#include "ulpgate/plugin.h"
+
+namespace ulpgate {
+namespace {
+
+int32_t abi_format(const Case& c, const char* op) {
+  auto it = c.types.find(op);
+  return it == c.types.end() ? -1 : static_cast<int32_t>(it->second);  // enum orders match
+}
+static_assert(static_cast<int>(Format::E5M2) == ULPGATE_E5M2 && static_cast<int>(Format::TF32) == ULPGATE_TF32);
+static_assert(static_cast<int>(Epilogue::BiasGeluTanh) == ULPGATE_EPI_BIAS_GELU_TANH);
+
+double scale_of(const Case& c, const char* op) {
+  auto it = c.scales.find(op);
+  return it == c.scales.end() ? 1.0 : it->second;
+}
+
+// The ABI view of a case; data pointers filled from io when given.
+ulpgate_problem to_problem(const Case& c, const KernelIo* io) {
+  ulpgate_problem p{};
+  p.struct_size = sizeof(ulpgate_problem);
+  p.op = c.op == Op::Gemm ? ULPGATE_OP_GEMM : ULPGATE_OP_ATTENTION;
+  auto in = [&](const char* op) -> const void* {
+    if (!io) return nullptr;
+    auto it = io->in.find(op);
+    return it == io->in.end() ? nullptr : it->second;
+  };
+  auto out = [&](const char* op) -> void* { return io ? io->out.at(op) : nullptr; };
+  if (c.op == Op::Gemm) {
+    auto& g = p.gemm;
+    g.m = c.gemm.m, g.n = c.gemm.n, g.k = c.gemm.k, g.batch = c.gemm.batch;
+    g.layout = c.gemm.layout == Layout::RowMajor ? ULPGATE_ROW_MAJOR : ULPGATE_COL_MAJOR;
+    g.trans_a = c.gemm.trans_a, g.trans_b = c.gemm.trans_b;
+    const MatrixView a = gemm_view(c, "A"), b = gemm_view(c, "B"), d = gemm_view(c, "D");
+    const MatrixView cv = c.types.count("C") ? gemm_view(c, "C") : d;
+    g.lda = a.ld, g.ldb = b.ld, g.ldc = cv.ld, g.ldd = d.ld;
+    g.batch_stride_a = a.batch_stride(), g.batch_stride_b = b.batch_stride();
+    g.batch_stride_c = cv.batch_stride(), g.batch_stride_d = d.batch_stride();
+    g.type_a = abi_format(c, "A"), g.type_b = abi_format(c, "B"), g.type_c = abi_format(c, "C");
+    g.type_d = abi_format(c, "D"), g.type_bias = abi_format(c, "bias"), g.type_compute = abi_format(c, "compute");
+    g.alpha = c.alpha, g.beta = c.beta;
+    g.epilogue = static_cast<int32_t>(c.epilogue);
+    g.scale_a = scale_of(c, "A"), g.scale_b = scale_of(c, "B"), g.scale_c = scale_of(c, "C"), g.scale_d = scale_of(c, "D");
+    g.a = in("A"), g.b = in("B"), g.c = in("C"), g.bias = in("bias"), g.d = io ? out("D") : nullptr;
+  } else {
+    auto& t = p.attention;
+    const auto& s = c.attention;
+    t.batch = s.batch, t.heads = s.heads, t.seq_q = s.seq_q, t.seq_kv = s.seq_kv;
+    t.head_dim = s.head_dim, t.head_dim_v = s.eff_head_dim_v();
+    t.layout = s.layout == AttentionLayout::BHSD ? ULPGATE_BHSD : ULPGATE_BSHD;
+    t.causal = s.causal;
+    t.softmax_scale = s.softmax_scale ? *s.softmax_scale : 1.0 / std::sqrt(static_cast<double>(s.head_dim));
+    t.kv_lengths = nullptr;  // set by the caller, which owns the array
+    t.type_q = abi_format(c, "Q"), t.type_k = abi_format(c, "K"), t.type_v = abi_format(c, "V");
+    t.type_o = abi_format(c, "O"), t.type_compute = abi_format(c, "compute");
+    t.q = in("Q"), t.k = in("K"), t.v = in("V"), t.o = io ? out("O") : nullptr;
+  }
+  p.stream = io ? io->stream : nullptr;
+  return p;
+}
+
+class PluginKernel final : public Kernel {
+ public:
+  PluginKernel(const ulpgate_kernel& k, std::string library) : k_(k), library_(std::move(library)) {}
+  std::string name() const override { return k_.name; }
+  std::string description() const override {
+    return fmt::format("{} (plugin {})", k_.description ? k_.description : "", library_);
+  }
+  KernelTraits traits() const override {
+    return {k_.memory == ULPGATE_DEVICE_MEMORY ? Memory::Device : Memory::Host, k_.deterministic != 0};
+  }
+  std::optional<std::string> unsupported(const Case& c) const override {
+    ulpgate_problem p = to_problem(c, nullptr);
+    std::vector<std::int64_t> kv = kv_lengths(c);
+    p.attention.kv_lengths = kv.data();
+    char why[512] = "";
+    if (k_.supports(&p, why, sizeof why)) return std::nullopt;
+    return std::string(why[0] ? why : "not supported by the plugin");
+  }
+  void run(const Case& c, const KernelIo& io, RunNotes& notes) override {
+    ulpgate_problem p = to_problem(c, &io);
+    std::vector<std::int64_t> kv = kv_lengths(c);
+    p.attention.kv_lengths = kv.data();
+    char err[1024] = "";
+    if (const int rc = k_.run(&p, err, sizeof err); rc != 0)
+      throw KernelError(fmt::format("plugin kernel {} returned {}: {}", k_.name, rc, err[0] ? err : "(no message)"));
+    notes["plugin"] = library_;
+  }
+
+ private:
+  static std::vector<std::int64_t> kv_lengths(const Case& c) {
+    if (c.op != Op::Attention) return {};
+    if (!c.attention.kv_lengths.empty()) return c.attention.kv_lengths;
+    return std::vector<std::int64_t>(c.attention.batch, c.attention.seq_kv);
+  }
+  ulpgate_kernel k_;
+  std::string library_;
+};
+
+}  // namespace
+
+void load_plugin(const std::string& path, Registry& registry) {
+  void* lib = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (!lib) throw InputError(fmt::format("--plugin {}: cannot load: {}", path, dlerror()));
+  auto entry = reinterpret_cast<ulpgate_plugin_entry_fn>(dlsym(lib, ULPGATE_PLUGIN_ENTRY));
+  if (!entry) throw InputError(fmt::format("--plugin {}: no exported {}()", path, ULPGATE_PLUGIN_ENTRY));
+  const ulpgate_plugin* p = entry();
+  if (!p) throw InputError(fmt::format("--plugin {}: {}() returned NULL", path, ULPGATE_PLUGIN_ENTRY));
+  if (p->abi_version != ULPGATE_PLUGIN_ABI_VERSION)
+    throw InputError(fmt::format("--plugin {}: ABI version {}, this ulpgate speaks {}", path, p->abi_version,
+                                 ULPGATE_PLUGIN_ABI_VERSION));
+  for (uint32_t i = 0; i < p->kernel_count; ++i) {
+    const ulpgate_kernel& k = p->kernels[i];
+    if (!k.name || !k.supports || !k.run)
+      throw InputError(fmt::format("--plugin {}: kernel #{} lacks a name, supports() or run()", path, i));
+    if (registry.find(k.name))
+      throw InputError(fmt::format("--plugin {}: kernel '{}' already exists", path, k.name));
+    registry.add(std::make_unique<PluginKernel>(k, path));
+  }
+}
+
+}  // namespace ulpgate

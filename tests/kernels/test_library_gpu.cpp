@@ -1,0 +1,142 @@
+// Every cuBLAS / cuBLASLt backend and the example device plugin through the runner, on the
+// GPU (label gpu). On exact data (small integers) every correct backend must give the
+// exact result, correctly rounded once to D's format: a layout, transpose, leading-
+// dimension, batch, beta, bias, ReLU or scale bug shows as a bit mismatch.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <set>
+
+#include <fmt/format.h>
+
+#include "harness/runner.hpp"
+#include "kernels/device.hpp"
+#include "kernels/emulated/gemm_models.hpp"
+#include "kernels/gemm/library.hpp"
+#include "kernels/plugin/loader.hpp"
+#include "tests/kernels/gemm_cases.hpp"
+
+using namespace ulpgate;
+
+namespace {
+
+// The exact result of the case on its (exact, small) inputs, in double: exact for this data.
+double exact_element(const Case& c, const std::map<std::string, Tensor>& in, std::int64_t b, std::int64_t i,
+                     std::int64_t j) {
+  const MatrixView av = gemm_view(c, "A"), bv = gemm_view(c, "B");
+  auto sc = [&](const char* op) { return c.scales.count(op) ? c.scales.at(op) : 1.0; };
+  double s = 0;
+  for (std::int64_t k = 0; k < c.gemm.k; ++k)
+    s += in.at("A").value(op_a_offset(c, av, b, i, k)) * in.at("B").value(op_b_offset(c, bv, b, k, j));
+  s *= c.alpha * sc("A") * sc("B");
+  if (c.beta != 0) s += c.beta * in.at("C").value(gemm_view(c, "C").offset(b, i, j));
+  if (has_bias(c.epilogue)) s += in.at("bias").value(j);
+  if (c.epilogue == Epilogue::Relu || c.epilogue == Epilogue::BiasRelu) s = std::max(s, 0.0);
+  return s;
+}
+
+std::vector<Format> outputs_for(Format in) {
+  switch (in) {
+    case Format::FP64: return {Format::FP64};
+    case Format::FP32: return {Format::FP32};
+    case Format::FP16: return {Format::FP16, Format::FP32};
+    case Format::BF16: return {Format::BF16, Format::FP32};
+    default: return {Format::FP32, Format::BF16, Format::FP16};  // FP8
+  }
+}
+
+}  // namespace
+
+TEST(LibraryGpu, EveryBackendExactOnExactData) {
+  if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device";
+  std::printf("[ device ] %s\n", device_description().c_str());
+  auto kernels = make_library_kernels();
+  const std::pair<Format, Format> inputs[] = {{Format::FP64, Format::FP64}, {Format::FP32, Format::FP32},
+                                              {Format::FP16, Format::FP16}, {Format::BF16, Format::BF16},
+                                              {Format::E4M3, Format::E4M3}, {Format::E4M3, Format::E5M2},
+                                              {Format::E5M2, Format::E4M3}};
+  for (auto& k : kernels) {
+    int ran = 0, unsupported = 0;
+    std::set<std::string> notes_seen;
+    for (auto [fa, fb] : inputs)
+      for (Format fd : outputs_for(fa))
+        for (Format compute : {Format::FP64, Format::FP32, Format::TF32})
+          for (Layout layout : {Layout::RowMajor, Layout::ColMajor})
+            for (int variant = 0; variant < 4; ++variant) {
+              Case c = test_support::gemm_case(24, 40, 64, fa, fd, compute);
+              c.types["B"] = fb;
+              c.gemm.layout = layout;
+              // variant 0: plain; 1: transposes + padding + batch; 2: beta and C; 3: epilogue/scales
+              const bool fp8 = fa == Format::E4M3 || fa == Format::E5M2;
+              c.gemm.trans_a = variant == 1 ? !fp8 || layout == Layout::ColMajor : layout == Layout::ColMajor && fp8;
+              c.gemm.trans_b = variant == 1 ? !fp8 || layout == Layout::RowMajor : layout == Layout::RowMajor && fp8;
+              if (variant == 1) {
+                c.gemm.batch = 3;
+                c.gemm.lda = c.gemm.packed_ld(c.gemm.a_rows(), c.gemm.a_cols()) + 16;
+                c.gemm.ldd = c.gemm.packed_ld(24, 40) + 8;
+              }
+              if (variant == 2) {
+                c.beta = 2.0;
+                c.types["C"] = fd;
+              }
+              if (variant == 3) {
+                c.epilogue = Epilogue::BiasRelu;
+                c.types["bias"] = fp8 ? (fd == Format::FP16 ? Format::FP16 : Format::BF16) : fd;
+                if (fp8) c.scales = {{"A", 0.5}, {"B", 4.0}};
+              }
+              if (k->unsupported(c)) continue;
+              const auto in = test_support::fill(c, test_support::Fill::SmallIntegers, 1000 + variant);
+              const RunOutcome r = run_kernel(*k, c, in);
+              if (r.status == Disposition::NotSupported) {
+                ++unsupported;
+                continue;
+              }
+              const std::string what = fmt::format("{} {}x{}->{} compute {} {} variant {}", k->name(), name(fa),
+                                                   name(fb), name(fd), name(compute), name(layout), variant);
+              ASSERT_EQ(r.status, Disposition::Ok) << what << ": " << r.message;
+              EXPECT_EQ(r.unwritten, 0) << what;
+              EXPECT_EQ(r.padding_written, 0) << what;
+              EXPECT_TRUE(r.inputs_modified.empty()) << what;
+              const MatrixView dv = gemm_view(c, "D");
+              std::int64_t mismatches = 0;
+              for (std::int64_t b = 0; b < c.gemm.batch; ++b)
+                for (std::int64_t i = 0; i < c.gemm.m; ++i)
+                  for (std::int64_t j = 0; j < c.gemm.n; ++j) {
+                    const Code want = encode(fd, exact_element(c, in, b, i, j));
+                    const Code got = r.outputs.at("D").code(dv.offset(b, i, j));
+                    if (got != want && mismatches++ < 3)
+                      ADD_FAILURE() << what << " [" << b << "," << i << "," << j << "]: got "
+                                    << hex_code(fd, got) << " want " << hex_code(fd, want);
+                  }
+              EXPECT_EQ(mismatches, 0) << what;
+              notes_seen.insert(r.notes.count("algorithm") ? r.notes.at("algorithm") : "");
+              ++ran;
+            }
+    std::printf("[ backend ] %-18s exact on %d cases (%d declined by the library); e.g. %s\n", k->name().c_str(),
+                ran, unsupported, notes_seen.empty() ? "" : notes_seen.begin()->c_str());
+    EXPECT_GT(ran, 0) << k->name() << " never ran";
+  }
+}
+
+TEST(LibraryGpu, ExampleDevicePluginMatchesSequentialModel) {
+  if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device";
+  Registry reg;
+  load_plugin(EXAMPLE_PLUGIN, reg);
+  Kernel* k = reg.find("example.device_sgemm");
+  ASSERT_NE(k, nullptr);
+  EXPECT_EQ(k->traits().memory, Memory::Device);
+  auto model = make_emulated_gemm(default_models()[0]);
+  for (Layout layout : {Layout::RowMajor, Layout::ColMajor})
+    for (bool t : {false, true}) {
+      Case c = test_support::gemm_case(33, 17, 129, Format::FP32, Format::FP32);
+      c.gemm.layout = layout, c.gemm.trans_a = t, c.gemm.trans_b = !t, c.gemm.batch = 2;
+      c.alpha = 1.25, c.beta = 0.5;
+      c.types["C"] = Format::FP32;
+      const auto in = test_support::fill(c, test_support::Fill::Normal, 5);
+      const RunOutcome g = run_kernel(*k, c, in), m = run_kernel(*model, c, in);
+      ASSERT_EQ(g.status, Disposition::Ok) << g.message;
+      EXPECT_EQ(g.unwritten, 0);
+      EXPECT_EQ(std::memcmp(g.outputs.at("D").data(), m.outputs.at("D").data(), g.outputs.at("D").size_bytes()), 0)
+          << "device plugin differs from cpu.fp32_seq";
+    }
+}
