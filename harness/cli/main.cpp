@@ -9,6 +9,9 @@
 
 #include "harness/core/error.hpp"
 #include "harness/core/format.hpp"
+#include "kernels/device.hpp"
+#include "kernels/kernel.hpp"
+#include "kernels/plugin/loader.hpp"
 
 namespace {
 
@@ -35,6 +38,17 @@ void list_formats() {
               "overflow: nosat (IEEE), satfinite\n");
 }
 
+void list_kernels(const ulpgate::Registry& registry) {
+  using namespace ulpgate;
+  std::printf("kernels (device: %s):\n", device_description().c_str());
+  for (const auto& k : registry.all())
+    std::printf("  %-40s %-6s %s\n", k->name().c_str(), k->traits().memory == Memory::Host ? "host" : "device",
+                k->description().c_str());
+  if (!cuda_device_available())
+    std::printf("  (cublas.* and cublaslt.* need a CUDA device; none here)\n");
+  std::printf("  cpu.blockfma:block=B,frac=F,round=R builds any block-FMA model (B 1..512, F 1..52)\n");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -42,7 +56,9 @@ int main(int argc, char** argv) {
                "ulpgate"};
   app.set_version_flag("--version", fmt::format("ulpgate {} (git {})", ULPGATE_VERSION, ULPGATE_GIT_REVISION));
   app.require_subcommand(1);
-  app.fallthrough(false);
+  app.fallthrough(true);  // global options may follow the verb
+  std::vector<std::string> plugins;
+  app.add_option("--plugin", plugins, "Load kernels from a plugin shared library (repeatable)");
 
   auto* list = app.add_subcommand("list", "Kernels, formats and distributions available here");
 
@@ -64,7 +80,10 @@ int main(int argc, char** argv) {
   }
 
   try {
+    ulpgate::Registry registry = ulpgate::builtin_registry();
+    for (const auto& p : plugins) ulpgate::load_plugin(p, registry);
     if (list->parsed()) {
+      list_kernels(registry);
       list_formats();
       return kExitOk;
     }

@@ -65,3 +65,17 @@ TEST(Cli, BadUsageExitsTwoWithOneLine) {
   }
   EXPECT_NE(run("frobnicate").err.find("unknown command 'frobnicate'"), std::string::npos);
 }
+
+TEST(Cli, ListShowsKernelsAndPlugins) {
+  const Result r = run("list");
+  EXPECT_EQ(r.code, 0);
+  for (const char* k : {"cpu.fp32_seq", "cpu.fp32_pairwise", "cpu.blockfma:block=4,frac=23,round=rz"})
+    EXPECT_NE(r.out.find(k), std::string::npos) << k;
+  const Result p = run(std::string("list --plugin ") + EXAMPLE_PLUGIN);
+  EXPECT_EQ(p.code, 0) << p.err;
+  EXPECT_NE(p.out.find("example.host_sgemm"), std::string::npos);
+  const Result bad = run("list --plugin /nonexistent.so");
+  EXPECT_EQ(bad.code, 2);
+  EXPECT_EQ(lines(bad.err), 1) << bad.err;
+  EXPECT_NE(bad.err.find("--plugin /nonexistent.so: cannot load"), std::string::npos) << bad.err;
+}
