@@ -1,0 +1,258 @@
+// RapidCheck generators of whole cases, for property tests and the fuzz campaign.
+//
+// Shapes favour the values where kernels break: 1, primes, tile edges and their neighbours
+// (15, 16, 17, 63, 64, 65, 127, 128, 129), K up to 65536, batch > 1, padded leading
+// dimensions, both layouts and transposes; every format; every distribution family with
+// its parameters; alpha and beta including 0, 1 and others; attention head_dim 32..256
+// (80, 96, 111 included), sequence lengths that are not multiples of 64, causal, padding
+// (kv_lengths). Sizes are bounded (about 2^18 elements per operand) so that a case is
+// cheap to fill and to check.
+//
+// Shrinking moves towards the simplest case that still fails: dimensions shrink integer by
+// integer towards 1 (so a failure "above 37" ends at exactly 38), flags towards false,
+// formats towards FP32, alpha towards 1, beta towards 0, the epilogue towards none, and
+// every distribution towards normal(0,1) (each list below starts with the simplest choice).
+//
+// Header-only: only tests and the fuzz driver link RapidCheck.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <rapidcheck.h>
+
+#include "distributions/gendot.hpp"
+#include "distributions/spec.hpp"
+#include "harness/core/case.hpp"
+
+namespace ulpgate::gen {
+
+/// Largest number of elements per generated operand.
+inline constexpr std::int64_t kElementBudget = std::int64_t{1} << 18;
+
+/// Tile edges and their neighbours, primes, 1.
+inline const std::vector<std::int64_t> kInterestingDims = {1,  2,  3,  5,   7,   13,  15,  16,  17,
+                                                           31, 32, 33, 63,  64,  65,  127, 128, 129,
+                                                           255, 256, 257, 1000, 4096, 65536};
+
+/// A dimension in [1, max]: an interesting value (kInterestingDims up to max, or `extra`)
+/// half of the time, otherwise uniform in a range that grows with RapidCheck's size. Shrinks towards 1 one integer at a time (not just
+/// through the interesting list), so a failure ends at its exact boundary.
+/// With generic = false only `extra` is the pool (e.g. attention head dimensions).
+inline rc::Gen<std::int64_t> dim(std::int64_t max, std::vector<std::int64_t> extra = {},
+                                 bool generic = true) {
+  return rc::Gen<std::int64_t>([max, extra, generic](const rc::Random& random, int size) {
+    std::vector<std::int64_t> pool = extra;
+    for (std::int64_t d : kInterestingDims)
+      if (generic && d <= max) pool.push_back(d);
+    rc::Random r = random;
+    const bool pick_interesting = !pool.empty() && rc::gen::arbitrary<bool>()(r.split(), size).value();
+    std::int64_t v;
+    if (pick_interesting) {
+      // Uniform over the pool whatever RapidCheck's size: edge values from the first test on.
+      v = pool[static_cast<std::size_t>(r.split().next() % pool.size())];
+    } else {
+      // Size-scaled: small shapes in early tests, up to max later.
+      v = rc::gen::inRange<std::int64_t>(1, max + 1)(r.split(), size).value();
+    }
+    v = std::clamp<std::int64_t>(v, 1, max);
+    return rc::shrinkable::shrinkRecur(
+        v, [](std::int64_t x) { return rc::shrink::towards<std::int64_t>(x, 1); });
+  });
+}
+
+/// One of `options`, uniformly; shrinks towards options[0] (RapidCheck's own elementOf does
+/// not shrink at all), so every list here starts with its simplest choice.
+template <class T>
+rc::Gen<T> pick(std::vector<T> options) {
+  return rc::Gen<T>([options](const rc::Random& random, int) {
+    const auto i = static_cast<std::size_t>(rc::Random(random).next() % options.size());
+    return rc::shrinkable::map(
+        rc::shrinkable::shrinkRecur(i, [](std::size_t x) { return rc::shrink::towards<std::size_t>(x, 0); }),
+        [options](std::size_t k) { return options[k]; });
+  });
+}
+
+/// Formats with the simplest (FP32) first.
+inline const std::vector<Format> kFormatsSimpleFirst = {Format::FP32, Format::FP16, Format::BF16,
+                                                        Format::E4M3, Format::E5M2, Format::TF32,
+                                                        Format::FP64};
+
+namespace detail {
+
+inline std::string num(double v) { return fmt::format("{}", v); }
+
+// The family names usable on `op` of case c, "normal" first.
+inline std::vector<std::string> families_for(const Case& c, const std::string& op, bool joint_allowed) {
+  std::vector<std::string> out{"normal"};
+  for (const FamilyInfo& f : all_families()) {
+    if (f.name == "normal") continue;
+    bool ok = false;
+    switch (f.scope) {
+      case Scope::Any: ok = true; break;
+      case Scope::GemmAB: ok = joint_allowed && c.op == Op::Gemm && op == "A"; break;
+      case Scope::GemmABC: ok = c.op == Op::Gemm && (op == "A" || op == "B" || op == "C"); break;
+      case Scope::AttnQK: ok = joint_allowed && c.op == Op::Attention && op == "Q"; break;
+    }
+    if (f.name == "gendot" && ok) {
+      // One GenDot pair must fit both A and B, and the request must be reachable at this K.
+      const Format a = c.types.at("A"), b = c.types.at("B");
+      ok = a == b && gendot_max_cond(static_cast<std::size_t>(c.gemm.k), a) >= 1e3 &&
+           c.gemm.batch * 3 * c.gemm.k <= (std::int64_t{1} << 18);
+    }
+    if (ok) out.emplace_back(f.name);
+  }
+  return out;
+}
+
+// A base spec for the wrappers: simple per-element families.
+inline rc::Gen<std::string> base_spec() {
+  return pick(std::vector<std::string>{"normal(0,1)", "uniform(0,1)", "uniform(-9,9)",
+                                                     "activations", "student_t(3)", "relu"});
+}
+
+}  // namespace detail
+
+/// A distribution spec for input `op` of case c (types and shape already set). With
+/// joint_allowed, the families built with a partner (gendot on A, logits/sink/masked on Q)
+/// may come up; the caller then leaves the partner's spec empty.
+inline rc::Gen<std::string> dist_spec(const Case& c, const std::string& op, bool joint_allowed) {
+  return rc::gen::exec([c, op, joint_allowed]() -> std::string {
+    using V = std::vector<double>;
+    const std::string fam = *pick(detail::families_for(c, op, joint_allowed));
+    const Format f = c.types.at(op);
+    if (fam == "normal") {
+      const double mean = *pick(V{0, 1, -3, 100}), std = *pick(V{1, 0.01, 10, 1e3});
+      return fmt::format("normal({},{})", detail::num(mean), detail::num(std));
+    }
+    if (fam == "uniform") {
+      const auto lh = *pick(std::vector<std::pair<double, double>>{{-1, 1}, {0, 1}, {-9, 9}, {1, 2}, {-1e3, 1e3}});
+      return fmt::format("uniform({},{})", detail::num(lh.first), detail::num(lh.second));
+    }
+    if (fam == "lognormal")
+      return fmt::format("lognormal({},{})", detail::num(*pick(V{0, -2, 2})), detail::num(*pick(V{1, 0.25, 3})));
+    if (fam == "student_t")
+      return fmt::format("student_t({},{})", detail::num(*pick(V{3, 1, 2, 5, 30})), detail::num(*pick(V{1, 0.1})));
+    if (fam == "cauchy") return fmt::format("cauchy(0,{})", detail::num(*pick(V{1, 0.01})));
+    if (fam == "activations")
+      return fmt::format("activations(std={},rate={},scale={})", detail::num(*pick(V{1, 0.1})),
+                         detail::num(*pick(V{0.01, 0.001, 0.1})), detail::num(*pick(V{20, 100, 6})));
+    if (fam == "weights") return fmt::format("weights(gain={})", detail::num(*pick(V{1, 2})));
+    if (fam == "softmax") return fmt::format("softmax(std={})", detail::num(*pick(V{2, 0.5, 8})));
+    if (fam == "sparse") return fmt::format("sparse(density={})", detail::num(*pick(V{0.1, 0.5, 0.01, 0.9})));
+    if (fam == "relu") return fmt::format("relu(mean={})", detail::num(*pick(V{0, -1, 1})));
+    if (fam == "positive") return fmt::format("positive({})", detail::num(*pick(V{1, 10})));
+    if (fam == "gendot") {
+      const double top = gendot_max_cond(static_cast<std::size_t>(c.gemm.k), f);
+      V conds;
+      for (double x : {1e3, 1e8, 1e16, 1e30, 1e40})
+        if (x <= top) conds.push_back(x);
+      return fmt::format("gendot(cond={},pairs={})", detail::num(*pick(conds)), *pick(std::vector<int>{1, 2, 3}));
+    }
+    if (fam == "near_overflow") return fmt::format("near_overflow(lo={})", detail::num(*pick(V{0.25, 0.9})));
+    if (fam == "subnormal") return fmt::format("subnormal(rate={})", detail::num(*pick(V{0.5, 0.1, 0.9})));
+    if (fam == "specials") {
+      const double inf = info(f).has_inf ? *pick(V{1e-4, 0.01, 0}) : 0.0;
+      return fmt::format("specials(nan={},inf={},negzero={},base={})", detail::num(*pick(V{1e-4, 0.01, 0})),
+                         detail::num(inf), detail::num(*pick(V{0.01, 0.1})), *detail::base_spec());
+    }
+    if (fam == "outliers")
+      return fmt::format("outliers(rate={},scale={},base={})", detail::num(*pick(V{0.001, 0.01})),
+                         detail::num(*pick(V{100, 1e4})), *detail::base_spec());
+    if (fam == "amax")
+      return fmt::format("amax(frac={},base={})", detail::num(*pick(V{1, 0.5})), *detail::base_spec());
+    if (fam == "logits") return fmt::format("logits(std={})", detail::num(*pick(V{1, 5, 0.1})));
+    if (fam == "sink")
+      return fmt::format("sink(logit={},key={})", detail::num(*pick(V{16, 50})),
+                         *rc::gen::inRange<std::int64_t>(0, c.attention.seq_kv));
+    if (fam == "masked") return fmt::format("masked(frac={})", detail::num(*pick(V{0.25, 0.5})));
+    if (fam == "exact") return fmt::format("exact(frac={})", *pick(std::vector<int>{0, 2}));
+    throw std::logic_error("dist_spec: no generator for family " + fam);
+  });
+}
+
+/// A GEMM case that passes validate().
+inline rc::Gen<Case> gemm_case() {
+  return rc::gen::exec([]() {
+    Case c;
+    c.op = Op::Gemm;
+    auto& g = c.gemm;
+    g.k = *dim(65536, {65536, 4096});  // long reductions a bit more often
+    const std::int64_t side = std::max<std::int64_t>(1, std::min<std::int64_t>(300, kElementBudget / g.k));
+    g.m = *dim(side);
+    g.n = *dim(side);
+    g.batch = *dim(std::max<std::int64_t>(1, std::min<std::int64_t>(4, kElementBudget / (g.k * std::max(g.m, g.n)))));
+    g.layout = *pick(std::vector<Layout>{Layout::RowMajor, Layout::ColMajor});
+    g.trans_a = *pick(std::vector<bool>{false, true});
+    g.trans_b = *pick(std::vector<bool>{false, true});
+    const std::vector<std::int64_t> pads{0, 1, 3, 8, 64};
+    if (const std::int64_t p = *pick(pads)) g.lda = g.packed_ld(g.a_rows(), g.a_cols()) + p;
+    if (const std::int64_t p = *pick(pads)) g.ldb = g.packed_ld(g.b_rows(), g.b_cols()) + p;
+    const Format fa = *pick(kFormatsSimpleFirst);
+    const bool same = *pick(std::vector<bool>{true, false});
+    const Format fb = same ? fa : *pick(kFormatsSimpleFirst);
+    const Format fd = *pick(std::vector<Format>{Format::FP32, fa, Format::FP16, Format::BF16});
+    c.types = {{"A", fa}, {"B", fb}, {"D", fd},
+               {"compute", fa == Format::FP64 || fb == Format::FP64 ? Format::FP64 : Format::FP32}};
+    c.alpha = *pick(std::vector<double>{1, 0, -1, 0.5, 2, 1.5, 0.1});
+    c.beta = *pick(std::vector<double>{0, 1, -1, 0.5, 2});
+    c.epilogue = *pick(std::vector<Epilogue>{Epilogue::None, Epilogue::Relu, Epilogue::Bias, Epilogue::Gelu,
+                                                  Epilogue::GeluTanh, Epilogue::BiasRelu, Epilogue::BiasGelu,
+                                                  Epilogue::BiasGeluTanh});
+    if (c.beta != 0) {
+      c.types["C"] = fd;
+      if (const std::int64_t p = *pick(pads)) g.ldc = g.packed_ld(g.m, g.n) + p;
+    }
+    if (has_bias(c.epilogue)) c.types["bias"] = fd;
+    if (const std::int64_t p = *pick(pads)) g.ldd = g.packed_ld(g.m, g.n) + p;
+    c.dist["A"] = *dist_spec(c, "A", true);
+    if (c.dist["A"].rfind("gendot", 0) != 0) c.dist["B"] = *dist_spec(c, "B", false);
+    if (c.beta != 0) c.dist["C"] = *dist_spec(c, "C", false);
+    if (has_bias(c.epilogue)) c.dist["bias"] = *dist_spec(c, "bias", false);
+    c.seed = *rc::gen::arbitrary<std::uint64_t>();
+    return c;
+  });
+}
+
+/// An attention case that passes validate().
+inline rc::Gen<Case> attention_case() {
+  return rc::gen::exec([]() {
+    Case c;
+    c.op = Op::Attention;
+    auto& a = c.attention;
+    a.head_dim = *dim(256, {1, 16, 32, 48, 64, 80, 96, 111, 128, 160, 192, 256}, false);
+    const std::vector<std::int64_t> seqs{1, 17, 63, 64, 65, 100, 127, 128, 129, 200, 257, 1000};
+    a.seq_q = *dim(1024, seqs);
+    a.seq_kv = *dim(1024, seqs);
+    a.batch = *dim(3);
+    a.heads = *dim(4);
+    // Keep each operand within the element budget (shrinking the longer sequence).
+    while (a.batch * a.heads * std::max(a.seq_q, a.seq_kv) * a.head_dim > kElementBudget) {
+      if (a.seq_q >= a.seq_kv) a.seq_q = std::max<std::int64_t>(1, a.seq_q / 2);
+      else a.seq_kv = std::max<std::int64_t>(1, a.seq_kv / 2);
+    }
+    a.layout = *pick(std::vector<AttentionLayout>{AttentionLayout::BHSD, AttentionLayout::BSHD});
+    a.causal = *pick(std::vector<bool>{false, true});
+    if (*pick(std::vector<bool>{false, true}))
+      for (std::int64_t b = 0; b < a.batch; ++b) a.kv_lengths.push_back(*rc::gen::inRange<std::int64_t>(0, a.seq_kv + 1));
+    const double scale = *pick(std::vector<double>{0, 0.125, 1.0, 0.05});
+    if (scale != 0) a.softmax_scale = scale;
+    const Format f = *pick(kFormatsSimpleFirst);
+    c.types = {{"Q", f}, {"K", f}, {"V", f}, {"O", f}, {"compute", f == Format::FP64 ? Format::FP64 : Format::FP32}};
+    c.dist["Q"] = *dist_spec(c, "Q", true);
+    if (find_family(parse_dist(c.dist["Q"]).family)->scope != Scope::AttnQK)
+      c.dist["K"] = *dist_spec(c, "K", false);
+    c.dist["V"] = *dist_spec(c, "V", false);
+    c.seed = *rc::gen::arbitrary<std::uint64_t>();
+    return c;
+  });
+}
+
+/// GEMM or attention (GEMM first: it shrinks towards GEMM).
+inline rc::Gen<Case> any_case() { return rc::gen::oneOf(gemm_case(), attention_case()); }
+
+}  // namespace ulpgate::gen
