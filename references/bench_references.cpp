@@ -1,1 +1,63 @@
-int main() { return 0; }
+// Reference throughput, one binary, one run: the MPFR oracle against the superaccumulator
+// (ns per term, single thread), and a full GEMM reference on all cores.
+//
+//   build-ref/references/bench_references --benchmark_repetitions=5
+//     --benchmark_report_aggregates_only=true
+//
+// The "ns_per_term" counter is wall time per product term (per core for the GEMM).
+#include <benchmark/benchmark.h>
+
+#include <bit>
+#include <vector>
+
+#include "harness/core/format_mpfr.hpp"
+#include "harness/core/rng.hpp"
+#include "references/exact_dot.hpp"
+
+using namespace ulpgate;
+
+namespace {
+
+// Uniform(-1, 1) FP32 data from Philox: the ordinary case a reference spends its time on.
+std::vector<float> uniform_floats(std::size_t n, std::uint32_t stream) {
+  std::vector<float> v(n);
+  for (std::size_t i = 0; i < n; ++i)
+    v[i] = static_cast<float>(2.0 * to_unit_closed_open(low64(random_block(42, stream, i))) - 1.0);
+  return v;
+}
+
+void set_ns_per_term(benchmark::State& state, double terms_per_iteration, double cores = 1.0) {
+  state.counters["ns_per_term"] = benchmark::Counter(
+      terms_per_iteration / cores * 1e-9,
+      benchmark::Counter::kIsIterationInvariantRate | benchmark::Counter::kInvert);
+}
+
+void BM_OracleDot(benchmark::State& state) {
+  const auto k = static_cast<std::size_t>(state.range(0));
+  const auto x = uniform_floats(k, 1), y = uniform_floats(k, 2);
+  MpfrOracle oracle;
+  Mpfr out(620);
+  for (auto _ : state) {
+    oracle.dot(out, x, y);
+    benchmark::DoNotOptimize(encode_exact(Format::FP32, out));
+  }
+  set_ns_per_term(state, static_cast<double>(k));
+}
+BENCHMARK(BM_OracleDot)->Arg(256)->Arg(4096)->Arg(65536)->Unit(benchmark::kMicrosecond);
+
+void BM_FastDot(benchmark::State& state) {
+  const auto k = static_cast<std::size_t>(state.range(0));
+  const auto x = uniform_floats(k, 1), y = uniform_floats(k, 2);
+  ExactAccumulator acc;
+  for (auto _ : state) {
+    acc.clear();
+    acc.add_products(x, y);
+    benchmark::DoNotOptimize(acc.value().round_to(Format::FP32));
+  }
+  set_ns_per_term(state, static_cast<double>(k));
+}
+BENCHMARK(BM_FastDot)->Arg(256)->Arg(4096)->Arg(65536)->Unit(benchmark::kMicrosecond);
+
+}  // namespace
+
+BENCHMARK_MAIN();

@@ -1,6 +1,11 @@
 #include "references/exact_dot.hpp"
 
 #include <gmp.h>
+#include <immintrin.h>
+
+// GCC 12's AVX-512 headers trip -Wuninitialized on their own _mm512_undefined_* helpers.
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 
 #include <algorithm>
 #include <bit>
@@ -33,14 +38,197 @@ inline void bin_product(std::uint64_t* table, float a, float b) {
   table[bits >> 52] += ((bits & kFractionMask) | kImplicitBit) >> 5;
 }
 
+constexpr int kMaxLevels = 4;
+// Per lane 256 slices of at most 2^51: lane sums, their sum over 4 lanes, and twice that
+// (the magnitude) stay below 2^63.
+constexpr std::size_t kBlock = 1024;
+
+struct LevelSums {
+  std::int64_t value[kMaxLevels] = {};
+  std::int64_t magnitude[kMaxLevels] = {};
+  bool all_negative = true;  // every product had its sign bit set
+};
+
+__attribute__((target("avx2"))) std::int64_t lane_sum(__m256i v) {
+  alignas(32) std::int64_t l[4];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(l), v);
+  return l[0] + l[1] + l[2] + l[3];
+}
+
+// The products of one block (n a multiple of 4, <= kBlock), split at 2^L_0 > 2^L_1 > ...
+// (magic[j] = 1.5 * 2^(52 + L_j), |p| < 2^(51 + L_0)) into integer slices summed per level,
+// all levels in one pass so the remainders never leave registers.
+// |p| = sign(p) p and rounding to nearest is symmetric, so the magnitude's slices are the
+// value's times the sign: sum |slices| = 2 (sum over p >= 0) - (sum over all).
+template <int Levels>
+__attribute__((target("avx2"))) void level_sums_avx2(const float* x, const float* y,
+                                                     std::size_t n, const double* magic,
+                                                     LevelSums& out) {
+  const __m256i zero = _mm256_setzero_si256();
+  __m256d c[Levels];
+  __m256i ci[Levels], value[Levels], positive[Levels];
+  for (int j = 0; j < Levels; ++j) {
+    c[j] = _mm256_set1_pd(magic[j]);
+    ci[j] = _mm256_castpd_si256(c[j]);
+    value[j] = positive[j] = zero;
+  }
+  __m256i signs_and = _mm256_set1_epi64x(-1);
+  for (std::size_t i = 0; i < n; i += 4) {
+    const __m256d p = _mm256_mul_pd(_mm256_cvtps_pd(_mm_loadu_ps(x + i)),
+                                    _mm256_cvtps_pd(_mm_loadu_ps(y + i)));
+    const __m256i pb = _mm256_castpd_si256(p);
+    signs_and = _mm256_and_si256(signs_and, pb);
+    const __m256i negative = _mm256_cmpgt_epi64(zero, pb);  // the sign bit, as a lane mask
+    __m256d r = p;
+    for (int j = 0; j < Levels; ++j) {
+      const __m256d t = _mm256_add_pd(r, c[j]);
+      const __m256i q = _mm256_sub_epi64(_mm256_castpd_si256(t), ci[j]);  // round(r / 2^L_j)
+      value[j] = _mm256_add_epi64(value[j], q);
+      positive[j] = _mm256_add_epi64(positive[j], _mm256_andnot_si256(negative, q));
+      if (j + 1 < Levels) r = _mm256_sub_pd(r, _mm256_sub_pd(t, c[j]));  // exact remainder
+    }
+  }
+  for (int j = 0; j < Levels; ++j) {
+    out.value[j] = lane_sum(value[j]);
+    out.magnitude[j] = 2 * lane_sum(positive[j]) - out.value[j];
+  }
+  alignas(32) std::uint64_t l[4];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(l), signs_and);
+  out.all_negative = ((l[0] & l[1] & l[2] & l[3]) >> 63) != 0;
+}
+
+// The same with eight lanes; mask registers make the sign handling one masked add.
+// n a multiple of 8.
+template <int Levels>
+__attribute__((target("avx512f"))) void level_sums_avx512(const float* x, const float* y,
+                                                         std::size_t n, const double* magic,
+                                                         LevelSums& out) {
+  const __m512i zero = _mm512_setzero_si512();
+  __m512d c[Levels];
+  __m512i ci[Levels], value[Levels], positive[Levels];
+  for (int j = 0; j < Levels; ++j) {
+    c[j] = _mm512_set1_pd(magic[j]);
+    ci[j] = _mm512_castpd_si512(c[j]);
+    value[j] = positive[j] = zero;
+  }
+  __mmask8 all_negative = 0xFF;
+  for (std::size_t i = 0; i < n; i += 8) {
+    const __m512d p = _mm512_mul_pd(_mm512_cvtps_pd(_mm256_loadu_ps(x + i)),
+                                    _mm512_cvtps_pd(_mm256_loadu_ps(y + i)));
+    const __mmask8 negative = _mm512_cmplt_epi64_mask(_mm512_castpd_si512(p), zero);
+    all_negative &= negative;
+    __m512d r = p;
+    for (int j = 0; j < Levels; ++j) {
+      const __m512d t = _mm512_add_pd(r, c[j]);
+      const __m512i q = _mm512_sub_epi64(_mm512_castpd_si512(t), ci[j]);
+      value[j] = _mm512_add_epi64(value[j], q);
+      positive[j] = _mm512_mask_add_epi64(positive[j], static_cast<__mmask8>(~negative),
+                                          positive[j], q);
+      if (j + 1 < Levels) r = _mm512_sub_pd(r, _mm512_sub_pd(t, c[j]));
+    }
+  }
+  for (int j = 0; j < Levels; ++j) {
+    out.value[j] = _mm512_reduce_add_epi64(value[j]);
+    out.magnitude[j] = 2 * _mm512_reduce_add_epi64(positive[j]) - out.value[j];
+  }
+  out.all_negative = all_negative == 0xFF;
+}
+
+// n a multiple of 8 (AVX-512) or 4 (AVX2).
+void level_sums(int simd, const float* x, const float* y, std::size_t n, int levels,
+                const double* magic, LevelSums& out) {
+  if (simd == 2) {
+    switch (levels) {
+      case 1: level_sums_avx512<1>(x, y, n, magic, out); return;
+      case 2: level_sums_avx512<2>(x, y, n, magic, out); return;
+      case 3: level_sums_avx512<3>(x, y, n, magic, out); return;
+      default: level_sums_avx512<4>(x, y, n, magic, out); return;
+    }
+  }
+  switch (levels) {
+    case 1: level_sums_avx2<1>(x, y, n, magic, out); return;
+    case 2: level_sums_avx2<2>(x, y, n, magic, out); return;
+    case 3: level_sums_avx2<3>(x, y, n, magic, out); return;
+    default: level_sums_avx2<4>(x, y, n, magic, out); return;
+  }
+}
+
+__attribute__((target("avx512f"))) void bit_range_avx512(const float* v, std::size_t n,
+                                                        std::uint32_t& max_bits,
+                                                        std::uint32_t& min_bits_minus_one) {
+  const __m512i mask = _mm512_set1_epi32(0x7FFFFFFF), one = _mm512_set1_epi32(1);
+  __m512i hi0 = _mm512_setzero_si512(), lo0 = _mm512_set1_epi32(-1), hi1 = hi0, lo1 = lo0;
+  std::size_t i = 0;
+  for (; i + 32 <= n; i += 32) {  // two chains each, so the loop is not latency-bound
+    const __m512i a = _mm512_and_si512(_mm512_loadu_si512(v + i), mask);
+    const __m512i b = _mm512_and_si512(_mm512_loadu_si512(v + i + 16), mask);
+    hi0 = _mm512_max_epu32(hi0, a);
+    hi1 = _mm512_max_epu32(hi1, b);
+    lo0 = _mm512_min_epu32(lo0, _mm512_sub_epi32(a, one));
+    lo1 = _mm512_min_epu32(lo1, _mm512_sub_epi32(b, one));
+  }
+  max_bits = std::max(max_bits, _mm512_reduce_max_epu32(_mm512_max_epu32(hi0, hi1)));
+  min_bits_minus_one =
+      std::min(min_bits_minus_one, _mm512_reduce_min_epu32(_mm512_min_epu32(lo0, lo1)));
+  for (; i < n; ++i) {
+    const std::uint32_t m = std::bit_cast<std::uint32_t>(v[i]) & 0x7FFFFFFFu;
+    max_bits = std::max(max_bits, m);
+    min_bits_minus_one = std::min(min_bits_minus_one, m - 1);
+  }
+}
+
+__attribute__((target("avx2"))) void bit_range_avx2(const float* v, std::size_t n,
+                                                    std::uint32_t& max_bits,
+                                                    std::uint32_t& min_bits_minus_one) {
+  const __m256i mask = _mm256_set1_epi32(0x7FFFFFFF), one = _mm256_set1_epi32(1);
+  __m256i hi = _mm256_setzero_si256(), lo = _mm256_set1_epi32(-1);
+  std::size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256i m = _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(v + i)), mask);
+    hi = _mm256_max_epu32(hi, m);
+    lo = _mm256_min_epu32(lo, _mm256_sub_epi32(m, one));
+  }
+  alignas(32) std::uint32_t h[8], l[8];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(h), hi);
+  _mm256_store_si256(reinterpret_cast<__m256i*>(l), lo);
+  for (int k = 0; k < 8; ++k) {
+    max_bits = std::max(max_bits, h[k]);
+    min_bits_minus_one = std::min(min_bits_minus_one, l[k]);
+  }
+  for (; i < n; ++i) {
+    const std::uint32_t m = std::bit_cast<std::uint32_t>(v[i]) & 0x7FFFFFFFu;
+    max_bits = std::max(max_bits, m);
+    min_bits_minus_one = std::min(min_bits_minus_one, m - 1);
+  }
+}
+
+bool cpu_has_avx2() {
+  static const bool has = __builtin_cpu_supports("avx2");
+  return has;
+}
+bool cpu_has_avx512() {
+  static const bool has = __builtin_cpu_supports("avx512f");
+  return has;
+}
+
 }  // namespace
 
 ExponentRange exponent_range(std::span<const float> v) {
+  return exponent_range(v, cpu_has_avx512() ? 2 : cpu_has_avx2() ? 1 : 0);
+}
+
+ExponentRange exponent_range(std::span<const float> v, int simd_level) {
   std::uint32_t max_bits = 0, min_bits_minus_one = 0xFFFFFFFFu;
-  for (float f : v) {
-    const std::uint32_t m = std::bit_cast<std::uint32_t>(f) & 0x7FFFFFFFu;
-    max_bits = std::max(max_bits, m);
-    min_bits_minus_one = std::min(min_bits_minus_one, m - 1);  // zero wraps to the top
+  if (simd_level == 2) {
+    bit_range_avx512(v.data(), v.size(), max_bits, min_bits_minus_one);
+  } else if (simd_level == 1) {
+    bit_range_avx2(v.data(), v.size(), max_bits, min_bits_minus_one);
+  } else {
+    for (float f : v) {
+      const std::uint32_t m = std::bit_cast<std::uint32_t>(f) & 0x7FFFFFFFu;
+      max_bits = std::max(max_bits, m);
+      min_bits_minus_one = std::min(min_bits_minus_one, m - 1);  // zero wraps to the top
+    }
   }
   ExponentRange r;
   r.special = max_bits >= 0x7F800000u;
@@ -51,11 +239,14 @@ ExponentRange exponent_range(std::span<const float> v) {
   return r;
 }
 
-ExactAccumulator::ExactAccumulator() : bins_(static_cast<std::size_t>(kTables) * kBins, 0) {}
+ExactAccumulator::ExactAccumulator(Simd simd)
+    : bins_(static_cast<std::size_t>(kTables) * kBins, 0),
+      simd_level_(simd == Simd::BinsOnly || !cpu_has_avx2() ? 0
+                  : simd == Simd::Best && cpu_has_avx512() ? 2
+                                                           : 1) {}
 
 void ExactAccumulator::clear() {
-  value_.fill(0);
-  magnitude_.fill(0);
+  for (int d = digit_lo_; d <= digit_hi_; ++d) value_[d] = magnitude_[d] = 0;
   digit_lo_ = kDigits;
   digit_hi_ = -1;
   terms_ = negative_zero_terms_ = 0;
@@ -63,7 +254,7 @@ void ExactAccumulator::clear() {
 }
 
 void ExactAccumulator::add_products(std::span<const float> x, std::span<const float> y) {
-  add_products(x, y, exponent_range(x), exponent_range(y));
+  add_products(x, y, exponent_range(x, simd_level_), exponent_range(y, simd_level_));
 }
 
 void ExactAccumulator::add_products(std::span<const float> x, std::span<const float> y,
@@ -75,6 +266,30 @@ void ExactAccumulator::add_products(std::span<const float> x, std::span<const fl
     e_hi = std::min(2046, xr.hi + yr.hi + 1 + 1023);
   }
   const bool special = xr.special || yr.special;
+  const std::size_t lanes = simd_level_ == 2 ? 8 : 4;
+  if (simd_level_ > 0 && !special && x.size() >= lanes) {
+    // Every product is a multiple of 2^(xr.lo + yr.lo - 46) (24-bit significands) and
+    // below 2^(xr.hi + yr.hi + 2): slices at 2^(top - 51 j) cover that in `levels` steps.
+    const int top = xr.empty() || yr.empty() ? 0 : xr.hi + yr.hi + 2;
+    const int span = xr.empty() || yr.empty() ? 0 : top - (xr.lo + yr.lo - 46);
+    const int levels = std::max(1, (span - 51 + 50) / 51 + 1);
+    if (levels <= kMaxLevels) {
+      const std::size_t body = x.size() / lanes * lanes;
+      add_levels(x.data(), y.data(), body, levels, top);
+      if (body == x.size()) return;
+      // Pad the tail to a full vector with -0 products: they change neither the sum nor
+      // whether every term had its sign bit set.
+      float tx[8], ty[8];
+      std::fill(tx, tx + 8, -0.0f);
+      std::fill(ty, ty + 8, 1.0f);
+      for (std::size_t i = body; i < x.size(); ++i) tx[i - body] = x[i], ty[i - body] = y[i];
+      const std::uint64_t pad = lanes - (x.size() - body), negative_before = negative_zero_terms_;
+      add_levels(tx, ty, lanes, levels, top);
+      terms_ -= pad;
+      if (negative_zero_terms_ != negative_before) negative_zero_terms_ -= pad;
+      return;
+    }
+  }
   for (std::size_t i = 0; i < x.size(); i += kChunk) {
     const std::size_t n = std::min(kChunk, x.size() - i);
     add_chunk(x.data() + i, y.data() + i, n, e_lo, e_hi, special);
@@ -102,7 +317,7 @@ void ExactAccumulator::add_chunk(const float* x, const float* y, std::size_t n, 
   bool any_special = false;
   for (int t = 0; t < kTables; ++t) {
     std::uint64_t* table = bins_.data() + static_cast<std::size_t>(t) * kBins;
-    negative_zero_terms_ += table[kSignBin] >> 47;
+    negative_zero_terms_ += table[kSignBin] >> 47;  // bins counts only -0 terms
     table[0] = table[kSignBin] = 0;
     if (special) {
       any_special |= (table[kSpecialField] | table[kSignBin + kSpecialField]) != 0;
@@ -111,6 +326,25 @@ void ExactAccumulator::add_chunk(const float* x, const float* y, std::size_t n, 
   }
   if (any_special) note_specials(x, y, n);
   fold_bins(e_lo, e_hi);
+}
+
+void ExactAccumulator::add_levels(const float* x, const float* y, std::size_t n, int levels,
+                                  int top) {
+  double magic[kMaxLevels];
+  int position[kMaxLevels];
+  for (int j = 0; j < levels; ++j) {
+    const int l = top - 51 - 51 * j;  // slice j counts units of 2^l; |p| < 2^(l + 51)
+    magic[j] = std::ldexp(1.5, 52 + l);
+    position[j] = l + kBias;
+  }
+  for (std::size_t i = 0; i < n; i += kBlock) {
+    const std::size_t m = std::min(kBlock, n - i);
+    LevelSums sums;
+    level_sums(simd_level_, x + i, y + i, m, levels, magic, sums);
+    for (int j = 0; j < levels; ++j) add_integer(sums.value[j], sums.magnitude[j], position[j]);
+    terms_ += m;
+    if (sums.all_negative) negative_zero_terms_ += m;
+  }
 }
 
 void ExactAccumulator::note_specials(const float* x, const float* y, std::size_t n) {
@@ -134,17 +368,17 @@ void ExactAccumulator::fold_bins(int e_lo, int e_hi) {
     if ((pos | neg) == 0) continue;
     // pos + neg < 2^15 * 2^48: both fit a signed 64-bit integer, and so does pos - neg.
     // Bin e counts units of 2^(e - 1075 + 5) = 2^(position - kBias) with position e + 10.
-    add_integer(static_cast<std::int64_t>(pos - neg), pos + neg, e + 10);
+    add_integer(static_cast<std::int64_t>(pos - neg), static_cast<std::int64_t>(pos + neg), e + 10);
   }
 }
 
-void ExactAccumulator::add_integer(std::int64_t v, std::uint64_t mag, int position) {
+void ExactAccumulator::add_integer(std::int64_t v, std::int64_t mag, int position) {
   const int d = position >> 5, s = position & 31;
   const i128 w = static_cast<i128>(v) << s;
   value_[d] += static_cast<std::uint32_t>(w);
   value_[d + 1] += static_cast<std::uint32_t>(w >> 32);
   value_[d + 2] += static_cast<std::int64_t>(w >> 64);
-  const u128 m = static_cast<u128>(mag) << s;
+  const i128 m = static_cast<i128>(mag) << s;
   magnitude_[d] += static_cast<std::uint32_t>(m);
   magnitude_[d + 1] += static_cast<std::uint32_t>(m >> 32);
   magnitude_[d + 2] += static_cast<std::int64_t>(m >> 64);
@@ -168,27 +402,36 @@ void ExactAccumulator::add(double v) {
     m >>= (-1074 - q);
     q = -1074;
   }
-  add_integer(std::signbit(v) ? -static_cast<std::int64_t>(m) : static_cast<std::int64_t>(m), m,
-              q + kBias);
+  add_integer(std::signbit(v) ? -static_cast<std::int64_t>(m) : static_cast<std::int64_t>(m),
+              static_cast<std::int64_t>(m), q + kBias);
 }
 
-bool ExactAccumulator::normalise(const std::array<std::int64_t, kDigits>& in,
-                                 std::array<std::uint32_t, kDigits>& out) const {
-  out.fill(0);
+int ExactAccumulator::magnitude_digits(const std::array<std::int64_t, kDigits>& in,
+                                       std::array<std::uint32_t, kDigits>& out,
+                                       bool& negative) const {
+  // Carry propagation turns the carry-save digits into a two's complement number; it
+  // settles within a couple of digits above the highest touched one.
   std::int64_t carry = 0;
-  int d = std::max(digit_lo_, 0);
+  int d = digit_lo_;
   for (; d < kDigits; ++d) {
-    carry += in[d];
+    carry += d <= digit_hi_ ? in[d] : 0;
     out[d] = static_cast<std::uint32_t>(carry);
-    carry >>= 32;  // arithmetic: the digits are a two's complement number
+    carry >>= 32;  // arithmetic
     if (d >= digit_hi_ && (carry == 0 || carry == -1)) break;
   }
-  if (carry == -1) {
-    for (++d; d < kDigits; ++d) out[d] = 0xFFFFFFFFu;
-    return true;
+  negative = carry == -1;
+  const int top = std::min(d, kDigits - 1);
+  if (negative) {  // two's complement negation over [digit_lo_, top]; above it, ~1s = 0
+    std::uint64_t c = 1;
+    for (int i = digit_lo_; i <= top; ++i) {
+      const std::uint64_t t = static_cast<std::uint64_t>(static_cast<std::uint32_t>(~out[i])) + c;
+      out[i] = static_cast<std::uint32_t>(t);
+      c = t >> 32;
+    }
   }
-  assert(carry == 0);
-  return false;
+  int hi = top;
+  while (hi >= digit_lo_ && out[hi] == 0) --hi;
+  return hi;
 }
 
 RefValue ExactAccumulator::summarise(const std::array<std::int64_t, kDigits>& digits,
@@ -196,23 +439,14 @@ RefValue ExactAccumulator::summarise(const std::array<std::int64_t, kDigits>& di
   if (nan_ || (!magnitude && pos_inf_ && neg_inf_)) return RefValue::nan();
   if (pos_inf_ || neg_inf_) return RefValue::infinity(!magnitude && neg_inf_);
   std::array<std::uint32_t, kDigits> w;
-  const bool negative = normalise(digits, w);
-  if (negative) {  // two's complement negation: the magnitude
-    std::uint64_t carry = 1;
-    for (auto& digit : w) {
-      const std::uint64_t t = static_cast<std::uint64_t>(static_cast<std::uint32_t>(~digit)) + carry;
-      digit = static_cast<std::uint32_t>(t);
-      carry = t >> 32;
-    }
-  }
-  int top = kDigits - 1;
-  while (top >= 0 && w[top] == 0) --top;
-  if (top < 0) {
+  bool negative = false;
+  const int top = digit_lo_ < kDigits ? magnitude_digits(digits, w, negative) : -1;
+  if (top < digit_lo_ || top < 0) {
     // IEEE 754 (RNE): an exact zero sum is -0 only when every term is -0.
     const bool all_negative_zero = !magnitude && terms_ > 0 && negative_zero_terms_ == terms_;
     return RefValue::zero(all_negative_zero);
   }
-  auto digit = [&](int i) -> std::uint64_t { return i >= 0 ? w[i] : 0; };
+  auto digit = [&](int i) -> std::uint64_t { return i >= digit_lo_ ? w[i] : 0; };
   std::uint64_t a = digit(top) << 32 | digit(top - 1);
   std::uint64_t b = digit(top - 2) << 32 | digit(top - 3);
   std::uint64_t c = digit(top - 4) << 32 | digit(top - 5);
@@ -223,7 +457,7 @@ RefValue ExactAccumulator::summarise(const std::array<std::int64_t, kDigits>& di
     c <<= lz;
   }
   bool sticky = c != 0;
-  for (int i = top - 6; i >= 0 && !sticky; --i) sticky = w[i] != 0;
+  for (int i = top - 6; i >= digit_lo_ && !sticky; --i) sticky = w[i] != 0;
   RefValue v;
   v.kind = RefValue::Kind::Finite;
   v.negative = negative;
@@ -244,17 +478,9 @@ void ExactAccumulator::exact_value(mpfr_ptr out) const {
     return;
   }
   std::array<std::uint32_t, kDigits> w;
-  const bool negative = normalise(value_, w);
-  if (negative) {
-    std::uint64_t carry = 1;
-    for (auto& digit : w) {
-      const std::uint64_t t = static_cast<std::uint64_t>(static_cast<std::uint32_t>(~digit)) + carry;
-      digit = static_cast<std::uint32_t>(t);
-      carry = t >> 32;
-    }
-  }
-  int top = kDigits - 1, low = 0;
-  while (w[top] == 0) --top;
+  bool negative = false;
+  const int top = magnitude_digits(value_, w, negative);
+  int low = digit_lo_;
   while (w[low] == 0) ++low;
   mpz_t z;
   mpz_init(z);

@@ -5,13 +5,19 @@
 // inside FP64's normal range. So an exact dot product is an exact sum of doubles whose
 // significands have at most 48 bits.
 //
-// ExactAccumulator (Neal's "large superaccumulator" specialised to those products): each
-// product is added, as a 48-bit integer, to a 64-bit bin chosen by its sign and FP64
-// exponent. The add is one integer add with no carry propagation; four interleaved bin
-// tables keep consecutive adds to the same bin from waiting on each other. Every 2^15
-// terms (and at the end) the touched bins are folded into a carry-save fixed-point number
-// of 32-bit digits spanning every FP64 magnitude, 2^-1080 to 2^1224. The sum is exact: no
-// bits are ever dropped, so the result is bit-identical to the oracle for every input.
+// ExactAccumulator has two exact paths, both ending in a carry-save fixed-point number of
+// 32-bit digits that spans every FP64 magnitude, 2^-1080 to 2^1224:
+//  - Levels (AVX-512 or AVX2, the common case): when the operands' exponent ranges put every product
+//    within 157 binades, each product is split exactly into at most four 51-bit slices
+//    at fixed positions (Rump's ExtractScalar: t = p + 1.5*2^(52+L) holds round(p/2^L) in
+//    its low bits, and p - (t - 1.5*2^(52+L)) is the exact remainder). The slices are
+//    summed as 64-bit integers in SIMD lanes: a handful of vector operations per four
+//    terms, no data-dependent memory access.
+//  - Bins (any data, Neal's "large superaccumulator"): each product is added, as a 48-bit
+//    integer, to a 64-bit bin chosen by its sign and FP64 exponent, one integer add with
+//    no carry propagation; four interleaved tables keep consecutive adds to one bin from
+//    waiting on each other. Every 2^15 terms the touched bins are folded into the digits.
+// No bits are ever dropped, so the result is bit-identical to the oracle for every input.
 #pragma once
 
 #include <array>
@@ -34,6 +40,9 @@ struct ExponentRange {
   bool empty() const { return lo > hi; }
 };
 ExponentRange exponent_range(std::span<const float> v);
+/// The same with a chosen instruction set (0 scalar, 1 AVX2, 2 AVX-512; the CPU must
+/// have it): lets tests cover every path on one machine.
+ExponentRange exponent_range(std::span<const float> v, int simd_level);
 
 /// Exact sum of products of FP32-representable numbers and of arbitrary doubles.
 /// Zeros follow IEEE 754 (RNE): a sum of -0 terms only is -0, any other zero sum is +0;
@@ -41,7 +50,13 @@ ExponentRange exponent_range(std::span<const float> v);
 /// (it holds 128 KiB of bins).
 class ExactAccumulator {
  public:
-  ExactAccumulator();
+  /// Which exact path add_products may take; tests pin each one.
+  enum class Simd : std::uint8_t {
+    Best,    ///< AVX-512 or AVX2 slices where the CPU has them and the range allows
+    Avx2,    ///< AVX2 slices at most (if the CPU has AVX2)
+    BinsOnly ///< always the bins
+  };
+  explicit ExactAccumulator(Simd simd = Simd::Best);
 
   /// Back to an empty sum (+0, no terms).
   void clear();
@@ -74,18 +89,23 @@ class ExactAccumulator {
 
   void add_chunk(const float* x, const float* y, std::size_t n, int e_lo, int e_hi,
                  bool special);
+  void add_levels(const float* x, const float* y, std::size_t n, int levels, int top);
   void fold_bins(int e_lo, int e_hi);
   void note_specials(const float* x, const float* y, std::size_t n);
-  void add_integer(std::int64_t v, std::uint64_t mag, int position);
-  /// Digits normalised to two's complement 32-bit words; returns whether negative.
-  bool normalise(const std::array<std::int64_t, kDigits>& in,
-                 std::array<std::uint32_t, kDigits>& out) const;
+  void add_integer(std::int64_t v, std::int64_t mag, int position);
+  /// The magnitude of the carry-save digits as 32-bit words, valid in [digit_lo_, result];
+  /// returns the highest nonzero word (< digit_lo_ when the sum is zero).
+  int magnitude_digits(const std::array<std::int64_t, kDigits>& in,
+                       std::array<std::uint32_t, kDigits>& out, bool& negative) const;
   RefValue summarise(const std::array<std::int64_t, kDigits>& digits, bool magnitude) const;
 
   std::vector<std::uint64_t> bins_;  // kTables x kBins, all zero between calls
   std::array<std::int64_t, kDigits> value_{};
   std::array<std::int64_t, kDigits> magnitude_{};
   int digit_lo_ = kDigits, digit_hi_ = -1;
+  int simd_level_;  // 0 bins only, 1 AVX2, 2 AVX-512
+  // Terms with the sign bit set, counted where it matters: if the exact sum is zero and
+  // every term had its sign bit set, every term was -0 and so is the sum.
   std::uint64_t terms_ = 0, negative_zero_terms_ = 0;
   bool nan_ = false, pos_inf_ = false, neg_inf_ = false;
 };

@@ -83,11 +83,14 @@ std::uint64_t batch_size() {
 void check_family(Family fam) {
   const auto seed = *rc::gen::arbitrary<std::uint64_t>();
   const auto max_len = *rc::gen::inRange<std::size_t>(1, 3001);
-  thread_local ExactAccumulator acc;
+  // Both exact paths: SIMD slices where the exponent range allows, bins always.
+  using Simd = ExactAccumulator::Simd;
+  thread_local ExactAccumulator best(Simd::Best), avx2(Simd::Avx2), bins_only(Simd::BinsOnly);
   thread_local MpfrOracle oracle;
   const std::uint64_t batch = batch_size();
   for (std::uint64_t i = 0; i < batch; ++i) {
     const DotInput d = make_dot(fam, seed, i, max_len);
+    ExactAccumulator& acc = i % 4 == 3 ? bins_only : i % 4 == 2 ? avx2 : best;
     const std::string err = check_dot(d, acc, oracle, i % 8 == 0, i % 3 == 0);
     if (!err.empty()) {
       std::ostringstream msg;
@@ -163,14 +166,21 @@ TEST(ExactDot, ExtremeExponentsAndLongSums) {
     x[i] = (i % 3 == 0) ? big : (i % 3 == 1 ? tiny : -big);
     y[i] = (i % 3 == 1) ? tiny : big;
   }
-  ExactAccumulator acc;
   MpfrOracle oracle;
-  DotInput d{x, y};
-  EXPECT_EQ(check_dot(d, acc, oracle, true, true), "");
-  // Every term the same: 2^15 adds of the largest significand into one bin.
-  std::vector<float> ones(70000, 0x1.fffffep0f);
-  DotInput e{ones, ones};
-  EXPECT_EQ(check_dot(e, acc, oracle, true, false), "");
+  for (auto simd : {ExactAccumulator::Simd::Best, ExactAccumulator::Simd::Avx2,
+                    ExactAccumulator::Simd::BinsOnly}) {
+    ExactAccumulator acc(simd);
+    DotInput d{x, y};
+    EXPECT_EQ(check_dot(d, acc, oracle, true, true), "");
+    // Every term the same: 2^15 adds of the largest significand into one bin, and lane
+    // sums of the largest slices across many blocks.
+    std::vector<float> ones(70001, 0x1.fffffep0f);
+    DotInput e{ones, ones};
+    EXPECT_EQ(check_dot(e, acc, oracle, true, false), "");
+    for (auto& v : ones) v = -v;
+    DotInput f{ones, e.y};
+    EXPECT_EQ(check_dot(f, acc, oracle, true, true), "");
+  }
 }
 
 TEST(ExactDot, AddDoubleIsExact) {
@@ -236,6 +246,25 @@ RC_GTEST_PROP(RefValue, RoundingMatchesEncodeExact, ()) {
       mpfr_abs(err, err, MPFR_RNDN);
       mpfr_div_d(err, err, std::fabs(dd.hi), MPFR_RNDU);
       RC_ASSERT(mpfr_cmp_d(err, 0x1p-105) <= 0);
+    }
+  }
+}
+
+TEST(ExponentRange, EveryInstructionSetAgrees) {
+  const int best = __builtin_cpu_supports("avx512f") ? 2 : __builtin_cpu_supports("avx2") ? 1 : 0;
+  for (Family fam : kFamilies) {
+    for (std::uint64_t i = 0; i < 300; ++i) {
+      const DotInput d = make_dot(fam, 99, i);
+      const ExponentRange ref = exponent_range(d.x, 0);
+      for (int level = 1; level <= best; ++level) {
+        const ExponentRange r = exponent_range(d.x, level);
+        ASSERT_EQ(r.empty(), ref.empty()) << name(fam) << " " << i;
+        ASSERT_EQ(r.special, ref.special) << name(fam) << " " << i;
+        if (!r.empty()) {
+          ASSERT_EQ(r.lo, ref.lo) << name(fam) << " " << i;
+          ASSERT_EQ(r.hi, ref.hi) << name(fam) << " " << i;
+        }
+      }
     }
   }
 }
