@@ -7,6 +7,7 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include "distributions/spec.hpp"
 #include "harness/core/error.hpp"
 #include "harness/core/format.hpp"
 #include "kernels/device.hpp"
@@ -85,6 +86,7 @@ int main(int argc, char** argv) {
     if (list->parsed()) {
       list_kernels(registry);
       list_formats();
+      std::fputs(ulpgate::describe_families().c_str(), stdout);
       return kExitOk;
     }
   } catch (const ulpgate::InputError& e) {

@@ -54,6 +54,18 @@ TEST(Cli, ListShowsEveryFormat) {
   EXPECT_NE(r.out.find("448"), std::string::npos);
 }
 
+TEST(Cli, ListShowsEveryDistributionWithParameters) {
+  const Result r = run("list");
+  EXPECT_EQ(r.code, 0);
+  for (const char* d : {"uniform(lo=-1, hi=1)", "normal(mean=0, std=1)", "lognormal(", "student_t(nu=3",
+                        "cauchy(", "activations(", "weights(", "softmax(", "sparse(", "relu(", "positive(",
+                        "gendot(cond=1e+12, pairs=1)", "near_overflow(", "subnormal(",
+                        "specials(nan=0.0001, inf=0.0001, negzero=0.01, base=normal(0,1))",
+                        "outliers(rate=0.001, scale=100, base=normal(0,1))", "amax(frac=1", "logits(std=1)",
+                        "sink(logit=16, key=0, std=1)", "masked(", "exact("})
+    EXPECT_NE(r.out.find(std::string("  ") + d), std::string::npos) << d;
+}
+
 TEST(Cli, BadUsageExitsTwoWithOneLine) {
   for (const char* args : {"frobnicate", "list --no-such-flag", "--no-such-flag", ""}) {
     const Result r = run(args);
