@@ -293,7 +293,7 @@ ULPGATE_HD double sample_core(const Sampler& s, std::uint64_t seed, std::uint32_
       // Outlier channels: a few feature columns much larger than the rest (Dettmers et al.,
       // LLM.int8(), 2022). Whether a channel is one depends on the channel alone.
       const double z = mul(s.a, normal_from(r));
-      const bool outlier = unit(0x0A5C1A7Eull ^ seed, with_draw(stream, kDrawLine), channel) < s.b;
+      const bool outlier = unit(seed, with_draw(stream, kDrawLine), channel) < s.b;
       v = outlier ? mul(z, s.c) : z;
       break;
     }
