@@ -137,7 +137,11 @@ class CublasLtGemm final : public Kernel {
     if (has_bias(c.epilogue)) {
       const void* bias = io.in.at("bias");
       set_desc(desc_raw, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias);
-      const cudaDataType_t bt = cuda_data_type(c.types.at("bias"));
+    }
+    // The bias type defaults to D's, which FP8 with an FP32 D does not allow: name it.
+    if (has_bias(c.epilogue) || fp8) {
+      const cudaDataType_t bt = has_bias(c.epilogue) ? cuda_data_type(c.types.at("bias"))
+                                : fd == Format::FP16 ? CUDA_R_16F : (fp8 ? CUDA_R_16BF : cuda_data_type(fd));
       set_desc(desc_raw, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, bt);
     }
 
@@ -152,21 +156,35 @@ class CublasLtGemm final : public Kernel {
     Preference pref(pref_raw);
     const std::size_t ws = kWorkspaceBytes;
     ULPGATE_CHECK(cublasLtMatmulPreferenceSetAttribute(pref_raw, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
-    cublasLtMatmulHeuristicResult_t heur{};
+    // Ask for several algorithms and take the first that runs: the heuristic can offer one
+    // that the matmul call then declines (cuBLASLt's own samples do the same).
+    constexpr int kTry = 8;
+    cublasLtMatmulHeuristicResult_t heur[kTry] = {};
     int found = 0;
     ULPGATE_CHECK(cublasLtMatmulAlgoGetHeuristic(handle_.get(), desc_raw, lx.get(), ly.get(), lc.get(), ld.get(),
-                                                 pref_raw, 1, &heur, &found));
+                                                 pref_raw, kTry, heur, &found));
     if (found == 0) throw KernelUnsupported("cublasLtMatmulAlgoGetHeuristic found no algorithm for this case");
 
     const float alpha = static_cast<float>(c.alpha), beta = static_cast<float>(c.beta);
     void* d = io.out.at("D");
     const void* cptr = c.beta != 0.0 ? io.in.at("C") : d;
-    ULPGATE_CHECK(cublasLtMatmul(handle_.get(), desc_raw, &alpha, io.in.at(g.x), lx.get(), io.in.at(g.y), ly.get(),
-                                 &beta, cptr, lc.get(), d, ld.get(), &heur.algo, workspace_.get(), ws,
-                                 static_cast<cudaStream_t>(io.stream)));
+    int used = -1;
+    cublasStatus_t last = CUBLAS_STATUS_SUCCESS;
+    for (int a = 0; a < found && used < 0; ++a) {
+      if (heur[a].state != CUBLAS_STATUS_SUCCESS) continue;
+      last = cublasLtMatmul(handle_.get(), desc_raw, &alpha, io.in.at(g.x), lx.get(), io.in.at(g.y), ly.get(), &beta,
+                            cptr, lc.get(), d, ld.get(), &heur[a].algo, workspace_.get(), ws,
+                            static_cast<cudaStream_t>(io.stream));
+      if (last == CUBLAS_STATUS_SUCCESS) used = a;
+      else if (last != CUBLAS_STATUS_NOT_SUPPORTED) ULPGATE_CHECK(last);
+    }
+    if (used < 0)
+      throw KernelUnsupported(fmt::format("cublasLtMatmul declined all {} algorithms the heuristic offered ({})", found,
+                                          cublasGetStatusString(last)));
+    const cublasLtMatmulHeuristicResult_t& chosen = heur[used];
     notes["library"] = fmt::format("cuBLASLt {}", cublasLtGetVersion());
-    notes["algorithm"] = describe_algo(heur.algo);
-    notes["workspace_bytes"] = std::to_string(heur.workspaceSize);
+    notes["algorithm"] = describe_algo(chosen.algo) + (used ? fmt::format(" (heuristic choice {})", used + 1) : "");
+    notes["workspace_bytes"] = std::to_string(chosen.workspaceSize);
     notes["call"] = fmt::format("cublasLtMatmul(op1={}, op2={}, m={}, n={}, k={}, batch={}, fast_accum={})",
                                 g.op1 == CUBLAS_OP_T ? "T" : "N", g.op2 == CUBLAS_OP_T ? "T" : "N", g.m, g.n, g.k,
                                 g.batch, fp8 ? (v_.fast_accum ? "on" : "off") : "n/a");
