@@ -122,11 +122,14 @@ class CublasLtGemm final : public Kernel {
     // FP8 scales: D = alpha * (scale_A scale_B) op(A) op(B) + beta C (+ bias, act).
     DeviceBuffer scales;
     if (fp8) {
-      const float host_scales[2] = {static_cast<float>(scale_of(c, g.x)), static_cast<float>(scale_of(c, g.y))};
+      // Each scale on its own 256-byte line: cuBLASLt may load scales as aligned vectors.
+      float host_scales[128] = {};
+      host_scales[0] = static_cast<float>(scale_of(c, g.x));
+      host_scales[64] = static_cast<float>(scale_of(c, g.y));
       scales = DeviceBuffer(sizeof host_scales);
       ULPGATE_CHECK(cudaMemcpy(scales.get(), host_scales, sizeof host_scales, cudaMemcpyHostToDevice));
       const void* sx = scales.get();
-      const void* sy = static_cast<const float*>(scales.get()) + 1;
+      const void* sy = static_cast<const float*>(scales.get()) + 64;
       set_desc(desc_raw, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, sx);
       set_desc(desc_raw, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, sy);
       const std::int8_t fast = v_.fast_accum ? 1 : 0;
