@@ -219,7 +219,7 @@ TEST(LibraryGpu, BackendErrorTable) {
       {"cublaslt.fp8_fast", Format::E4M3, Format::FP32, Format::FP32},
   };
   auto kernels = make_library_kernels();
-  std::string md = "| backend | inputs | D | K | inputs drawn from | max err / sum|a b| | max ULP error (D) | algorithm |\n"
+  std::string md = "| backend | inputs | D | K | inputs drawn from | max err / Σ\\|a b\\| | max ULP error (D) | algorithm |\n"
                    "|---|---|---|---|---|---|---|---|\n";
   for (const Row& row : rows) {
     Kernel* k = nullptr;
