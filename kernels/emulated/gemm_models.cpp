@@ -222,7 +222,7 @@ Code model_epilogue(const Case& c, float acc, double c_value, double bias_value)
     case Epilogue::BiasGeluTanh: v = static_cast<float>(gelu_tanh(v)); break;
     default: break;
   }
-  if (is_fp8(fd)) v = v * static_cast<float>(scale(c, "D"));
+  if (scale(c, "D") != 1.0) v = v * static_cast<float>(scale(c, "D"));
   return encode(fd, v, Rounding::NearestEven, is_fp8(fd) ? Overflow::Saturate : Overflow::NoSaturate);
 }
 

@@ -15,7 +15,7 @@
 //   v = acc * (scale_A * scale_B)       when FP8 scales are not 1
 //   v = alpha * v                       v = fma(beta, scale_C * c, v) when beta != 0
 //   v = v + bias[j]                     v = act(v) (ReLU; GELU erf/tanh evaluated in FP64)
-//   v = v * scale_D                     only when D is FP8
+//   v = v * scale_D                     when scale_D != 1 (as references/gemm_reference.hpp)
 //   D = round(v) to D's format: RNE, saturating for FP8, IEEE overflow otherwise.
 #pragma once
 

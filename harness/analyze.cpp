@@ -1,0 +1,220 @@
+#include "harness/analyze.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+#include <fmt/format.h>
+
+namespace ulpgate {
+namespace {
+
+// |x| of a reference value as the nearest double (for relative errors and norms).
+double magnitude_of(const DoubleDouble& dd) { return std::fabs(dd.hi + dd.lo); }
+
+// d - x for a double d and a double-double x, accurate to a few units of the result.
+double signed_error(double d, const DoubleDouble& x) {
+  const double s = d - x.hi;
+  const double bv = s - d, e = (d - (s - bv)) + (-x.hi - bv);  // TwoSum(d, -hi)
+  return s + (e - x.lo);
+}
+
+// ulp of the format at the binade of the exact value (RefValue keeps floor(log2|x|)).
+double ulp_at(Format f, const RefValue& x) {
+  const auto& fi = info(f);
+  if (x.kind != RefValue::Kind::Finite) return fi.min_subnormal();
+  const int e = std::min(std::max<int>(x.exponent, fi.emin()), fi.emax());
+  return std::ldexp(1.0, e - fi.frac_bits);
+}
+
+std::string show(Format f, Code c) { return fmt::format("{} ({})", hex_code(f, c), hex_float(decode(f, c))); }
+
+}  // namespace
+
+int ulp_histogram_bin(double a) {
+  if (!(a > 0.5)) return 0;  // [0, 0.5] (and NaN, which never reaches here)
+  if (a > 0x1p30) return kUlpHistogramBins - 1;
+  // (2^(k-1), 2^k] -> bin k + 1 for k = 0 .. 30
+  int k = std::ilogb(a);
+  if (std::ldexp(1.0, k) < a) ++k;
+  return k + 1;
+}
+
+std::pair<double, double> ulp_histogram_edges(int bin) {
+  if (bin == 0) return {0.0, 0.5};
+  if (bin == kUlpHistogramBins - 1) return {0x1p30, INFINITY};
+  return {std::ldexp(1.0, bin - 2), std::ldexp(1.0, bin - 1)};
+}
+
+ErrorMetrics analyze(const OutputComparison& cmp) {
+  ErrorMetrics m;
+  m.format = cmp.format;
+  const Format f = cmp.format;
+  const std::int64_t n = static_cast<std::int64_t>(cmp.got.size());
+  m.elements = n;
+
+  // Error map geometry: GEMM {batch, M, N} folds batches; attention {b, h, i, d} has rows b*h*i.
+  ErrorMap& map = m.map;
+  map.cols = cmp.shape.empty() ? n : cmp.shape.back();
+  map.rows = cmp.shape.size() == 3 ? cmp.shape[1] : (map.cols ? n / map.cols : 0);
+  map.cell_rows = std::max<std::int64_t>(1, (map.rows + 63) / 64);
+  map.cell_cols = std::max<std::int64_t>(1, (map.cols + 63) / 64);
+  map.grid_rows = (map.rows + map.cell_rows - 1) / map.cell_rows;
+  map.grid_cols = (map.cols + map.cell_cols - 1) / map.cell_cols;
+  map.max_normalised.assign(map.grid_rows * map.grid_cols, 0.0);
+
+  double sum_abs = 0, sum_rel = 0, sum_norm = 0, sum_ulp = 0, sum_signed_ulp = 0, sum_err2 = 0, sum_x2 = 0;
+  std::int64_t rel_count = 0, norm_count = 0;
+  std::int64_t worst = -1;
+  bool worst_nonfinite = false;
+  double worst_norm = -1;
+  for (std::int64_t e = 0; e < n; ++e) {
+    const Code g = cmp.got[e];
+    const RefValue& x = cmp.exact[e];
+    const Code r = x.round_to(f);
+    const std::int64_t cell = map.cols ? ((e / map.cols) % std::max<std::int64_t>(map.rows, 1)) / map.cell_rows * map.grid_cols +
+                                             (e % map.cols) / map.cell_cols
+                                       : 0;
+    const bool g_finite = is_finite(f, g), r_finite = is_finite(f, r);
+    if (!g_finite || !r_finite) {
+      bool mismatch = true;
+      if (!g_finite && !r_finite) {
+        const bool same = (is_nan(f, g) && is_nan(f, r)) ||
+                          (is_inf(f, g) && is_inf(f, r) && is_negative(f, g) == is_negative(f, r));
+        (same ? m.expected_nonfinite : m.mismatched_nonfinite)++;
+        mismatch = !same;
+      } else if (!g_finite) {
+        (is_nan(f, g) ? m.unexpected_nan : m.unexpected_inf)++;
+      } else {
+        m.missed_nonfinite++;
+      }
+      if (mismatch) {
+        map.max_normalised[cell] = NAN;
+        if (!worst_nonfinite) worst = e, worst_nonfinite = true;
+      }
+      continue;
+    }
+    ++m.compared;
+    const double d = decode(f, g);
+    const DoubleDouble xd = x.double_double();
+    const double err_signed = signed_error(d, xd), err = std::fabs(err_signed);
+    const double xabs = magnitude_of(xd);
+    const double c = e < static_cast<std::int64_t>(cmp.condition.size()) ? cmp.condition[e] : 0.0;
+    const double ulp = err_signed / ulp_at(f, x);
+    const auto dist = ulp_distance(f, g, r);
+    if (dist && *dist == 0) ++m.exact_matches;
+    m.max_ulp_distance = std::max<std::uint64_t>(m.max_ulp_distance, dist.value_or(0));
+    m.max_abs = std::max(m.max_abs, err);
+    sum_abs += err;
+    if (xabs > 0) {
+      const double rel = err / xabs;
+      m.max_rel = std::max(m.max_rel, rel);
+      sum_rel += rel;
+      ++rel_count;
+    }
+    const double norm = c > 0 ? err / c : (err == 0 ? 0.0 : INFINITY);
+    m.max_normalised = std::max(m.max_normalised, norm);
+    sum_norm += norm;
+    ++norm_count;
+    m.max_ulp = std::max(m.max_ulp, std::fabs(ulp));
+    sum_ulp += std::fabs(ulp);
+    sum_signed_ulp += ulp;
+    m.ulp_histogram[ulp_histogram_bin(std::fabs(ulp))]++;
+    sum_err2 += err * err;
+    sum_x2 += xabs * xabs;
+    if (!std::isnan(map.max_normalised[cell])) map.max_normalised[cell] = std::max(map.max_normalised[cell], norm);
+    if (!worst_nonfinite && norm > worst_norm) worst_norm = norm, worst = e;
+  }
+  if (m.compared) {
+    m.mean_abs = sum_abs / m.compared;
+    m.mean_ulp = sum_ulp / m.compared;
+    m.bias_ulp = sum_signed_ulp / m.compared;
+  }
+  if (rel_count) m.mean_rel = sum_rel / rel_count;
+  if (norm_count) m.mean_normalised = sum_norm / norm_count;
+  m.normwise = sum_x2 > 0 ? std::sqrt(sum_err2) / std::sqrt(sum_x2) : (sum_err2 > 0 ? INFINITY : 0.0);
+
+  if (worst >= 0) {
+    WorstElement& w = m.worst;
+    std::int64_t rest = worst;
+    w.index.assign(cmp.shape.size(), 0);
+    for (std::size_t k = cmp.shape.size(); k-- > 0;) {
+      w.index[k] = rest % cmp.shape[k];
+      rest /= cmp.shape[k];
+    }
+    const RefValue& x = cmp.exact[worst];
+    const DoubleDouble xd = x.double_double();
+    w.got = show(f, cmp.got[worst]);
+    w.expected = show(f, x.round_to(f));
+    w.exact = x.kind == RefValue::Kind::Finite ? fmt::format("{} + {}", hex_float(xd.hi), hex_float(xd.lo)) : to_string(x);
+    w.condition = worst < static_cast<std::int64_t>(cmp.condition.size()) ? cmp.condition[worst] : 0.0;
+    if (is_finite(f, cmp.got[worst]) && x.kind != RefValue::Kind::NaN && x.kind != RefValue::Kind::Inf) {
+      const double es = signed_error(decode(f, cmp.got[worst]), xd);
+      w.normalised = w.condition > 0 ? std::fabs(es) / w.condition : (es == 0 ? 0.0 : INFINITY);
+      w.ulp = es / ulp_at(f, x);
+    } else {
+      w.normalised = w.ulp = NAN;
+    }
+  }
+  return m;
+}
+
+double ToleranceModel::bound(double condition, double exact_abs, Format out, std::int64_t n) const {
+  const double u_acc = std::ldexp(1.0, 1 - accumulator_bits);
+  const double u_in = input_bits > 0 ? std::ldexp(1.0, 1 - input_bits) : 0.0;
+  const double k = static_cast<double>(n + 4);
+  double gamma;
+  if (probabilistic) {
+    gamma = lambda * std::sqrt(k) * u_acc;
+  } else {
+    gamma = k * u_acc < 1 ? k * u_acc / (1 - k * u_acc) : INFINITY;
+  }
+  const auto& fo = info(out);
+  const double u_out = std::ldexp(1.0, -(fo.frac_bits + 1));
+  return (2 * u_in + u_in * u_in + gamma) * condition + u_out * exact_abs + fo.min_subnormal() / 2;
+}
+
+Verdict judge(const OutputComparison& cmp, const ErrorMetrics& m, const ToleranceModel& tol, std::int64_t n,
+              double baseline_max_normalised, const BaselineRule& rule) {
+  Verdict v;
+  auto fail = [&](std::string why) {
+    v.passed = false;
+    v.reasons.push_back(std::move(why));
+  };
+  if (m.unwritten) fail(fmt::format("{} output elements never written", m.unwritten));
+  if (m.padding_written) fail(fmt::format("{} padding elements of the output overwritten", m.padding_written));
+  if (m.unexpected_nan) fail(fmt::format("{} unexpected NaN", m.unexpected_nan));
+  if (m.unexpected_inf) fail(fmt::format("{} unexpected Inf", m.unexpected_inf));
+  if (m.missed_nonfinite) fail(fmt::format("{} missed NaN/Inf (the exact result is not finite)", m.missed_nonfinite));
+  if (m.mismatched_nonfinite) fail(fmt::format("{} wrong non-finite values (NaN vs Inf or wrong sign)", m.mismatched_nonfinite));
+
+  const Format f = cmp.format;
+  std::int64_t over = 0;
+  double worst_ratio = 0;
+  for (std::size_t e = 0; e < cmp.got.size(); ++e) {
+    const Code g = cmp.got[e];
+    const RefValue& x = cmp.exact[e];
+    if (!is_finite(f, g) || !is_finite(f, x.round_to(f))) continue;
+    const DoubleDouble xd = x.double_double();
+    const double err = std::fabs(signed_error(decode(f, g), xd));
+    const double c = e < cmp.condition.size() ? cmp.condition[e] : 0.0;
+    const double b = tol.bound(c, magnitude_of(xd), f, n);
+    if (err > b) {
+      ++over;
+      worst_ratio = std::max(worst_ratio, err / b);
+    }
+  }
+  if (over)
+    fail(fmt::format("{} elements exceed the tolerance (worst {:.3g}x the bound; accumulator {} bits{}, n = {})", over,
+                     worst_ratio, tol.accumulator_bits, tol.input_bits ? fmt::format(", inputs {} bits", tol.input_bits) : "",
+                     n));
+  if (baseline_max_normalised >= 0) {
+    const double u_out = std::ldexp(1.0, -(info(f).frac_bits + 1));
+    const double allowed = rule.factor * baseline_max_normalised + u_out;
+    if (m.max_normalised > allowed)
+      fail(fmt::format("max normalised error {:.3g} is above {} x {} ({:.3g}) + u_D", m.max_normalised, rule.factor, rule.model,
+                       baseline_max_normalised));
+  }
+  return v;
+}
+
+}  // namespace ulpgate

@@ -1,0 +1,143 @@
+// Analyzers: how wrong a kernel's output is, against the exact reference.
+//
+// Notation for one output element e (GEMM: D[b][i][j]; attention: O[b][h][i][d]):
+//   d_e  the kernel's value (decoded from D's format)
+//   x_e  the exact reference value (RefValue; for GELU/softmax certified to 128 bits)
+//   r_e  x_e correctly rounded (RNE) to D's format: the best any kernel can return
+//   c_e  the condition term: GEMM sum_k |a_ik b_kj| scaled as the epilogue scales it
+//        (GemmReference::magnitude); attention sum_j p_ij |v_jd|
+// and u_D = 2^-(fraction bits of D) / 2, the unit roundoff of D's format.
+//
+// Metrics over the elements where d_e and r_e are both finite ("compared"):
+//   abs error        |d_e - x_e|                      (max, mean)
+//   rel error        |d_e - x_e| / |x_e|, x_e != 0    (max, mean)
+//   normwise         sqrt(sum (d_e - x_e)^2) / sqrt(sum x_e^2)
+//   normalised       |d_e - x_e| / c_e, c_e > 0       (max, mean): the error relative to the
+//                    size of what was summed, the figure that exposes accumulation quality
+//   ulp error        |ulp_error(d_e, x_e)| in D's format, fractional (max, mean); the
+//                    correctly rounded r_e has ulp error <= 0.5
+//   bias             mean of the signed ulp_error: systematic rounding direction (e.g. RZ
+//                    accumulation gives a bias away from zero's opposite side)
+//   ulp distance     max integer ulp_distance(d_e, r_e): 0 means correctly rounded
+//   histogram        counts of |ulp error| in bins [0, 0.5], (0.5, 1], (1, 2], (2, 4], ...,
+//                    (2^29, 2^30], (2^30, inf)
+// Classification of non-finite values (d_e vs r_e):
+//   expected_nonfinite   both NaN, or both the same infinity (an exact overflow included)
+//   unexpected_nan/inf   d_e NaN / Inf where r_e is finite
+//   missed_nonfinite     r_e NaN or Inf where d_e is finite
+//   mismatched_nonfinite both non-finite but different (NaN vs Inf, or opposite infinities)
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "harness/core/case.hpp"
+#include "harness/core/tensor.hpp"
+#include "references/ref_value.hpp"
+
+namespace ulpgate {
+
+inline constexpr int kUlpHistogramBins = 33;  ///< [0,0.5], (0.5,1], (1,2], ..., (2^30, inf)
+/// The histogram bin of an |ulp error| value (see above).
+int ulp_histogram_bin(double abs_ulp);
+/// Lower and upper edge of a bin ("(1, 2]" is {1, 2}; the last has upper = +inf).
+std::pair<double, double> ulp_histogram_edges(int bin);
+
+/// Max normalised error per cell of the output: a tile-sized grid that shows tile and
+/// boundary bugs as a pattern. Rows and columns of the output (GEMM: M x N, max over
+/// batches; attention: (batch*heads*seq_q) x head_dim_v) are grouped into cells of
+/// cell_rows x cell_cols elements, at most 64 x 64 cells.
+struct ErrorMap {
+  std::int64_t rows = 0, cols = 0;            ///< output rows and columns
+  std::int64_t cell_rows = 1, cell_cols = 1;  ///< elements per cell
+  std::int64_t grid_rows = 0, grid_cols = 0;  ///< cells
+  std::vector<double> max_normalised;         ///< grid_rows x grid_cols, row-major; NaN where
+                                              ///< a cell holds a non-finite mismatch
+};
+
+/// The element with the largest normalised error (non-finite mismatches rank first).
+struct WorstElement {
+  std::vector<std::int64_t> index;  ///< GEMM {b, i, j}; attention {b, h, i, d}
+  std::string got;                  ///< the kernel's code and value, e.g. "0x3c01 (0x1.004p+0)"
+  std::string expected;             ///< r_e, same form
+  std::string exact;                ///< x_e as a hex double-double ("0x1.0028p+0 + 0x1.2p-60")
+  double condition = 0;             ///< c_e
+  double normalised = 0, ulp = 0;   ///< its errors
+};
+
+struct ErrorMetrics {
+  std::string output;  ///< "D" or "O"
+  Format format = Format::FP32;
+  std::int64_t elements = 0, compared = 0, exact_matches = 0;
+  double max_abs = 0, mean_abs = 0;
+  double max_rel = 0, mean_rel = 0;
+  double normwise = 0;
+  double max_normalised = 0, mean_normalised = 0;
+  double max_ulp = 0, mean_ulp = 0, bias_ulp = 0;
+  std::uint64_t max_ulp_distance = 0;
+  std::vector<std::int64_t> ulp_histogram = std::vector<std::int64_t>(kUlpHistogramBins, 0);
+  std::int64_t expected_nonfinite = 0, unexpected_nan = 0, unexpected_inf = 0, missed_nonfinite = 0,
+               mismatched_nonfinite = 0;
+  std::int64_t unwritten = 0, padding_written = 0;  ///< copied from the runner
+  WorstElement worst;
+  ErrorMap map;
+};
+
+/// What the metrics are computed from: per logical output element, the kernel's code, the
+/// reference value and the condition term. Logical order: GEMM (b, i, j) row-major;
+/// attention (b, h, i, d).
+struct OutputComparison {
+  Format format = Format::FP32;
+  std::vector<std::int64_t> shape;  ///< GEMM {batch, M, N}; attention {batch, heads, seq_q, dv}
+  std::vector<Code> got;
+  std::vector<RefValue> exact;
+  std::vector<double> condition;
+};
+
+ErrorMetrics analyze(const OutputComparison& cmp);
+
+/// The dtype- and K-aware tolerance model. An element passes when
+///   |d_e - x_e| <= (2 u_in + u_in^2 + gamma(n + 4, u_acc)) c_e + u_D |x_e| + ulp_of(D, 0) / 2
+/// where n is the reduction length (GEMM K; attention seq_kv for the P V product), the
+/// + 4 covers the epilogue's operations (scale, alpha, beta C, bias), u_acc =
+/// 2^(1 - accumulator_bits) is one unit in the last place of the accumulator (so a
+/// truncating, RZ, accumulator is covered too), u_in = 2^(1 - input_bits) when the kernel
+/// rounds its inputs internally (e.g. FP32 inputs on TF32 tensor cores: input_bits = 11),
+/// else 0, u_D is D's unit roundoff 2^-(frac_bits + 1), and gamma(n, u) = n u / (1 - n u)
+/// (Higham's deterministic bound; +inf when n u >= 1), or, with probabilistic = true,
+/// lambda sqrt(n) u with lambda = 4 (Higham & Mary 2019: holds with probability
+/// >= 1 - 2 exp(-lambda^2 / 2) ~ 0.9993 per element, for independent rounding errors).
+struct ToleranceModel {
+  int accumulator_bits = 24;  ///< precision (incl. the implicit bit) of the running sum
+  int input_bits = 0;         ///< 0: inputs used as given; else the internal input precision
+  bool probabilistic = false;
+  double lambda = 4.0;
+  /// The bound for one element.
+  double bound(double condition, double exact_abs, Format out, std::int64_t n) const;
+};
+
+/// The baseline-relative rule: the kernel's max normalised error must be at most
+/// factor x that of a CPU model at the kernel's nominal precision (e.g. cpu.fp32_seq) on
+/// the same inputs, plus D's unit roundoff (so that an exact model does not demand an exact
+/// kernel): max_normalised <= factor * model_max_normalised + u_D. A kernel worse than the
+/// model by more than factor is worse than its nominal precision explains.
+struct BaselineRule {
+  std::string model = "cpu.fp32_seq";
+  double factor = 8.0;
+};
+
+/// Pass/fail of one run with every reason it failed.
+struct Verdict {
+  bool passed = true;
+  std::vector<std::string> reasons;  ///< e.g. "3 elements exceed the tolerance (worst 41.2x)"
+};
+
+/// Applies the tolerance model (element by element), the NaN/Inf rules, and the write
+/// audit (unwritten or padding-written elements fail). baseline_max_normalised < 0: no
+/// baseline rule.
+Verdict judge(const OutputComparison& cmp, const ErrorMetrics& m, const ToleranceModel& tol, std::int64_t n,
+              double baseline_max_normalised = -1.0, const BaselineRule& rule = {});
+
+}  // namespace ulpgate

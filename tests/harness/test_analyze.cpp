@@ -1,0 +1,174 @@
+// Metrics and the tolerance model against cases with known answers.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "harness/analyze.hpp"
+#include "harness/core/format_mpfr.hpp"
+
+using namespace ulpgate;
+
+namespace {
+
+RefValue ref(double x) {
+  if (std::isnan(x)) return RefValue::nan();
+  if (std::isinf(x)) return RefValue::infinity(x < 0);
+  Mpfr m(53, x);
+  return RefValue::from_exact(m);
+}
+
+// A 1 x 1 x n FP16 output with the given kernel values, exact values and conditions.
+OutputComparison fp16(std::vector<double> got, std::vector<double> exact, std::vector<double> cond = {}) {
+  OutputComparison c;
+  c.format = Format::FP16;
+  c.shape = {1, 1, static_cast<std::int64_t>(got.size())};
+  for (double g : got) c.got.push_back(encode(Format::FP16, g));
+  for (double x : exact) c.exact.push_back(ref(x));
+  c.condition = cond.empty() ? std::vector<double>(got.size(), 1.0) : cond;
+  return c;
+}
+
+}  // namespace
+
+TEST(Analyze, CorrectlyRoundedOutputIsPerfect) {
+  const double t = 1.0 + 0x1p-11 + 0x1p-20;  // just above a tie: rounds up
+  const auto cmp = fp16({1.0 + 0x1p-10, 2.0, -3.0}, {t, 2.0, -3.0});
+  const ErrorMetrics m = analyze(cmp);
+  EXPECT_EQ(m.elements, 3);
+  EXPECT_EQ(m.compared, 3);
+  EXPECT_EQ(m.exact_matches, 3);
+  EXPECT_EQ(m.max_ulp_distance, 0u);
+  EXPECT_EQ(m.max_ulp, 0.5 - 0x1p-10);  // (1 + 2^-10 - t) / 2^-10
+  EXPECT_EQ(m.max_abs, 0x1p-11 - 0x1p-20);
+  EXPECT_EQ(m.ulp_histogram[0], 3);
+  EXPECT_TRUE(judge(cmp, m, ToleranceModel{}, 1).passed);
+}
+
+TEST(Analyze, KnownErrors) {
+  // element 0: exact 1 + 2^-12, got 1 - 2^-11 (one ulp below 1): error -(2^-11 + 2^-12)
+  // element 1: exact 8, got 8 + 3 ulps (ulp 2^-7), condition 16
+  const auto cmp = fp16({1.0 - 0x1p-11, 8.0 + 3 * 0x1p-7}, {1.0 + 0x1p-12, 8.0}, {2.0, 16.0});
+  const ErrorMetrics m = analyze(cmp);
+  EXPECT_EQ(m.exact_matches, 0);
+  EXPECT_EQ(m.max_abs, 3 * 0x1p-7);
+  EXPECT_EQ(m.mean_abs, (0x1p-11 + 0x1p-12 + 3 * 0x1p-7) / 2);
+  EXPECT_EQ(m.max_rel, 3 * 0x1p-7 / 8);
+  EXPECT_EQ(m.max_normalised, 3 * 0x1p-11);  // element 1: 3 * 2^-7 / 16 (element 0: 3 * 2^-12 / 2)
+  EXPECT_EQ(m.max_ulp, 3.0);
+  EXPECT_EQ(m.bias_ulp, (-(0x1p-11 + 0x1p-12) / 0x1p-10 + 3.0) / 2);
+  EXPECT_EQ(m.max_ulp_distance, 3u);  // element 1; element 0 is one code below its rounding, 1.0
+  EXPECT_EQ(m.ulp_histogram[ulp_histogram_bin(0.75)], 1);
+  EXPECT_EQ(m.ulp_histogram[ulp_histogram_bin(3.0)], 1);
+  EXPECT_EQ(m.worst.index, (std::vector<std::int64_t>{0, 0, 1}));  // largest normalised error
+  EXPECT_EQ(m.worst.got, "0x4803 (0x1.00cp+3)");
+  EXPECT_EQ(m.worst.expected, "0x4800 (0x1p+3)");
+  EXPECT_EQ(m.worst.exact, "0x1p+3 + 0x0p+0");
+  EXPECT_EQ(m.worst.condition, 16.0);
+  EXPECT_EQ(m.worst.ulp, 3.0);
+  const double normwise = std::sqrt(std::pow(0x1p-11 + 0x1p-12, 2) + std::pow(3 * 0x1p-7, 2)) /
+                          std::sqrt(std::pow(1.0 + 0x1p-12, 2) + 64.0);
+  EXPECT_DOUBLE_EQ(m.normwise, normwise);
+}
+
+TEST(Analyze, HistogramBins) {
+  EXPECT_EQ(ulp_histogram_bin(0.0), 0);
+  EXPECT_EQ(ulp_histogram_bin(0.5), 0);
+  EXPECT_EQ(ulp_histogram_bin(0.51), 1);
+  EXPECT_EQ(ulp_histogram_bin(1.0), 1);
+  EXPECT_EQ(ulp_histogram_bin(1.5), 2);
+  EXPECT_EQ(ulp_histogram_bin(2.0), 2);
+  EXPECT_EQ(ulp_histogram_bin(1024.0), 11);
+  EXPECT_EQ(ulp_histogram_bin(1e12), kUlpHistogramBins - 1);
+  for (int b = 0; b < kUlpHistogramBins; ++b) {
+    const auto [lo, hi] = ulp_histogram_edges(b);
+    if (b > 0) EXPECT_EQ(ulp_histogram_bin(std::nextafter(lo, INFINITY)), b) << b;
+    if (std::isfinite(hi)) EXPECT_EQ(ulp_histogram_bin(hi), b) << b;
+  }
+}
+
+TEST(Analyze, NonFiniteClassification) {
+  const double inf = INFINITY, nan = NAN;
+  //            expected NaN, overflow->Inf, unexp NaN, unexp Inf, missed, mismatched
+  const auto cmp = fp16({nan, inf, nan, -inf, 1.0, -inf}, {nan, 70000.0, 1.0, 1.0, inf, inf});
+  const ErrorMetrics m = analyze(cmp);
+  EXPECT_EQ(m.expected_nonfinite, 2);
+  EXPECT_EQ(m.unexpected_nan, 1);
+  EXPECT_EQ(m.unexpected_inf, 1);
+  EXPECT_EQ(m.missed_nonfinite, 1);
+  EXPECT_EQ(m.mismatched_nonfinite, 1);
+  EXPECT_EQ(m.compared, 0);
+  EXPECT_EQ(m.worst.index[2], 2);  // the first non-finite mismatch
+  const Verdict v = judge(cmp, m, ToleranceModel{}, 1);
+  EXPECT_FALSE(v.passed);
+  EXPECT_EQ(v.reasons.size(), 4u);
+  // A finite exact value beyond FP16's range that the kernel returns as Inf is right.
+  const auto ok = fp16({inf, -inf}, {65520.0, -1e9});
+  EXPECT_TRUE(judge(ok, analyze(ok), ToleranceModel{}, 1).passed);
+}
+
+TEST(Analyze, ErrorMapLocatesTheBadTile) {
+  OutputComparison c;
+  c.format = Format::FP32;
+  c.shape = {2, 128, 128};  // two batches: the map folds them
+  for (std::int64_t b = 0; b < 2; ++b)
+    for (std::int64_t i = 0; i < 128; ++i)
+      for (std::int64_t j = 0; j < 128; ++j) {
+        const bool bad = b == 1 && i == 100 && j == 3;
+        c.got.push_back(encode(Format::FP32, bad ? 1.5 : 1.0));
+        c.exact.push_back(ref(1.0));
+        c.condition.push_back(4.0);
+      }
+  const ErrorMetrics m = analyze(c);
+  EXPECT_EQ(m.map.cell_rows, 2);
+  EXPECT_EQ(m.map.cell_cols, 2);
+  EXPECT_EQ(m.map.grid_rows, 64);
+  ASSERT_EQ(m.map.max_normalised.size(), 64u * 64u);
+  for (std::int64_t r = 0; r < 64; ++r)
+    for (std::int64_t col = 0; col < 64; ++col)
+      EXPECT_EQ(m.map.max_normalised[r * 64 + col], r == 50 && col == 1 ? 0.125 : 0.0) << r << "," << col;
+  EXPECT_EQ(m.worst.index, (std::vector<std::int64_t>{1, 100, 3}));
+  EXPECT_EQ(m.max_normalised, 0.125);
+}
+
+TEST(Analyze, ToleranceModelIsKAndFormatAware) {
+  ToleranceModel t;  // FP32 accumulation: u_acc = 2^-23
+  const double k = 4096 + 4, u = 0x1p-23;
+  EXPECT_DOUBLE_EQ(t.bound(10.0, 2.0, Format::BF16, 4096), k * u / (1 - k * u) * 10.0 + 0x1p-8 * 2.0 + 0x1p-133 / 2);
+  t.input_bits = 11;  // TF32 inputs
+  const double ui = 0x1p-10;
+  EXPECT_DOUBLE_EQ(t.bound(1.0, 0.0, Format::FP32, 4096), 2 * ui + ui * ui + k * u / (1 - k * u) + 0x1p-149 / 2);
+  t = ToleranceModel{};
+  t.probabilistic = true;
+  EXPECT_DOUBLE_EQ(t.bound(1.0, 0.0, Format::FP32, 4092), 4.0 * 64.0 * u + 0x1p-149 / 2);
+  t = ToleranceModel{};
+  t.accumulator_bits = 8;  // n u >= 1: no bound
+  EXPECT_EQ(t.bound(1.0, 0.0, Format::FP32, 1000), INFINITY);
+
+  // An element just inside and one just outside the bound.
+  ToleranceModel tight;
+  tight.accumulator_bits = 24;
+  const double c = 1.0, b = tight.bound(c, 1.0, Format::FP32, 12);  // ~16 * 2^-23
+  const auto inside = [&](double err) {
+    OutputComparison o;
+    o.format = Format::FP32;
+    o.shape = {1, 1, 1};
+    o.got = {encode(Format::FP32, 1.0 + err)};
+    o.exact = {ref(1.0)};
+    o.condition = {c};
+    return judge(o, analyze(o), tight, 12).passed;
+  };
+  EXPECT_TRUE(inside(std::ldexp(std::floor(std::ldexp(b, 23)), -23)));
+  EXPECT_FALSE(inside(std::ldexp(std::floor(std::ldexp(b, 23)) + 1, -23)));
+}
+
+TEST(Analyze, BaselineRule) {
+  const auto cmp = fp16({1.0 + 0x1p-10}, {1.0}, {1.0});  // normalised error 2^-10
+  const ErrorMetrics m = analyze(cmp);
+  ToleranceModel loose;
+  loose.accumulator_bits = 11;
+  const BaselineRule rule{"cpu.fp32_seq", 8.0};
+  // allowed = 8 * baseline + 2^-11
+  EXPECT_TRUE(judge(cmp, m, loose, 1, 0x1p-14, rule).passed);   // 2^-11 + 2^-11 >= 2^-10
+  EXPECT_FALSE(judge(cmp, m, loose, 1, 0x1p-15, rule).passed);  // 2^-12 + 2^-11 < 2^-10
+  EXPECT_TRUE(judge(cmp, m, loose, 1).passed);                  // no baseline given
+}
