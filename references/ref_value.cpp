@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <string>
 
 #include "harness/core/format_mpfr.hpp"
@@ -148,8 +149,11 @@ std::string to_string(const RefValue& v) {
     case RefValue::Kind::Zero: return v.negative ? "-0" : "0";
     case RefValue::Kind::Finite: break;
   }
-  const DoubleDouble dd = v.double_double();
-  return hex_float(dd.hi) + " + " + hex_float(dd.lo) + (v.inexact ? " (128-bit window, inexact)" : " (exact)");
+  char window[80];
+  std::snprintf(window, sizeof window, "%s0x%016llx%016llxp%+d%s", v.negative ? "-" : "",
+                static_cast<unsigned long long>(v.sig_hi), static_cast<unsigned long long>(v.sig_lo),
+                v.exponent - 127, v.inexact ? " + sticky" : "");
+  return hex_float(v.to_double()) + " [" + window + "]";
 }
 
 }  // namespace ulpgate

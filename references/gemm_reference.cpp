@@ -1,0 +1,322 @@
+#include "references/gemm_reference.hpp"
+
+#include <cmath>
+#include <limits>
+#include <stdexcept>
+
+#include <fmt/format.h>
+
+#include "harness/core/error.hpp"
+#include "harness/core/format_mpfr.hpp"
+#include "references/exact_dot.hpp"
+
+namespace ulpgate {
+namespace {
+
+enum class Act { None, Relu, Gelu, GeluTanh };
+
+Act activation_of(Epilogue e) {
+  switch (e) {
+    case Epilogue::Relu:
+    case Epilogue::BiasRelu: return Act::Relu;
+    case Epilogue::Gelu:
+    case Epilogue::BiasGelu: return Act::Gelu;
+    case Epilogue::GeluTanh:
+    case Epilogue::BiasGeluTanh: return Act::GeluTanh;
+    default: return Act::None;
+  }
+}
+
+double scale_of(const Case& c, const char* operand) {
+  const auto it = c.scales.find(operand);
+  return it == c.scales.end() ? 1.0 : it->second;
+}
+
+const Tensor& input(const std::map<std::string, Tensor>& inputs, const Case& c,
+                    const std::string& operand, std::int64_t elements) {
+  const auto it = inputs.find(operand);
+  if (it == inputs.end()) throw InputError("gemm reference: input " + operand + " missing");
+  const Format f = c.types.at(operand);
+  if (it->second.format() != f)
+    throw InputError(fmt::format("gemm reference: input {} is {}, the case says {}", operand,
+                                 name(it->second.format()), name(f)));
+  if (static_cast<std::int64_t>(it->second.size()) < elements)
+    throw InputError(fmt::format("gemm reference: input {} has {} elements, its view needs {}",
+                                 operand, it->second.size(), elements));
+  return it->second;
+}
+
+// out = the sum of the given exact numbers, exactly: the precision spans from the lowest
+// bit of any term to the highest plus carries.
+void exact_sum(mpfr_ptr out, std::vector<mpfr_ptr> terms) {
+  long hi = std::numeric_limits<long>::min(), lo = std::numeric_limits<long>::max();
+  for (mpfr_ptr t : terms) {
+    if (!mpfr_regular_p(t)) continue;
+    hi = std::max<long>(hi, mpfr_get_exp(t));
+    lo = std::min<long>(lo, mpfr_get_exp(t) - static_cast<long>(mpfr_get_prec(t)));
+  }
+  mpfr_set_prec(out, hi < lo ? 2 : static_cast<mpfr_prec_t>(hi - lo + 8));
+  mpfr_sum(out, terms.data(), terms.size(), MPFR_RNDN);
+}
+
+RefValue relu(const RefValue& v) {
+  if (v.kind == RefValue::Kind::NaN) return v;
+  if (!v.negative && v.kind != RefValue::Kind::Zero) return v;
+  return RefValue::zero(false);
+}
+
+// x - (a positive amount below every nonzero bit of x) for an exact x > 0: the window
+// loses one unit when x fits it exactly, and is inexact either way.
+RefValue just_below(mpfr_srcptr x) {
+  RefValue r = RefValue::from_exact(x);
+  if (!r.inexact) {
+    if (r.sig_hi == (std::uint64_t{1} << 63) && r.sig_lo == 0) {  // 2^e - tiny
+      r.sig_hi = r.sig_lo = ~std::uint64_t{0};
+      --r.exponent;
+    } else {
+      if (r.sig_lo-- == 0) --r.sig_hi;
+    }
+  }
+  r.inexact = true;
+  return r;
+}
+
+// gelu(t) * scale_d for finite nonzero t, by Ziv's strategy.
+//
+// For t < 0 the formulas below have no cancellation. For t > 0, gelu(t) = t - d with
+// d = t/2 erfc(t/sqrt 2) (or t / (1 + exp(2u))) tiny for large t: evaluating gelu
+// directly would need precision beyond -log2(d) to see that it sits just below t. So d is
+// evaluated alone (relative error bounded) and subtracted from the exact t exactly: the
+// error is then relative to d, not to the result.
+//
+// Error bound: below 2^(64 - P) relative for the evaluated quantity (d, or gelu(t) for
+// t < 0) while |t| is within the thresholds below: the conditioning of erfc(|t|/sqrt 2) is
+// at most 2 t^2 < 2^31 and that of exp(+-2u) at most 2|u| < 2^30; each MPFR operation
+// adds 2^-P.
+RefValue gelu_certified(mpfr_srcptr t, double scale_d, bool tanh_form) {
+  const unsigned long limit = tanh_form ? 2000 : 30000;
+  const bool positive = mpfr_sgn(t) > 0;
+  Mpfr ts(mpfr_get_prec(t) + 53);
+  mpfr_mul_d(ts, t, scale_d, MPFR_RNDN);  // exact
+  if (mpfr_cmpabs_ui(t, limit) > 0) {
+    // Beyond the limit d (t > 0) or gelu(t) (t < 0) is below 2^-(2^29): under MPFR's
+    // exponent range, and far below any bit of t (a sum of products of formats' values).
+    if (positive) return just_below(ts);
+    RefValue r;
+    r.kind = RefValue::Kind::Finite;
+    r.negative = true;
+    r.inexact = true;
+    r.exponent = -(1 << 30);
+    r.sig_hi = std::uint64_t{1} << 63;
+    return r;
+  }
+  for (mpfr_prec_t p = 256; p <= (1 << 20); p *= 2) {
+    Mpfr x(p), v(p), w(p);
+    // v = d (t > 0) or gelu(t) (t < 0), times scale_d.
+    if (!tanh_form) {  // d = t/2 erfc(t/sqrt 2); gelu(t < 0) = t/2 erfc(|t|/sqrt 2)
+      mpfr_sqrt_ui(w, 2, MPFR_RNDN);
+      mpfr_div(x, t, w, MPFR_RNDN);
+      mpfr_abs(x, x, MPFR_RNDN);
+      mpfr_erfc(v, x, MPFR_RNDN);
+      mpfr_mul(v, v, t, MPFR_RNDN);
+      mpfr_div_2ui(v, v, 1, MPFR_RNDN);
+    } else {  // d = t / (1 + exp(2u)); gelu(t < 0) = t / (1 + exp(-2u)), u = sqrt(2/pi)(t + 0.044715 t^3)
+      mpfr_const_pi(w, MPFR_RNDN);
+      mpfr_ui_div(w, 2, w, MPFR_RNDN);
+      mpfr_sqrt(w, w, MPFR_RNDN);
+      mpfr_set_str(x, "0.044715", 10, MPFR_RNDN);
+      mpfr_mul(x, x, t, MPFR_RNDN);
+      mpfr_mul(x, x, t, MPFR_RNDN);
+      mpfr_mul(x, x, t, MPFR_RNDN);
+      mpfr_add(x, x, t, MPFR_RNDN);
+      mpfr_mul(x, x, w, MPFR_RNDN);
+      mpfr_mul_si(x, x, positive ? 2 : -2, MPFR_RNDN);
+      mpfr_exp(x, x, MPFR_RNDN);
+      mpfr_add_ui(x, x, 1, MPFR_RNDN);
+      mpfr_div(v, t, x, MPFR_RNDN);
+    }
+    mpfr_mul_d(v, v, scale_d, MPFR_RNDN);
+    // gelu(t) is transcendental for t != 0, never a 128-bit number: once the error
+    // interval fits between two of them, the truncation is decided.
+    if (!positive) {
+      if (mpfr_can_round(v, p - 64, MPFR_RNDN, MPFR_RNDZ, 128)) return RefValue::from_certified(v);
+      continue;
+    }
+    // gelu(t) scale_d = ts - d with v = d (1 + e), |e| < 2^(64 - P).
+    const long gap = static_cast<long>(mpfr_get_exp(ts)) - static_cast<long>(mpfr_get_exp(v));
+    if (gap > 140) {
+      // d is below a quarter unit of ts's 128-bit window: the window is ts's, or one
+      // unit less when d exceeds what ts holds below the window.
+      Mpfr window(128), rest(mpfr_get_prec(ts));
+      mpfr_set(window, ts, MPFR_RNDZ);
+      mpfr_sub(rest, ts, window, MPFR_RNDN);  // exact
+      Mpfr lo(p), hi(p);  // d lies in [lo, hi]
+      mpfr_set_ui_2exp(hi, 1, mpfr_get_exp(v) + 64 - p, MPFR_RNDU);
+      mpfr_sub(lo, v, hi, MPFR_RNDD);
+      mpfr_add(hi, v, hi, MPFR_RNDU);
+      if (mpfr_cmp(hi, rest) < 0) {
+        RefValue r = RefValue::from_exact(window);
+        r.inexact = true;
+        return r;
+      }
+      if (mpfr_cmp(lo, rest) > 0) return just_below(window);
+      continue;
+    }
+    // Here ts - v needs at most gap + P + 2 bits beyond v's error: rounding it costs one
+    // more 2^(EXP(v) + 64 - P) at most.
+    Mpfr y(static_cast<mpfr_prec_t>(std::max<long>(gap, 0) + p + 2));
+    mpfr_sub(y, ts, v, MPFR_RNDN);
+    const long err = static_cast<long>(mpfr_get_exp(y)) - (static_cast<long>(mpfr_get_exp(v)) + 65 - p);
+    if (mpfr_can_round(y, err, MPFR_RNDN, MPFR_RNDZ, 128)) return RefValue::from_certified(y);
+  }
+  throw std::runtime_error("gelu reference: rounding not decided at 2^20 bits");
+}
+
+}  // namespace
+
+RefValue apply_activation(Epilogue e, mpfr_srcptr t, double scale_d) {
+  const Act act = activation_of(e);
+  if (mpfr_nan_p(t)) return RefValue::nan();
+  if (act == Act::Relu && !(mpfr_sgn(t) > 0)) return RefValue::zero(false);
+  if (act == Act::None || act == Act::Relu || mpfr_zero_p(t)) {  // gelu(+-0) = +-0
+    Mpfr v(mpfr_get_prec(t) + 53);
+    mpfr_mul_d(v, t, scale_d, MPFR_RNDN);  // exact
+    return RefValue::from_exact(v);
+  }
+  if (mpfr_inf_p(t)) return mpfr_sgn(t) > 0 ? RefValue::infinity(false) : RefValue::nan();
+  return gelu_certified(t, scale_d, act == Act::GeluTanh);
+}
+
+GemmReference gemm_reference(const Case& c, const std::map<std::string, Tensor>& inputs,
+                             unsigned threads) {
+  if (c.op != Op::Gemm) throw InputError("gemm reference: case.op is not gemm");
+  const GemmShape& g = c.gemm;
+  const MatrixView av = gemm_view(c, "A"), bv = gemm_view(c, "B"), cv = gemm_view(c, "C");
+  const Tensor& a = input(inputs, c, "A", av.elements());
+  const Tensor& b = input(inputs, c, "B", bv.elements());
+  const bool with_c = c.beta != 0.0, with_bias = has_bias(c.epilogue);
+  const Tensor* ct = with_c ? &input(inputs, c, "C", cv.elements()) : nullptr;
+  const Tensor* bias = with_bias ? &input(inputs, c, "bias", g.n) : nullptr;
+  const Act act = activation_of(c.epilogue);
+
+  // alpha * scale_A * scale_B and beta * scale_C, exactly.
+  Mpfr alpha_ab(3 * 53), beta_c(2 * 53);
+  mpfr_set_d(alpha_ab, c.alpha, MPFR_RNDN);
+  mpfr_mul_d(alpha_ab, alpha_ab, scale_of(c, "A"), MPFR_RNDN);
+  mpfr_mul_d(alpha_ab, alpha_ab, scale_of(c, "B"), MPFR_RNDN);
+  mpfr_set_d(beta_c, c.beta, MPFR_RNDN);
+  mpfr_mul_d(beta_c, beta_c, scale_of(c, "C"), MPFR_RNDN);
+  const double scale_d = scale_of(c, "D");
+  const double beta_c_double = mpfr_get_d(beta_c, MPFR_RNDN);
+  const bool beta_c_exact = mpfr_cmp_d(beta_c, beta_c_double) == 0;
+  // When the dot product enters unscaled and unactivated (or only through ReLU), C and
+  // bias can join the exact sum: no MPFR per element.
+  const bool fold_epilogue = mpfr_cmp_ui(alpha_ab, 1) == 0 && scale_d == 1.0 &&
+                             (act == Act::None || act == Act::Relu) && beta_c_exact;
+  const double alpha_abs = std::fabs(mpfr_get_d(alpha_ab, MPFR_RNDN));
+
+  GemmReference r;
+  r.batch = g.batch, r.m = g.m, r.n = g.n;
+  r.d_format = c.types.count("D") ? c.types.at("D") : Format::FP32;
+  const std::int64_t total = g.batch * g.m * g.n, k = g.k;
+  r.values.resize(static_cast<std::size_t>(total));
+  r.condition.resize(static_cast<std::size_t>(total));
+  r.magnitude.resize(static_cast<std::size_t>(total));
+
+  // op(A) rows and op(B) columns packed contiguously: every dot product reads two
+  // streams. Formats up to FP32 are exact as float; FP64 operands stay double.
+  const bool fast = a.format() != Format::FP64 && b.format() != Format::FP64;
+  std::vector<float> a_rows, b_cols;
+  std::vector<double> a_rows64, b_cols64;
+  std::vector<ExponentRange> a_range, b_range;
+  if (fast) {
+    a_rows.resize(static_cast<std::size_t>(g.batch * g.m * k));
+    b_cols.resize(static_cast<std::size_t>(g.batch * g.n * k));
+    a_range.resize(static_cast<std::size_t>(g.batch * g.m));
+    b_range.resize(static_cast<std::size_t>(g.batch * g.n));
+  } else {
+    a_rows64.resize(static_cast<std::size_t>(g.batch * g.m * k));
+    b_cols64.resize(static_cast<std::size_t>(g.batch * g.n * k));
+  }
+  parallel_for(g.batch * (g.m + g.n), [&](std::int64_t row) {
+    const bool is_a = row < g.batch * g.m;
+    const std::int64_t r2 = is_a ? row : row - g.batch * g.m;
+    const std::int64_t bi = is_a ? r2 / g.m : r2 / g.n, i = is_a ? r2 % g.m : r2 % g.n;
+    for (std::int64_t kk = 0; kk < k; ++kk) {
+      const double v = is_a ? a.value(op_a_offset(c, av, bi, i, kk)) : b.value(op_b_offset(c, bv, bi, kk, i));
+      const auto at = static_cast<std::size_t>(r2 * k + kk);
+      if (fast) (is_a ? a_rows : b_cols)[at] = static_cast<float>(v);
+      else (is_a ? a_rows64 : b_cols64)[at] = v;
+    }
+    if (fast) {
+      const auto* base = (is_a ? a_rows.data() : b_cols.data()) + r2 * k;
+      (is_a ? a_range : b_range)[static_cast<std::size_t>(r2)] =
+          exponent_range(std::span<const float>(base, static_cast<std::size_t>(k)));
+    }
+  }, threads);
+
+  parallel_for(g.batch * g.m, [&](std::int64_t row) {
+    const std::int64_t bi = row / g.m, i = row % g.m;
+    ExactAccumulator acc;
+    MpfrOracle oracle;
+    Mpfr dot(2), t(2), scaled(2), beta_term(3 * 53), bias_term(53);
+    for (std::int64_t j = 0; j < g.n; ++j) {
+      const std::int64_t idx = r.index(bi, i, j);
+      const auto ai = static_cast<std::size_t>(bi * g.m + i), bj = static_cast<std::size_t>(bi * g.n + j);
+      const double cval = with_c ? ct->value(cv.offset(bi, i, j)) : 0.0;
+      const double bval = with_bias ? bias->value(j) : 0.0;
+      double condition = 0.0;
+      bool done = false;
+      if (fast) {
+        acc.clear();
+        acc.add_products(std::span<const float>(&a_rows[ai * k], k),
+                         std::span<const float>(&b_cols[bj * k], k), a_range[ai], b_range[bj]);
+        condition = acc.magnitude().to_double();
+        if (fold_epilogue) {
+          // beta sC c joins the sum only if it is an exact double (FMA residual zero, and
+          // far enough from underflow that the residual itself is exact).
+          const double bc = beta_c_double * cval;
+          const bool bc_exact = !with_c || (std::isfinite(bc) && (bc == 0.0 ? (beta_c_double == 0.0 || cval == 0.0)
+                                                         : std::fabs(bc) >= 0x1p-969 &&
+                                                               std::fma(beta_c_double, cval, -bc) == 0.0));
+          if (bc_exact) {
+            if (with_c) acc.add(bc);
+            if (with_bias) acc.add(bval);
+            r.values[idx] = act == Act::Relu ? relu(acc.value()) : acc.value();
+            done = true;
+          }
+        }
+        if (!done) acc.exact_value(dot);
+      } else {
+        std::span<const double> x(&a_rows64[static_cast<std::size_t>((bi * g.m + i) * k)], k),
+            y(&b_cols64[static_cast<std::size_t>((bi * g.n + j) * k)], k);
+        oracle.dot(dot, x, y);
+        std::vector<double> ax(x.begin(), x.end()), ay(y.begin(), y.end());
+        for (auto& v : ax) v = std::fabs(v);
+        for (auto& v : ay) v = std::fabs(v);
+        oracle.dot(t, ax, ay);
+        condition = mpfr_get_d(t, MPFR_RNDN);
+      }
+      if (!done) {
+        mpfr_set_prec(scaled, mpfr_get_prec(dot) + 3 * 53);
+        mpfr_mul(scaled, alpha_ab, dot, MPFR_RNDN);  // exact
+        std::vector<mpfr_ptr> terms{scaled};
+        if (with_c) {
+          mpfr_mul_d(beta_term, beta_c, cval, MPFR_RNDN);  // exact: 106 + 53 bits
+          terms.push_back(beta_term);
+        }
+        if (with_bias) {
+          mpfr_set_d(bias_term, bval, MPFR_RNDN);
+          terms.push_back(bias_term);
+        }
+        exact_sum(t, terms);
+        r.values[idx] = apply_activation(c.epilogue, t, scale_d);
+      }
+      r.condition[idx] = condition;
+      r.magnitude[idx] = scale_d * (alpha_abs * condition + std::fabs(beta_c_double * cval) + std::fabs(bval));
+    }
+  }, threads);
+  return r;
+}
+
+}  // namespace ulpgate

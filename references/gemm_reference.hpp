@@ -1,0 +1,66 @@
+// GEMM ground truth: every element of D = scale_D * act(alpha * scale_A * scale_B * op(A) op(B)
+// + beta * scale_C * C + bias) computed exactly (or, for GELU, certified by Ziv's strategy)
+// and held as a RefValue, so it rounds correctly to D's format or any other.
+//
+// Semantics follow harness/core/case.hpp (views, transposes, leading dimensions, batch,
+// bias per output column). FP8 scales multiply as cuBLASLt's scaleA/B/C/D pointers do:
+// the unscaled operands are what the tensors hold, and scale_D multiplies the result after
+// the epilogue (bias and activation apply in the scaled domain, before scale_D). A scale
+// not given in case.scales is 1.
+//
+// Activations: relu(t) = t for t > 0, else +0 (NaN stays NaN).
+// gelu(t) = t/2 (1 + erf(t/sqrt 2)); gelu_tanh(t) = t/2 (1 + tanh(sqrt(2/pi) (t + 0.044715 t^3)))
+// with 0.044715 the exact decimal. Both are evaluated in MPFR with a rigorous error bound
+// and rising precision until the 128-bit window is decided (so every format's rounding is
+// correct); gelu(-0) = -0, gelu(+inf) = +inf, gelu(-inf) = NaN (what t * Phi(t) gives in
+// IEEE arithmetic), and for t < -30000 the result, a negative number below 2^-(2^29), is
+// held with exponent -2^30 (every format rounds it as it would the true value).
+//
+// Paths: inputs in FP32 or narrower formats go through the superaccumulator; when
+// alpha*scale_A*scale_B == 1, scale_D == 1 and the activation is none or ReLU, C and bias
+// are added into the same exact sum. Otherwise the exact dot product is handed to MPFR for
+// the epilogue. FP64 A or B use the MPFR oracle for the dot product (correct, ~50x slower).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "harness/core/case.hpp"
+#include "harness/core/parallel.hpp"
+#include "harness/core/tensor.hpp"
+#include "references/ref_value.hpp"
+
+namespace ulpgate {
+
+/// GEMM reference values, indexed logically: element (b, i, j) is at (b * m + i) * n + j,
+/// whatever D's layout and leading dimension.
+struct GemmReference {
+  std::int64_t batch = 0, m = 0, n = 0;
+  Format d_format = Format::FP32;
+  /// D before its rounding: exact, or for GELU the certified 128-bit window.
+  std::vector<RefValue> values;
+  /// The condition term sum_k |op(A)_ik op(B)_kj|, computed exactly, rounded to nearest.
+  std::vector<double> condition;
+  /// The same scale for the whole epilogue input, in D's units:
+  /// scale_D (|alpha sA sB| condition + |beta sC c_ij| + |bias_j|), rounded to nearest.
+  std::vector<double> magnitude;
+
+  std::int64_t index(std::int64_t b, std::int64_t i, std::int64_t j) const { return (b * m + i) * n + j; }
+  const RefValue& at(std::int64_t b, std::int64_t i, std::int64_t j) const { return values[index(b, i, j)]; }
+  /// The correctly rounded (RNE) value in D's format of element (b, i, j).
+  Code expected(std::int64_t b, std::int64_t i, std::int64_t j) const { return at(b, i, j).round_to(d_format); }
+};
+
+/// Computes the reference for a GEMM case from its input tensors ("A", "B", and "C" when
+/// beta != 0, "bias" for bias epilogues), each in its operand's format and laid out as the
+/// case says. Throws InputError if a tensor is missing, of the wrong format, or too small.
+GemmReference gemm_reference(const Case& c, const std::map<std::string, Tensor>& inputs,
+                             unsigned threads = default_threads());
+
+/// act applied to the exact value t (any precision), times scale_d, as a RefValue (the
+/// epilogue's last step, exposed for tests).
+RefValue apply_activation(Epilogue e, mpfr_srcptr t, double scale_d);
+
+}  // namespace ulpgate

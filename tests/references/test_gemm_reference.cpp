@@ -1,0 +1,279 @@
+// The GEMM reference against a naive MPFR evaluation that reads the operands through its
+// own index arithmetic (the memory contract of case.hpp, written out again), with every
+// layout, transpose, padding, batch, scale, epilogue and format.
+#include <gtest/gtest.h>
+#include <rapidcheck/gtest.h>
+
+#include <cmath>
+
+#include "harness/core/error.hpp"
+#include "harness/core/format_mpfr.hpp"
+#include "references/gemm_reference.hpp"
+#include "tests/references/dot_inputs.hpp"
+
+using namespace ulpgate;
+using namespace ulpgate::test;
+
+namespace {
+
+constexpr Format kInputFormats[] = {Format::FP32, Format::TF32, Format::FP16,
+                                    Format::BF16, Format::E4M3, Format::E5M2};
+
+// Offset of the logical element (i, k) of a matrix stored rows x cols ("stored" = after
+// undoing the transpose), batch b.
+std::int64_t offset(const GemmShape& g, bool trans, std::int64_t rows_logical,
+                    std::int64_t cols_logical, std::int64_t ld, std::int64_t b, std::int64_t i,
+                    std::int64_t k) {
+  const std::int64_t rows = trans ? cols_logical : rows_logical, cols = trans ? rows_logical : cols_logical;
+  const std::int64_t r = trans ? k : i, c = trans ? i : k;
+  const bool row_major = g.layout == Layout::RowMajor;
+  const std::int64_t lead = ld ? ld : (row_major ? cols : rows);
+  return b * (row_major ? rows : cols) * lead + (row_major ? r * lead + c : c * lead + r);
+}
+
+double scale(const Case& c, const char* op) { return c.scales.count(op) ? c.scales.at(op) : 1.0; }
+
+// The expected element, evaluated plainly at a precision far beyond need.
+RefValue naive_element(const Case& c, const std::map<std::string, Tensor>& in, std::int64_t b,
+                       std::int64_t i, std::int64_t j) {
+  const GemmShape& g = c.gemm;
+  Mpfr s(8000), p(8000), t(8000);
+  mpfr_set_zero(s, 1);
+  std::vector<Mpfr*> dummy;
+  bool all_negative_zero = true;
+  for (std::int64_t k = 0; k < g.k; ++k) {
+    const double a = in.at("A").value(offset(g, g.trans_a, g.m, g.k, g.lda, b, i, k));
+    const double bb = in.at("B").value(offset(g, g.trans_b, g.k, g.n, g.ldb, b, k, j));
+    mpfr_set_d(p, a, MPFR_RNDN);
+    mpfr_mul_d(p, p, bb, MPFR_RNDN);
+    all_negative_zero = all_negative_zero && mpfr_zero_p(p) && mpfr_signbit(p);
+    mpfr_add(s, s, p, MPFR_RNDN);
+  }
+  if (mpfr_zero_p(s)) mpfr_setsign(s, s, all_negative_zero, MPFR_RNDN);  // IEEE sum of zeros
+  mpfr_mul_d(t, s, c.alpha, MPFR_RNDN);
+  mpfr_mul_d(t, t, scale(c, "A"), MPFR_RNDN);
+  mpfr_mul_d(t, t, scale(c, "B"), MPFR_RNDN);
+  if (c.beta != 0.0) {
+    mpfr_set_d(p, c.beta, MPFR_RNDN);
+    mpfr_mul_d(p, p, scale(c, "C"), MPFR_RNDN);
+    mpfr_mul_d(p, p, in.at("C").value(offset(g, false, g.m, g.n, g.ldc, b, i, j)), MPFR_RNDN);
+    mpfr_add(t, t, p, MPFR_RNDN);
+  }
+  if (has_bias(c.epilogue)) mpfr_add_d(t, t, in.at("bias").value(j), MPFR_RNDN);
+  const double sd = scale(c, "D");
+  switch (c.epilogue) {
+    case Epilogue::Relu:
+    case Epilogue::BiasRelu:
+      if (mpfr_nan_p(t)) return RefValue::nan();
+      if (!(mpfr_sgn(t.get()) > 0)) return RefValue::zero(false);
+      break;
+    case Epilogue::Gelu:
+    case Epilogue::BiasGelu:
+    case Epilogue::GeluTanh:
+    case Epilogue::BiasGeluTanh: {
+      if (mpfr_nan_p(t) || (mpfr_inf_p(t) && mpfr_sgn(t.get()) < 0)) return RefValue::nan();
+      if (mpfr_zero_p(t) || mpfr_inf_p(t)) break;
+      // The textbook formulas, at a precision that absorbs their cancellation for t < 0.
+      const double td = mpfr_get_d(t, MPFR_RNDN);
+      const bool tanh_form = c.epilogue == Epilogue::GeluTanh || c.epilogue == Epilogue::BiasGeluTanh;
+      const mpfr_prec_t prec = 1000 + static_cast<mpfr_prec_t>(tanh_form ? 4 * std::fabs(td + 0.045 * td * td * td) : 2 * td * td);
+      Mpfr u(prec), w(prec), y(prec);
+      if (!tanh_form) {
+        mpfr_sqrt_ui(w, 2, MPFR_RNDN);
+        mpfr_div(u, t, w, MPFR_RNDN);
+        mpfr_erf(u, u, MPFR_RNDN);
+      } else {
+        mpfr_const_pi(w, MPFR_RNDN);
+        mpfr_ui_div(w, 2, w, MPFR_RNDN);
+        mpfr_sqrt(w, w, MPFR_RNDN);
+        mpfr_set_str(u, "0.044715", 10, MPFR_RNDN);
+        mpfr_mul(u, u, t, MPFR_RNDN);
+        mpfr_mul(u, u, t, MPFR_RNDN);
+        mpfr_mul(u, u, t, MPFR_RNDN);
+        mpfr_add(u, u, t, MPFR_RNDN);
+        mpfr_mul(u, u, w, MPFR_RNDN);
+        mpfr_tanh(u, u, MPFR_RNDN);
+      }
+      mpfr_add_ui(u, u, 1, MPFR_RNDN);
+      mpfr_mul(y, u, t, MPFR_RNDN);
+      mpfr_div_2ui(y, y, 1, MPFR_RNDN);
+      mpfr_mul_d(y, y, sd, MPFR_RNDN);
+      return RefValue::from_certified(y);
+    }
+    default: break;
+  }
+  mpfr_mul_d(t, t, sd, MPFR_RNDN);
+  return RefValue::from_exact(t);
+}
+
+Tensor random_tensor(Format f, std::int64_t n, Bits& bits, bool small_integers, double max_abs) {
+  Tensor t(f, static_cast<std::size_t>(n));
+  for (std::int64_t e = 0; e < n; ++e) {
+    double v;
+    if (small_integers) {
+      v = static_cast<double>(bits.in(-8, 8));
+    } else {
+      do v = decode(f, bits.next() & ((Code{1} << info(f).bits) - 1));
+      while (!std::isfinite(v) || std::fabs(v) > max_abs);
+    }
+    t.set_value(static_cast<std::size_t>(e), v);
+  }
+  return t;
+}
+
+struct GemmCase {
+  Case c;
+  std::map<std::string, Tensor> in;
+};
+
+GemmCase random_case(std::uint64_t seed) {
+  Bits bits(seed, 77, 0);
+  GemmCase gc;
+  Case& c = gc.c;
+  GemmShape& g = c.gemm;
+  g.m = bits.in(1, 9), g.n = bits.in(1, 9), g.k = bits.in(1, 40), g.batch = bits.in(1, 3);
+  c.epilogue = static_cast<Epilogue>(bits.in(0, 7));
+  const bool gelu = c.epilogue == Epilogue::Gelu || c.epilogue == Epilogue::GeluTanh ||
+                    c.epilogue == Epilogue::BiasGelu || c.epilogue == Epilogue::BiasGeluTanh;
+  if (gelu) g.k = std::min<std::int64_t>(g.k, 8);
+  g.layout = bits.chance(0.5) ? Layout::RowMajor : Layout::ColMajor;
+  g.trans_a = bits.chance(0.5), g.trans_b = bits.chance(0.5);
+  auto pad = [&](std::int64_t need) { return bits.chance(0.5) ? 0 : need + bits.in(0, 3); };
+  g.lda = pad(g.packed_ld(g.a_rows(), g.a_cols()));
+  g.ldb = pad(g.packed_ld(g.b_rows(), g.b_cols()));
+  g.ldc = pad(g.packed_ld(g.m, g.n));
+  const bool small = !gelu && bits.chance(0.3);
+  c.types["A"] = bits.chance(0.1) ? Format::FP64 : kInputFormats[bits.in(0, 5)];
+  c.types["B"] = kInputFormats[bits.in(0, 5)];
+  c.types["D"] = kAllFormats[bits.in(0, 6)];
+  c.types["compute"] = Format::FP32;
+  const double alphas[] = {1.0, 0.5, -2.0, 0.1, 3.0};
+  c.alpha = bits.chance(0.2) ? 0x1.5555555555555p-2 * static_cast<double>(bits.in(1, 9)) : alphas[bits.in(0, 4)];
+  c.beta = bits.chance(0.5) ? 0.0 : alphas[bits.in(0, 4)];
+  if (c.beta != 0.0) c.types["C"] = kAllFormats[bits.in(0, 6)];
+  if (has_bias(c.epilogue)) c.types["bias"] = kAllFormats[bits.in(0, 6)];
+  if (bits.chance(0.3))
+    for (const char* op : {"A", "B", "C", "D"}) c.scales[op] = bits.chance(0.5) ? 0.25 : 1.0 / 3.0;
+  // GELU cases keep the pre-activation moderate so the naive formula stays affordable.
+  const double max_abs = gelu ? 1.5 : 1e300;
+  const MatrixView av = gemm_view(c, "A"), bv = gemm_view(c, "B"), cv = gemm_view(c, "C");
+  gc.in["A"] = random_tensor(c.types["A"], av.elements(), bits, small, max_abs);
+  gc.in["B"] = random_tensor(c.types["B"], bv.elements(), bits, small, max_abs);
+  if (c.beta != 0.0) gc.in["C"] = random_tensor(c.types["C"], cv.elements(), bits, small, max_abs);
+  if (has_bias(c.epilogue)) gc.in["bias"] = random_tensor(c.types["bias"], g.n, bits, small, max_abs);
+  validate(c);
+  return gc;
+}
+
+}  // namespace
+
+void check_case(std::uint64_t seed);
+
+// Ten random cases per RapidCheck case (1000 per run).
+RC_GTEST_PROP(GemmReference, MatchesNaiveMpfr, ()) {
+  const auto base = *rc::gen::arbitrary<std::uint64_t>();
+  for (std::uint64_t seed = base; seed < base + 10; ++seed) check_case(seed);
+}
+
+void check_case(std::uint64_t seed) {
+  const GemmCase gc = random_case(seed);
+  const GemmReference r = gemm_reference(gc.c, gc.in, 1);
+  const GemmShape& g = gc.c.gemm;
+  RC_ASSERT(r.values.size() == static_cast<std::size_t>(g.batch * g.m * g.n));
+  for (std::int64_t b = 0; b < g.batch; ++b)
+    for (std::int64_t i = 0; i < g.m; ++i)
+      for (std::int64_t j = 0; j < g.n; ++j) {
+        const RefValue want = naive_element(gc.c, gc.in, b, i, j);
+        const RefValue& got = r.at(b, i, j);
+        if (!(got == want))
+          RC_FAIL("seed " + std::to_string(seed) + " epilogue " + std::string(name(gc.c.epilogue)) +
+                  " element (" + std::to_string(b) + "," + std::to_string(i) + "," + std::to_string(j) +
+                  "): reference " + to_string(got) + ", naive " + to_string(want));
+        for (Format f : kAllFormats) RC_ASSERT(got.round_to(f) == want.round_to(f));
+      }
+}
+
+// The memory contract, checked on numbers worked out by hand: op(A) = [[1,2],[3,4]],
+// op(B) = [[5,6],[7,8]], D = [[19,22],[43,50]], stored in every layout and transposition
+// with padded leading dimensions.
+TEST(GemmReference, LayoutsByHand) {
+  for (Layout layout : {Layout::RowMajor, Layout::ColMajor})
+    for (bool ta : {false, true})
+      for (bool tb : {false, true}) {
+        Case c;
+        c.gemm.m = c.gemm.n = c.gemm.k = 2;
+        c.gemm.layout = layout, c.gemm.trans_a = ta, c.gemm.trans_b = tb;
+        c.gemm.lda = 3, c.gemm.ldb = 4;
+        c.types = {{"A", Format::FP16}, {"B", Format::FP16}, {"D", Format::FP32}, {"compute", Format::FP32}};
+        Tensor a(Format::FP16, 6), b(Format::FP16, 8);
+        a.fill_code(encode(Format::FP16, 1000.0));  // padding that must never be read
+        b.fill_code(encode(Format::FP16, 1000.0));
+        const double av[2][2] = {{1, 2}, {3, 4}}, bv[2][2] = {{5, 6}, {7, 8}};
+        for (int r = 0; r < 2; ++r)
+          for (int k = 0; k < 2; ++k) {
+            // stored coordinates of op(A)[r][k] and op(B)[r][k]
+            const int ar = ta ? k : r, ac = ta ? r : k, br = tb ? k : r, bc = tb ? r : k;
+            const bool rm = layout == Layout::RowMajor;
+            a.set_value(rm ? ar * 3 + ac : ac * 3 + ar, av[r][k]);
+            b.set_value(rm ? br * 4 + bc : bc * 4 + br, bv[r][k]);
+          }
+        const GemmReference ref = gemm_reference(c, {{"A", a}, {"B", b}}, 1);
+        EXPECT_EQ(ref.at(0, 0, 0).to_double(), 19.0);
+        EXPECT_EQ(ref.at(0, 0, 1).to_double(), 22.0);
+        EXPECT_EQ(ref.at(0, 1, 0).to_double(), 43.0);
+        EXPECT_EQ(ref.at(0, 1, 1).to_double(), 50.0);
+        EXPECT_EQ(ref.condition[ref.index(0, 1, 1)], 50.0);
+      }
+}
+
+TEST(GemmReference, ThreadsDoNotChangeBits) {
+  for (std::uint64_t seed = 0; seed < 20; ++seed) {
+    const GemmCase gc = random_case(seed);
+    const GemmReference one = gemm_reference(gc.c, gc.in, 1), two = gemm_reference(gc.c, gc.in, 2);
+    EXPECT_EQ(one.values, two.values) << seed;
+    EXPECT_EQ(one.condition, two.condition) << seed;
+  }
+}
+
+TEST(GemmReference, RejectsMissingOrMistypedInputs) {
+  Case c;
+  c.gemm.m = c.gemm.n = c.gemm.k = 2;
+  c.types = {{"A", Format::FP16}, {"B", Format::FP16}, {"D", Format::FP32}, {"compute", Format::FP32}};
+  Tensor a(Format::FP16, 4), b32(Format::FP32, 4), small(Format::FP16, 3);
+  EXPECT_THROW(gemm_reference(c, {{"A", a}}), InputError);
+  EXPECT_THROW(gemm_reference(c, {{"A", a}, {"B", b32}}), InputError);
+  EXPECT_THROW(gemm_reference(c, {{"A", a}, {"B", small}}), InputError);
+}
+
+// GELU far out: beyond a few hundred, gelu(t) is t minus (t > 0) or 0 minus (t < 0) an
+// amount far below any bit of t, so every rounding is known without MPFR.
+TEST(GemmReference, GeluTails) {
+  for (double tv : {-29999.5, -30001.0, -2500.0, -1999.0, -600.0, 600.0, 1999.0, 2001.0,
+                    29999.0, 30001.0, 0x1p100}) {
+    Mpfr t(53, tv);
+    for (Epilogue e : {Epilogue::Gelu, Epilogue::GeluTanh}) {
+      const RefValue got = apply_activation(e, t, 1.0);
+      EXPECT_TRUE(got.inexact) << tv;
+      if (tv < 0) {
+        for (Format f : kAllFormats) EXPECT_EQ(got.round_to(f), info(f).sign_mask()) << tv;
+        EXPECT_EQ(got.round_to(Format::FP32, Rounding::Down), encode(Format::FP32, -0x1p-149)) << tv;
+      } else {
+        const Code c = encode(Format::FP64, tv);
+        EXPECT_EQ(got.round_to(Format::FP64), c) << tv;
+        EXPECT_EQ(got.round_to(Format::FP64, Rounding::TowardZero), next_down(Format::FP64, c)) << tv;
+      }
+    }
+  }
+  // t with bits below its 128-bit window: d is smaller still, so the window stays.
+  for (Epilogue e : {Epilogue::Gelu, Epilogue::GeluTanh}) {
+    Mpfr t(400, 600.0), tiny(53, 0x1p-200);
+    mpfr_add(t, t, tiny, MPFR_RNDN);
+    const RefValue got = apply_activation(e, t, 1.0);
+    EXPECT_EQ(got.round_to(Format::FP64, Rounding::TowardZero), encode(Format::FP64, 600.0));
+    EXPECT_EQ(got.round_to(Format::FP64, Rounding::Up), next_up(Format::FP64, encode(Format::FP64, 600.0)));
+  }
+  Mpfr z(53, -0.0);
+  EXPECT_EQ(apply_activation(Epilogue::Gelu, z, 1.0), RefValue::zero(true));
+  Mpfr inf(53, -INFINITY);
+  EXPECT_EQ(apply_activation(Epilogue::GeluTanh, inf, 1.0).kind, RefValue::Kind::NaN);
+}
