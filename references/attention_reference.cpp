@@ -1,0 +1,299 @@
+#include "references/attention_reference.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <numeric>
+#include <stdexcept>
+
+#include <fmt/format.h>
+
+#include "harness/core/error.hpp"
+#include "harness/core/format_mpfr.hpp"
+#include "references/exact_dot.hpp"
+
+namespace ulpgate {
+namespace {
+
+using MpfrBox = std::unique_ptr<Mpfr>;
+
+const Tensor& input(const std::map<std::string, Tensor>& inputs, const Case& c,
+                    const std::string& operand, std::int64_t elements) {
+  const auto it = inputs.find(operand);
+  if (it == inputs.end()) throw InputError("attention reference: input " + operand + " missing");
+  const Format f = c.types.at(operand);
+  if (it->second.format() != f)
+    throw InputError(fmt::format("attention reference: input {} is {}, the case says {}", operand,
+                                 name(it->second.format()), name(f)));
+  if (static_cast<std::int64_t>(it->second.size()) < elements)
+    throw InputError(fmt::format("attention reference: input {} has {} elements, its view needs {}",
+                                 operand, it->second.size(), elements));
+  return it->second;
+}
+
+// The softmax scale: a given double, or exactly 1/sqrt(head_dim).
+struct Scale {
+  bool given = false;
+  double value = 0.0;    // when given
+  long head_dim = 1;     // otherwise
+  long root = 0;         // sqrt(head_dim) when head_dim is a perfect square, else 0
+  int sign() const { return given ? (value > 0) - (value < 0) : 1; }
+  /// sigma at precision p: exact when given, else correctly rounded (relative error 2^-p).
+  void set(mpfr_ptr out) const {
+    if (given) mpfr_set_d(out, value, MPFR_RNDN);
+    else {
+      mpfr_set_ui(out, static_cast<unsigned long>(head_dim), MPFR_RNDN);
+      mpfr_rec_sqrt(out, out, MPFR_RNDN);
+    }
+  }
+};
+
+// The window of x / n, exactly (a rational, rounded toward zero with the ternary value).
+RefValue exact_quotient(mpfr_srcptr x, unsigned long n) {
+  if (mpfr_zero_p(x)) return RefValue::zero(false);  // see the header: zeros are +0
+  if (!mpfr_number_p(x)) return RefValue::from_exact(x);
+  Mpfr q(128);
+  const int ternary = mpfr_div_ui(q, x, n, MPFR_RNDZ);
+  RefValue r = RefValue::from_exact(q);
+  r.inexact = ternary != 0;
+  return r;
+}
+
+// log2 of an upper bound of |x| (x finite), for error bounds.
+long log2_bound(mpfr_srcptr x) { return mpfr_zero_p(x) ? LONG_MIN / 4 : static_cast<long>(mpfr_get_exp(x)); }
+
+struct Row {
+  std::vector<std::int64_t> keys;  // visible keys
+};
+
+}  // namespace
+
+AttentionReference attention_reference(const Case& c, const std::map<std::string, Tensor>& inputs,
+                                       unsigned threads) {
+  if (c.op != Op::Attention) throw InputError("attention reference: case.op is not attention");
+  const AttentionShape& a = c.attention;
+  const AttentionView qv = attention_view(c, "Q"), kv = attention_view(c, "K"),
+                      vv = attention_view(c, "V");
+  const Tensor& qt = input(inputs, c, "Q", qv.elements());
+  const Tensor& kt = input(inputs, c, "K", kv.elements());
+  const Tensor& vt = input(inputs, c, "V", vv.elements());
+  const std::int64_t hd = a.head_dim, dv = a.eff_head_dim_v();
+  const bool fast = qt.format() != Format::FP64 && kt.format() != Format::FP64;
+
+  Scale scale;
+  if (a.softmax_scale) {
+    scale.given = true;
+    scale.value = *a.softmax_scale;
+  } else {
+    scale.head_dim = static_cast<long>(hd);
+    const auto r = static_cast<long>(std::llround(std::sqrt(static_cast<double>(hd))));
+    if (r * r == hd) scale.root = r;
+  }
+
+  AttentionReference out;
+  out.batch = a.batch, out.heads = a.heads, out.seq_q = a.seq_q, out.head_dim_v = dv;
+  out.o_format = c.types.count("O") ? c.types.at("O") : Format::FP16;
+  const std::int64_t rows = a.batch * a.heads * a.seq_q;
+  out.values.resize(static_cast<std::size_t>(rows * dv));
+  out.magnitude.resize(static_cast<std::size_t>(rows * dv));
+  out.lse.resize(static_cast<std::size_t>(rows));
+
+  parallel_for(rows, [&](std::int64_t row) {
+    const std::int64_t i = row % a.seq_q, h = (row / a.seq_q) % a.heads, b = row / (a.seq_q * a.heads);
+    std::vector<std::int64_t> keys;
+    for (std::int64_t j = 0; j < a.seq_kv; ++j)
+      if (attention_visible(c, b, i, j)) keys.push_back(j);
+    const auto o_at = [&](std::int64_t d) { return static_cast<std::size_t>(row * dv + d); };
+    if (keys.empty()) {  // fully masked: the documented convention
+      for (std::int64_t d = 0; d < dv; ++d) out.values[o_at(d)] = RefValue::zero(false);
+      out.lse[static_cast<std::size_t>(row)] = RefValue::infinity(true);
+      return;
+    }
+
+    // Exact scores q_i . k_j.
+    const std::size_t n = keys.size();
+    std::vector<MpfrBox> score(n);
+    {
+      std::vector<float> q(static_cast<std::size_t>(hd)), k(static_cast<std::size_t>(hd));
+      std::vector<double> q64(static_cast<std::size_t>(hd)), k64(static_cast<std::size_t>(hd));
+      for (std::int64_t d = 0; d < hd; ++d) q64[d] = qt.value(qv.offset(b, h, i, d)), q[d] = static_cast<float>(q64[d]);
+      ExactAccumulator acc;
+      MpfrOracle oracle;
+      for (std::size_t s = 0; s < n; ++s) {
+        for (std::int64_t d = 0; d < hd; ++d)
+          k64[d] = kt.value(kv.offset(b, h, keys[s], d)), k[d] = static_cast<float>(k64[d]);
+        score[s] = std::make_unique<Mpfr>(2);
+        if (fast) {
+          acc.clear();
+          acc.add_products(q, k);
+          acc.exact_value(*score[s]);
+        } else {
+          oracle.dot(*score[s], q64, k64);
+        }
+      }
+    }
+    for (const auto& s : score)
+      if (!mpfr_number_p(*s)) throw InputError("attention reference: a score is NaN or infinite");
+
+    // Groups of equal scaled scores, the reference group holding the largest.
+    std::vector<std::size_t> order(n);
+    std::iota(order.begin(), order.end(), 0);
+    std::sort(order.begin(), order.end(),
+              [&](std::size_t x, std::size_t y) { return mpfr_cmp(*score[x], *score[y]) < 0; });
+    std::vector<std::vector<std::size_t>> groups;  // indices into keys/score
+    for (std::size_t s : order) {
+      if (groups.empty() || (scale.sign() != 0 && !mpfr_equal_p(*score[s], *score[groups.back()[0]])))
+        groups.emplace_back();
+      groups.back().push_back(s);
+    }
+    const std::size_t g_count = groups.size();
+    const std::size_t ref = scale.sign() < 0 ? 0 : g_count - 1;
+    // diff_g = score_g - score_ref, exactly; t_g = sigma diff_g <= 0.
+    std::vector<MpfrBox> diff(g_count);
+    for (std::size_t g = 0; g < g_count; ++g) {
+      mpfr_srcptr sg = *score[groups[g][0]], sr = *score[groups[ref][0]];
+      const long hi = std::max<long>(log2_bound(sg), log2_bound(sr));
+      const long lo = std::min<long>(mpfr_zero_p(sg) ? hi : mpfr_get_exp(sg) - mpfr_get_prec(sg),
+                                     mpfr_zero_p(sr) ? hi : mpfr_get_exp(sr) - mpfr_get_prec(sr));
+      diff[g] = std::make_unique<Mpfr>(static_cast<mpfr_prec_t>(std::max<long>(hi - lo + 2, 2)));
+      mpfr_sub(*diff[g], sg, sr, MPFR_RNDN);  // exact
+    }
+
+    // V per group: the exact sum of the group's rows (a double when the group is one key).
+    auto v_of = [&](std::size_t s, std::int64_t d) { return vt.value(vv.offset(b, h, keys[s], d)); };
+    std::vector<MpfrBox> v_sum(g_count * static_cast<std::size_t>(dv));
+    std::vector<double> v_abs(g_count * static_cast<std::size_t>(dv));  // sum |v| per group
+    {
+      ExactAccumulator acc;
+      for (std::size_t g = 0; g < g_count; ++g)
+        for (std::int64_t d = 0; d < dv; ++d) {
+          acc.clear();
+          double abs_sum = 0.0;
+          for (std::size_t s : groups[g]) {
+            acc.add(v_of(s, d));
+            abs_sum += std::fabs(v_of(s, d));
+          }
+          auto& box = v_sum[g * dv + d];
+          box = std::make_unique<Mpfr>(2);
+          acc.exact_value(*box);
+          v_abs[g * dv + d] = abs_sum;
+        }
+    }
+
+    // Outputs that are rational: every group has the same mean, so O is that mean.
+    std::vector<bool> decided(static_cast<std::size_t>(dv), false);
+    for (std::int64_t d = 0; d < dv; ++d) {
+      bool equal_means = true;
+      for (std::size_t g = 1; g < g_count && equal_means; ++g) {
+        // V_g n_0 == V_0 n_g, exactly
+        mpfr_srcptr vg = *v_sum[g * dv + d], v0 = *v_sum[d];
+        Mpfr lhs(mpfr_get_prec(vg) + 64), rhs(mpfr_get_prec(v0) + 64);
+        mpfr_mul_ui(lhs, vg, groups[0].size(), MPFR_RNDN);
+        mpfr_mul_ui(rhs, v0, groups[g].size(), MPFR_RNDN);
+        equal_means = mpfr_equal_p(lhs, rhs) != 0;
+      }
+      if (!equal_means) continue;
+      ExactAccumulator acc;
+      for (std::size_t s = 0; s < n; ++s) acc.add(v_of(s, d));
+      Mpfr total(2);
+      acc.exact_value(total);
+      out.values[o_at(d)] = exact_quotient(total, static_cast<unsigned long>(n));
+      decided[d] = true;
+    }
+
+    // The LSE of a single key is sigma * score: exact when sigma is a given double or
+    // 1/sqrt of a perfect square; otherwise irrational (or 0) and left to the loop.
+    bool lse_done = false;
+    RefValue& lse = out.lse[static_cast<std::size_t>(row)];
+    if (n == 1) {
+      mpfr_srcptr s0 = *score[0];
+      if (scale.given || scale.root || mpfr_zero_p(s0)) {
+        if (scale.given) {
+          Mpfr p(mpfr_get_prec(s0) + 53);
+          mpfr_mul_d(p, s0, scale.value, MPFR_RNDN);
+          lse = RefValue::from_exact(p);
+        } else if (mpfr_zero_p(s0)) {
+          lse = RefValue::from_exact(s0);
+        } else {
+          lse = exact_quotient(s0, static_cast<unsigned long>(scale.root));
+        }
+        if (lse.kind == RefValue::Kind::Zero) lse = RefValue::zero(false);  // log 1 = +0
+        lse_done = true;
+      }
+    }
+
+    // Ziv's loop for the rest, and the magnitudes.
+    for (mpfr_prec_t p = 192;; p *= 2) {
+      if (p > (1 << 18)) throw std::runtime_error("attention reference: rounding not decided at 2^18 bits");
+      Mpfr sigma(p), t(p), denom(p), num(p), o(p), bound(64), tmp(64);
+      scale.set(sigma);
+      std::vector<MpfrBox> w(g_count);
+      double t_max = 0.0;
+      for (std::size_t g = 0; g < g_count; ++g) {
+        w[g] = std::make_unique<Mpfr>(p);
+        mpfr_mul(t, sigma, *diff[g], MPFR_RNDN);
+        t_max = std::max(t_max, std::fabs(mpfr_get_d(t, MPFR_RNDU)));
+        mpfr_exp(*w[g], t, MPFR_RNDN);
+      }
+      // |w~ - w| <= (2|t| + 1) 2^-p w: exp's argument carries sigma's and the product's
+      // rounding, exp its own.
+      std::vector<MpfrBox> terms(g_count);
+      std::vector<mpfr_ptr> ptrs(g_count);
+      for (std::size_t g = 0; g < g_count; ++g) {
+        terms[g] = std::make_unique<Mpfr>(p);
+        mpfr_mul_ui(*terms[g], *w[g], groups[g].size(), MPFR_RNDN);
+        ptrs[g] = *terms[g];
+      }
+      mpfr_sum(denom, ptrs.data(), g_count, MPFR_RNDN);
+      const long slack = 6 + static_cast<long>(std::ceil(std::log2(2.0 * t_max + 2.0)));
+      bool all = true;
+      for (std::int64_t d = 0; d < dv; ++d) {
+        // magnitude: sum_g w_g sum|v| / D, bounded above in 64 bits
+        mpfr_set_zero(bound, 1);
+        for (std::size_t g = 0; g < g_count; ++g) {
+          mpfr_mul_d(tmp, *w[g], v_abs[g * dv + d], MPFR_RNDU);
+          mpfr_add(bound, bound, tmp, MPFR_RNDU);
+        }
+        mpfr_div(bound, bound, denom, MPFR_RNDU);
+        out.magnitude[o_at(d)] = mpfr_get_d(bound, MPFR_RNDN);
+        if (decided[d]) continue;
+        for (std::size_t g = 0; g < g_count; ++g) mpfr_mul(*terms[g], *w[g], *v_sum[g * dv + d], MPFR_RNDN);
+        mpfr_sum(num, ptrs.data(), g_count, MPFR_RNDN);
+        mpfr_div(o, num, denom, MPFR_RNDN);
+        // |O~ - O| <= 2^(slack - p) sum_j p_j |v_j| (the magnitude, bounded above)
+        if (mpfr_zero_p(o) || mpfr_zero_p(bound)) { all = false; continue; }
+        const long err = static_cast<long>(mpfr_get_exp(o)) - (static_cast<long>(mpfr_get_exp(bound)) + slack - p);
+        if (mpfr_can_round(o, err, MPFR_RNDN, MPFR_RNDZ, 128)) {
+          out.values[o_at(d)] = RefValue::from_certified(o);
+          decided[d] = true;
+        } else {
+          all = false;
+        }
+      }
+      if (!lse_done) {
+        // LSE = sigma score_ref + log D: error below 2^(slack - p) (|m| + |log D| + |LSE| + 1)
+        Mpfr m(p), l(p), lse_v(p);
+        mpfr_mul(m, sigma, *score[groups[ref][0]], MPFR_RNDN);
+        mpfr_log(l, denom, MPFR_RNDN);
+        mpfr_add(lse_v, m, l, MPFR_RNDN);
+        mpfr_set_ui(bound, 1, MPFR_RNDU);
+        for (mpfr_srcptr x : {m.get(), l.get(), lse_v.get()}) {
+          mpfr_abs(tmp, x, MPFR_RNDU);
+          mpfr_add(bound, bound, tmp, MPFR_RNDU);
+        }
+        if (!mpfr_zero_p(lse_v)) {
+          const long err = static_cast<long>(mpfr_get_exp(lse_v)) - (static_cast<long>(mpfr_get_exp(bound)) + slack - p);
+          if (mpfr_can_round(lse_v, err, MPFR_RNDN, MPFR_RNDZ, 128)) {
+            lse = RefValue::from_certified(lse_v);
+            lse_done = true;
+          }
+        }
+        all = all && lse_done;
+      }
+      if (all) break;
+    }
+  }, threads);
+  return out;
+}
+
+}  // namespace ulpgate

@@ -1,0 +1,207 @@
+// The attention reference against a plain MPFR evaluation at 1000 bits, with its own
+// index arithmetic for the bhsd/bshd layouts and the mask rule written out again.
+#include <gtest/gtest.h>
+#include <rapidcheck/gtest.h>
+
+#include <cmath>
+
+#include "harness/core/error.hpp"
+#include "harness/core/format_mpfr.hpp"
+#include "references/attention_reference.hpp"
+#include "tests/references/dot_inputs.hpp"
+
+using namespace ulpgate;
+using namespace ulpgate::test;
+
+namespace {
+
+constexpr Format kInputFormats[] = {Format::FP32, Format::TF32, Format::FP16,
+                                    Format::BF16, Format::E4M3, Format::E5M2};
+constexpr mpfr_prec_t kPrec = 1000;
+
+std::int64_t at(const AttentionShape& a, std::int64_t seq, std::int64_t dim, std::int64_t b,
+                std::int64_t h, std::int64_t s, std::int64_t d) {
+  return a.layout == AttentionLayout::BHSD ? ((b * a.heads + h) * seq + s) * dim + d
+                                           : ((b * seq + s) * a.heads + h) * dim + d;
+}
+
+bool visible(const AttentionShape& a, std::int64_t b, std::int64_t i, std::int64_t j) {
+  const std::int64_t len = a.kv_lengths.empty() ? a.seq_kv : a.kv_lengths[b];
+  return j < len && (!a.causal || j - (a.seq_kv - a.seq_q) <= i);
+}
+
+struct AttnCase {
+  Case c;
+  std::map<std::string, Tensor> in;
+};
+
+Tensor random_tensor(Format f, std::int64_t n, Bits& bits, bool small) {
+  Tensor t(f, static_cast<std::size_t>(n));
+  for (std::int64_t e = 0; e < n; ++e) {
+    double v;
+    if (small) v = static_cast<double>(bits.in(-2, 2));
+    else do v = decode(f, bits.next() & ((Code{1} << info(f).bits) - 1));
+         while (!std::isfinite(v) || std::fabs(v) > 6.0);
+    t.set_value(static_cast<std::size_t>(e), v);
+  }
+  return t;
+}
+
+AttnCase random_case(std::uint64_t seed) {
+  Bits bits(seed, 91, 0);
+  AttnCase ac;
+  Case& c = ac.c;
+  c.op = Op::Attention;
+  AttentionShape& a = c.attention;
+  a.batch = bits.in(1, 2), a.heads = bits.in(1, 2), a.seq_q = bits.in(1, 6), a.seq_kv = bits.in(1, 8);
+  a.head_dim = bits.in(1, 9), a.head_dim_v = bits.chance(0.5) ? 0 : bits.in(1, 5);
+  a.layout = bits.chance(0.5) ? AttentionLayout::BHSD : AttentionLayout::BSHD;
+  a.causal = bits.chance(0.5);
+  if (bits.chance(0.5))
+    for (std::int64_t b = 0; b < a.batch; ++b) a.kv_lengths.push_back(bits.in(0, a.seq_kv));
+  const double scales[] = {0.125, -0.5, 0.0, 1.0 / 3.0, 1.0};
+  if (bits.chance(0.5)) a.softmax_scale = scales[bits.in(0, 4)];
+  c.types = {{"Q", kInputFormats[bits.in(0, 5)]}, {"K", kInputFormats[bits.in(0, 5)]},
+             {"V", kInputFormats[bits.in(0, 5)]}, {"O", kAllFormats[bits.in(0, 6)]},
+             {"compute", Format::FP32}};
+  const bool small = bits.chance(0.4);  // small integers: many equal scores, exact outputs
+  ac.in["Q"] = random_tensor(c.types["Q"], attention_view(c, "Q").elements(), bits, small);
+  ac.in["K"] = random_tensor(c.types["K"], attention_view(c, "K").elements(), bits, small);
+  ac.in["V"] = random_tensor(c.types["V"], attention_view(c, "V").elements(), bits, small);
+  validate(c);
+  return ac;
+}
+
+// Replaces x (kPrec bits) by its 128-bit rounding (precision 128) when that is within
+// 2^-900 relative: the computation's own error, so x is taken to be that short number.
+void snap_to_short(mpfr_ptr x) {
+  if (!mpfr_regular_p(x)) return;
+  Mpfr r(128), diff(kPrec);
+  mpfr_set(r, x, MPFR_RNDN);
+  mpfr_sub(diff, x, r, MPFR_RNDN);
+  if (mpfr_zero_p(diff) || mpfr_get_exp(diff) < mpfr_get_exp(x) - 900) {
+    mpfr_set_prec(x, 128);
+    mpfr_set(x, r, MPFR_RNDN);
+  }
+}
+
+void check_case(std::uint64_t seed) {
+  const AttnCase ac = random_case(seed);
+  const Case& c = ac.c;
+  const AttentionShape& a = c.attention;
+  const AttentionReference r = attention_reference(c, ac.in, 1);
+  const std::int64_t dv = a.eff_head_dim_v();
+  Mpfr sigma(kPrec), s(kPrec), p(kPrec), m(kPrec), denom(kPrec), num(kPrec), o(kPrec), x(kPrec);
+  if (a.softmax_scale) mpfr_set_d(sigma, *a.softmax_scale, MPFR_RNDN);
+  else {
+    mpfr_set_ui(sigma, static_cast<unsigned long>(a.head_dim), MPFR_RNDN);
+    mpfr_rec_sqrt(sigma, sigma, MPFR_RNDN);
+  }
+  for (std::int64_t b = 0; b < a.batch; ++b)
+    for (std::int64_t h = 0; h < a.heads; ++h)
+      for (std::int64_t i = 0; i < a.seq_q; ++i) {
+        std::vector<std::int64_t> keys;
+        for (std::int64_t j = 0; j < a.seq_kv; ++j)
+          if (visible(a, b, i, j)) keys.push_back(j);
+        const std::string where = "seed " + std::to_string(seed) + " (" + std::to_string(b) + "," +
+                                  std::to_string(h) + "," + std::to_string(i) + ")";
+        if (keys.empty()) {
+          RC_ASSERT(r.lse[r.row(b, h, i)] == RefValue::infinity(true));
+          for (std::int64_t d = 0; d < dv; ++d) RC_ASSERT(r.at(b, h, i, d) == RefValue::zero(false));
+          continue;
+        }
+        std::vector<Mpfr*> scores;
+        std::vector<std::unique_ptr<Mpfr>> owned;
+        mpfr_set_prec(x, kPrec);
+        for (std::int64_t j : keys) {
+          owned.push_back(std::make_unique<Mpfr>(kPrec));
+          mpfr_set_zero(*owned.back(), 1);
+          for (std::int64_t d = 0; d < a.head_dim; ++d) {
+            mpfr_set_d(x, ac.in.at("Q").value(at(a, a.seq_q, a.head_dim, b, h, i, d)), MPFR_RNDN);
+            mpfr_mul_d(x, x, ac.in.at("K").value(at(a, a.seq_kv, a.head_dim, b, h, j, d)), MPFR_RNDN);
+            mpfr_add(*owned.back(), *owned.back(), x, MPFR_RNDN);
+          }
+          mpfr_mul(*owned.back(), *owned.back(), sigma, MPFR_RNDN);
+        }
+        mpfr_set(m, *owned[0], MPFR_RNDN);
+        for (auto& sc : owned) mpfr_max(m, m, *sc, MPFR_RNDN);
+        mpfr_set_zero(denom, 1);
+        std::vector<std::unique_ptr<Mpfr>> w;
+        for (auto& sc : owned) {
+          w.push_back(std::make_unique<Mpfr>(kPrec));
+          mpfr_sub(x, *sc, m, MPFR_RNDN);
+          mpfr_exp(*w.back(), x, MPFR_RNDN);
+          mpfr_add(denom, denom, *w.back(), MPFR_RNDN);
+        }
+        for (std::int64_t d = 0; d < dv; ++d) {
+          mpfr_set_zero(num, 1);
+          double mag = 0.0;  // sum w |v|, for telling cancellation noise from a value
+          for (std::size_t k = 0; k < keys.size(); ++k) {
+            const double vk = ac.in.at("V").value(at(a, a.seq_kv, dv, b, h, keys[k], d));
+            mpfr_mul_d(x, *w[k], vk, MPFR_RNDN);
+            mpfr_add(num, num, x, MPFR_RNDN);
+            mag += mpfr_get_d(*w[k], MPFR_RNDN) * std::fabs(vk);
+          }
+          mpfr_set_prec(o, kPrec);
+          // An exact zero (equal means of 0) shows as noise 2^-1000 below the terms.
+          if (mpfr_zero_p(num) || mpfr_get_exp(num) < std::ilogb(mag) - 900) mpfr_set_zero(num, 1);
+          mpfr_div(o, num, denom, MPFR_RNDN);
+          // Within 2^-900 of a 128-bit number the true value is that number (a mean of V
+          // values): take it as exact. Otherwise it is transcendental: its window, inexact.
+          snap_to_short(o);
+          const RefValue want = mpfr_get_prec(o) == 128 ? RefValue::from_exact(o) : RefValue::from_certified(o);
+          const RefValue got = r.at(b, h, i, d);
+          if (!(got == want) && !(mpfr_zero_p(o) && got.kind == RefValue::Kind::Zero))
+            RC_FAIL(where + " d " + std::to_string(d) + ": reference " + to_string(got) + ", naive " + to_string(want));
+          for (Format f : kAllFormats) RC_ASSERT(got.round_to(f) == encode_exact(f, o));
+        }
+        mpfr_set_prec(x, kPrec);
+        mpfr_log(x, denom, MPFR_RNDN);
+        mpfr_add(x, x, m, MPFR_RNDN);
+        snap_to_short(x);
+        const RefValue lse = r.lse[r.row(b, h, i)];
+        for (Format f : kAllFormats)
+          if (lse.round_to(f) != encode_exact(f, x))
+            RC_FAIL(where + " lse: reference " + to_string(lse) + ", naive " + to_string(RefValue::from_exact(x)));
+      }
+}
+
+}  // namespace
+
+// Five random cases per RapidCheck case (500 per run).
+RC_GTEST_PROP(AttentionReference, MatchesNaiveMpfr, ()) {
+  const auto base = *rc::gen::arbitrary<std::uint64_t>();
+  for (std::uint64_t seed = base; seed < base + 5; ++seed) check_case(seed);
+}
+
+TEST(AttentionReference, ExactCases) {
+  // One query, keys with equal scores: O is the mean of V exactly; a single key gives
+  // LSE = scale * score exactly, and a fully masked batch gives 0 and -inf.
+  Case c;
+  c.op = Op::Attention;
+  c.attention.batch = 2, c.attention.seq_q = 1, c.attention.seq_kv = 2, c.attention.head_dim = 4;
+  c.attention.kv_lengths = {2, 0};
+  c.types = {{"Q", Format::FP16}, {"K", Format::FP16}, {"V", Format::FP16}, {"O", Format::FP16},
+             {"compute", Format::FP32}};
+  Tensor q(Format::FP16, 8), k(Format::FP16, 16), v(Format::FP16, 16);
+  for (int e = 0; e < 8; ++e) q.set_value(e, 1.0);
+  for (int e = 0; e < 16; ++e) k.set_value(e, 0.5);
+  for (int e = 0; e < 16; ++e) v.set_value(e, e % 8 < 4 ? 1.0 : 2.0);  // key 0 rows 1, key 1 rows 2
+  const AttentionReference r = attention_reference(c, {{"Q", q}, {"K", k}, {"V", v}}, 1);
+  EXPECT_EQ(r.at(0, 0, 0, 0).to_double(), 1.5);
+  EXPECT_FALSE(r.at(0, 0, 0, 0).inexact);
+  EXPECT_EQ(r.at(1, 0, 0, 0), RefValue::zero(false));
+  EXPECT_EQ(r.lse[r.row(1, 0, 0)], RefValue::infinity(true));
+  // LSE = 1 + log 2 (scores 2 * 1/sqrt(4) = 1)
+  EXPECT_EQ(r.lse[r.row(0, 0, 0)].to_double(), 1.0 + std::log(2.0));
+  EXPECT_NEAR(r.magnitude[r.index(0, 0, 0, 0)], 1.5, 1e-15);
+}
+
+TEST(AttentionReference, ThreadsDoNotChangeBits) {
+  for (std::uint64_t seed = 0; seed < 10; ++seed) {
+    const AttnCase ac = random_case(seed);
+    const AttentionReference one = attention_reference(ac.c, ac.in, 1), two = attention_reference(ac.c, ac.in, 2);
+    EXPECT_EQ(one.values, two.values);
+    EXPECT_EQ(one.lse, two.lse);
+  }
+}
