@@ -5,6 +5,8 @@
 #include "kernels/kernel.hpp"
 
 #if ULPGATE_HAVE_CUDA
+#include <dlfcn.h>
+
 #include "kernels/cuda_check.hpp"
 #endif
 
@@ -65,6 +67,96 @@ std::string device_description() {
                      runtime % 1000 / 10, major, minor, patch);
 }
 
+namespace {
+
+// The few NVML entry points device_info() needs, declared here and looked up with dlsym:
+// the toolkit ships no nvml.h here, and linking libnvidia-ml would stop every binary from
+// starting on a machine without the driver. These signatures are NVML's stable C ABI.
+using nvmlReturn = int;  // NVML_SUCCESS == 0
+using nvmlDevice = struct nvmlDevice_st*;
+constexpr unsigned kNvmlClockSm = 1;  // NVML_CLOCK_SM
+
+class Nvml {
+ public:
+  Nvml() {
+    lib_ = ::dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (!lib_) return;
+    const auto init = sym<nvmlReturn (*)()>("nvmlInit_v2");
+    driver_version_ = sym<nvmlReturn (*)(char*, unsigned)>("nvmlSystemGetDriverVersion");
+    by_pci_ = sym<nvmlReturn (*)(const char*, nvmlDevice*)>("nvmlDeviceGetHandleByPciBusId_v2");
+    clock_ = sym<nvmlReturn (*)(nvmlDevice, unsigned, unsigned*)>("nvmlDeviceGetClockInfo");
+    shutdown_ = sym<nvmlReturn (*)()>("nvmlShutdown");
+    ok_ = init && shutdown_ && init() == 0;
+  }
+  ~Nvml() {
+    if (ok_) shutdown_();
+    if (lib_) ::dlclose(lib_);
+  }
+  Nvml(const Nvml&) = delete;
+  Nvml& operator=(const Nvml&) = delete;
+
+  std::string driver_version() const {
+    char v[96] = {};
+    if (!ok_ || !driver_version_ || driver_version_(v, sizeof v) != 0) return "";
+    return v;
+  }
+  /// Current SM clock in MHz of the device at this PCI bus id; 0 when unknown.
+  std::int64_t sm_clock_mhz(const char* pci_bus_id) const {
+    nvmlDevice d = nullptr;
+    unsigned mhz = 0;
+    if (!ok_ || !by_pci_ || !clock_ || by_pci_(pci_bus_id, &d) != 0 || clock_(d, kNvmlClockSm, &mhz) != 0) return 0;
+    return mhz;
+  }
+
+ private:
+  template <class F>
+  F sym(const char* name) const {
+    return reinterpret_cast<F>(::dlsym(lib_, name));
+  }
+  void* lib_ = nullptr;
+  bool ok_ = false;
+  nvmlReturn (*driver_version_)(char*, unsigned) = nullptr;
+  nvmlReturn (*by_pci_)(const char*, nvmlDevice*) = nullptr;
+  nvmlReturn (*clock_)(nvmlDevice, unsigned, unsigned*) = nullptr;
+  nvmlReturn (*shutdown_)() = nullptr;
+};
+
+std::string cuda_version_text(int v) { return fmt::format("{}.{}", v / 1000, v % 1000 / 10); }
+
+}  // namespace
+
+DeviceInfo device_info() {
+  DeviceInfo info;
+  info.description = device_description();
+  int runtime = 0, driver = 0;
+  if (cudaRuntimeGetVersion(&runtime) == cudaSuccess) info.cuda_runtime = cuda_version_text(runtime);
+  int major = 0, minor = 0, patch = 0;
+  if (cublasGetProperty(MAJOR_VERSION, &major) == CUBLAS_STATUS_SUCCESS &&
+      cublasGetProperty(MINOR_VERSION, &minor) == CUBLAS_STATUS_SUCCESS &&
+      cublasGetProperty(PATCH_LEVEL, &patch) == CUBLAS_STATUS_SUCCESS)
+    info.cublas = fmt::format("{}.{}.{}", major, minor, patch);
+  const Nvml nvml;
+  const std::string nvml_driver = nvml.driver_version();
+  const bool have_driver = cudaDriverGetVersion(&driver) == cudaSuccess && driver > 0;
+  if (have_driver) {
+    info.driver = nvml_driver.empty() ? "CUDA " + cuda_version_text(driver)
+                                      : fmt::format("{} (CUDA {})", nvml_driver, cuda_version_text(driver));
+  } else {
+    info.driver = nvml_driver;
+  }
+  int n = 0, dev = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0 || cudaGetDevice(&dev) != cudaSuccess) return info;
+  cudaDeviceProp p{};
+  if (cudaGetDeviceProperties(&p, dev) != cudaSuccess) return info;
+  info.present = true;
+  info.name = p.name;
+  info.arch = fmt::format("sm_{}{}", p.major, p.minor);
+  info.sm_count = p.multiProcessorCount;
+  char bus[32] = {};
+  if (cudaDeviceGetPCIBusId(bus, sizeof bus, dev) == cudaSuccess) info.sm_clock_mhz = nvml.sm_clock_mhz(bus);
+  return info;
+}
+
 #else
 
 namespace {
@@ -77,6 +169,11 @@ DeviceBuffer to_device(const Tensor&) { no_cuda(); }
 void to_host(Tensor&, const DeviceBuffer&) { no_cuda(); }
 void device_synchronize() { no_cuda(); }
 std::string device_description() { return "built without CUDA"; }
+DeviceInfo device_info() {
+  DeviceInfo info;
+  info.description = device_description();
+  return info;
+}
 
 #endif
 

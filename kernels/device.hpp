@@ -3,6 +3,8 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
+#include <string>
 
 #include "harness/core/tensor.hpp"
 
@@ -33,5 +35,23 @@ void to_host(Tensor& t, const DeviceBuffer& d);
 void device_synchronize();
 /// "NVIDIA H200, driver 13.0, CUDA runtime 13.0, cuBLAS 13.0.0" (or why there is none).
 std::string device_description();
+
+/// The device a run used (device 0 of this process), for the run record's environment.
+/// Fields that cannot be found out are empty (0 for the clock).
+struct DeviceInfo {
+  bool present = false;        ///< a CUDA device was found
+  std::string description;     ///< device_description()
+  std::string name;            ///< "NVIDIA H200"
+  std::string arch;            ///< "sm_90"
+  int sm_count = 0;
+  std::string driver;          ///< NVML's driver version and the CUDA version it supports,
+                               ///< "580.65.06 (CUDA 13.0)"; "CUDA 13.0" without NVML
+  std::string cuda_runtime;    ///< "13.0"
+  std::string cublas;          ///< "13.0.0"
+  std::int64_t sm_clock_mhz = 0;  ///< current SM clock (NVML); 0 when unknown
+};
+/// Queries the device. NVML is loaded at run time (dlopen of libnvidia-ml.so.1), so the
+/// binaries start on machines without a driver; without it driver and clock are partial.
+DeviceInfo device_info();
 
 }  // namespace ulpgate

@@ -1,0 +1,611 @@
+#include "harness/record.hpp"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "harness/core/error.hpp"
+#include "kernels/device.hpp"
+
+#ifndef ULPGATE_VERSION
+#define ULPGATE_VERSION "unknown"
+#endif
+#ifndef ULPGATE_GIT_REVISION
+#define ULPGATE_GIT_REVISION "unknown"
+#endif
+
+namespace ulpgate {
+namespace {
+
+using json = nlohmann::json;
+
+[[noreturn]] void fail(const std::string& path, const std::string& msg) { throw InputError(path + ": " + msg); }
+
+// A JSON value shortened for a one-line message.
+std::string shown(const json& v) {
+  std::string s = v.dump(-1, ' ', false, json::error_handler_t::replace);
+  return s.size() > 40 ? s.substr(0, 37) + "..." : s;
+}
+
+// Doubles: finite values are JSON numbers (nlohmann writes the shortest decimal that reads
+// back to the same double, -0.0 included); NaN and the infinities, which JSON lacks, are
+// the strings "nan", "inf" and "-inf".
+json encode_double(double x) {
+  if (std::isnan(x)) return "nan";
+  if (std::isinf(x)) return x > 0 ? "inf" : "-inf";
+  return x;
+}
+
+double decode_double(const json& v, const std::string& path) {
+  if (v.is_number()) return v.get<double>();
+  if (v.is_string()) {
+    const auto& s = v.get_ref<const std::string&>();
+    if (s == "nan") return NAN;
+    if (s == "inf") return INFINITY;
+    if (s == "-inf") return -INFINITY;
+  }
+  fail(path, "must be a number (or \"nan\", \"inf\", \"-inf\"), got " + shown(v));
+}
+
+json encode_doubles(const std::vector<double>& xs) {
+  json a = json::array();
+  for (double x : xs) a.push_back(encode_double(x));
+  return a;
+}
+
+// Reads one JSON object field by field, so that every message names the field's path and
+// fields nobody asked for are reported as unknown (a typo must not pass silently).
+class Reader {
+ public:
+  Reader(const json& j, std::string path) : j_(j), path_(std::move(path)) {
+    if (!j_.is_object()) fail(path_, "must be a JSON object, got " + shown(j_));
+  }
+  std::string path(std::string_view key) const { return path_ + "." + std::string(key); }
+  const json& need(std::string_view key) {
+    seen_.insert(std::string(key));
+    auto it = j_.find(std::string(key));
+    if (it == j_.end()) fail(path(key), "missing");
+    return *it;
+  }
+  std::string string(std::string_view key) {
+    const json& v = need(key);
+    if (!v.is_string()) fail(path(key), "must be a string, got " + shown(v));
+    return v.get<std::string>();
+  }
+  std::int64_t integer(std::string_view key, std::int64_t min_value = INT64_MIN) {
+    const json& v = need(key);
+    if (!v.is_number_integer() || (v.is_number_unsigned() && v.get<std::uint64_t>() > INT64_MAX))
+      fail(path(key), "must be an integer, got " + shown(v));
+    const auto x = v.get<std::int64_t>();
+    if (x < min_value) fail(path(key), fmt::format("must be >= {}, got {}", min_value, x));
+    return x;
+  }
+  std::uint64_t unsigned_integer(std::string_view key) {
+    const json& v = need(key);
+    if (!(v.is_number_unsigned() || (v.is_number_integer() && v.get<std::int64_t>() >= 0)))
+      fail(path(key), "must be an unsigned 64-bit integer, got " + shown(v));
+    return v.get<std::uint64_t>();
+  }
+  bool boolean(std::string_view key) {
+    const json& v = need(key);
+    if (!v.is_boolean()) fail(path(key), "must be true or false, got " + shown(v));
+    return v.get<bool>();
+  }
+  double number(std::string_view key) { return decode_double(need(key), path(key)); }
+  /// An array field; each element is handed to `element` with its path ("x.y[3]").
+  template <class F>
+  void array(std::string_view key, F&& element) {
+    const json& v = need(key);
+    if (!v.is_array()) fail(path(key), "must be an array, got " + shown(v));
+    for (std::size_t i = 0; i < v.size(); ++i) element(v[i], fmt::format("{}[{}]", path(key), i));
+  }
+  std::vector<double> numbers(std::string_view key) {
+    std::vector<double> out;
+    array(key, [&](const json& e, const std::string& p) { out.push_back(decode_double(e, p)); });
+    return out;
+  }
+  std::vector<std::int64_t> integers(std::string_view key, std::int64_t min_value) {
+    std::vector<std::int64_t> out;
+    array(key, [&](const json& e, const std::string& p) {
+      if (!e.is_number_integer() || (e.is_number_unsigned() && e.get<std::uint64_t>() > INT64_MAX))
+        fail(p, "must be an integer, got " + shown(e));
+      const auto x = e.get<std::int64_t>();
+      if (x < min_value) fail(p, fmt::format("must be >= {}, got {}", min_value, x));
+      out.push_back(x);
+    });
+    return out;
+  }
+  std::vector<std::string> strings(std::string_view key) {
+    std::vector<std::string> out;
+    array(key, [&](const json& e, const std::string& p) {
+      if (!e.is_string()) fail(p, "must be a string, got " + shown(e));
+      out.push_back(e.get<std::string>());
+    });
+    return out;
+  }
+  void finish() const {
+    for (auto it = j_.begin(); it != j_.end(); ++it)
+      if (!seen_.count(it.key())) fail(path(it.key()), "unknown field");
+  }
+
+ private:
+  const json& j_;
+  std::string path_;
+  std::set<std::string> seen_;
+};
+
+constexpr Disposition kDispositions[] = {Disposition::Ok, Disposition::NotSupported, Disposition::Failed,
+                                         Disposition::Crashed, Disposition::TimedOut};
+
+Disposition parse_disposition(const json& v, const std::string& path) {
+  if (v.is_string())
+    for (Disposition d : kDispositions)
+      if (name(d) == v.get_ref<const std::string&>()) return d;
+  std::string choices;
+  for (Disposition d : kDispositions) choices += (choices.empty() ? "" : ", ") + std::string(name(d));
+  const std::string got = v.is_string() ? "'" + v.get<std::string>() + "'" : shown(v);
+  fail(path, fmt::format("unknown status {} (one of {})", got, choices));
+}
+
+Format parse_format_field(const json& v, const std::string& path) {
+  const auto f = v.is_string() ? parse_format(v.get<std::string>()) : std::nullopt;
+  if (!f) fail(path, "unknown format " + shown(v) + " (see `ulpgate list`)");
+  return *f;
+}
+
+// --- Environment, tolerance, baseline --------------------------------------------------
+
+json env_to_json(const Environment& e) {
+  return {{"ulpgate_version", e.ulpgate_version},
+          {"git_revision", e.git_revision},
+          {"compiler", e.compiler},
+          {"host", e.host},
+          {"started_at", e.started_at},
+          {"device", e.device},
+          {"driver", e.driver},
+          {"cuda_runtime", e.cuda_runtime},
+          {"cublas", e.cublas},
+          {"sm_clock_mhz", e.sm_clock_mhz}};
+}
+
+Environment env_from_json(const json& j, const std::string& path) {
+  Reader r(j, path);
+  Environment e;
+  e.ulpgate_version = r.string("ulpgate_version");
+  e.git_revision = r.string("git_revision");
+  e.compiler = r.string("compiler");
+  e.host = r.string("host");
+  e.started_at = r.string("started_at");
+  e.device = r.string("device");
+  e.driver = r.string("driver");
+  e.cuda_runtime = r.string("cuda_runtime");
+  e.cublas = r.string("cublas");
+  e.sm_clock_mhz = r.integer("sm_clock_mhz", 0);
+  r.finish();
+  return e;
+}
+
+json tolerance_to_json(const ToleranceModel& t) {
+  return {{"accumulator_bits", t.accumulator_bits},
+          {"input_bits", t.input_bits},
+          {"probabilistic", t.probabilistic},
+          {"lambda", encode_double(t.lambda)}};
+}
+
+ToleranceModel tolerance_from_json(const json& j, const std::string& path) {
+  Reader r(j, path);
+  ToleranceModel t;
+  // Precision in bits including the implicit one: FP64's 53 is the most any model has.
+  const auto bits = [&](std::string_view key, std::int64_t lo) {
+    const std::int64_t b = r.integer(key, lo);
+    if (b > 64) fail(r.path(key), fmt::format("must be <= 64, got {}", b));
+    return static_cast<int>(b);
+  };
+  t.accumulator_bits = bits("accumulator_bits", 1);
+  t.input_bits = bits("input_bits", 0);
+  t.probabilistic = r.boolean("probabilistic");
+  t.lambda = r.number("lambda");
+  if (!(std::isfinite(t.lambda) && t.lambda > 0))
+    fail(r.path("lambda"), fmt::format("must be finite and > 0, got {}", t.lambda));
+  r.finish();
+  return t;
+}
+
+json baseline_to_json(const BaselineRule& b) { return {{"model", b.model}, {"factor", encode_double(b.factor)}}; }
+
+BaselineRule baseline_from_json(const json& j, const std::string& path) {
+  Reader r(j, path);
+  BaselineRule b;
+  b.model = r.string("model");
+  b.factor = r.number("factor");
+  if (!(std::isfinite(b.factor) && b.factor > 0))
+    fail(r.path("factor"), fmt::format("must be finite and > 0, got {}", b.factor));
+  r.finish();
+  return b;
+}
+
+// --- Metrics -----------------------------------------------------------------------------
+
+json worst_to_json(const WorstElement& w) {
+  return {{"index", w.index},
+          {"got", w.got},
+          {"expected", w.expected},
+          {"exact", w.exact},
+          {"condition", encode_double(w.condition)},
+          {"normalised", encode_double(w.normalised)},
+          {"ulp", encode_double(w.ulp)}};
+}
+
+WorstElement worst_from_json(const json& j, const std::string& path) {
+  Reader r(j, path);
+  WorstElement w;
+  w.index = r.integers("index", 0);
+  w.got = r.string("got");
+  w.expected = r.string("expected");
+  w.exact = r.string("exact");
+  w.condition = r.number("condition");
+  w.normalised = r.number("normalised");
+  w.ulp = r.number("ulp");
+  r.finish();
+  return w;
+}
+
+json map_to_json(const ErrorMap& m) {
+  return {{"rows", m.rows},           {"cols", m.cols},           {"cell_rows", m.cell_rows},
+          {"cell_cols", m.cell_cols}, {"grid_rows", m.grid_rows}, {"grid_cols", m.grid_cols},
+          {"max_normalised", encode_doubles(m.max_normalised)}};
+}
+
+ErrorMap map_from_json(const json& j, const std::string& path) {
+  Reader r(j, path);
+  ErrorMap m;
+  m.rows = r.integer("rows", 0);
+  m.cols = r.integer("cols", 0);
+  m.cell_rows = r.integer("cell_rows", 1);
+  m.cell_cols = r.integer("cell_cols", 1);
+  m.grid_rows = r.integer("grid_rows", 0);
+  m.grid_cols = r.integer("grid_cols", 0);
+  // analyze.hpp bounds the grid at 64 x 64 cells; the bound also keeps the product below
+  // overflow before the size check.
+  for (auto [key, v] : {std::pair{"grid_rows", m.grid_rows}, {"grid_cols", m.grid_cols}})
+    if (v > 4096) fail(r.path(key), fmt::format("must be <= 4096, got {}", v));
+  m.max_normalised = r.numbers("max_normalised");
+  if (static_cast<std::int64_t>(m.max_normalised.size()) != m.grid_rows * m.grid_cols)
+    fail(r.path("max_normalised"), fmt::format("must have grid_rows x grid_cols = {} entries, got {}",
+                                               m.grid_rows * m.grid_cols, m.max_normalised.size()));
+  r.finish();
+  return m;
+}
+
+json metrics_to_json(const ErrorMetrics& m) {
+  return {{"output", m.output},
+          {"format", name(m.format)},
+          {"elements", m.elements},
+          {"compared", m.compared},
+          {"exact_matches", m.exact_matches},
+          {"max_abs", encode_double(m.max_abs)},
+          {"mean_abs", encode_double(m.mean_abs)},
+          {"max_rel", encode_double(m.max_rel)},
+          {"mean_rel", encode_double(m.mean_rel)},
+          {"normwise", encode_double(m.normwise)},
+          {"max_normalised", encode_double(m.max_normalised)},
+          {"mean_normalised", encode_double(m.mean_normalised)},
+          {"max_ulp", encode_double(m.max_ulp)},
+          {"mean_ulp", encode_double(m.mean_ulp)},
+          {"bias_ulp", encode_double(m.bias_ulp)},
+          {"max_ulp_distance", m.max_ulp_distance},
+          {"ulp_histogram", m.ulp_histogram},
+          {"expected_nonfinite", m.expected_nonfinite},
+          {"unexpected_nan", m.unexpected_nan},
+          {"unexpected_inf", m.unexpected_inf},
+          {"missed_nonfinite", m.missed_nonfinite},
+          {"mismatched_nonfinite", m.mismatched_nonfinite},
+          {"unwritten", m.unwritten},
+          {"padding_written", m.padding_written},
+          {"worst", worst_to_json(m.worst)},
+          {"map", map_to_json(m.map)}};
+}
+
+ErrorMetrics metrics_from_json(const json& j, const std::string& path) {
+  Reader r(j, path);
+  ErrorMetrics m;
+  m.output = r.string("output");
+  m.format = parse_format_field(r.need("format"), r.path("format"));
+  m.elements = r.integer("elements", 0);
+  m.compared = r.integer("compared", 0);
+  m.exact_matches = r.integer("exact_matches", 0);
+  if (m.compared > m.elements)
+    fail(r.path("compared"), fmt::format("must be <= elements ({}), got {}", m.elements, m.compared));
+  if (m.exact_matches > m.compared)
+    fail(r.path("exact_matches"), fmt::format("must be <= compared ({}), got {}", m.compared, m.exact_matches));
+  m.max_abs = r.number("max_abs");
+  m.mean_abs = r.number("mean_abs");
+  m.max_rel = r.number("max_rel");
+  m.mean_rel = r.number("mean_rel");
+  m.normwise = r.number("normwise");
+  m.max_normalised = r.number("max_normalised");
+  m.mean_normalised = r.number("mean_normalised");
+  m.max_ulp = r.number("max_ulp");
+  m.mean_ulp = r.number("mean_ulp");
+  m.bias_ulp = r.number("bias_ulp");
+  m.max_ulp_distance = r.unsigned_integer("max_ulp_distance");
+  m.ulp_histogram = r.integers("ulp_histogram", 0);
+  if (m.ulp_histogram.size() != static_cast<std::size_t>(kUlpHistogramBins))
+    fail(r.path("ulp_histogram"),
+         fmt::format("must have {} bins, got {}", kUlpHistogramBins, m.ulp_histogram.size()));
+  m.expected_nonfinite = r.integer("expected_nonfinite", 0);
+  m.unexpected_nan = r.integer("unexpected_nan", 0);
+  m.unexpected_inf = r.integer("unexpected_inf", 0);
+  m.missed_nonfinite = r.integer("missed_nonfinite", 0);
+  m.mismatched_nonfinite = r.integer("mismatched_nonfinite", 0);
+  m.unwritten = r.integer("unwritten", 0);
+  m.padding_written = r.integer("padding_written", 0);
+  m.worst = worst_from_json(r.need("worst"), r.path("worst"));
+  m.map = map_from_json(r.need("map"), r.path("map"));
+  r.finish();
+  return m;
+}
+
+json verdict_to_json(const Verdict& v) { return {{"passed", v.passed}, {"reasons", v.reasons}}; }
+
+Verdict verdict_from_json(const json& j, const std::string& path) {
+  Reader r(j, path);
+  Verdict v;
+  v.passed = r.boolean("passed");
+  v.reasons = r.strings("reasons");
+  r.finish();
+  return v;
+}
+
+// --- Cases and sweeps --------------------------------------------------------------------
+
+json case_result_to_json(const CaseResult& c) {
+  return {{"kernel", c.kernel},
+          {"case", to_json(c.spec)},
+          {"family", c.family},
+          {"status", name(c.status)},
+          {"message", c.message},
+          {"notes", c.notes},
+          {"metrics", [&] {
+             json a = json::array();
+             for (const auto& m : c.metrics) a.push_back(metrics_to_json(m));
+             return a;
+           }()},
+          {"verdict", verdict_to_json(c.verdict)},
+          {"reproducer", c.reproducer},
+          {"seconds", encode_double(c.seconds)}};
+}
+
+CaseResult case_result_from_json(const json& j, const std::string& path) {
+  Reader r(j, path);
+  CaseResult c;
+  c.kernel = r.string("kernel");
+  {
+    // case_from_json names fields from "case"; inside a record they live at path.case.
+    const std::string case_path = r.path("case");
+    const json& spec = r.need("case");
+    try {
+      c.spec = case_from_json(spec);
+    } catch (const InputError& e) {
+      const std::string what = e.what();
+      throw InputError(what.rfind("case", 0) == 0 ? case_path + what.substr(4) : case_path + ": " + what);
+    }
+  }
+  c.family = r.string("family");
+  c.status = parse_disposition(r.need("status"), r.path("status"));
+  c.message = r.string("message");
+  {
+    const json& notes = r.need("notes");
+    if (!notes.is_object()) fail(r.path("notes"), "must be a JSON object of strings, got " + shown(notes));
+    for (const auto& [k, v] : notes.items()) {
+      if (!v.is_string()) fail(r.path("notes") + "." + k, "must be a string, got " + shown(v));
+      c.notes[k] = v.get<std::string>();
+    }
+  }
+  r.array("metrics", [&](const json& e, const std::string& p) { c.metrics.push_back(metrics_from_json(e, p)); });
+  c.verdict = verdict_from_json(r.need("verdict"), r.path("verdict"));
+  c.reproducer = r.string("reproducer");
+  c.seconds = r.number("seconds");
+  if (!(c.seconds >= 0)) fail(r.path("seconds"), fmt::format("must be >= 0, got {}", c.seconds));
+  r.finish();
+  return c;
+}
+
+json fit_to_json(const PowerFit& f) {
+  return {{"exponent", encode_double(f.exponent)},
+          {"exponent_stderr", encode_double(f.exponent_stderr)},
+          {"intercept", encode_double(f.intercept)},
+          {"points", f.points}};
+}
+
+PowerFit fit_from_json(const json& j, const std::string& path) {
+  Reader r(j, path);
+  PowerFit f;
+  f.exponent = r.number("exponent");
+  f.exponent_stderr = r.number("exponent_stderr");
+  f.intercept = r.number("intercept");
+  f.points = r.integer("points", 0);
+  r.finish();
+  return f;
+}
+
+json sweep_to_json(const SweepSeries& s) {
+  return {{"kernel", s.kernel},       {"format", s.format},           {"dist", s.dist},
+          {"parameter", s.parameter}, {"metric", s.metric},           {"x", encode_doubles(s.x)},
+          {"y", encode_doubles(s.y)}, {"fit", fit_to_json(s.fit)},    {"effective_bits", encode_double(s.effective_bits)}};
+}
+
+SweepSeries sweep_from_json(const json& j, const std::string& path) {
+  Reader r(j, path);
+  SweepSeries s;
+  s.kernel = r.string("kernel");
+  s.format = r.string("format");
+  s.dist = r.string("dist");
+  s.parameter = r.string("parameter");
+  s.metric = r.string("metric");
+  s.x = r.numbers("x");
+  s.y = r.numbers("y");
+  if (s.x.size() != s.y.size())
+    fail(r.path("y"), fmt::format("must have as many points as x ({}), got {}", s.x.size(), s.y.size()));
+  s.fit = fit_from_json(r.need("fit"), r.path("fit"));
+  if (s.fit.points > static_cast<std::int64_t>(s.x.size()))
+    fail(r.path("fit.points"), fmt::format("must be <= the series' points ({}), got {}", s.x.size(), s.fit.points));
+  s.effective_bits = r.number("effective_bits");
+  r.finish();
+  return s;
+}
+
+// Closes a POSIX file descriptor when it goes out of scope.
+struct Fd {
+  int fd = -1;
+  ~Fd() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+
+// Removes a temporary file unless the write went through (then it was renamed away).
+struct TempFile {
+  std::string path;
+  bool keep = false;
+  ~TempFile() {
+    if (!keep) ::unlink(path.c_str());
+  }
+};
+
+std::string errno_text(int e) { return std::strerror(e); }
+
+}  // namespace
+
+json to_json(const RunRecord& r) {
+  json cases = json::array(), sweeps = json::array();
+  for (const auto& c : r.cases) cases.push_back(case_result_to_json(c));
+  for (const auto& s : r.sweeps) sweeps.push_back(sweep_to_json(s));
+  return {{"ulpgate_record", r.version},
+          {"kind", r.kind},
+          {"seed", r.seed},
+          {"command", r.command},
+          {"environment", env_to_json(r.environment)},
+          {"tolerance", tolerance_to_json(r.tolerance)},
+          {"baseline", baseline_to_json(r.baseline)},
+          {"cases", std::move(cases)},
+          {"sweeps", std::move(sweeps)}};
+}
+
+RunRecord record_from_json(const json& j) {
+  Reader r(j, "record");
+  RunRecord rec;
+  const json& version = r.need("ulpgate_record");
+  if (!version.is_number_integer() || version.get<std::int64_t>() != kRecordSchemaVersion)
+    fail("record.ulpgate_record", fmt::format("unsupported run record version {} (this build reads {})",
+                                              shown(version), kRecordSchemaVersion));
+  rec.version = kRecordSchemaVersion;
+  rec.kind = r.string("kind");
+  rec.seed = r.unsigned_integer("seed");
+  rec.command = r.string("command");
+  rec.environment = env_from_json(r.need("environment"), "record.environment");
+  rec.tolerance = tolerance_from_json(r.need("tolerance"), "record.tolerance");
+  rec.baseline = baseline_from_json(r.need("baseline"), "record.baseline");
+  r.array("cases", [&](const json& e, const std::string& p) { rec.cases.push_back(case_result_from_json(e, p)); });
+  r.array("sweeps", [&](const json& e, const std::string& p) { rec.sweeps.push_back(sweep_from_json(e, p)); });
+  r.finish();
+  return rec;
+}
+
+RunRecord read_record_file(const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) throw InputError(path + ": is a directory, not a run record");
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw InputError(fmt::format("{}: cannot open ({})", path, errno_text(errno)));
+  std::ostringstream text;
+  text << in.rdbuf();
+  if (in.bad()) throw InputError(path + ": read failed");
+  json j;
+  try {
+    j = json::parse(text.str());
+  } catch (const json::parse_error& e) {
+    // nlohmann's message starts "[json.exception.parse_error.101] parse error at line L,
+    // column C: ..."; the tag is noise to a user, the rest says what broke.
+    std::string why = e.what();
+    if (const auto p = why.find("] "); p != std::string::npos) why = why.substr(p + 2);
+    throw InputError(fmt::format("{}: not valid JSON at byte {}: {}", path, e.byte, why));
+  }
+  try {
+    return record_from_json(j);
+  } catch (const InputError& e) {
+    throw InputError(path + ": " + e.what());
+  }
+}
+
+void write_text_file_atomically(const std::string& path, std::string_view text) {
+  // The temporary lives beside the target so that rename() stays within one file system
+  // (and so is atomic); the pid keeps two writers of the same path apart.
+  TempFile tmp{fmt::format("{}.tmp.{}", path, ::getpid())};
+  Fd f{::open(tmp.path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)};
+  if (f.fd < 0) {
+    tmp.keep = true;  // nothing was created
+    throw InputError(fmt::format("{}: cannot write ({})", path, errno_text(errno)));
+  }
+  for (std::size_t done = 0; done < text.size();) {
+    const ssize_t n = ::write(f.fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) throw InputError(fmt::format("{}: write failed ({})", path, errno_text(errno)));
+    done += static_cast<std::size_t>(n);
+  }
+  // Data on disk before the rename publishes it: after a crash a reader sees the old file
+  // or the whole new one.
+  if (::fsync(f.fd) != 0) throw InputError(fmt::format("{}: write failed ({})", path, errno_text(errno)));
+  const int fd = f.fd;
+  f.fd = -1;
+  if (::close(fd) != 0) throw InputError(fmt::format("{}: write failed ({})", path, errno_text(errno)));
+  if (::rename(tmp.path.c_str(), path.c_str()) != 0)
+    throw InputError(fmt::format("{}: cannot replace ({})", path, errno_text(errno)));
+  tmp.keep = true;
+}
+
+void write_record_file(const std::string& path, const RunRecord& r) {
+  // Strings from kernels and plugins are not guaranteed UTF-8; invalid bytes become U+FFFD
+  // rather than making the whole record unwritable.
+  write_text_file_atomically(path, to_json(r).dump(1, ' ', false, json::error_handler_t::replace) + "\n");
+}
+
+Environment capture_environment() {
+  Environment e;
+  e.ulpgate_version = ULPGATE_VERSION;
+  e.git_revision = ULPGATE_GIT_REVISION;
+#if defined(__clang__)
+  e.compiler = "clang " __clang_version__;
+#elif defined(__GNUC__)
+  e.compiler = "g++ " __VERSION__;
+#else
+  e.compiler = "unknown";
+#endif
+  char host[256] = {};
+  if (::gethostname(host, sizeof host - 1) == 0) e.host = host;
+  const std::time_t now = std::time(nullptr);
+  std::tm utc{};
+  ::gmtime_r(&now, &utc);
+  char when[32];
+  std::strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", &utc);
+  e.started_at = when;
+  const DeviceInfo d = device_info();
+  e.device = d.description;
+  e.driver = d.driver;
+  e.cuda_runtime = d.cuda_runtime;
+  e.cublas = d.cublas;
+  e.sm_clock_mhz = d.sm_clock_mhz;
+  return e;
+}
+
+}  // namespace ulpgate
