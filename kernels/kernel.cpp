@@ -22,6 +22,16 @@ Kernel* Registry::find(const std::string& name) const {
   return nullptr;
 }
 
+Kernel* Registry::resolve(const std::string& name) {
+  if (Kernel* k = find(name)) return k;
+  if (auto m = AccumulationModel::parse(name)) {
+    if (Kernel* k = find(m->name())) return k;  // the same model spelled differently
+    add(make_emulated_gemm(*m));
+    return kernels_.back().get();
+  }
+  return nullptr;
+}
+
 std::vector<Kernel*> Registry::matching(const std::string& prefix) const {
   std::vector<Kernel*> out;
   for (const auto& k : kernels_)

@@ -66,6 +66,10 @@ class Registry {
  public:
   void add(std::unique_ptr<Kernel> k);
   Kernel* find(const std::string& name) const;
+  /// find(), and for a CPU model name with parameters ("cpu.blockfma:block=8,frac=20,
+  /// round=rz") builds and adds that model. nullptr if neither; InputError for a model name
+  /// with bad parameters.
+  Kernel* resolve(const std::string& name);
   const std::vector<std::unique_ptr<Kernel>>& all() const { return kernels_; }
   /// Kernels whose name starts with prefix (e.g. "cpu." or "cublaslt.").
   std::vector<Kernel*> matching(const std::string& prefix) const;

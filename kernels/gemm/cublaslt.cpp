@@ -141,10 +141,8 @@ class CublasLtGemm final : public Kernel {
       const void* bias = io.in.at("bias");
       set_desc(desc_raw, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias);
     }
-    // The bias type defaults to D's, which FP8 with an FP32 D does not allow: name it.
-    if (has_bias(c.epilogue) || fp8) {
-      const cudaDataType_t bt = has_bias(c.epilogue) ? cuda_data_type(c.types.at("bias"))
-                                : fd == Format::FP16 ? CUDA_R_16F : (fp8 ? CUDA_R_16BF : cuda_data_type(fd));
+    if (has_bias(c.epilogue)) {
+      const cudaDataType_t bt = cuda_data_type(c.types.at("bias"));
       set_desc(desc_raw, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, bt);
     }
 

@@ -1,0 +1,118 @@
+#include "harness/evaluate.hpp"
+
+#include <chrono>
+
+#include <fmt/format.h>
+
+#include "distributions/fill.hpp"
+#include "harness/core/error.hpp"
+
+namespace ulpgate {
+
+Case dtype_gemm_case(std::string_view dtype, std::int64_t m, std::int64_t n, std::int64_t k, std::optional<Format> out) {
+  Case c;
+  c.op = Op::Gemm;
+  c.gemm.m = m, c.gemm.n = n, c.gemm.k = k;
+  c.gemm.trans_b = true;
+  Format in, in_b, compute = Format::FP32, d = Format::FP32;
+  if (dtype == "tf32") {
+    in = in_b = Format::FP32, compute = Format::TF32;
+  } else if (dtype == "e5m2") {
+    in = Format::E5M2, in_b = Format::E4M3;
+  } else if (auto f = parse_format(dtype); f && *f != Format::TF32) {
+    in = in_b = *f;
+    if (*f == Format::FP64) compute = d = Format::FP64;
+  } else {
+    throw InputError(fmt::format("--dtype '{}': expected fp64, fp32, tf32, fp16, bf16, e4m3 or e5m2", dtype));
+  }
+  c.types = {{"A", in}, {"B", in_b}, {"D", out.value_or(d)}, {"compute", compute}};
+  validate(c);
+  return c;
+}
+
+std::string default_dtype(const std::string& kernel) {
+  const auto dot = kernel.find('.');
+  const std::string suffix = dot == std::string::npos ? "" : kernel.substr(dot + 1);
+  if (suffix.rfind("fp8", 0) == 0) return "e4m3";
+  for (const char* t : {"fp64", "fp32", "tf32", "fp16", "bf16"})
+    if (suffix == t) return t;
+  return "fp32";
+}
+
+ToleranceModel nominal_tolerance(const Case& c) {
+  ToleranceModel t;
+  const Format compute = c.types.at("compute");
+  switch (compute) {
+    case Format::FP64: t.accumulator_bits = 53; break;
+    case Format::FP16: t.accumulator_bits = 11; break;
+    case Format::BF16: t.accumulator_bits = 8; break;
+    case Format::TF32: t.accumulator_bits = 24, t.input_bits = 11; break;
+    default: t.accumulator_bits = 24; break;
+  }
+  return t;
+}
+
+std::int64_t reduction_length(const Case& c) {
+  return c.op == Op::Gemm ? c.gemm.k : c.attention.seq_kv;
+}
+
+OutputComparison compare_gemm(const Case& c, const GemmReference& ref, const Tensor& d) {
+  OutputComparison cmp;
+  cmp.format = c.types.at("D");
+  cmp.shape = {c.gemm.batch, c.gemm.m, c.gemm.n};
+  const MatrixView dv = gemm_view(c, "D");
+  const std::int64_t n = c.gemm.batch * c.gemm.m * c.gemm.n;
+  cmp.got.resize(n);
+  for (std::int64_t b = 0; b < c.gemm.batch; ++b)
+    for (std::int64_t i = 0; i < c.gemm.m; ++i)
+      for (std::int64_t j = 0; j < c.gemm.n; ++j) cmp.got[ref.index(b, i, j)] = d.code(dv.offset(b, i, j));
+  cmp.exact = ref.values;
+  cmp.condition = ref.magnitude;
+  return cmp;
+}
+
+Evaluation evaluate_with_inputs(Kernel& k, const Case& c, const std::map<std::string, Tensor>& inputs,
+                                const EvaluationOptions& options, const Registry* registry) {
+  const auto start = std::chrono::steady_clock::now();
+  Evaluation ev;
+  ev.tolerance = options.tolerance.value_or(nominal_tolerance(c));
+  if (c.op != Op::Gemm) throw InputError("attention evaluation needs the attention reference (not built yet)");
+  ev.run = run_kernel(k, c, inputs);
+  if (ev.run.status != Disposition::Ok) {
+    ev.verdict.passed = ev.run.status == Disposition::NotSupported;
+    if (!ev.verdict.passed) ev.verdict.reasons.push_back(fmt::format("{}: {}", name(ev.run.status), ev.run.message));
+  } else {
+    ev.reference = std::make_shared<const GemmReference>(gemm_reference(c, inputs));
+    const GemmReference& ref = *ev.reference;
+    const OutputComparison cmp = compare_gemm(c, ref, ev.run.outputs.at("D"));
+    ErrorMetrics m = analyze(cmp);
+    m.output = "D";
+    m.unwritten = ev.run.unwritten;
+    m.padding_written = ev.run.padding_written;
+    if (options.baseline && registry) {
+      Kernel* model = registry->find(options.baseline->model);
+      if (!model) throw InputError(fmt::format("baseline model '{}' is not a kernel here", options.baseline->model));
+      if (model->supports(c)) {
+        const RunOutcome base = run_kernel(*model, c, inputs);
+        if (base.status == Disposition::Ok)
+          ev.baseline_max_normalised = analyze(compare_gemm(c, ref, base.outputs.at("D"))).max_normalised;
+      }
+    }
+    ev.verdict = judge(cmp, m, ev.tolerance, reduction_length(c), ev.baseline_max_normalised,
+                       options.baseline.value_or(BaselineRule{}));
+    if (!ev.run.inputs_modified.empty()) {
+      ev.verdict.passed = false;
+      ev.verdict.reasons.push_back(fmt::format("the kernel wrote to its inputs ({})", fmt::join(ev.run.inputs_modified, ", ")));
+    }
+    ev.metrics.push_back(std::move(m));
+  }
+  ev.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return ev;
+}
+
+Evaluation evaluate(Kernel& k, Case& c, const EvaluationOptions& options, const Registry* registry) {
+  const auto inputs = fill_inputs(c);
+  return evaluate_with_inputs(k, c, inputs, options, registry);
+}
+
+}  // namespace ulpgate

@@ -1,0 +1,85 @@
+// Sweeps: the power fit, --vary parsing, and the effective-precision estimate on CPU models
+// whose precision is known.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "harness/core/error.hpp"
+#include "harness/sweep.hpp"
+#include "kernels/emulated/gemm_models.hpp"
+
+using namespace ulpgate;
+
+TEST(Sweep, PowerFitKnownAnswers) {
+  std::vector<double> x, y;
+  for (double k : {256.0, 1024.0, 4096.0, 16384.0}) x.push_back(k), y.push_back(3.0 * std::sqrt(k));
+  PowerFit f = fit_power(x, y);
+  EXPECT_NEAR(f.exponent, 0.5, 1e-12);
+  EXPECT_NEAR(f.intercept, std::log(3.0), 1e-12);
+  EXPECT_NEAR(f.exponent_stderr, 0.0, 1e-12);
+  EXPECT_EQ(f.points, 4);
+  y = {1.0, 2.1, 3.9, 8.3};  // noisy: a positive standard error
+  f = fit_power({1, 2, 4, 8}, y);
+  EXPECT_NEAR(f.exponent, 1.0, 0.05);
+  EXPECT_GT(f.exponent_stderr, 0.0);
+  EXPECT_EQ(fit_power({1, 2, 4}, {0.0, 1.0, 0.0}).points, 1);  // zero errors are not on a log scale
+}
+
+TEST(Sweep, ParseVary) {
+  EXPECT_EQ(parse_vary("K=256:4096"), (std::vector<std::int64_t>{256, 512, 1024, 2048, 4096}));
+  EXPECT_EQ(parse_vary("K=256:65536:4"), (std::vector<std::int64_t>{256, 1024, 4096, 16384, 65536}));
+  EXPECT_EQ(parse_vary("K=100:1000:4"), (std::vector<std::int64_t>{100, 400, 1000}));
+  auto msg = [](const char* t) {
+    try {
+      parse_vary(t);
+    } catch (const InputError& e) {
+      return std::string(e.what());
+    }
+    return std::string("(accepted)");
+  };
+  EXPECT_EQ(msg("N=1:2"), "--vary 'N=1:2': expected K=FROM:TO[:FACTOR] (only K can vary for now)");
+  EXPECT_EQ(msg("K=256"), "--vary 'K=256': expected K=FROM:TO[:FACTOR]");
+  EXPECT_EQ(msg("K=4096:256"), "--vary 'K=4096:256': FROM must be <= TO");
+  EXPECT_EQ(msg("K=1:x"), "--vary 'K=1:x': 'x' is not a positive integer");
+  EXPECT_EQ(msg("K=1:8:1"), "--vary 'K=1:8:1': FACTOR must be >= 2");
+}
+
+TEST(Sweep, CalibratorRoundsToTheRequestedPrecision) {
+  const double a[] = {1.0, 0x1p-12, 0x1p-12}, b[] = {1.0, 1.0, 1.0};
+  EXPECT_EQ(calibration_dot(a, b, 3, 12), 1.0);  // each 2^-12 is a tie at 12 bits: to even
+  EXPECT_EQ(calibration_dot(a, b, 3, 13), 1.0 + 0x1p-11);
+}
+
+namespace {
+SweepOutcome sweep_model(const char* model, const char* dist) {
+  Case c;
+  c.op = Op::Gemm;
+  c.gemm.m = 16, c.gemm.n = 16;
+  c.types = {{"A", Format::FP32}, {"B", Format::FP32}, {"D", Format::FP32}, {"compute", Format::FP32}};
+  c.dist = {{"A", dist}, {"B", dist}};
+  c.seed = 20261129;
+  SweepOptions o;
+  o.base = c;
+  o.values = parse_vary("K=256:16384:4");
+  auto k = make_emulated_gemm(*AccumulationModel::parse(model));
+  return run_sweep(*k, o);
+}
+}  // namespace
+
+// Known answers for the precision estimate: FP32 with RNE has 24 bits; a block-FMA
+// accumulator that keeps 13 fraction bits after alignment (truncated) is a 14-bit-precision
+// accumulator whose truncation costs about a bit: near 13.
+TEST(Sweep, EffectiveBitsOfKnownModels) {
+  const SweepOutcome seq = sweep_model("cpu.fp32_seq", "normal(0,1)");
+  const SweepOutcome blk = sweep_model("cpu.blockfma:block=16,frac=13,round=rz", "normal(0,1)");
+  for (const auto* o : {&seq, &blk}) {
+    std::printf("[ sweep ] %-40s effective bits %.2f (per point:", o->series.kernel.c_str(), o->series.effective_bits);
+    for (double b : o->effective_bits_per_point) std::printf(" %.2f", b);
+    std::printf("), exponent %.3f +- %.3f\n", o->series.fit.exponent, o->series.fit.exponent_stderr);
+  }
+  EXPECT_NEAR(seq.series.effective_bits, 24.0, 1.0);
+  EXPECT_NEAR(blk.series.effective_bits, 13.0, 1.0);
+  EXPECT_EQ(seq.series.x.size(), 4u);
+  EXPECT_EQ(seq.cases.size(), 4u);
+  for (const auto& r : seq.cases) EXPECT_TRUE(r.verdict.passed) << r.verdict.reasons.front();
+}
