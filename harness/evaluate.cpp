@@ -110,6 +110,32 @@ Evaluation evaluate_with_inputs(Kernel& k, const Case& c, const std::map<std::st
   return ev;
 }
 
+CaseResult to_case_result(const Kernel& k, const Case& c, const Evaluation& ev, std::string family) {
+  CaseResult r;
+  r.kernel = k.name();
+  r.spec = c;
+  r.family = std::move(family);
+  r.status = ev.run.status;
+  r.message = ev.run.message;
+  r.notes = ev.run.notes;
+  r.metrics = ev.metrics;
+  r.verdict = ev.verdict;
+  r.seconds = ev.seconds;
+  return r;
+}
+
+std::string case_family(const Case& c) {
+  const auto dist = [&](const char* op) {
+    auto it = c.dist.find(op);
+    return it == c.dist.end() ? std::string(kDefaultDist) : it->second;
+  };
+  if (c.op == Op::Gemm)
+    return fmt::format("gemm {}->{} {} {}", name(c.types.at("A")), name(c.types.at("D")), name(c.types.at("compute")),
+                       dist("A"));
+  return fmt::format("attention {}->{} {} {}", name(c.types.at("Q")), name(c.types.at("O")), name(c.types.at("compute")),
+                     dist("Q"));
+}
+
 Evaluation evaluate(Kernel& k, Case& c, const EvaluationOptions& options, const Registry* registry) {
   const auto inputs = fill_inputs(c);
   return evaluate_with_inputs(k, c, inputs, options, registry);

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "harness/analyze.hpp"
+#include "harness/record.hpp"
 #include "harness/runner.hpp"
 #include "kernels/kernel.hpp"
 #include "references/gemm_reference.hpp"
@@ -59,5 +60,12 @@ Evaluation evaluate(Kernel& k, Case& c, const EvaluationOptions& options, const 
 /// The same on given inputs (the caller filled them).
 Evaluation evaluate_with_inputs(Kernel& k, const Case& c, const std::map<std::string, Tensor>& inputs,
                                 const EvaluationOptions& options, const Registry* registry = nullptr);
+
+/// The run-record entry of an evaluation (reproducer left empty for the caller to set).
+CaseResult to_case_result(const Kernel& k, const Case& c, const Evaluation& ev, std::string family);
+
+/// The family a case belongs to for gating: "gemm A->D compute dist", e.g.
+/// "gemm bf16->fp32 fp32 normal(0,1)".
+std::string case_family(const Case& c);
 
 }  // namespace ulpgate

@@ -126,16 +126,7 @@ SweepOutcome run_sweep(Kernel& k, const SweepOptions& options, const Registry* r
     validate(c);
     const auto inputs = fill_inputs(c);
     Evaluation ev = evaluate_with_inputs(k, c, inputs, options.evaluation, registry);
-    CaseResult r;
-    r.kernel = k.name();
-    r.spec = c;
-    r.family = fmt::format("sweep K {}", s.dist);
-    r.status = ev.run.status;
-    r.message = ev.run.message;
-    r.notes = ev.run.notes;
-    r.metrics = ev.metrics;
-    r.verdict = ev.verdict;
-    r.seconds = ev.seconds;
+    CaseResult r = to_case_result(k, c, ev, case_family(c));
     if (ev.run.status == Disposition::Ok && !ev.metrics.empty()) {
       const double y = metric_value(ev.metrics.front(), options.metric);
       s.x.push_back(static_cast<double>(c.gemm.k));
