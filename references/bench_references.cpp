@@ -13,6 +13,7 @@
 #include "harness/core/format_mpfr.hpp"
 #include "harness/core/rng.hpp"
 #include "references/exact_dot.hpp"
+#include "references/gemm_reference.hpp"
 
 using namespace ulpgate;
 
@@ -57,6 +58,30 @@ void BM_FastDot(benchmark::State& state) {
   set_ns_per_term(state, static_cast<double>(k));
 }
 BENCHMARK(BM_FastDot)->Arg(256)->Arg(4096)->Arg(65536)->Unit(benchmark::kMicrosecond);
+
+// A full 1024^3 FP32 GEMM reference (every element exact, with its condition term) on
+// all cores (ULPGATE_THREADS to change); ns_per_term is per core: wall time * cores / K M N.
+void BM_GemmReference(benchmark::State& state) {
+  const std::int64_t size = state.range(0);
+  Case c;
+  c.gemm.m = c.gemm.n = c.gemm.k = size;
+  c.types = {{"A", Format::FP32}, {"B", Format::FP32}, {"D", Format::FP32}, {"compute", Format::FP32}};
+  std::map<std::string, Tensor> in;
+  for (const char* op : {"A", "B"}) {
+    const auto v = uniform_floats(static_cast<std::size_t>(size * size), op[0] == 'A' ? 3 : 4);
+    Tensor t(Format::FP32, v.size());
+    for (std::size_t i = 0; i < v.size(); ++i) t.set_value(i, v[i]);
+    in.emplace(op, std::move(t));
+  }
+  const unsigned threads = default_threads();
+  for (auto _ : state) {
+    const GemmReference r = gemm_reference(c, in, threads);
+    benchmark::DoNotOptimize(r.values.data());
+  }
+  state.counters["threads"] = threads;
+  set_ns_per_term(state, static_cast<double>(size) * size * size, threads);
+}
+BENCHMARK(BM_GemmReference)->Arg(1024)->Unit(benchmark::kMillisecond)->UseRealTime()->Iterations(3);
 
 }  // namespace
 
