@@ -3,6 +3,8 @@
 #include <cstdio>
 #include <exception>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
@@ -10,9 +12,11 @@
 #include "distributions/spec.hpp"
 #include "harness/core/error.hpp"
 #include "harness/core/format.hpp"
+#include "harness/record.hpp"
 #include "kernels/device.hpp"
 #include "kernels/kernel.hpp"
 #include "kernels/plugin/loader.hpp"
+#include "reports/report.hpp"
 
 namespace {
 
@@ -50,6 +54,27 @@ void list_kernels(const ulpgate::Registry& registry) {
   std::printf("  cpu.blockfma:block=B,frac=F,round=R builds any block-FMA model (B 1..512, F 1..52)\n");
 }
 
+/// `ulpgate report RUN.json [--html F] [--md F] [--junit F]`.
+struct ReportArgs {
+  std::string run, html, md, junit;
+};
+
+int report_command(const ReportArgs& a) {
+  const ulpgate::RunRecord r = ulpgate::read_record_file(a.run);
+  if (a.html.empty() && a.md.empty() && a.junit.empty()) {
+    std::fputs(ulpgate::render_markdown(r).c_str(), stdout);
+    return kExitOk;
+  }
+  // Everything is rendered before anything is written: a failure (gnuplot missing, say)
+  // leaves no half-updated set of reports behind.
+  std::vector<std::pair<std::string, std::string>> outputs;
+  if (!a.md.empty()) outputs.emplace_back(a.md, ulpgate::render_markdown(r));
+  if (!a.junit.empty()) outputs.emplace_back(a.junit, ulpgate::render_junit(r));
+  if (!a.html.empty()) outputs.emplace_back(a.html, ulpgate::render_html(r));
+  for (const auto& [path, text] : outputs) ulpgate::write_text_file_atomically(path, text);
+  return kExitOk;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -62,6 +87,14 @@ int main(int argc, char** argv) {
   app.add_option("--plugin", plugins, "Load kernels from a plugin shared library (repeatable)");
 
   auto* list = app.add_subcommand("list", "Kernels, formats and distributions available here");
+
+  ReportArgs report_args;
+  auto* report = app.add_subcommand("report", "Render a run record: Markdown summary (stdout when no file is "
+                                              "named), self-contained HTML with plots, JUnit XML");
+  report->add_option("RUN.json", report_args.run, "Run record written by fuzz, sweep, replay or check")->required();
+  report->add_option("--html", report_args.html, "Write the HTML report (needs gnuplot) to this file");
+  report->add_option("--md", report_args.md, "Write the Markdown summary to this file");
+  report->add_option("--junit", report_args.junit, "Write JUnit XML to this file");
 
   // An unknown verb gets a message of its own rather than CLI11's "argument not expected".
   if (argc > 1 && argv[1][0] != '-') {
@@ -81,6 +114,7 @@ int main(int argc, char** argv) {
   }
 
   try {
+    if (report->parsed()) return report_command(report_args);  // needs no kernels
     ulpgate::Registry registry = ulpgate::builtin_registry();
     for (const auto& p : plugins) ulpgate::load_plugin(p, registry);
     if (list->parsed()) {

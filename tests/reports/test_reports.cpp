@@ -1,0 +1,201 @@
+// The renderers on a record with one of everything (tests/harness/record_samples.hpp):
+// Markdown carries the numbers and escapes text, JUnit XML is well-formed with the right
+// structure (checked by xmllint), HTML is self-contained with one SVG per plot.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <regex>
+#include <set>
+
+#include "harness/core/error.hpp"
+#include "reports/common.hpp"
+#include "reports/report.hpp"
+#include "tests/harness/record_samples.hpp"
+#include "tests/reports/report_test_util.hpp"
+
+namespace ulpgate {
+namespace {
+
+using testing::run_command;
+using testing::shell_quote;
+
+std::size_t count(const std::string& text, const std::string& what) {
+  std::size_t n = 0;
+  for (std::size_t p = 0; (p = text.find(what, p)) != std::string::npos; p += what.size()) ++n;
+  return n;
+}
+
+// '|' that separate Markdown table cells (not escaped ones).
+int cell_separators(const std::string& line) {
+  int n = 0;
+  for (std::size_t i = 0; i < line.size(); ++i)
+    if (line[i] == '|' && (i == 0 || line[i - 1] != '\\')) ++n;
+  return n;
+}
+
+TEST(Markdown, ShowsTheNumbersFailuresFirstAndEscapesText) {
+  const std::string md = render_markdown(samples::record(true));
+  for (const char* s : {
+           "6 cases: 2 passed, 1 failed, 1 skipped (not supported), 2 errors",
+           "| 1.25e-07 | 0.75 | 1 | none |",           // the passed GEMM: max normalised, max ULP, distance
+           "| 0.0035 | 1.23e+03 | 1235 | 2 unexpected NaN, 1 missed |",  // the failed one
+           "| 0.0002 | 0.5 | 0 | none |",              // the attention case
+           "got ` 0x3f800001 (0x1.000002p+0) `",      // worst element, hex
+           "exact ` 0x1.0000001p+0 + 0x1.8p-60 `",
+           "3 elements exceed the tolerance (worst 41.2x)",
+           "| 0.501 ± 0.0123 | 23.8 |",                 // sweep fit and effective bits
+           "| 0.501 ± 0.0123 | 7.91 |",
+           "accumulator 24 bits",
+           "at most 8 x that of ` cpu.fp32_seq `",
+           "- seed: 42",
+           "g++ 12.2.0",
+       })
+    EXPECT_NE(md.find(s), std::string::npos) << "missing: " << s << "\n" << md;
+  // Failures first: errors (crashed, timed out), then the failed verdict, then skipped, then passed.
+  const auto row = [&](const std::string& what) { return md.find("| " + what); };
+  EXPECT_LT(row("plugin.bad"), row("cpu.blockfma"));
+  EXPECT_LT(md.find("| **FAIL** |"), md.find("| not_supported |"));
+  EXPECT_LT(md.find("| not_supported |"), md.find("| pass |"));
+  // Escaping: no raw HTML, no raw control character, every table row with its 10 cells.
+  EXPECT_EQ(md.find("<script>"), std::string::npos);
+  EXPECT_NE(md.find("\\<script\\>alert('x')\\</script\\>"), std::string::npos);
+  EXPECT_EQ(md.find('\x01'), std::string::npos);
+  EXPECT_EQ(md.find('\xff'), std::string::npos);
+  std::istringstream lines(md);
+  int rows = 0;
+  for (std::string line; std::getline(lines, line);) {
+    if (line.rfind("| ", 0) != 0) continue;
+    ++rows;
+    const int cells = cell_separators(line);
+    EXPECT_TRUE(cells == 10 || cells == 8) << line;  // cases table: 9 columns, sweeps table: 7
+  }
+  EXPECT_EQ(rows, (1 + 6) + (1 + 3));  // header and rows of the cases and sweeps tables
+}
+
+TEST(Markdown, EscapeHelpers) {
+  EXPECT_EQ(report::escape_markdown("a|b*c_d<e>&`f`\nnext"), "a\\|b\\*c\\_d\\<e\\>\\&\\`f\\` next");
+  EXPECT_EQ(report::markdown_code("a ``b`` | c", true), "``` a ``b`` \\| c ```");
+  EXPECT_EQ(report::markdown_code("", false), "");
+  EXPECT_EQ(report::valid_utf8("ok \xc3\xbf \xff \xe2\x82 \xed\xa0\x80 \xc0\xaf"),
+            "ok \xc3\xbf \xef\xbf\xbd \xef\xbf\xbd\xef\xbf\xbd \xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd "
+            "\xef\xbf\xbd\xef\xbf\xbd");
+  EXPECT_EQ(report::escape_html("<a href='x'>&\"</a>"), "&lt;a href=&#39;x&#39;&gt;&amp;&quot;&lt;/a&gt;");
+  EXPECT_EQ(report::escape_xml("a\x01<\n"), "a\xef\xbf\xbd&lt;&#10;");
+  EXPECT_EQ(report::number(NAN), "nan");
+  EXPECT_EQ(report::number(-INFINITY), "-inf");
+  EXPECT_EQ(report::unit_roundoff("bf16"), 0x1p-8);
+  EXPECT_EQ(report::unit_roundoff("fp32"), 0x1p-24);
+  EXPECT_EQ(report::unit_roundoff("fp32 via tf32"), 0.0);
+}
+
+std::string xpath(const std::string& file, const std::string& expr) {
+  const auto r = run_command("xmllint --xpath " + shell_quote(expr) + " " + shell_quote(file) + " 2>&1");
+  EXPECT_EQ(r.exit_code, 0) << expr << ": " << r.out;
+  // xmllint ends its answer with a newline of its own.
+  return !r.out.empty() && r.out.back() == '\n' ? r.out.substr(0, r.out.size() - 1) : r.out;
+}
+
+TEST(Junit, WellFormedWithOneSuitePerKernelAndTheRightElements) {
+  ASSERT_EQ(run_command("command -v xmllint >/dev/null").exit_code, 0)
+      << "xmllint is needed (Debian: libxml2-utils; .ci/install-deps installs it)";
+  testing::TempDir dir("junit");
+  const std::string f = dir.file("junit.xml");
+  testing::write_file(f, render_junit(samples::record(true)));
+  const auto lint = run_command("xmllint --noout " + shell_quote(f) + " 2>&1");
+  ASSERT_EQ(lint.exit_code, 0) << lint.out;
+  EXPECT_EQ(xpath(f, "count(/testsuites/testsuite)"), "3");
+  EXPECT_EQ(xpath(f, "count(//testcase)"), "6");
+  EXPECT_EQ(xpath(f, "count(//testcase/failure)"), "1");
+  EXPECT_EQ(xpath(f, "count(//testcase/skipped)"), "1");
+  EXPECT_EQ(xpath(f, "count(//testcase/error)"), "2");
+  EXPECT_EQ(xpath(f, "string(/testsuites/@tests)"), "6");
+  EXPECT_EQ(xpath(f, "string(/testsuites/@failures)"), "1");
+  EXPECT_EQ(xpath(f, "string(/testsuites/@errors)"), "2");
+  EXPECT_EQ(xpath(f, "string(/testsuites/@skipped)"), "1");
+  EXPECT_EQ(xpath(f, "string(/testsuites/@time)"), "0.770000");
+  const std::string suite = "/testsuites/testsuite[@name='cpu.fp32_seq']";
+  EXPECT_EQ(xpath(f, "string(" + suite + "/@tests)"), "3");
+  EXPECT_EQ(xpath(f, "string(" + suite + "/@time)"), "0.250000");
+  EXPECT_EQ(xpath(f, "string(" + suite + "/@timestamp)"), "2026-11-29T12:00:00Z");
+  EXPECT_EQ(xpath(f, "string(/testsuites/testsuite[@name='plugin.bad']/@errors)"), "2");
+  EXPECT_EQ(xpath(f, "string(//error[@type='timed_out']/@message)"), "timed_out: no answer after 60 s");
+  // Text survives escaping exactly (the control character becomes U+FFFD).
+  std::string nasty = samples::kNasty;
+  nasty.replace(nasty.find('\x01'), 1, "\xef\xbf\xbd");
+  EXPECT_EQ(xpath(f, "string(//failure/@message)"), "3 elements exceed the tolerance (worst 41.2x); " + nasty);
+  EXPECT_NE(xpath(f, "string(//failure)").find("reproduce: ulpgate replay 'cases/fail 1.json'"), std::string::npos);
+  EXPECT_EQ(xpath(f, "string(//testcase[failure]/@name)"), "gemm bf16->fp32 " + nasty + " [seed 8]");
+  EXPECT_EQ(xpath(f, "string(//testcase[skipped]/@time)"), "0.000000");
+}
+
+// id='...' and id="..." values in a document.
+std::vector<std::string> ids(const std::string& html) {
+  std::vector<std::string> out;
+  static const std::regex id(R"re(\sid=['"]([^'"]+)['"])re");
+  for (auto it = std::sregex_iterator(html.begin(), html.end(), id); it != std::sregex_iterator(); ++it)
+    out.push_back((*it)[1]);
+  return out;
+}
+
+TEST(Html, SelfContainedWithOneSvgPerPlotAndEscapedText) {
+  const std::string html = render_html(samples::record(true));
+  EXPECT_EQ(html.rfind("<!DOCTYPE html>", 0), 0u);
+  EXPECT_EQ(count(html, "<svg"), static_cast<std::size_t>(samples::kRecordPlots));
+  EXPECT_EQ(count(html, "</svg>"), static_cast<std::size_t>(samples::kRecordPlots));
+  // Nothing fetched: no external src/href/url()/@import, no scripts, links or iframes.
+  static const std::regex external(R"re((src|href)\s*=\s*['"]?\s*(https?:|//)|url\(\s*['"]?\s*(https?:|//)|@import)re",
+                                   std::regex::icase);
+  EXPECT_FALSE(std::regex_search(html, external));
+  for (const char* tag : {"<script", "<link", "<iframe", "<object", "<embed"})
+    EXPECT_EQ(count(html, tag), 0u) << tag;
+  EXPECT_NE(html.find("&lt;script&gt;alert(&#39;x&#39;)&lt;/script&gt;"), std::string::npos);
+  EXPECT_EQ(html.find('\xff'), std::string::npos);
+  // Ids are unique across the page's SVGs (gnuplot uses the same ones in every plot).
+  const auto all = ids(html);
+  EXPECT_GT(all.size(), 0u);
+  EXPECT_EQ(std::set<std::string>(all.begin(), all.end()).size(), all.size());
+  // Sections and the numbers.
+  for (const char* s : {"<h2>Sweeps</h2>", "<h2>ULP error histograms</h2>", "<h2>Error maps</h2>",
+                        "<h2>Failures</h2>", "0x3f800001 (0x1.000002p+0)", "0.501 &plusmn; 0.0123",
+                        "6 cases: 2 passed, 1 failed", "non-finite mismatch"})
+    EXPECT_NE(html.find(s), std::string::npos) << s;
+  // The sweep plot draws the reference lines for each format, the ULP one draws none.
+  EXPECT_NE(html.find("sqrt(K) u, u = 2^-24 (fp32)"), std::string::npos);
+  EXPECT_NE(html.find("sqrt(K) u, u = 2^-8 (bf16)"), std::string::npos);
+  EXPECT_EQ(count(html, "sqrt(K) u"), 2u);
+}
+
+TEST(Html, SeriesWithNothingPositiveStillGetsAPlot) {
+  RunRecord r;
+  SweepSeries s;
+  s.kernel = "cpu.exact", s.format = "fp32", s.parameter = "magnitude", s.metric = "max_normalised";
+  s.x = {16, 32, 64};
+  s.y = {0, 0, 0};  // an exact kernel
+  r.sweeps.push_back(s);
+  std::string html = render_html(r);
+  EXPECT_EQ(count(html, "<svg"), 1u);
+  EXPECT_NE(html.find("no positive values to draw"), std::string::npos);
+  // Against K the reference lines are still drawn.
+  r.sweeps[0].parameter = "K";
+  html = render_html(r);
+  EXPECT_EQ(count(html, "<svg"), 1u);
+  EXPECT_EQ(html.find("no positive values to draw"), std::string::npos);
+  EXPECT_NE(html.find("sqrt(K) u, u = 2^-24 (fp32)"), std::string::npos);
+}
+
+TEST(Html, MissingGnuplotIsAClearError) {
+  ::setenv("ULPGATE_GNUPLOT", "/nonexistent/gnuplot", 1);
+  try {
+    render_html(samples::record());
+    ADD_FAILURE() << "no error";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("the HTML report needs gnuplot, and '/nonexistent/gnuplot' cannot be run"),
+              std::string::npos)
+        << e.what();
+    EXPECT_NE(std::string(e.what()).find("gnuplot-nox"), std::string::npos);
+  }
+  ::unsetenv("ULPGATE_GNUPLOT");
+}
+
+}  // namespace
+}  // namespace ulpgate
