@@ -159,37 +159,56 @@ AttentionReference attention_reference(const Case& c, const std::map<std::string
       mpfr_sub(*diff[g], sg, sr, MPFR_RNDN);  // exact
     }
 
-    // V per group: the exact sum of the group's rows (a double when the group is one key).
+    // V per group: the exact sum of the group's rows. A group of one key (the usual case)
+    // keeps its V row as doubles; only larger groups hold MPFR sums.
     auto v_of = [&](std::size_t s, std::int64_t d) { return vt.value(vv.offset(b, h, keys[s], d)); };
+    const auto gd = [&](std::size_t g, std::int64_t d) { return g * static_cast<std::size_t>(dv) + static_cast<std::size_t>(d); };
+    std::vector<double> v_single(g_count * static_cast<std::size_t>(dv));
     std::vector<MpfrBox> v_sum(g_count * static_cast<std::size_t>(dv));
     std::vector<double> v_abs(g_count * static_cast<std::size_t>(dv));  // sum |v| per group
     {
       ExactAccumulator acc;
       for (std::size_t g = 0; g < g_count; ++g)
         for (std::int64_t d = 0; d < dv; ++d) {
+          if (groups[g].size() == 1) {
+            v_single[gd(g, d)] = v_of(groups[g][0], d);
+            v_abs[gd(g, d)] = std::fabs(v_single[gd(g, d)]);
+            continue;
+          }
           acc.clear();
           double abs_sum = 0.0;
           for (std::size_t s : groups[g]) {
             acc.add(v_of(s, d));
             abs_sum += std::fabs(v_of(s, d));
           }
-          auto& box = v_sum[g * dv + d];
-          box = std::make_unique<Mpfr>(2);
-          acc.exact_value(*box);
-          v_abs[g * dv + d] = abs_sum;
+          v_sum[gd(g, d)] = std::make_unique<Mpfr>(2);
+          acc.exact_value(*v_sum[gd(g, d)]);
+          v_abs[gd(g, d)] = abs_sum;
         }
     }
+    // out = w * V_g[d] at out's precision
+    auto times_v = [&](mpfr_ptr out, mpfr_srcptr w, std::size_t g, std::int64_t d) {
+      if (v_sum[gd(g, d)]) mpfr_mul(out, w, *v_sum[gd(g, d)], MPFR_RNDN);
+      else mpfr_mul_d(out, w, v_single[gd(g, d)], MPFR_RNDN);
+    };
 
     // Outputs that are rational: every group has the same mean, so O is that mean.
     std::vector<bool> decided(static_cast<std::size_t>(dv), false);
+    Mpfr one(2);
+    mpfr_set_ui(one, 1, MPFR_RNDN);
     for (std::int64_t d = 0; d < dv; ++d) {
       bool equal_means = true;
       for (std::size_t g = 1; g < g_count && equal_means; ++g) {
-        // V_g n_0 == V_0 n_g, exactly
-        mpfr_srcptr vg = *v_sum[g * dv + d], v0 = *v_sum[d];
-        Mpfr lhs(mpfr_get_prec(vg) + 64), rhs(mpfr_get_prec(v0) + 64);
-        mpfr_mul_ui(lhs, vg, groups[0].size(), MPFR_RNDN);
-        mpfr_mul_ui(rhs, v0, groups[g].size(), MPFR_RNDN);
+        if (!v_sum[gd(g, d)] && !v_sum[gd(0, d)]) {  // one key each: the values themselves
+          equal_means = v_single[gd(g, d)] == v_single[gd(0, d)];
+          continue;
+        }
+        // V_g n_0 == V_0 n_g, exactly (precision: any V sum of doubles, times a count)
+        Mpfr lhs(4400), rhs(4400);
+        times_v(lhs, one, g, d);
+        times_v(rhs, one, 0, d);
+        mpfr_mul_ui(lhs, lhs, groups[0].size(), MPFR_RNDN);
+        mpfr_mul_ui(rhs, rhs, groups[g].size(), MPFR_RNDN);
         equal_means = mpfr_equal_p(lhs, rhs) != 0;
       }
       if (!equal_means) continue;
@@ -251,13 +270,13 @@ AttentionReference attention_reference(const Case& c, const std::map<std::string
         // magnitude: sum_g w_g sum|v| / D, bounded above in 64 bits
         mpfr_set_zero(bound, 1);
         for (std::size_t g = 0; g < g_count; ++g) {
-          mpfr_mul_d(tmp, *w[g], v_abs[g * dv + d], MPFR_RNDU);
+          mpfr_mul_d(tmp, *w[g], v_abs[gd(g, d)], MPFR_RNDU);
           mpfr_add(bound, bound, tmp, MPFR_RNDU);
         }
         mpfr_div(bound, bound, denom, MPFR_RNDU);
         out.magnitude[o_at(d)] = mpfr_get_d(bound, MPFR_RNDN);
         if (decided[d]) continue;
-        for (std::size_t g = 0; g < g_count; ++g) mpfr_mul(*terms[g], *w[g], *v_sum[g * dv + d], MPFR_RNDN);
+        for (std::size_t g = 0; g < g_count; ++g) times_v(*terms[g], *w[g], g, d);
         mpfr_sum(num, ptrs.data(), g_count, MPFR_RNDN);
         mpfr_div(o, num, denom, MPFR_RNDN);
         // |O~ - O| <= 2^(slack - p) sum_j p_j |v_j| (the magnitude, bounded above)
