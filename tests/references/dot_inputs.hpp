@@ -27,16 +27,17 @@ enum class Family : int {
   Zeros,          ///< signed zeros and exact cancellation: IEEE sign rules
   Specials,       ///< Inf and NaN among ordinary values
   SmallIntegers,  ///< exact by construction: the naive FP64 sum is exact
+  Spread,         ///< exponent spreads of 0..80 binades: 1, 2, 3 and 4 SIMD slice levels
 };
 inline constexpr Family kFamilies[] = {Family::AnyFp32,     Family::FormatCodes,
                                        Family::Narrow,      Family::Cancellation,
                                        Family::Subnormal,   Family::Extreme,
                                        Family::Zeros,       Family::Specials,
-                                       Family::SmallIntegers};
+                                       Family::SmallIntegers, Family::Spread};
 inline const char* name(Family f) {
   constexpr const char* names[] = {"any_fp32",  "format_codes", "narrow",   "cancellation",
                                    "subnormal", "extreme",      "zeros",    "specials",
-                                   "small_integers"};
+                                   "small_integers", "spread"};
   return names[static_cast<int>(f)];
 }
 
@@ -182,6 +183,17 @@ inline DotInput make_dot(Family fam, std::uint64_t seed, std::uint64_t index,
       for (std::size_t i = 0; i < n; ++i)
         push(std::ldexp(static_cast<float>(b.in(-64, 64)), k),
              std::ldexp(static_cast<float>(b.in(-64, 64)), -k / 2));
+      break;
+    }
+    case Family::Spread: {
+      // Operand exponents within w binades put the products within about 2w + 48: one
+      // slice level up to w = 2, two to 27, three to 52, four to 78, bins beyond.
+      const int w = static_cast<int>(b.in(0, 80)), lo = -w / 2 - 3;
+      for (std::size_t i = 0; i < n; ++i) {
+        const float a = make_float(b, lo, lo + w), c = make_float(b, lo, lo + w);
+        push(a, c);
+        if (b.chance(0.3)) push(-a, c);
+      }
       break;
     }
   }

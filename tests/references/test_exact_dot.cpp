@@ -111,6 +111,7 @@ RC_GTEST_PROP(ExactDot, ExtremeMatchesOracle, ()) { check_family(Family::Extreme
 RC_GTEST_PROP(ExactDot, ZerosMatchOracle, ()) { check_family(Family::Zeros); }
 RC_GTEST_PROP(ExactDot, SpecialsMatchOracle, ()) { check_family(Family::Specials); }
 RC_GTEST_PROP(ExactDot, SmallIntegersMatchOracle, ()) { check_family(Family::SmallIntegers); }
+RC_GTEST_PROP(ExactDot, SpreadMatchesOracle, ()) { check_family(Family::Spread); }
 
 // Exact by construction: integers times a common power of two sum exactly in FP64 in any
 // order, so the answer is known without MPFR.
