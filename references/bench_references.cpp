@@ -1,10 +1,12 @@
 // Reference throughput, one binary, one run: the MPFR oracle against the superaccumulator
 // (ns per term, single thread), and a full GEMM reference on all cores.
 //
-//   build-ref/references/bench_references --benchmark_repetitions=5
+//   build/references/bench_references --benchmark_repetitions=5
 //     --benchmark_report_aggregates_only=true
 //
-// The "ns_per_term" counter is wall time per product term (per core for the GEMM).
+// The "ns_per_term" counter (printed with an "s" suffix: read it as ns) is CPU time per
+// product term for the single-thread dot products, and wall time * threads per term for
+// the GEMM.
 #include <benchmark/benchmark.h>
 
 #include <bit>
