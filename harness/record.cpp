@@ -197,6 +197,8 @@ Environment env_from_json(const json& j, const std::string& path) {
   return e;
 }
 
+}  // namespace
+
 json tolerance_to_json(const ToleranceModel& t) {
   return {{"accumulator_bits", t.accumulator_bits},
           {"input_bits", t.input_bits},
@@ -235,6 +237,8 @@ BaselineRule baseline_from_json(const json& j, const std::string& path) {
   r.finish();
   return b;
 }
+
+namespace {
 
 // --- Metrics -----------------------------------------------------------------------------
 
@@ -371,6 +375,8 @@ Verdict verdict_from_json(const json& j, const std::string& path) {
 
 // --- Cases and sweeps --------------------------------------------------------------------
 
+}  // namespace
+
 json case_result_to_json(const CaseResult& c) {
   return {{"kernel", c.kernel},
           {"case", to_json(c.spec)},
@@ -422,6 +428,8 @@ CaseResult case_result_from_json(const json& j, const std::string& path) {
   r.finish();
   return c;
 }
+
+namespace {
 
 json fit_to_json(const PowerFit& f) {
   return {{"exponent", encode_double(f.exponent)},

@@ -72,6 +72,16 @@ struct RunRecord {
 };
 
 nlohmann::json to_json(const RunRecord& r);
+
+// The pieces of a record on their own, for the isolation worker's protocol and the journal
+// (harness/isolate.hpp, harness/journal.hpp). `path` prefixes every InputError message.
+nlohmann::json case_result_to_json(const CaseResult& c);
+CaseResult case_result_from_json(const nlohmann::json& j, const std::string& path);
+nlohmann::json tolerance_to_json(const ToleranceModel& t);
+ToleranceModel tolerance_from_json(const nlohmann::json& j, const std::string& path);
+nlohmann::json baseline_to_json(const BaselineRule& b);
+BaselineRule baseline_from_json(const nlohmann::json& j, const std::string& path);
+
 /// Parses and validates; InputError names the offending field ("record.cases[3].status:
 /// unknown status 'meh'"), and an unknown version is refused with the version found.
 RunRecord record_from_json(const nlohmann::json& j);

@@ -12,6 +12,7 @@
 #include "distributions/spec.hpp"
 #include "harness/core/error.hpp"
 #include "harness/core/format.hpp"
+#include "harness/isolate.hpp"
 #include "harness/record.hpp"
 #include "kernels/device.hpp"
 #include "kernels/kernel.hpp"
@@ -87,6 +88,8 @@ int main(int argc, char** argv) {
   app.add_option("--plugin", plugins, "Load kernels from a plugin shared library (repeatable)");
 
   auto* list = app.add_subcommand("list", "Kernels, formats and distributions available here");
+  // Hidden (no group): the isolation worker that runs kernels for fuzz (harness/isolate.hpp).
+  auto* worker = app.add_subcommand("worker", "Evaluate cases sent as JSON lines on stdin")->group("");
 
   ReportArgs report_args;
   auto* report = app.add_subcommand("report", "Render a run record: Markdown summary (stdout when no file is "
@@ -117,6 +120,7 @@ int main(int argc, char** argv) {
     if (report->parsed()) return report_command(report_args);  // needs no kernels
     ulpgate::Registry registry = ulpgate::builtin_registry();
     for (const auto& p : plugins) ulpgate::load_plugin(p, registry);
+    if (worker->parsed()) return ulpgate::serve_worker(registry);
     if (list->parsed()) {
       list_kernels(registry);
       list_formats();

@@ -1,0 +1,626 @@
+#include "harness/isolate.hpp"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <chrono>
+#include <climits>
+#include <cstdio>
+#include <cstring>
+#include <optional>
+#include <tuple>
+#include <utility>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "harness/core/error.hpp"
+
+#if ULPGATE_HAVE_CUDA
+#include <cuda_runtime.h>
+#endif
+
+namespace ulpgate {
+namespace {
+
+using json = nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+/// Owns a POSIX file descriptor.
+class UniqueFd {
+ public:
+  UniqueFd() = default;
+  explicit UniqueFd(int fd) : fd_(fd) {}
+  ~UniqueFd() { reset(); }
+  UniqueFd(UniqueFd&& o) noexcept : fd_(o.release()) {}
+  UniqueFd& operator=(UniqueFd&& o) noexcept {
+    if (this != &o) reset(o.release());
+    return *this;
+  }
+  int get() const { return fd_; }
+  int release() { return std::exchange(fd_, -1); }
+  void reset(int fd = -1) {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = fd;
+  }
+
+ private:
+  int fd_ = -1;
+};
+
+std::string errno_text() { return std::strerror(errno); }
+
+// Milliseconds left until deadline for poll(), at least 0.
+int ms_until(Clock::time_point deadline) {
+  const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now()).count();
+  return static_cast<int>(std::clamp<long long>(left, 0, INT_MAX));
+}
+
+Clock::time_point after(double seconds) {
+  return Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
+}
+
+// "SIGSEGV" for the signals a misbehaving kernel or its runtime raises; strsignal's text
+// alone ("Segmentation fault") does not name the signal a user greps for.
+std::string signal_name(int sig) {
+  switch (sig) {
+    case SIGSEGV: return "SIGSEGV";
+    case SIGABRT: return "SIGABRT";
+    case SIGBUS: return "SIGBUS";
+    case SIGFPE: return "SIGFPE";
+    case SIGILL: return "SIGILL";
+    case SIGKILL: return "SIGKILL";
+    case SIGTERM: return "SIGTERM";
+    case SIGTRAP: return "SIGTRAP";
+    case SIGPIPE: return "SIGPIPE";
+    case SIGSYS: return "SIGSYS";
+    case SIGXCPU: return "SIGXCPU";
+    case SIGXFSZ: return "SIGXFSZ";
+    case SIGINT: return "SIGINT";
+    case SIGHUP: return "SIGHUP";
+    case SIGQUIT: return "SIGQUIT";
+    case SIGALRM: return "SIGALRM";
+    case SIGUSR1: return "SIGUSR1";
+    case SIGUSR2: return "SIGUSR2";
+    default: return fmt::format("signal {}", sig);
+  }
+}
+
+std::string describe_wait_status(int status) {
+  if (WIFSIGNALED(status)) {
+    const int sig = WTERMSIG(status);
+    return fmt::format("killed by {} ({})", signal_name(sig), strsignal(sig));
+  }
+  if (WIFEXITED(status)) return fmt::format("exited with status {}", WEXITSTATUS(status));
+  return fmt::format("ended with wait status {:#x}", status);
+}
+
+// Worker stderr for a one-line message: trailing space trimmed, lines joined by " | ".
+std::string one_line(std::string s) {
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.pop_back();
+  std::string out;
+  for (char c : s) {
+    if (c == '\n') out += " | ";
+    else if (c != '\r') out += c;
+  }
+  return out;
+}
+
+// Writes all of text to fd (a pipe or socket), retrying on EINTR and short writes; MSG_NOSIGNAL
+// on sockets so that a dead reader is an EPIPE error, not a SIGPIPE that kills this process.
+bool write_all(int fd, std::string_view text, bool socket, std::optional<Clock::time_point> deadline = {}) {
+  for (std::size_t done = 0; done < text.size();) {
+    if (deadline) {
+      pollfd p{fd, POLLOUT, 0};
+      const int r = ::poll(&p, 1, ms_until(*deadline));
+      if (r < 0 && errno == EINTR) continue;
+      if (r <= 0) return false;
+    }
+    const ssize_t n = socket ? ::send(fd, text.data() + done, text.size() - done, MSG_NOSIGNAL)
+                             : ::write(fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return false;
+    done += static_cast<std::size_t>(n);
+  }
+  return true;
+}
+
+// A protocol line: prefix, compact JSON, newline. Strings from kernels and plugins need not
+// be UTF-8; invalid bytes become U+FFFD rather than a failed reply.
+std::string protocol_line(const json& j) {
+  return std::string(kWorkerLinePrefix) + j.dump(-1, ' ', false, json::error_handler_t::replace) + "\n";
+}
+
+/// The CUDA context's sticky error after a device kernel, if there is one (illegal address,
+/// launch failure, ...): every later CUDA call in this process fails with it, so the worker
+/// must not run another case.
+std::optional<std::string> lost_cuda_context() {
+#if ULPGATE_HAVE_CUDA
+  (void)cudaGetLastError();  // clears an ordinary launch error; a sticky one stays
+  cudaError_t e = cudaDeviceSynchronize();
+  if (e == cudaSuccess) e = cudaGetLastError();
+  if (e != cudaSuccess) return fmt::format("{}: {}", cudaGetErrorName(e), cudaGetErrorString(e));
+#endif
+  return std::nullopt;
+}
+
+// --- Worker side -------------------------------------------------------------------------
+
+// Reads newline-terminated lines from a blocking descriptor.
+class LineReader {
+ public:
+  explicit LineReader(int fd) : fd_(fd) {}
+  /// The next line without its newline; false at end of input (a final unterminated line
+  /// is dropped: the parent always ends its requests with a newline).
+  bool next(std::string& line) {
+    for (;;) {
+      if (const auto nl = buffer_.find('\n'); nl != std::string::npos) {
+        line.assign(buffer_, 0, nl);
+        buffer_.erase(0, nl + 1);
+        return true;
+      }
+      char chunk[65536];
+      const ssize_t n = ::read(fd_, chunk, sizeof chunk);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) return false;
+      buffer_.append(chunk, static_cast<std::size_t>(n));
+    }
+  }
+
+ private:
+  int fd_;
+  std::string buffer_;
+};
+
+EvaluationOptions options_from_json(const json& j) {
+  EvaluationOptions o;
+  if (j.is_null()) return o;
+  if (!j.is_object()) throw InputError("request.options: must be a JSON object");
+  for (const auto& [key, value] : j.items())
+    if (key != "tolerance" && key != "baseline") throw InputError("request.options." + key + ": unknown field");
+  if (auto t = j.find("tolerance"); t != j.end() && !t->is_null())
+    o.tolerance = tolerance_from_json(*t, "request.options.tolerance");
+  if (auto b = j.find("baseline"); b != j.end() && !b->is_null())
+    o.baseline = baseline_from_json(*b, "request.options.baseline");
+  return o;
+}
+
+json options_to_json(const EvaluationOptions& o) {
+  return {{"tolerance", o.tolerance ? tolerance_to_json(*o.tolerance) : json(nullptr)},
+          {"baseline", o.baseline ? baseline_to_json(*o.baseline) : json(nullptr)}};
+}
+
+// One request: the reply's JSON, and whether the worker must exit after sending it.
+std::pair<json, bool> serve_request(Registry& registry, const std::string& line) {
+  json request;
+  try {
+    request = json::parse(line);
+  } catch (const json::parse_error& e) {
+    throw InputError(fmt::format("worker request: not valid JSON: {}", e.what()));
+  }
+  if (!request.is_object() || !request.contains("kernel") || !request["kernel"].is_string() ||
+      !request.contains("case"))
+    throw InputError("worker request: must be {\"kernel\": NAME, \"case\": CASE, \"options\": {...}}");
+  const std::string kernel_name = request["kernel"].get<std::string>();
+  Kernel* kernel = registry.resolve(kernel_name);
+  if (!kernel) throw InputError(fmt::format("unknown kernel '{}' (see ulpgate list)", kernel_name));
+  Case c = case_from_json(request["case"]);
+  const EvaluationOptions options = options_from_json(request.value("options", json(nullptr)));
+  // evaluate() looks the baseline model up with find(); a parameterised CPU model exists
+  // only once resolved.
+  if (options.baseline && !registry.resolve(options.baseline->model))
+    throw InputError(fmt::format("baseline model '{}' is not a kernel here", options.baseline->model));
+
+  const std::string family = case_family(c);
+  CaseResult result;
+  try {
+    const Evaluation ev = evaluate(*kernel, c, options, &registry);
+    result = to_case_result(*kernel, c, ev, family);
+  } catch (const InputError&) {
+    throw;
+  } catch (const std::exception& e) {
+    // A kernel that throws something other than KernelError: this case failed; the
+    // campaign goes on.
+    result.kernel = kernel->name();
+    result.spec = c;
+    result.family = family;
+    result.status = Disposition::Failed;
+    result.message = fmt::format("evaluation threw: {}", e.what());
+    result.verdict.passed = false;
+    result.verdict.reasons.push_back(fmt::format("{}: {}", name(result.status), result.message));
+  }
+  bool restart = false;
+  if (kernel->traits().memory == Memory::Device) {
+    if (auto lost = lost_cuda_context()) {
+      restart = true;
+      result.notes["worker"] = fmt::format("CUDA context lost ({}); the next case runs in a fresh worker", *lost);
+      if (result.status == Disposition::Ok) {
+        // The error surfaced only after the run (e.g. an asynchronous fault the runner's
+        // synchronisation missed): the outputs cannot be trusted.
+        result.status = Disposition::Failed;
+        result.message = fmt::format("CUDA context lost after the run: {}", *lost);
+        result.verdict.passed = false;
+        result.verdict.reasons.push_back(fmt::format("{}: {}", name(result.status), result.message));
+      }
+    }
+  }
+  return {json{{"result", case_result_to_json(result)}, {"restart", restart}}, restart};
+}
+
+// --- Parent side -------------------------------------------------------------------------
+
+// A process's descriptors for the worker's stdin (a socket, so a write to a dead worker is
+// EPIPE rather than SIGPIPE), stdout (the protocol) and stderr (kept for crash messages).
+struct ChildPipes {
+  UniqueFd request_parent, request_child;
+  UniqueFd result_parent, result_child;
+  UniqueFd stderr_parent, stderr_child;
+};
+
+ChildPipes make_child_pipes() {
+  ChildPipes p;
+  int sv[2];
+  if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0)
+    throw std::runtime_error("worker: socketpair failed: " + errno_text());
+  p.request_parent.reset(sv[0]);
+  p.request_child.reset(sv[1]);
+  int fds[2];
+  if (::pipe2(fds, O_CLOEXEC) != 0) throw std::runtime_error("worker: pipe failed: " + errno_text());
+  p.result_parent.reset(fds[0]);
+  p.result_child.reset(fds[1]);
+  if (::pipe2(fds, O_CLOEXEC) != 0) throw std::runtime_error("worker: pipe failed: " + errno_text());
+  p.stderr_parent.reset(fds[0]);
+  p.stderr_child.reset(fds[1]);
+  // The parent polls stderr together with the results and must never block on it.
+  ::fcntl(p.stderr_parent.get(), F_SETFL, ::fcntl(p.stderr_parent.get(), F_GETFL) | O_NONBLOCK);
+  ::fcntl(p.result_parent.get(), F_SETFL, ::fcntl(p.result_parent.get(), F_GETFL) | O_NONBLOCK);
+  return p;
+}
+
+std::string resolve_binary(const std::string& given) {
+  if (!given.empty()) return given;
+  // The path itself, not /proc/self/exe, so that messages name the binary.
+  std::string path(4096, '\0');
+  const ssize_t n = ::readlink("/proc/self/exe", path.data(), path.size() - 1);
+  if (n <= 0) return "/proc/self/exe";
+  path.resize(static_cast<std::size_t>(n));
+  return path;
+}
+
+}  // namespace
+
+/// A running worker process and the parent's ends of its pipes. Destruction kills the
+/// worker's process group if the worker has not been reaped, then reaps it: no zombies.
+struct IsolatedEvaluator::Worker {
+  pid_t pid = -1;
+  bool reaped = false;
+  int wait_status = 0;
+  UniqueFd request, result, err;
+  std::string result_buffer;  ///< bytes of the protocol stream not yet split into lines
+  std::string stderr_tail;    ///< the worker's stderr since the current request was sent
+  std::size_t tail_limit = 2048;
+
+  ~Worker() { kill_and_reap(); }
+
+  void kill_and_reap() {
+    if (pid <= 0 || reaped) return;
+    ::kill(-pid, SIGKILL);  // the group: helpers a kernel forked die too
+    ::kill(pid, SIGKILL);   // in case the child had not reached setpgid yet
+    while (::waitpid(pid, &wait_status, 0) < 0 && errno == EINTR) {
+    }
+    reaped = true;
+  }
+
+  /// Reads whatever stderr holds now, keeping the last tail_limit bytes.
+  void drain_stderr() {
+    char chunk[8192];
+    for (;;) {
+      const ssize_t n = ::read(err.get(), chunk, sizeof chunk);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) return;  // EAGAIN (nothing more now) or end of file
+      stderr_tail.append(chunk, static_cast<std::size_t>(n));
+      if (stderr_tail.size() > 2 * tail_limit) stderr_tail.erase(0, stderr_tail.size() - tail_limit);
+    }
+  }
+
+  std::string tail() const {
+    const std::string t = stderr_tail.size() > tail_limit ? "..." + stderr_tail.substr(stderr_tail.size() - tail_limit)
+                                                          : stderr_tail;
+    return one_line(t);
+  }
+
+  enum class Wait { Line, Closed, TimedOut };
+
+  /// The next protocol line (prefix removed), or why there is none: the worker closed its
+  /// stdout (it died or is dying) or the deadline passed. Drains stderr meanwhile so that
+  /// a worker writing a lot of it never blocks.
+  Wait next_line(Clock::time_point deadline, std::string& line) {
+    for (;;) {
+      for (std::size_t nl; (nl = result_buffer.find('\n')) != std::string::npos;) {
+        std::string l = result_buffer.substr(0, nl);
+        result_buffer.erase(0, nl + 1);
+        if (l.rfind(kWorkerLinePrefix, 0) == 0) {
+          line = l.substr(kWorkerLinePrefix.size());
+          return Wait::Line;
+        }
+        // Not ours: the worker redirects kernel output away from this pipe, so this is
+        // someone writing to the protocol descriptor directly. Keep it for the message.
+        stderr_tail += "[stray output on the protocol pipe] " + l + "\n";
+      }
+      pollfd fds[2] = {{result.get(), POLLIN, 0}, {err.get(), POLLIN, 0}};
+      const int r = ::poll(fds, err.get() >= 0 ? 2 : 1, ms_until(deadline));
+      if (r < 0 && errno == EINTR) continue;
+      if (r < 0) throw std::runtime_error("worker: poll failed: " + errno_text());
+      if (r == 0) return Wait::TimedOut;
+      if (fds[1].revents) drain_stderr();
+      if (fds[0].revents) {
+        char chunk[65536];
+        const ssize_t n = ::read(result.get(), chunk, sizeof chunk);
+        if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+        if (n <= 0) return Wait::Closed;
+        result_buffer.append(chunk, static_cast<std::size_t>(n));
+      }
+    }
+  }
+
+  /// After the protocol pipe closed: waits up to grace seconds for the worker to end (it
+  /// normally has: it died), kills the group if it has not, reaps it, and collects the
+  /// rest of its stderr. Returns what happened, e.g. "killed by SIGSEGV (Segmentation fault)".
+  std::string reap_after_close(double grace_seconds) {
+    const auto deadline = after(grace_seconds);
+    bool killed = false;
+    while (!reaped) {
+      const pid_t w = ::waitpid(pid, &wait_status, WNOHANG);
+      if (w == pid) {
+        reaped = true;
+        break;
+      }
+      if (w < 0 && errno != EINTR) break;
+      if (Clock::now() >= deadline) {
+        killed = true;
+        kill_and_reap();
+        break;
+      }
+      pollfd p{err.get(), POLLIN, 0};
+      if (::poll(&p, 1, 10) > 0) drain_stderr();
+    }
+    ::kill(-pid, SIGKILL);  // helpers a kernel may have forked; the group is gone otherwise
+    // The rest of stderr: end of file once every writer is gone; bounded, since a helper
+    // outside the group could hold it open.
+    const auto stderr_deadline = after(0.5);
+    for (;;) {
+      pollfd p{err.get(), POLLIN, 0};
+      if (::poll(&p, 1, ms_until(stderr_deadline)) <= 0) break;
+      char chunk[8192];
+      const ssize_t n = ::read(err.get(), chunk, sizeof chunk);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) break;
+      stderr_tail.append(chunk, static_cast<std::size_t>(n));
+    }
+    if (killed) return "closed its output but did not exit (killed)";
+    return describe_wait_status(wait_status);
+  }
+};
+
+IsolatedEvaluator::IsolatedEvaluator(IsolationOptions options)
+    : options_(std::move(options)), binary_(resolve_binary(options_.worker_binary)) {
+  if (!(options_.timeout_seconds > 0)) throw InputError("isolation: the timeout must be > 0 seconds");
+  if (!(options_.startup_timeout_seconds > 0)) throw InputError("isolation: the startup timeout must be > 0 seconds");
+}
+
+IsolatedEvaluator::~IsolatedEvaluator() { stop_worker(); }
+
+pid_t IsolatedEvaluator::worker_pid() const { return worker_ ? worker_->pid : -1; }
+
+void IsolatedEvaluator::start_worker() {
+  // Everything the child needs is built before fork: after fork only async-signal-safe
+  // calls are allowed (the parent may have threads).
+  std::vector<std::string> args = {binary_, "worker"};
+  for (const auto& p : options_.plugins) args.insert(args.end(), {"--plugin", p});
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  ChildPipes pipes = make_child_pipes();
+  const pid_t parent = ::getpid();
+
+  const pid_t pid = ::fork();
+  if (pid < 0) throw std::runtime_error("worker: fork failed: " + errno_text());
+  if (pid == 0) {
+    // Own process group, so a timeout kills the worker and anything it started.
+    ::setpgid(0, 0);
+    // Die with the parent: a campaign killed with SIGKILL leaves no worker behind.
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (::getppid() != parent) ::_exit(126);
+    // A crashing kernel is expected here; core files would only fill the campaign folder.
+    const rlimit no_core{0, 0};
+    ::setrlimit(RLIMIT_CORE, &no_core);
+    sigset_t none;
+    sigemptyset(&none);
+    ::sigprocmask(SIG_SETMASK, &none, nullptr);
+    ::signal(SIGPIPE, SIG_DFL);
+    ::dup2(pipes.request_child.get(), STDIN_FILENO);
+    ::dup2(pipes.result_child.get(), STDOUT_FILENO);
+    ::dup2(pipes.stderr_child.get(), STDERR_FILENO);
+#ifdef SYS_close_range
+    // Descriptors the parent opened without O_CLOEXEC (a journal, say) stay out of the worker.
+    ::syscall(SYS_close_range, 3u, ~0u, 0u);
+#endif
+    ::execv(argv[0], argv.data());
+    const int exec_errno = errno;
+    const char msg[] = "ulpgate worker: exec failed: ";
+    [[maybe_unused]] ssize_t ignored = ::write(STDERR_FILENO, msg, sizeof msg - 1);
+    const char* why = strerror(exec_errno);  // not async-signal-safe in theory; only on this error path
+    ignored = ::write(STDERR_FILENO, why, std::strlen(why));
+    ::_exit(127);
+  }
+  ::setpgid(pid, pid);  // both sides set it, so it holds before either side relies on it
+  auto w = std::make_unique<Worker>();
+  w->pid = pid;
+  w->tail_limit = options_.stderr_tail_bytes;
+  w->request = std::move(pipes.request_parent);
+  w->result = std::move(pipes.result_parent);
+  w->err = std::move(pipes.stderr_parent);
+  // The child's ends close here (ChildPipes' destructor), so a dead worker reads as EOF.
+  pipes = ChildPipes{};
+  ++workers_started_;
+
+  std::string line;
+  const auto wait = w->next_line(after(options_.startup_timeout_seconds), line);
+  if (wait == Worker::Wait::Line) {
+    json hello;
+    try {
+      hello = json::parse(line);
+    } catch (const json::parse_error&) {
+    }
+    if (hello.is_object() && hello.contains("ready")) {
+      worker_ = std::move(w);
+      return;
+    }
+    const std::string why = fmt::format("{}: worker sent '{}' instead of its ready line", binary_, one_line(line));
+    w->kill_and_reap();
+    throw InputError(why);
+  }
+  std::string what;
+  if (wait == Worker::Wait::TimedOut) {
+    w->kill_and_reap();
+    w->drain_stderr();
+    what = fmt::format("not ready after {} s", options_.startup_timeout_seconds);
+  } else {
+    what = w->reap_after_close(1.0);
+  }
+  throw InputError(fmt::format("{} worker: {} before it was ready; stderr: {}", binary_, what, w->tail()));
+}
+
+void IsolatedEvaluator::stop_worker() {
+  if (!worker_) return;
+  // End of input tells the worker to exit; give it a moment, then the group is killed.
+  worker_->request.reset();
+  worker_->reap_after_close(2.0);
+  worker_.reset();
+}
+
+CaseResult IsolatedEvaluator::evaluate(const std::string& kernel, const Case& c, const EvaluationOptions& options) {
+  if (!worker_) start_worker();
+  Worker& w = *worker_;
+  const auto start = Clock::now();
+  const auto deadline = after(options_.timeout_seconds);
+  w.stderr_tail.clear();
+
+  // What the record says about a case whose worker gave no result.
+  const auto lost = [&](Disposition status, const std::string& message) {
+    CaseResult r;
+    r.kernel = kernel;
+    r.spec = c;
+    r.family = case_family(c);
+    r.status = status;
+    r.message = message;
+    r.verdict.passed = false;
+    r.verdict.reasons.push_back(fmt::format("{}: {}", name(status), message));
+    r.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+    worker_.reset();  // reaps (kills first if needed); the next case starts a fresh worker
+    return r;
+  };
+  const auto died = [&]() {
+    const std::string how = w.reap_after_close(1.0);
+    const std::string tail = w.tail();
+    return lost(Disposition::Crashed, fmt::format("worker {} while evaluating the case; stderr: {}", how,
+                                                  tail.empty() ? "(empty)" : tail));
+  };
+
+  const json request = {{"kernel", kernel}, {"case", to_json(c)}, {"options", options_to_json(options)}};
+  if (!write_all(w.request.get(), request.dump(-1, ' ', false, json::error_handler_t::replace) + "\n", true,
+                 deadline)) {
+    // Only a worker that died or stopped reading gets here (a request is far smaller than
+    // the socket's buffer).
+    if (Clock::now() >= deadline) {
+      w.kill_and_reap();
+      return lost(Disposition::TimedOut, fmt::format("the worker did not take the request within {} s",
+                                                     options_.timeout_seconds));
+    }
+    return died();
+  }
+
+  std::string line;
+  switch (w.next_line(deadline, line)) {
+    case Worker::Wait::TimedOut: {
+      w.kill_and_reap();
+      w.drain_stderr();
+      const std::string tail = w.tail();
+      return lost(Disposition::TimedOut,
+                  fmt::format("no result after {} s (the worker's process group was killed){}", options_.timeout_seconds,
+                              tail.empty() ? "" : "; stderr: " + tail));
+    }
+    case Worker::Wait::Closed:
+      return died();
+    case Worker::Wait::Line:
+      break;
+  }
+
+  json reply;
+  try {
+    reply = json::parse(line);
+  } catch (const json::parse_error& e) {
+    w.kill_and_reap();
+    return lost(Disposition::Crashed, fmt::format("worker sent a malformed reply ({})", e.what()));
+  }
+  if (reply.is_object() && reply.contains("error") && reply["error"].is_string()) {
+    // The worker refused the request as in-process evaluation would have: not the kernel's
+    // doing. The worker itself is fine and keeps running.
+    throw InputError(reply["error"].get<std::string>());
+  }
+  CaseResult result;
+  try {
+    if (!reply.is_object() || !reply.contains("result")) throw InputError("no \"result\"");
+    result = case_result_from_json(reply["result"], "result");
+  } catch (const InputError& e) {
+    w.kill_and_reap();
+    return lost(Disposition::Crashed, fmt::format("worker sent a malformed reply ({})", e.what()));
+  }
+  if (reply.value("restart", false)) stop_worker();
+  return result;
+}
+
+int serve_worker(Registry& registry) {
+  // The protocol keeps the real stdout; fd 1 becomes a second stderr and fd 0 /dev/null,
+  // so that a kernel that prints or reads cannot corrupt or steal a line.
+  std::fflush(stdout);
+  UniqueFd results(::fcntl(STDOUT_FILENO, F_DUPFD_CLOEXEC, 3));
+  UniqueFd requests(::fcntl(STDIN_FILENO, F_DUPFD_CLOEXEC, 3));
+  if (results.get() < 0 || requests.get() < 0) {
+    std::fprintf(stderr, "ulpgate worker: cannot duplicate stdin/stdout: %s\n", errno_text().c_str());
+    return 3;
+  }
+  ::dup2(STDERR_FILENO, STDOUT_FILENO);
+  if (UniqueFd null(::open("/dev/null", O_RDONLY | O_CLOEXEC)); null.get() >= 0) ::dup2(null.get(), STDIN_FILENO);
+
+  const json ready = {{"ready", {{"pid", ::getpid()}, {"kernels", registry.all().size()}}}};
+  if (!write_all(results.get(), protocol_line(ready), false)) return 3;
+  LineReader reader(requests.get());
+  for (std::string line; reader.next(line);) {
+    json reply;
+    bool restart = false;
+    try {
+      std::tie(reply, restart) = serve_request(registry, line);
+    } catch (const InputError& e) {
+      reply = {{"error", e.what()}};
+    }
+    // Whatever a kernel printed through stdio reaches stderr before the reply, so the
+    // parent's stderr tail is complete when the result arrives.
+    std::fflush(stdout);
+    if (!write_all(results.get(), protocol_line(reply), false)) return 3;
+    if (restart) return 0;
+  }
+  return 0;
+}
+
+}  // namespace ulpgate

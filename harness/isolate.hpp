@@ -1,0 +1,93 @@
+// Crash isolation: kernel evaluations in a worker process with a timeout (DESIGN.md,
+// "Fuzz, sweep, gate"). A kernel that segfaults, aborts, exits, hangs or poisons its CUDA
+// context becomes a CaseResult (crashed, timed_out or failed) and the campaign goes on
+// with a fresh worker.
+//
+// The worker is `ulpgate worker [--plugin lib.so]...` (hidden verb). Protocol, one line per
+// message, UTF-8 JSON:
+//   parent -> worker (stdin):   {"kernel": NAME, "case": CASE, "options":
+//                                {"tolerance": TOLERANCE|null, "baseline": BASELINE|null}}
+//   worker -> parent (stdout):  kWorkerLinePrefix followed by one of
+//                                {"ready": {"pid": N, "kernels": N}}           once, at start
+//                                {"result": CASE_RESULT, "restart": BOOL}       per request
+//                                {"error": MESSAGE}                             bad request
+// The worker keeps the protocol's stdout to itself: file descriptor 1 is pointed at stderr
+// and 0 at /dev/null before any kernel runs, so a kernel that prints (or reads) cannot
+// break a line; the prefix lets the parent skip anything else that reaches the pipe.
+// "restart": true means the worker exits after this reply (its CUDA context is lost).
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "harness/evaluate.hpp"
+#include "harness/record.hpp"
+#include "kernels/kernel.hpp"
+
+namespace ulpgate {
+
+/// Starts every line the worker writes for its parent.
+inline constexpr std::string_view kWorkerLinePrefix = "ulpgate-worker-v1 ";
+
+struct IsolationOptions {
+  /// The ulpgate binary to run as the worker; empty: this process's own executable
+  /// (/proc/self/exe), which is right when the caller is ulpgate itself.
+  std::string worker_binary;
+  /// Plugin libraries the worker loads (`--plugin`), as the parent's registry did.
+  std::vector<std::string> plugins;
+  /// Per evaluation, from sending the request to the reply: input generation, the kernel,
+  /// the reference and the analysis all count. Past it the worker is killed: timed_out.
+  double timeout_seconds = 120;
+  /// From starting a worker to its ready line (registry, plugins, CUDA initialisation).
+  double startup_timeout_seconds = 120;
+  /// How much of the worker's stderr (written during the failing case) a crash message keeps.
+  std::size_t stderr_tail_bytes = 2048;
+};
+
+/// Parent side: runs evaluations in a worker process, one at a time. The worker starts on
+/// the first evaluation and again, lazily, on the first evaluation after one died. Not
+/// thread-safe; one evaluator per thread of a campaign.
+class IsolatedEvaluator {
+ public:
+  explicit IsolatedEvaluator(IsolationOptions options);
+  /// Closes the worker's stdin (it exits), reaps it; kills its process group if it lingers.
+  ~IsolatedEvaluator();
+  IsolatedEvaluator(const IsolatedEvaluator&) = delete;
+  IsolatedEvaluator& operator=(const IsolatedEvaluator&) = delete;
+
+  /// Evaluates case c with the named kernel (a registry name, CPU model names with
+  /// parameters included) in the worker, as evaluate() + to_case_result() would in process
+  /// (family = case_family, reproducer left empty). A worker that dies gives status crashed
+  /// (message: the signal or exit status and the tail of its stderr), one that does not
+  /// answer in time timed_out. Never throws for kernel misbehaviour; throws InputError for
+  /// what would fail in process too (unknown kernel, malformed case) and when no worker
+  /// can be started (binary missing, bad plugin).
+  CaseResult evaluate(const std::string& kernel, const Case& c, const EvaluationOptions& options = {});
+
+  /// Workers started so far (a restart after a crash counts).
+  int workers_started() const { return workers_started_; }
+  /// The running worker's pid, -1 when none runs.
+  pid_t worker_pid() const;
+
+ private:
+  struct Worker;
+  void start_worker();
+  void stop_worker();
+  IsolationOptions options_;
+  std::string binary_;
+  int workers_started_ = 0;
+  std::unique_ptr<Worker> worker_;  // null when none runs
+};
+
+/// Worker side, `ulpgate worker`: serves requests on stdin until it closes, with the
+/// kernels of `registry` (builtin_registry() + the --plugin libraries; CPU model names are
+/// resolved on demand). Returns the process exit code: 0 at the end of input, 0 after a
+/// reply with "restart" (lost CUDA context), 3 if the protocol pipe breaks.
+int serve_worker(Registry& registry);
+
+}  // namespace ulpgate

@@ -1,0 +1,246 @@
+#include "harness/journal.hpp"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include <fmt/format.h>
+
+#include "harness/core/error.hpp"
+
+namespace ulpgate {
+namespace {
+
+using json = nlohmann::json;
+
+std::string errno_text() { return std::strerror(errno); }
+
+std::string dump(const json& j) {
+  // Kernel messages and notes need not be UTF-8; a journal line must always be writable.
+  return j.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+json header_json(const json& campaign) { return {{"ulpgate_journal", kJournalVersion}, {"campaign", campaign}}; }
+
+// The file's text as read through fd (from offset 0).
+std::string read_all(int fd, const std::string& path) {
+  std::string text;
+  char chunk[1 << 16];
+  for (off_t at = 0;;) {
+    const ssize_t n = ::pread(fd, chunk, sizeof chunk, at);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) throw InputError(fmt::format("{}: cannot read ({})", path, errno_text()));
+    if (n == 0) return text;
+    text.append(chunk, static_cast<std::size_t>(n));
+    at += n;
+  }
+}
+
+// A line's JSON, or an InputError naming file and line.
+json parse_line(const std::string& text, const std::string& path, std::size_t line_no) {
+  if (text.empty()) throw InputError(fmt::format("{}:{}: empty line in a journal", path, line_no));
+  try {
+    return json::parse(text);
+  } catch (const json::parse_error& e) {
+    std::string why = e.what();
+    if (const auto p = why.find("] "); p != std::string::npos) why = why.substr(p + 2);  // drop nlohmann's tag
+    throw InputError(fmt::format("{}:{}: not valid JSON: {}", path, line_no, why));
+  }
+}
+
+JournalEntry entry_from_json(const json& j, const std::string& path, std::size_t line_no) {
+  const std::string where = fmt::format("{}:{}", path, line_no);
+  try {
+    if (!j.is_object()) throw InputError("must be a JSON object");
+    for (const auto& [k, v] : j.items())
+      if (k != "kernel" && k != "case" && k != "result") throw InputError(k + ": unknown field");
+    if (!j.contains("kernel") || !j["kernel"].is_string()) throw InputError("kernel: missing or not a string");
+    if (!j.contains("case")) throw InputError("case: missing");
+    if (!j.contains("result")) throw InputError("result: missing");
+    JournalEntry e;
+    e.kernel = j["kernel"].get<std::string>();
+    e.requested = case_from_json(j["case"]);
+    e.result = case_result_from_json(j["result"], "result");
+    return e;
+  } catch (const InputError& e) {
+    throw InputError(where + ": " + e.what());
+  }
+}
+
+// A parsed journal file. `kept` is the length of the prefix made of whole lines (what stays
+// when a truncated last line is dropped); a file without a whole header line has no
+// campaign (`header` false) and counts as empty.
+struct Parsed {
+  bool header = false;
+  json campaign;
+  std::vector<JournalEntry> entries;
+  std::size_t kept = 0;
+  std::size_t truncated_bytes = 0;
+};
+
+Parsed parse_journal(const std::string& text, const std::string& path) {
+  Parsed p;
+  std::size_t line_no = 0, start = 0;
+  for (std::size_t nl; (nl = text.find('\n', start)) != std::string::npos; start = nl + 1) {
+    ++line_no;
+    const json j = parse_line(text.substr(start, nl - start), path, line_no);
+    if (line_no == 1) {
+      if (!j.is_object() || !j.contains("ulpgate_journal"))
+        throw InputError(fmt::format("{}:1: not an ulpgate journal (no \"ulpgate_journal\" header)", path));
+      const json& v = j["ulpgate_journal"];
+      if (!v.is_number_integer() || v.get<std::int64_t>() != kJournalVersion)
+        throw InputError(fmt::format("{}:1: unsupported journal version {} (this build reads {})", path, v.dump(),
+                                     kJournalVersion));
+      p.header = true;
+      p.campaign = j.value("campaign", json(nullptr));
+    } else {
+      p.entries.push_back(entry_from_json(j, path, line_no));
+    }
+    p.kept = nl + 1;
+  }
+  // Every line is written with its newline in one write() call: bytes after the last
+  // newline are the part of a line that an interrupted write left behind.
+  p.truncated_bytes = text.size() - p.kept;
+  return p;
+}
+
+}  // namespace
+
+std::string Journal::key(const std::string& kernel, const Case& requested) {
+  // nlohmann objects are ordered maps, so the dump is canonical: equal cases, equal keys.
+  return kernel + '\n' + to_json(requested).dump();
+}
+
+Journal::Journal(std::string path, const json& campaign, bool resume, bool sync) : path_(std::move(path)), sync_(sync) {
+  // Not O_TRUNC: the lock must be held before anything in the file is touched.
+  fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  if (fd_ < 0) throw InputError(fmt::format("{}: cannot open the journal ({})", path_, errno_text()));
+  struct stat st {};
+  if (::fstat(fd_, &st) == 0 && !S_ISREG(st.st_mode)) {
+    ::close(fd_);
+    throw InputError(fmt::format("{}: not a regular file", path_));
+  }
+  if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+    const std::string why = errno == EWOULDBLOCK ? "in use by another ulpgate process" : errno_text();
+    ::close(fd_);
+    throw InputError(fmt::format("{}: cannot lock the journal ({})", path_, why));
+  }
+  try {
+    Parsed parsed;
+    if (resume) {
+      parsed = parse_journal(read_all(fd_, path_), path_);
+      if (parsed.header && parsed.campaign != campaign)
+        throw InputError(fmt::format("{}: journal of another campaign ({}); resume needs the same campaign "
+                                     "(remove the file to start over)",
+                                     path_, dump(parsed.campaign)));
+      if (parsed.truncated_bytes)
+        notes_.push_back(fmt::format("{}: ignored a truncated last line ({} bytes; the write was interrupted)",
+                                     path_, parsed.truncated_bytes));
+      if (!parsed.header) notes_.push_back(fmt::format("{}: no earlier results; starting a new journal", path_));
+    }
+    if (parsed.header) {
+      if (parsed.truncated_bytes && ::ftruncate(fd_, static_cast<off_t>(parsed.kept)) != 0)
+        throw InputError(fmt::format("{}: cannot drop the truncated last line ({})", path_, errno_text()));
+      entries_ = std::move(parsed.entries);
+      loaded_ = entries_.size();
+      for (std::size_t i = 0; i < entries_.size(); ++i)
+        by_key_[key(entries_[i].kernel, entries_[i].requested)].push_back(i);
+    } else {
+      if (::ftruncate(fd_, 0) != 0) throw InputError(fmt::format("{}: cannot truncate ({})", path_, errno_text()));
+      write_line(dump(header_json(campaign)) + "\n");
+    }
+  } catch (...) {
+    ::close(fd_);
+    throw;
+  }
+}
+
+Journal::~Journal() {
+  if (fd_ >= 0) ::close(fd_);  // releases the lock
+}
+
+void Journal::write_line(const std::string& line) {
+  // One write() per line (retried only after a short write): a reader sees whole lines,
+  // and an interruption leaves at most one partial last line, which a resume drops.
+  for (std::size_t done = 0; done < line.size();) {
+    const ssize_t n = ::write(fd_, line.data() + done, line.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) throw InputError(fmt::format("{}: cannot append to the journal ({})", path_, errno_text()));
+    done += static_cast<std::size_t>(n);
+  }
+  if (sync_ && ::fsync(fd_) != 0)
+    throw InputError(fmt::format("{}: cannot sync the journal ({})", path_, errno_text()));
+}
+
+const CaseResult* Journal::find(const std::string& kernel, const Case& requested) const {
+  const std::string k = key(kernel, requested);
+  const auto it = by_key_.find(k);
+  if (it == by_key_.end()) return nullptr;
+  const auto t = taken_.find(k);
+  const std::size_t next = t == taken_.end() ? 0 : t->second;
+  return next < it->second.size() ? &entries_[it->second[next]].result : nullptr;
+}
+
+std::optional<CaseResult> Journal::take(const std::string& kernel, const Case& requested) {
+  const std::string k = key(kernel, requested);
+  const auto it = by_key_.find(k);
+  if (it == by_key_.end()) return std::nullopt;
+  std::size_t& next = taken_[k];
+  if (next >= it->second.size()) return std::nullopt;
+  const std::size_t index = it->second[next++];
+  visited_.push_back(index);
+  ++reused_;
+  return entries_[index].result;
+}
+
+void Journal::append(const std::string& kernel, const Case& requested, const CaseResult& result) {
+  const json line = {{"kernel", kernel}, {"case", to_json(requested)}, {"result", case_result_to_json(result)}};
+  write_line(dump(line) + "\n");
+  const std::size_t index = entries_.size();
+  entries_.push_back({kernel, requested, result});
+  // Visited at once: it goes among this key's visited entries, before any loaded ones
+  // not taken yet, so find() keeps returning those in order.
+  const std::string k = key(kernel, requested);
+  auto& indices = by_key_[k];
+  std::size_t& next = taken_[k];
+  indices.insert(indices.begin() + static_cast<std::ptrdiff_t>(next), index);
+  ++next;
+  visited_.push_back(index);
+}
+
+CaseResult Journal::resume_or_run(const std::string& kernel, const Case& requested,
+                                  const std::function<CaseResult()>& evaluate) {
+  if (auto done = take(kernel, requested)) return *std::move(done);
+  CaseResult r = evaluate();
+  append(kernel, requested, r);
+  return r;
+}
+
+std::vector<CaseResult> Journal::campaign_cases() const {
+  std::vector<CaseResult> out;
+  out.reserve(visited_.size());
+  for (std::size_t i : visited_) out.push_back(entries_[i].result);
+  return out;
+}
+
+JournalContents read_journal(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw InputError(fmt::format("{}: cannot open the journal ({})", path, errno_text()));
+  std::string text;
+  try {
+    text = read_all(fd, path);
+  } catch (...) {
+    ::close(fd);
+    throw;
+  }
+  ::close(fd);
+  Parsed p = parse_journal(text, path);
+  if (!p.header) throw InputError(fmt::format("{}: empty journal (no header line)", path));
+  return {std::move(p.campaign), std::move(p.entries), p.truncated_bytes > 0};
+}
+
+}  // namespace ulpgate

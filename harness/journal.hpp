@@ -1,0 +1,116 @@
+// The campaign journal (DESIGN.md, "Fuzz, sweep, gate"): every evaluated case is appended
+// to a JSONL file as soon as it is known, flushed and fsync'd, so that an interrupted
+// campaign (Ctrl-C, SIGKILL, a lost node) resumes where it stopped and loses nothing.
+//
+// File format, one JSON object per line:
+//   line 1      {"ulpgate_journal": 1, "campaign": CAMPAIGN}
+//   each case   {"kernel": NAME, "case": REQUESTED_CASE, "result": CASE_RESULT}
+// CAMPAIGN is whatever identifies the campaign to its driver (e.g. the fuzz flags and
+// seed); a resume refuses a journal written by another campaign. REQUESTED_CASE is the case
+// as the driver generated it, before evaluation (which may fill in e.g. FP8 scales): the
+// key a rerun looks it up by. CASE_RESULT is a run-record case (record.hpp).
+//
+// Use by a campaign loop, in its deterministic order:
+//
+//   Journal journal(dir + "/journal.jsonl", campaign_json, resume);
+//   for (each (kernel, case) of the campaign)
+//     journal.resume_or_run(kernel, case, [&] { return evaluator.evaluate(kernel, case, options); });
+//   record.cases = journal.campaign_cases();
+#pragma once
+
+#include <cstddef>
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "harness/record.hpp"
+
+namespace ulpgate {
+
+inline constexpr int kJournalVersion = 1;
+
+/// One journaled evaluation.
+struct JournalEntry {
+  std::string kernel;
+  Case requested;      ///< the case as the campaign generated it (the lookup key)
+  CaseResult result;
+};
+
+/// An open journal. Holds an exclusive lock on the file (flock) while open, so two
+/// campaigns cannot interleave lines in one journal. Not thread-safe.
+class Journal {
+ public:
+  /// Opens path for appending. resume = false starts a new journal (an existing file is
+  /// replaced). resume = true loads the entries an earlier run of the same campaign wrote:
+  /// a missing or empty file starts a new journal; a truncated last line (the write a
+  /// SIGKILL interrupted) is dropped from the file, with a note; a damaged line before it,
+  /// or a journal of another campaign, is an InputError naming the file and line.
+  /// sync = false skips the fsync after each line (tests; data still reaches the kernel).
+  Journal(std::string path, const nlohmann::json& campaign, bool resume, bool sync = true);
+  ~Journal();
+  Journal(const Journal&) = delete;
+  Journal& operator=(const Journal&) = delete;
+
+  /// The result an earlier run recorded for the next occurrence of (kernel, requested case)
+  /// in this run, or nullptr. A campaign that evaluates the same case twice finds the
+  /// earlier run's first entry, then its second. Does not count the case as visited.
+  const CaseResult* find(const std::string& kernel, const Case& requested) const;
+
+  /// find(), counting the case as visited in this run when found.
+  std::optional<CaseResult> take(const std::string& kernel, const Case& requested);
+
+  /// Appends one evaluation (one line, written in one call, flushed and fsync'd) and
+  /// counts it as visited. Throws InputError when the file cannot be written.
+  void append(const std::string& kernel, const Case& requested, const CaseResult& result);
+
+  /// take(), or else evaluate() and append its result: the one call a campaign loop needs.
+  CaseResult resume_or_run(const std::string& kernel, const Case& requested,
+                           const std::function<CaseResult()>& evaluate);
+
+  /// The final run-record cases: the results visited in this run (taken or appended), in
+  /// the order the campaign visited them; equal to an uninterrupted run's, timings included
+  /// for the cases evaluated before the interruption.
+  std::vector<CaseResult> campaign_cases() const;
+
+  /// Every entry of the file, in file order (what an interrupted campaign has so far).
+  const std::vector<JournalEntry>& entries() const { return entries_; }
+  /// Entries found in the file when it was opened.
+  std::size_t loaded() const { return loaded_; }
+  /// Loaded entries this run has taken so far.
+  std::size_t reused() const { return reused_; }
+  /// Things worth telling the user about the file (a dropped truncated line, a new journal
+  /// where a resume was asked for), one line each.
+  const std::vector<std::string>& notes() const { return notes_; }
+  const std::string& path() const { return path_; }
+
+ private:
+  static std::string key(const std::string& kernel, const Case& requested);
+  void write_line(const std::string& line);
+
+  std::string path_;
+  bool sync_;
+  int fd_ = -1;
+  std::vector<JournalEntry> entries_;
+  /// Entry indices per key in file order, and how many of them this run has taken.
+  std::map<std::string, std::vector<std::size_t>> by_key_;
+  std::map<std::string, std::size_t> taken_;
+  std::vector<std::size_t> visited_;  ///< entry indices in campaign order
+  std::size_t loaded_ = 0, reused_ = 0;
+  std::vector<std::string> notes_;
+};
+
+/// Reads a journal without opening it for writing (a report on an interrupted campaign):
+/// its campaign and entries in file order; a truncated last line is skipped, a damaged one
+/// before it is an InputError naming the file and line.
+struct JournalContents {
+  nlohmann::json campaign;
+  std::vector<JournalEntry> entries;
+  bool truncated_tail = false;
+};
+JournalContents read_journal(const std::string& path);
+
+}  // namespace ulpgate

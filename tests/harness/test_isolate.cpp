@@ -1,0 +1,233 @@
+// Crash isolation: every planted misbehaviour becomes the right status and message, the
+// campaign's next case still passes in a fresh worker, and the protocol survives noise.
+#include <gtest/gtest.h>
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <string>
+
+#include "harness/core/error.hpp"
+#include "isolate_test_util.hpp"
+
+namespace ulpgate {
+namespace {
+
+using test::planted_isolation;
+using test::running;
+using test::timeless;
+using test::tiny_case;
+
+// The good case the tests run after a misbehaving one: it must pass in a fresh worker.
+void expect_good_case_passes(IsolatedEvaluator& ev) {
+  const CaseResult r = ev.evaluate("cpu.fp32_seq", tiny_case(7));
+  EXPECT_EQ(r.status, Disposition::Ok) << r.message;
+  EXPECT_TRUE(r.verdict.passed);
+  ASSERT_EQ(r.metrics.size(), 1u);
+  EXPECT_EQ(r.metrics[0].unwritten, 0);
+}
+
+// What every lost case carries besides its status.
+void expect_lost_case(const CaseResult& r, const std::string& kernel, const Case& c) {
+  EXPECT_EQ(r.kernel, kernel);
+  EXPECT_EQ(to_json(r.spec), to_json(c));
+  EXPECT_EQ(r.family, case_family(c));
+  EXPECT_FALSE(r.verdict.passed);
+  ASSERT_EQ(r.verdict.reasons.size(), 1u);
+  EXPECT_CONTAINS(r.verdict.reasons[0], r.message);
+  EXPECT_TRUE(r.metrics.empty());
+}
+
+TEST(Isolate, ResultEqualsInProcessEvaluation) {
+  // Non-default options, a parameterised baseline model (resolved in the worker) and a
+  // tolerance, so that the request carries everything evaluate() is given.
+  EvaluationOptions options;
+  options.baseline = BaselineRule{"cpu.blockfma:block=8,frac=13,round=rz", 3.0};
+  ToleranceModel t;
+  t.accumulator_bits = 20;
+  t.lambda = 2.5;
+  options.tolerance = t;
+  Registry registry = builtin_registry();
+  ASSERT_NE(registry.resolve(options.baseline->model), nullptr);
+  IsolatedEvaluator ev(planted_isolation());
+  for (const std::string kernel : {"cpu.fp32_seq", "cpu.fp32_pairwise", "cpu.blockfma:block=16,frac=10,round=rz"}) {
+    Case c = tiny_case(3);
+    const CaseResult isolated = ev.evaluate(kernel, c, options);
+    Kernel* k = registry.resolve(kernel);
+    ASSERT_NE(k, nullptr);
+    const Evaluation in_process = evaluate(*k, c, options, &registry);
+    EXPECT_EQ(timeless(isolated), timeless(to_case_result(*k, c, in_process, case_family(c)))) << kernel;
+    EXPECT_GT(isolated.seconds, 0);
+  }
+  EXPECT_EQ(ev.workers_started(), 1);
+}
+
+TEST(Isolate, SegfaultIsCrashedNamingTheSignalAndStderr) {
+  IsolatedEvaluator ev(planted_isolation());
+  const Case c = tiny_case();
+  const CaseResult r = ev.evaluate("planted.segfault", c);
+  EXPECT_EQ(r.status, Disposition::Crashed);
+  EXPECT_CONTAINS(r.message, "killed by SIGSEGV");
+  EXPECT_CONTAINS(r.message, "planted.segfault: writing through a null pointer");
+  expect_lost_case(r, "planted.segfault", c);
+  EXPECT_EQ(ev.worker_pid(), -1);  // restarts lazily, on the next case
+  expect_good_case_passes(ev);
+  EXPECT_EQ(ev.workers_started(), 2);
+}
+
+TEST(Isolate, AbortIsCrashedWithSigabrt) {
+  IsolatedEvaluator ev(planted_isolation());
+  const Case c = tiny_case();
+  const CaseResult r = ev.evaluate("planted.abort", c);
+  EXPECT_EQ(r.status, Disposition::Crashed);
+  EXPECT_CONTAINS(r.message, "killed by SIGABRT");
+  EXPECT_CONTAINS(r.message, "planted.abort: calling abort()");
+  expect_lost_case(r, "planted.abort", c);
+  expect_good_case_passes(ev);
+}
+
+TEST(Isolate, ExitIsCrashedWithTheStatus) {
+  IsolatedEvaluator ev(planted_isolation());
+  const Case c = tiny_case();
+  const CaseResult r = ev.evaluate("planted.exit", c);
+  EXPECT_EQ(r.status, Disposition::Crashed);
+  EXPECT_CONTAINS(r.message, "exited with status 3");
+  EXPECT_CONTAINS(r.message, "planted.exit: calling _exit(3)");
+  expect_lost_case(r, "planted.exit", c);
+  expect_good_case_passes(ev);
+}
+
+TEST(Isolate, HangIsTimedOutAndTheWorkerIsKilled) {
+  IsolatedEvaluator ev(planted_isolation(2.0));
+  expect_good_case_passes(ev);  // a worker is up; its pid must be gone after the timeout
+  const pid_t hung = ev.worker_pid();
+  ASSERT_GT(hung, 0);
+  const Case c = tiny_case();
+  const auto start = std::chrono::steady_clock::now();
+  const CaseResult r = ev.evaluate("planted.hang", c);
+  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_EQ(r.status, Disposition::TimedOut);
+  EXPECT_CONTAINS(r.message, "no result after 2 s");
+  EXPECT_CONTAINS(r.message, "planted.hang: sleeping forever");
+  expect_lost_case(r, "planted.hang", c);
+  // Honoured: not before the limit, and not much after it (kill + reap only).
+  EXPECT_GE(waited, 2.0);
+  EXPECT_LT(waited, 4.0);
+  EXPECT_GE(r.seconds, 2.0);
+  EXPECT_FALSE(running(hung));
+  errno = 0;
+  EXPECT_EQ(::waitpid(hung, nullptr, WNOHANG), -1);  // already reaped: not our child any more
+  EXPECT_EQ(errno, ECHILD);
+  expect_good_case_passes(ev);
+  EXPECT_EQ(ev.workers_started(), 2);
+}
+
+TEST(Isolate, NoisyStdoutDoesNotBreakTheProtocol) {
+  IsolatedEvaluator ev(planted_isolation());
+  const Case c = tiny_case(5);
+  const CaseResult noisy = ev.evaluate("planted.noisy", c);
+  EXPECT_EQ(noisy.status, Disposition::Ok) << noisy.message;
+  EXPECT_TRUE(noisy.verdict.passed);
+  // Same arithmetic as cpu.fp32_seq, so the same errors, element for element.
+  const CaseResult seq = ev.evaluate("cpu.fp32_seq", c);
+  ASSERT_EQ(noisy.metrics.size(), 1u);
+  ASSERT_EQ(seq.metrics.size(), 1u);
+  nlohmann::json a = timeless(noisy), b = timeless(seq);
+  a.erase("kernel"), b.erase("kernel");
+  a.erase("notes"), b.erase("notes");
+  EXPECT_EQ(a, b);
+  // The fake "restart" line it printed was not taken for a reply.
+  EXPECT_EQ(ev.workers_started(), 1);
+  EXPECT_GT(ev.worker_pid(), 0);
+}
+
+TEST(Isolate, InputErrorsThrowAndTheWorkerSurvives) {
+  IsolatedEvaluator ev(planted_isolation());
+  expect_good_case_passes(ev);
+  const pid_t pid = ev.worker_pid();
+  try {
+    ev.evaluate("no.such_kernel", tiny_case());
+    FAIL() << "no InputError";
+  } catch (const InputError& e) {
+    EXPECT_CONTAINS(e.what(), "unknown kernel 'no.such_kernel'");
+  }
+  EvaluationOptions bad_baseline;
+  bad_baseline.baseline = BaselineRule{"no.such_model", 8};
+  EXPECT_THROW(ev.evaluate("cpu.fp32_seq", tiny_case(), bad_baseline), InputError);
+  EXPECT_EQ(ev.worker_pid(), pid);
+  expect_good_case_passes(ev);
+  EXPECT_EQ(ev.workers_started(), 1);
+}
+
+TEST(Isolate, NotSupportedIsNotACrash) {
+  IsolatedEvaluator ev(planted_isolation());
+  Case c = dtype_gemm_case("bf16", 8, 8, 32);  // the planted kernels take FP32 only
+  const CaseResult r = ev.evaluate("planted.segfault", c);
+  EXPECT_EQ(r.status, Disposition::NotSupported);
+  EXPECT_CONTAINS(r.message, "FP32");
+  EXPECT_EQ(ev.workers_started(), 1);
+  EXPECT_GT(ev.worker_pid(), 0);
+}
+
+TEST(Isolate, WorkerThatCannotStartIsAnInputError) {
+  IsolationOptions missing = planted_isolation();
+  missing.worker_binary = "/nonexistent/ulpgate";
+  try {
+    IsolatedEvaluator ev(missing);
+    ev.evaluate("cpu.fp32_seq", tiny_case());
+    FAIL() << "no InputError";
+  } catch (const InputError& e) {
+    EXPECT_CONTAINS(e.what(), "exec failed");
+    EXPECT_CONTAINS(e.what(), "exited with status 127");
+  }
+  IsolationOptions bad_plugin = planted_isolation();
+  bad_plugin.plugins = {"/nonexistent/plugin.so"};
+  try {
+    IsolatedEvaluator ev(bad_plugin);
+    ev.evaluate("cpu.fp32_seq", tiny_case());
+    FAIL() << "no InputError";
+  } catch (const InputError& e) {
+    EXPECT_CONTAINS(e.what(), "/nonexistent/plugin.so");
+    EXPECT_CONTAINS(e.what(), "before it was ready");
+  }
+}
+
+TEST(Isolate, DestructionReapsTheWorker) {
+  pid_t pid = -1;
+  {
+    IsolatedEvaluator ev(planted_isolation());
+    expect_good_case_passes(ev);
+    pid = ev.worker_pid();
+    ASSERT_TRUE(running(pid));
+  }
+  EXPECT_FALSE(running(pid));
+  errno = 0;
+  EXPECT_EQ(::waitpid(pid, nullptr, WNOHANG), -1);  // reaped, not a zombie left to us
+  EXPECT_EQ(errno, ECHILD);
+}
+
+TEST(Isolate, EveryPlantedKernelInOneCampaign) {
+  // One evaluator through them in a row, as a fuzz campaign would meet them (the hang,
+  // which costs its full timeout, has its own test).
+  IsolatedEvaluator ev(planted_isolation());
+  const struct {
+    const char* kernel;
+    Disposition status;
+    const char* says;
+  } expected[] = {
+      {"planted.segfault", Disposition::Crashed, "SIGSEGV"}, {"cpu.fp32_seq", Disposition::Ok, ""},
+      {"planted.abort", Disposition::Crashed, "SIGABRT"},    {"planted.noisy", Disposition::Ok, ""},
+      {"planted.exit", Disposition::Crashed, "status 3"},    {"cpu.fp32_seq", Disposition::Ok, ""},
+  };
+  for (const auto& e : expected) {
+    const CaseResult r = ev.evaluate(e.kernel, tiny_case(11));
+    EXPECT_EQ(r.status, e.status) << e.kernel << ": " << r.message;
+    EXPECT_CONTAINS(r.message, e.says) << e.kernel;
+    EXPECT_EQ(r.verdict.passed, e.status == Disposition::Ok) << e.kernel;
+  }
+  EXPECT_EQ(ev.workers_started(), 4);  // the first, then one after each of the 3 lost cases
+}
+
+}  // namespace
+}  // namespace ulpgate
