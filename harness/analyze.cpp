@@ -30,6 +30,10 @@ std::string show(Format f, Code c) { return fmt::format("{} ({})", hex_code(f, c
 
 }  // namespace
 
+Overflow output_overflow(Format f) {
+  return f == Format::E4M3 || f == Format::E5M2 ? Overflow::Saturate : Overflow::NoSaturate;
+}
+
 int ulp_histogram_bin(double a) {
   if (!(a > 0.5)) return 0;  // [0, 0.5] (and NaN, which never reaches here)
   if (a > 0x1p30) return kUlpHistogramBins - 1;
@@ -70,17 +74,29 @@ ErrorMetrics analyze(const OutputComparison& cmp) {
   for (std::int64_t e = 0; e < n; ++e) {
     const Code g = cmp.got[e];
     const RefValue& x = cmp.exact[e];
-    const Code r = x.round_to(f);
+    const Code r = x.round_to(f, Rounding::NearestEven, output_overflow(f));
     const std::int64_t cell = map.cols ? ((e / map.cols) % std::max<std::int64_t>(map.rows, 1)) / map.cell_rows * map.grid_cols +
                                              (e % map.cols) / map.cell_cols
                                        : 0;
     const bool g_finite = is_finite(f, g), r_finite = is_finite(f, r);
+    const auto& acc = cmp.accumulated.empty() ? cmp.condition : cmp.accumulated;
+    const double acc_e = e < static_cast<std::int64_t>(acc.size()) ? acc[e] : 0.0;
+    if (!g_finite && !(acc_e <= cmp.accumulator_max)) {  // the terms overflow the accumulator
+      m.overflow_nan++;
+      continue;
+    }
     if (!g_finite || !r_finite) {
       bool mismatch = true;
       if (!g_finite && !r_finite) {
         const bool same = (is_nan(f, g) && is_nan(f, r)) ||
                           (is_inf(f, g) && is_inf(f, r) && is_negative(f, g) == is_negative(f, r));
-        (same ? m.expected_nonfinite : m.mismatched_nonfinite)++;
+        if (same) {
+          m.expected_nonfinite++;
+        } else if (is_nan(f, g) && is_inf(f, r)) {
+          m.overflow_nan++;
+        } else {
+          m.mismatched_nonfinite++;
+        }
         mismatch = !same;
       } else if (!g_finite) {
         (is_nan(f, g) ? m.unexpected_nan : m.unexpected_inf)++;
@@ -144,7 +160,7 @@ ErrorMetrics analyze(const OutputComparison& cmp) {
     const RefValue& x = cmp.exact[worst];
     const DoubleDouble xd = x.double_double();
     w.got = show(f, cmp.got[worst]);
-    w.expected = show(f, x.round_to(f));
+    w.expected = show(f, x.round_to(f, Rounding::NearestEven, output_overflow(f)));
     w.exact = x.kind == RefValue::Kind::Finite ? fmt::format("{} + {}", hex_float(xd.hi), hex_float(xd.lo)) : to_string(x);
     w.condition = worst < static_cast<std::int64_t>(cmp.condition.size()) ? cmp.condition[worst] : 0.0;
     if (is_finite(f, cmp.got[worst]) && x.kind != RefValue::Kind::NaN && x.kind != RefValue::Kind::Inf) {
@@ -193,7 +209,9 @@ Verdict judge(const OutputComparison& cmp, const ErrorMetrics& m, const Toleranc
   for (std::size_t e = 0; e < cmp.got.size(); ++e) {
     const Code g = cmp.got[e];
     const RefValue& x = cmp.exact[e];
-    if (!is_finite(f, g) || !is_finite(f, x.round_to(f))) continue;
+    if (!is_finite(f, g) || !is_finite(f, x.round_to(f, Rounding::NearestEven, output_overflow(f)))) continue;
+    const auto& acc = cmp.accumulated.empty() ? cmp.condition : cmp.accumulated;
+    if (e < acc.size() && !(acc[e] <= cmp.accumulator_max)) continue;
     const DoubleDouble xd = x.double_double();
     const double err = std::fabs(signed_error(decode(f, g), xd));
     const double c = e < cmp.condition.size() ? cmp.condition[e] : 0.0;

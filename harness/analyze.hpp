@@ -3,7 +3,9 @@
 // Notation for one output element e (GEMM: D[b][i][j]; attention: O[b][h][i][d]):
 //   d_e  the kernel's value (decoded from D's format)
 //   x_e  the exact reference value (RefValue; for GELU/softmax certified to 128 bits)
-//   r_e  x_e correctly rounded (RNE) to D's format: the best any kernel can return
+//   r_e  x_e correctly rounded (RNE) to D's format: the best any kernel can return. FP8
+//        outputs saturate (x beyond max finite rounds to +-max, as CUDA's __NV_SATFINITE
+//        conversions and cuBLASLt's FP8 outputs do); other formats overflow to +-Inf
 //   c_e  the condition term: GEMM sum_k |a_ik b_kj| scaled as the epilogue scales it
 //        (GemmReference::magnitude); attention sum_j p_ij |v_jd|
 // and u_D = 2^-(fraction bits of D) / 2, the unit roundoff of D's format.
@@ -25,9 +27,15 @@
 //   expected_nonfinite   both NaN, or both the same infinity (an exact overflow included)
 //   unexpected_nan/inf   d_e NaN / Inf where r_e is finite
 //   missed_nonfinite     r_e NaN or Inf where d_e is finite
-//   mismatched_nonfinite both non-finite but different (NaN vs Inf, or opposite infinities)
+//   overflow_nan         d_e NaN where x_e overflows D (r_e = +-Inf), or d_e NaN or Inf where
+//                        the terms summed exceed the accumulator's range (the unscaled
+//                        sum of |a_k b_k|, accumulated_e, > accumulator_max): a correct accumulator overflows there too, in an
+//                        order-dependent way; reported, not a failure
+//   mismatched_nonfinite both non-finite but otherwise different (Inf where r_e is NaN, or
+//                        opposite infinities)
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <map>
 #include <string>
@@ -38,6 +46,9 @@
 #include "references/ref_value.hpp"
 
 namespace ulpgate {
+
+/// The overflow rule of the correct rounding of an output in format f (see r_e above).
+Overflow output_overflow(Format f);
 
 inline constexpr int kUlpHistogramBins = 33;  ///< [0,0.5], (0.5,1], (1,2], ..., (2^30, inf)
 /// The histogram bin of an |ulp error| value (see above).
@@ -79,7 +90,7 @@ struct ErrorMetrics {
   std::uint64_t max_ulp_distance = 0;
   std::vector<std::int64_t> ulp_histogram = std::vector<std::int64_t>(kUlpHistogramBins, 0);
   std::int64_t expected_nonfinite = 0, unexpected_nan = 0, unexpected_inf = 0, missed_nonfinite = 0,
-               mismatched_nonfinite = 0;
+               mismatched_nonfinite = 0, overflow_nan = 0;
   std::int64_t unwritten = 0, padding_written = 0;  ///< copied from the runner
   WorstElement worst;
   ErrorMap map;
@@ -94,6 +105,10 @@ struct OutputComparison {
   std::vector<Code> got;
   std::vector<RefValue> exact;
   std::vector<double> condition;
+  /// Largest finite value of the kernel's accumulator (FP32's for FP32 compute), and per
+  /// element what the accumulator sums before any scale: sum |a_k b_k| (empty: condition).
+  double accumulator_max = INFINITY;
+  std::vector<double> accumulated;
 };
 
 ErrorMetrics analyze(const OutputComparison& cmp);

@@ -39,7 +39,7 @@ std::string default_dtype(const std::string& kernel) {
   return "fp32";
 }
 
-ToleranceModel nominal_tolerance(const Case& c) {
+ToleranceModel nominal_tolerance(const Case& c, const KernelTraits& traits) {
   ToleranceModel t;
   const Format compute = c.types.at("compute");
   switch (compute) {
@@ -49,6 +49,7 @@ ToleranceModel nominal_tolerance(const Case& c) {
     case Format::TF32: t.accumulator_bits = 24, t.input_bits = 11; break;
     default: t.accumulator_bits = 24; break;
   }
+  if (traits.accumulator_bits > 0) t.accumulator_bits = traits.accumulator_bits;
   return t;
 }
 
@@ -68,6 +69,7 @@ OutputComparison compare_gemm(const Case& c, const GemmReference& ref, const Ten
       for (std::int64_t j = 0; j < c.gemm.n; ++j) cmp.got[ref.index(b, i, j)] = d.code(dv.offset(b, i, j));
   cmp.exact = ref.values;
   cmp.condition = ref.magnitude;
+  cmp.accumulated = ref.condition;
   return cmp;
 }
 
@@ -75,7 +77,7 @@ Evaluation evaluate_with_inputs(Kernel& k, const Case& c, const std::map<std::st
                                 const EvaluationOptions& options, const Registry* registry) {
   const auto start = std::chrono::steady_clock::now();
   Evaluation ev;
-  ev.tolerance = options.tolerance.value_or(nominal_tolerance(c));
+  ev.tolerance = options.tolerance.value_or(nominal_tolerance(c, k.traits()));
   if (c.op != Op::Gemm) throw InputError("attention evaluation needs the attention reference (not built yet)");
   ev.run = run_kernel(k, c, inputs);
   if (ev.run.status != Disposition::Ok) {
@@ -84,7 +86,9 @@ Evaluation evaluate_with_inputs(Kernel& k, const Case& c, const std::map<std::st
   } else {
     ev.reference = std::make_shared<const GemmReference>(gemm_reference(c, inputs));
     const GemmReference& ref = *ev.reference;
-    const OutputComparison cmp = compare_gemm(c, ref, ev.run.outputs.at("D"));
+    OutputComparison cmp = compare_gemm(c, ref, ev.run.outputs.at("D"));
+    const Format compute = c.types.at("compute");
+    cmp.accumulator_max = compute == Format::FP64 ? INFINITY : info(compute == Format::TF32 ? Format::FP32 : compute).max_finite();
     ErrorMetrics m = analyze(cmp);
     m.output = "D";
     m.unwritten = ev.run.unwritten;

@@ -42,10 +42,11 @@ Case dtype_gemm_case(std::string_view dtype, std::int64_t m, std::int64_t n, std
 /// "tf32", cpu.* -> "fp32").
 std::string default_dtype(const std::string& kernel);
 
-/// The tolerance a kernel's declared types imply: accumulator precision of the compute
+/// The tolerance a case's declared types imply: accumulator precision of the compute
 /// format (fp32 -> 24 bits, fp16 -> 11, fp64 -> 53; tf32 compute accumulates in FP32 but
-/// rounds its inputs to 11 bits).
-ToleranceModel nominal_tolerance(const Case& c);
+/// rounds its inputs to 11 bits), or the kernel's own declared accumulator precision
+/// (KernelTraits::accumulator_bits) when it gives one.
+ToleranceModel nominal_tolerance(const Case& c, const KernelTraits& traits = {});
 
 /// The reduction length the tolerance uses (GEMM K).
 std::int64_t reduction_length(const Case& c);

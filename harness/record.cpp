@@ -316,6 +316,7 @@ json metrics_to_json(const ErrorMetrics& m) {
           {"unexpected_inf", m.unexpected_inf},
           {"missed_nonfinite", m.missed_nonfinite},
           {"mismatched_nonfinite", m.mismatched_nonfinite},
+          {"overflow_nan", m.overflow_nan},
           {"unwritten", m.unwritten},
           {"padding_written", m.padding_written},
           {"worst", worst_to_json(m.worst)},
@@ -354,6 +355,7 @@ ErrorMetrics metrics_from_json(const json& j, const std::string& path) {
   m.unexpected_inf = r.integer("unexpected_inf", 0);
   m.missed_nonfinite = r.integer("missed_nonfinite", 0);
   m.mismatched_nonfinite = r.integer("mismatched_nonfinite", 0);
+  m.overflow_nan = r.integer("overflow_nan", 0);
   m.unwritten = r.integer("unwritten", 0);
   m.padding_written = r.integer("padding_written", 0);
   m.worst = worst_from_json(r.need("worst"), r.path("worst"));

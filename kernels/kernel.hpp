@@ -20,6 +20,10 @@ enum class Memory { Host, Device };
 struct KernelTraits {
   Memory memory = Memory::Host;
   bool deterministic = true;  ///< bitwise repeatable run to run
+  /// The precision (bits, implicit bit included) the kernel is designed to accumulate
+  /// with, when it is not the compute format's (e.g. a model of a narrow accumulator);
+  /// 0: the compute format's. The tolerance model uses it.
+  int accumulator_bits = 0;
 };
 
 /// Operand buffers, in the kernel's memory space. Inputs: A, B[, C][, bias] or Q, K, V;

@@ -14,6 +14,7 @@
 #include "harness/core/format.hpp"
 #include "harness/isolate.hpp"
 #include "harness/record.hpp"
+#include "harness/cli/commands.hpp"
 #include "kernels/device.hpp"
 #include "kernels/kernel.hpp"
 #include "kernels/plugin/loader.hpp"
@@ -91,6 +92,53 @@ int main(int argc, char** argv) {
   // Hidden (no group): the isolation worker that runs kernels for fuzz (harness/isolate.hpp).
   auto* worker = app.add_subcommand("worker", "Evaluate cases sent as JSON lines on stdin")->group("");
 
+  ulpgate::SweepArgs sweep_args;
+  auto* sweep = app.add_subcommand("sweep", "Error against K for kernels x input distributions, with the fitted "
+                                            "growth exponent and the effective accumulator precision");
+  sweep->add_option("--kernel", sweep_args.kernels, "Kernel (repeatable; see ulpgate list)")->required();
+  sweep->add_option("--dtype", sweep_args.dtype, "Input type: fp64, fp32, tf32, fp16, bf16, e4m3, e5m2 (default: "
+                                                 "implied by the kernel)");
+  sweep->add_option("--out-dtype", sweep_args.out_dtype, "D's format (default fp32)");
+  sweep->add_option("--vary", sweep_args.vary, "K=FROM:TO[:FACTOR] (default K=256:65536:4)");
+  sweep->add_option("--dist", sweep_args.dists, "Input distribution of A and B (repeatable; default normal(0,1))");
+  sweep->add_option("--metric", sweep_args.metric, "mean_normalised (default), max_normalised, mean_ulp, max_ulp, ...");
+  sweep->add_option("--mn", sweep_args.mn, "M = N of every case (default 64)")->check(CLI::Range(1, 1 << 20));
+  sweep->add_option("--seed", sweep_args.seed, "Seed (default 1)");
+  sweep->add_option("--out", sweep_args.out_dir, "Directory for the run record (sweep.json)");
+
+  ulpgate::FuzzArgs fuzz_args;
+  auto* fuzz = app.add_subcommand("fuzz", "Fuzz kernels x input types with generated cases (RapidCheck), shrink "
+                                          "failures into a corpus, write the run record and reports");
+  fuzz->add_option("--kernel", fuzz_args.kernels, "Kernel (repeatable; default: every kernel here)");
+  fuzz->add_option("--dtype", fuzz_args.dtypes, "Input type (repeatable; default: every one each kernel supports)");
+  fuzz->add_option("--cases", fuzz_args.cases, "Cases per (kernel, dtype) (default 10)");
+  fuzz->add_option("--time", fuzz_args.seconds, "Budget in seconds for the whole campaign (default 300; 0: none)");
+  fuzz->add_option("--seed", fuzz_args.seed, "Campaign seed (default 1)");
+  fuzz->add_option("--max-k", fuzz_args.max_k, "Largest K generated (default 1024)")->check(CLI::Range(1, 1 << 20));
+  fuzz->add_option("--out", fuzz_args.out_dir, "Output directory (default ulpgate-out)");
+  fuzz->add_option("--corpus", fuzz_args.corpus_dir, "Corpus of saved failures, replayed first (default <out>/corpus)");
+  fuzz->add_flag("--no-metamorphic", fuzz_args.no_metamorphic, "Skip the repeatability, scaling and transpose checks");
+
+  std::string replay_case, replay_out;
+  auto* replay = app.add_subcommand("replay", "Rerun one case file on its kernel and print its analysis");
+  replay->add_option("CASE.json", replay_case, "Case file (from a fuzz corpus or written by hand)")->required();
+  replay->add_option("--out", replay_out, "Also write the run record here");
+
+  std::string gate_baseline, gate_run, gate_junit;
+  auto* gate = app.add_subcommand("gate", "Compare a run record with a baseline: exit 0 pass, 1 regression");
+  gate->add_option("--baseline", gate_baseline, "Baseline file (ulpgate baseline update)")->required();
+  gate->add_option("RUN.json", gate_run, "Run record")->required();
+  gate->add_option("--junit", gate_junit, "Write the gate's JUnit XML here");
+
+  std::string base_run, base_out;
+  double base_slack = 0.25;
+  auto* baseline = app.add_subcommand("baseline", "Baselines for the gate");
+  auto* baseline_update = baseline->add_subcommand("update", "Write a baseline from a run record");
+  baseline->require_subcommand(1);
+  baseline_update->add_option("RUN.json", base_run, "Run record")->required();
+  baseline_update->add_option("--out", base_out, "Baseline file to write")->required();
+  baseline_update->add_option("--slack", base_slack, "Allowed relative growth of each error (default 0.25)");
+
   ReportArgs report_args;
   auto* report = app.add_subcommand("report", "Render a run record: Markdown summary (stdout when no file is "
                                               "named), self-contained HTML with plots, JUnit XML");
@@ -126,6 +174,15 @@ int main(int argc, char** argv) {
       list_formats();
       std::fputs(ulpgate::describe_families().c_str(), stdout);
       return kExitOk;
+    }
+    std::string command_line;
+    for (int i = 0; i < argc; ++i) command_line += (i ? " " : "") + std::string(argv[i]);
+    if (fuzz->parsed()) return ulpgate::fuzz_command(fuzz_args, registry, command_line);
+    if (replay->parsed()) return ulpgate::replay_command(replay_case, registry, replay_out);
+    if (gate->parsed()) return ulpgate::gate_command(gate_baseline, gate_run, gate_junit);
+    if (baseline_update->parsed()) return ulpgate::baseline_update_command(base_run, base_out, base_slack);
+    if (sweep->parsed()) {
+      return ulpgate::sweep_command(sweep_args, registry, command_line);
     }
   } catch (const ulpgate::InputError& e) {
     std::fprintf(stderr, "ulpgate: error: %s\n", e.what());

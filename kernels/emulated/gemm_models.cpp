@@ -83,7 +83,11 @@ class EmulatedGemm final : public Kernel {
     }
     return "";
   }
-  KernelTraits traits() const override { return {Memory::Host, true}; }
+  KernelTraits traits() const override {
+    // A block-FMA model keeps frac_bits fraction bits (frac_bits + 1 of precision) at most.
+    const int bits = m_.order == AccumulationModel::Order::BlockFma ? std::min(24, m_.frac_bits + 1) : 24;
+    return {Memory::Host, true, bits};
+  }
   std::optional<std::string> unsupported(const Case& c) const override {
     if (c.op != Op::Gemm) return "CPU models cover GEMM only";
     for (const char* op : {"A", "B"})

@@ -1,0 +1,48 @@
+// The CLI's verbs beyond `list`, one function each (main.cpp parses the flags).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "kernels/kernel.hpp"
+
+namespace ulpgate {
+
+struct SweepArgs {
+  std::vector<std::string> kernels;
+  std::string dtype;      ///< empty: implied by each kernel's name
+  std::string out_dtype;  ///< empty: fp32 (fp64 for fp64)
+  std::string vary = "K=256:65536:4";
+  std::vector<std::string> dists = {"normal(0,1)"};
+  std::string metric = "mean_normalised";
+  std::int64_t mn = 64;
+  std::uint64_t seed = 1;
+  std::string out_dir;
+};
+
+/// Runs the sweep; returns the exit code.
+int sweep_command(const SweepArgs& a, Registry& registry, const std::string& command_line);
+
+}  // namespace ulpgate
+
+namespace ulpgate {
+
+struct FuzzArgs {
+  std::vector<std::string> kernels;  ///< empty: every kernel here
+  std::vector<std::string> dtypes;   ///< empty: every dtype each kernel supports
+  std::int64_t cases = 10;           ///< per (kernel, dtype)
+  double seconds = 300;              ///< whole-campaign budget (0: none)
+  std::uint64_t seed = 1;
+  std::int64_t max_k = 1024;
+  std::string out_dir = "ulpgate-out";
+  std::string corpus_dir;            ///< empty: <out>/corpus
+  bool no_metamorphic = false;
+};
+
+int fuzz_command(const FuzzArgs& a, Registry& registry, const std::string& command_line);
+int replay_command(const std::string& case_path, Registry& registry, const std::string& out_json);
+int gate_command(const std::string& baseline_path, const std::string& run_path, const std::string& junit_path);
+int baseline_update_command(const std::string& run_path, const std::string& out_path, double relative_slack);
+
+}  // namespace ulpgate

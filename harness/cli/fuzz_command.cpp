@@ -1,0 +1,141 @@
+// `ulpgate fuzz`, `replay`, `gate` and `baseline update`.
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+
+#include <fmt/format.h>
+
+#include "harness/cli/commands.hpp"
+#include "harness/core/error.hpp"
+#include "harness/fuzz.hpp"
+#include "harness/gate.hpp"
+#include "reports/report.hpp"
+
+namespace ulpgate {
+namespace {
+
+constexpr int kExitFailed = 1;
+
+void print_case(const CaseResult& r) {
+  std::printf("%s on %s: %s, verdict %s\n", r.kernel.c_str(), r.family.c_str(), std::string(name(r.status)).c_str(),
+              r.verdict.passed ? "pass" : "FAIL");
+  if (!r.message.empty()) std::printf("  %s\n", r.message.c_str());
+  for (const auto& why : r.verdict.reasons) std::printf("  - %s\n", why.c_str());
+  for (const auto& m : r.metrics) {
+    std::printf("  %s (%s): %lld elements, %lld correctly rounded; max |err|/sum|ab| %.4g (mean %.4g); max ULP %.4g "
+                "(mean %.4g, bias %+.4g); max ULP distance from the correct rounding %llu\n",
+                m.output.c_str(), std::string(name(m.format)).c_str(), static_cast<long long>(m.elements),
+                static_cast<long long>(m.exact_matches), m.max_normalised, m.mean_normalised, m.max_ulp, m.mean_ulp,
+                m.bias_ulp, static_cast<unsigned long long>(m.max_ulp_distance));
+    if (!m.worst.index.empty()) {
+      std::string idx;
+      for (auto i : m.worst.index) idx += (idx.empty() ? "" : ",") + std::to_string(i);
+      std::printf("  worst [%s]: got %s, correctly rounded %s, exact %s, sum|ab| %.4g\n", idx.c_str(), m.worst.got.c_str(),
+                  m.worst.expected.c_str(), m.worst.exact.c_str(), m.worst.condition);
+    }
+  }
+  for (const auto& [k, v] : r.notes) std::printf("  %s: %s\n", k.c_str(), v.c_str());
+}
+
+}  // namespace
+
+int fuzz_command(const FuzzArgs& a, Registry& registry, const std::string& command_line) {
+  FuzzOptions o;
+  o.cases = a.cases;
+  o.seconds = a.seconds;
+  o.seed = a.seed;
+  o.max_k = a.max_k;
+  o.metamorphic = !a.no_metamorphic;
+  o.corpus_dir = a.corpus_dir.empty() ? (std::filesystem::path(a.out_dir) / "corpus").string() : a.corpus_dir;
+  if (a.cases < 1) throw InputError("--cases must be >= 1");
+  for (const auto& t : all_targets(registry)) {
+    const bool k_ok = a.kernels.empty() || std::count(a.kernels.begin(), a.kernels.end(), t.kernel);
+    const bool d_ok = a.dtypes.empty() || std::count(a.dtypes.begin(), a.dtypes.end(), t.dtype);
+    if (k_ok && d_ok) o.targets.push_back(t);
+  }
+  for (const auto& k : a.kernels)
+    if (!registry.resolve(k)) throw InputError(fmt::format("--kernel '{}': no such kernel here (see ulpgate list)", k));
+  if (!a.kernels.empty())  // parameterised models resolved just now
+    for (const auto& t : all_targets(registry))
+      if (std::count(a.kernels.begin(), a.kernels.end(), t.kernel) &&
+          (a.dtypes.empty() || std::count(a.dtypes.begin(), a.dtypes.end(), t.dtype)) &&
+          std::none_of(o.targets.begin(), o.targets.end(),
+                       [&](const FuzzTarget& x) { return x.kernel == t.kernel && x.dtype == t.dtype; }))
+        o.targets.push_back(t);
+  if (o.targets.empty()) throw InputError("fuzz: no kernel here supports the requested --kernel/--dtype combination");
+  const bool tty = isatty(STDERR_FILENO);
+  std::printf("ulpgate fuzz: seed %llu, %zu targets (kernel x dtype), %lld cases each, K <= %lld, budget %s\n",
+              static_cast<unsigned long long>(a.seed), o.targets.size(), static_cast<long long>(a.cases),
+              static_cast<long long>(a.max_k), a.seconds > 0 ? fmt::format("{:.0f} s", a.seconds).c_str() : "none");
+  std::fflush(stdout);
+  RunRecord r = run_fuzz(
+      registry, o,
+      [&](const FuzzProgress& p) {
+        if (!tty) return;
+        const double rate = p.elapsed > 0 ? p.cases / p.elapsed : 0;
+        const double eta = rate > 0 ? (p.total - p.cases) / rate : 0;
+        std::fprintf(stderr, "\r  %lld/%lld cases, %lld failing, %.1f cases/s, ETA %.0f s   ", static_cast<long long>(p.cases),
+                     static_cast<long long>(p.total), static_cast<long long>(p.failures), rate, eta);
+      },
+      [&](const std::string& line) {
+        if (tty) std::fprintf(stderr, "\r\033[K");
+        std::printf("  %s\n", line.c_str());
+        std::fflush(stdout);
+      });
+  if (tty) std::fprintf(stderr, "\r\033[K");
+  r.command = command_line;
+  std::filesystem::create_directories(a.out_dir);
+  const auto out = std::filesystem::path(a.out_dir);
+  write_record_file((out / "fuzz.json").string(), r);
+  write_text_file_atomically((out / "report.md").string(), render_markdown(r));
+  write_text_file_atomically((out / "junit.xml").string(), render_junit(r));
+  write_text_file_atomically((out / "report.html").string(), render_html(r));
+  std::int64_t failed = 0, unsupported = 0;
+  for (const auto& c : r.cases) failed += !c.verdict.passed, unsupported += c.status == Disposition::NotSupported;
+  std::printf("%zu cases, %lld failed, %lld not supported by their kernel\nrecord %s, reports %s, %s, %s\n", r.cases.size(),
+              static_cast<long long>(failed), static_cast<long long>(unsupported), (out / "fuzz.json").c_str(),
+              (out / "report.html").c_str(), (out / "report.md").c_str(), (out / "junit.xml").c_str());
+  return failed ? kExitFailed : 0;
+}
+
+int replay_command(const std::string& case_path, Registry& registry, const std::string& out_json) {
+  const Case c = read_case_file(case_path);
+  if (c.kernel.empty()) throw InputError(case_path + ": case.kernel is empty: name the kernel to replay on");
+  std::printf("ulpgate replay %s: kernel %s, seed %llu\n", case_path.c_str(), c.kernel.c_str(),
+              static_cast<unsigned long long>(c.seed));
+  CaseResult r = replay_case(registry, c, EvaluationOptions{});
+  r.reproducer = "ulpgate replay " + case_path;
+  print_case(r);
+  if (!out_json.empty()) {
+    RunRecord rec;
+    rec.kind = "replay";
+    rec.seed = c.seed;
+    rec.command = "ulpgate replay " + case_path;
+    rec.environment = capture_environment();
+    rec.cases.push_back(r);
+    write_record_file(out_json, rec);
+  }
+  return r.verdict.passed ? 0 : kExitFailed;
+}
+
+int gate_command(const std::string& baseline_path, const std::string& run_path, const std::string& junit_path) {
+  const Baseline b = read_baseline_file(baseline_path);
+  const RunRecord r = read_record_file(run_path);
+  const GateResult g = gate(b, r);
+  std::fputs(render_gate_table(g).c_str(), stdout);
+  if (!junit_path.empty()) write_text_file_atomically(junit_path, render_gate_junit(g));
+  return g.regression ? kExitFailed : 0;
+}
+
+int baseline_update_command(const std::string& run_path, const std::string& out_path, double relative_slack) {
+  if (!(relative_slack >= 0)) throw InputError("--slack must be >= 0");
+  const RunRecord r = read_record_file(run_path);
+  const Baseline b = baseline_from_record(r, relative_slack);
+  write_baseline_file(out_path, b);
+  std::printf("baseline %s: %zu (kernel, family) entries from %s\n", out_path.c_str(), b.entries.size(), run_path.c_str());
+  return 0;
+}
+
+}  // namespace ulpgate

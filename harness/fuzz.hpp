@@ -1,0 +1,74 @@
+// Fuzz campaigns: RapidCheck properties over generated cases for kernels x input types.
+//
+// For every (kernel, dtype) pair the campaign checks, per generated case:
+//   - the kernel ran (not crashed, timed out or failed; "not supported" is recorded, not
+//     a failure);
+//   - the verdict (harness/analyze.hpp): within the tolerance model, no unexpected or
+//     missed NaN/Inf, every element written, nothing written into padding or inputs;
+//   - bitwise repeatability, for kernels that declare themselves deterministic;
+//   - power-of-two scaling: A scaled by 2 scales the exact result exactly, so a correct
+//     floating-point kernel's D doubles bit for bit (checked where no value can overflow
+//     or underflow: beta = 0, no bias, epilogue none or ReLU, inputs >= 2^-60 or 0);
+//   - transposition: D^T = B^T A^T run as the transposed case (other layout, A and B
+//     swapped) must pass too, on the same memory (cases without a bias).
+// A failure shrinks (RapidCheck) to a minimal case, which is saved as case JSON in the
+// corpus folder with the RapidCheck reproduce string; later campaigns replay the corpus
+// first. Seeds: the campaign seed makes every pair's RapidCheck seed, so a campaign is
+// reproducible from the printed seed and budget.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "harness/evaluate.hpp"
+#include "harness/isolate.hpp"
+#include "harness/record.hpp"
+
+namespace ulpgate {
+
+struct FuzzTarget {
+  std::string kernel;
+  std::string dtype;  ///< fp64, fp32, tf32, fp16, bf16, e4m3, e5m2
+};
+
+struct FuzzOptions {
+  std::vector<FuzzTarget> targets;  ///< empty: every kernel here x every dtype it supports
+  std::int64_t cases = 30;          ///< cases per target
+  double seconds = 0;               ///< wall-clock budget for the whole campaign (0: none)
+  std::uint64_t seed = 1;
+  std::int64_t max_k = 4096;        ///< largest K generated
+  std::string corpus_dir;           ///< saved failures, replayed first ("" : none)
+  EvaluationOptions evaluation;
+  bool metamorphic = true;
+  /// Draw GELU epilogues too (their certified reference costs up to seconds per case).
+  bool gelu = true;
+  /// Kernel calls in a worker process with a timeout (crashes and hangs become results);
+  /// nullopt: in this process.
+  std::optional<IsolationOptions> isolation;
+  /// Append every result to this JSONL journal ("": none); with resume, reuse the results
+  /// an interrupted run of the same campaign journaled.
+  std::string journal_path;
+  bool resume = false;
+};
+
+/// Every (kernel, dtype) pair of the registry whose kernel supports the dtype's basic case.
+std::vector<FuzzTarget> all_targets(const Registry& registry);
+
+struct FuzzProgress {
+  std::int64_t cases = 0, failures = 0, total = 0;
+  double elapsed = 0;
+};
+
+/// Runs the campaign; returns the run record (kind "fuzz"). progress is called after each
+/// case; log receives one line per event worth printing (failures, corpus saves).
+RunRecord run_fuzz(Registry& registry, const FuzzOptions& options,
+                   const std::function<void(const FuzzProgress&)>& progress = {},
+                   const std::function<void(const std::string&)>& log = {});
+
+/// Evaluates one case file's case on its kernel (case.kernel) and returns the record entry.
+CaseResult replay_case(Registry& registry, Case c, const EvaluationOptions& options);
+
+}  // namespace ulpgate
