@@ -38,6 +38,10 @@ struct FuzzArgs {
   std::string out_dir = "ulpgate-out";
   std::string corpus_dir;            ///< empty: <out>/corpus
   bool no_metamorphic = false;
+  bool in_process = false;  ///< no worker isolation
+  double timeout = 300;     ///< per case, in the worker
+  bool resume = false;      ///< continue from <out>/journal.jsonl
+  std::vector<std::string> plugins;  ///< for the worker
 };
 
 int fuzz_command(const FuzzArgs& a, Registry& registry, const std::string& command_line);

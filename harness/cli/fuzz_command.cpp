@@ -50,6 +50,16 @@ int fuzz_command(const FuzzArgs& a, Registry& registry, const std::string& comma
   o.metamorphic = !a.no_metamorphic;
   o.corpus_dir = a.corpus_dir.empty() ? (std::filesystem::path(a.out_dir) / "corpus").string() : a.corpus_dir;
   if (a.cases < 1) throw InputError("--cases must be >= 1");
+  if (!(a.timeout > 0)) throw InputError("--timeout must be > 0");
+  if (!a.in_process) {
+    IsolationOptions iso;
+    iso.plugins = a.plugins;
+    iso.timeout_seconds = a.timeout;
+    o.isolation = iso;
+  }
+  o.journal_path = (std::filesystem::path(a.out_dir) / "journal.jsonl").string();
+  o.resume = a.resume;
+  std::filesystem::create_directories(a.out_dir);
   for (const auto& t : all_targets(registry)) {
     const bool k_ok = a.kernels.empty() || std::count(a.kernels.begin(), a.kernels.end(), t.kernel);
     const bool d_ok = a.dtypes.empty() || std::count(a.dtypes.begin(), a.dtypes.end(), t.dtype);

@@ -118,6 +118,9 @@ int main(int argc, char** argv) {
   fuzz->add_option("--out", fuzz_args.out_dir, "Output directory (default ulpgate-out)");
   fuzz->add_option("--corpus", fuzz_args.corpus_dir, "Corpus of saved failures, replayed first (default <out>/corpus)");
   fuzz->add_flag("--no-metamorphic", fuzz_args.no_metamorphic, "Skip the repeatability, scaling and transpose checks");
+  fuzz->add_flag("--in-process", fuzz_args.in_process, "Run kernels in this process (default: a worker process)");
+  fuzz->add_option("--timeout", fuzz_args.timeout, "Seconds per case before the worker is killed (default 300)");
+  fuzz->add_flag("--resume", fuzz_args.resume, "Continue an interrupted campaign from <out>/journal.jsonl");
 
   std::string replay_case, replay_out;
   auto* replay = app.add_subcommand("replay", "Rerun one case file on its kernel and print its analysis");
@@ -177,7 +180,10 @@ int main(int argc, char** argv) {
     }
     std::string command_line;
     for (int i = 0; i < argc; ++i) command_line += (i ? " " : "") + std::string(argv[i]);
-    if (fuzz->parsed()) return ulpgate::fuzz_command(fuzz_args, registry, command_line);
+    if (fuzz->parsed()) {
+      fuzz_args.plugins = plugins;
+      return ulpgate::fuzz_command(fuzz_args, registry, command_line);
+    }
     if (replay->parsed()) return ulpgate::replay_command(replay_case, registry, replay_out);
     if (gate->parsed()) return ulpgate::gate_command(gate_baseline, gate_run, gate_junit);
     if (baseline_update->parsed()) return ulpgate::baseline_update_command(base_run, base_out, base_slack);
