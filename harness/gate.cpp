@@ -1,7 +1,6 @@
 #include "harness/gate.hpp"
 
 #include <cmath>
-#include <filesystem>
 #include <fstream>
 #include <map>
 
@@ -136,14 +135,7 @@ Baseline read_baseline_file(const std::string& path) {
 }
 
 void write_baseline_file(const std::string& path, const Baseline& b) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    if (!out) throw InputError(path + ": cannot write");
-    out << to_json(b).dump(2) << '\n';
-    if (!out.flush()) throw InputError(path + ": write failed");
-  }
-  std::filesystem::rename(tmp, path);
+  write_text_file_atomically(path, to_json(b).dump(2) + "\n");
 }
 
 GateResult gate(const Baseline& baseline, const RunRecord& run) {
