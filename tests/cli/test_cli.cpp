@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <string>
 #include <sys/wait.h>
+#include <unistd.h>
 
 namespace {
 
@@ -14,7 +15,10 @@ struct Result {
 };
 
 Result run(const std::string& args) {
-  const std::string err_file = testing::TempDir() + "ulpgate_cli_stderr.txt";
+  // One file per process and call: ctest runs the tests of this binary in parallel.
+  static int calls = 0;
+  const std::string err_file =
+      testing::TempDir() + "ulpgate_cli_stderr_" + std::to_string(getpid()) + "_" + std::to_string(++calls) + ".txt";
   const std::string cmd = std::string(ULPGATE_BIN) + " " + args + " 2>" + err_file;
   Result r{};
   FILE* p = popen(cmd.c_str(), "r");
