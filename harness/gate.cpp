@@ -1,7 +1,6 @@
 #include "harness/gate.hpp"
 
 #include <cmath>
-#include <fstream>
 #include <map>
 
 #include <fmt/format.h>
@@ -119,19 +118,7 @@ Baseline baseline_from_json(const json& j) {
 }
 
 Baseline read_baseline_file(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) throw InputError(path + ": cannot open");
-  json j;
-  try {
-    j = json::parse(in);
-  } catch (const json::parse_error& e) {
-    throw InputError(fmt::format("{}: not valid JSON (byte {})", path, e.byte));
-  }
-  try {
-    return baseline_from_json(j);
-  } catch (const InputError& e) {
-    throw InputError(path + ": " + e.what());
-  }
+  return read_json_file_as(path, [](const json& j) { return baseline_from_json(j); });
 }
 
 void write_baseline_file(const std::string& path, const Baseline& b) {

@@ -390,21 +390,17 @@ Case case_from_json(const json& j) {
   return c;
 }
 
-Case read_case_file(const std::string& path) {
+json read_json_file(const std::string& path) {
   std::ifstream in(path);
   if (!in) throw InputError(path + ": cannot open");
-  json j;
   try {
-    j = json::parse(in);
+    return json::parse(in);
   } catch (const json::parse_error& e) {
     throw InputError(fmt::format("{}: not valid JSON (byte {})", path, e.byte));
   }
-  try {
-    return case_from_json(j);
-  } catch (const InputError& e) {
-    throw InputError(path + ": " + e.what());
-  }
 }
+
+Case read_case_file(const std::string& path) { return read_json_file_as(path, case_from_json); }
 
 void write_case_file(const std::string& path, const Case& c) {
   const std::string tmp = path + ".tmp";
