@@ -95,10 +95,13 @@ double RefValue::to_double(Rounding r) const { return decode(Format::FP64, round
 DoubleDouble RefValue::double_double() const {
   const double hi = to_double();
   if (kind != Kind::Finite || !std::isfinite(hi)) return {hi, 0.0};
-  // x and hi are both multiples of 2^(exponent - 128); the difference is below 2^(exponent
-  // + 1) or, when hi is subnormal, below 2^-1074: enough bits to hold it exactly.
-  const long extra = std::max(0L, -1074L - static_cast<long>(exponent));
-  Mpfr d(static_cast<mpfr_prec_t>(134 + extra));
+  // Below 2^-1021 doubles are spaced 2^-1074 apart, so |x - hi| <= 2^-1075 and RN(x - hi)
+  // is zero. (Computing it would need a precision of -exponent bits: 10^9 for the tiny
+  // tails a certified GELU can return.)
+  if (exponent < -1021) return {hi, 0.0};
+  // Otherwise x and hi are both multiples of 2^(exponent - 129) and of 2^-1074, and the
+  // difference is below 2^(exponent + 1): 134 bits hold it exactly.
+  Mpfr d(134);
   Mpfr x(130);
   to_mpfr(x);
   mpfr_sub_d(d, x, hi, MPFR_RNDN);

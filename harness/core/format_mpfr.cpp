@@ -54,8 +54,12 @@ double ulp_error(Format f, Code computed, mpfr_srcptr exact) {
   } else {
     prec = std::max<mpfr_prec_t>(mpfr_get_prec(exact), 53);
   }
-  Mpfr diff(prec);
-  mpfr_sub(diff, cm, exact, MPFR_RNDN);  // exact
+  // Operands whose bits span more than 4096 positions (an exact value near 2^-(10^9)
+  // against a subnormal, say) would need that many bits: there one correctly rounded 53-bit
+  // difference is used. Dividing by u is exact, so the result differs from the exact
+  // quotient's rounding only if that quotient is below 2^-1022 ulps.
+  Mpfr diff(prec <= 4096 ? prec : 53);
+  mpfr_sub(diff, cm, exact, MPFR_RNDN);  // exact, or one correct rounding
   const double u = ulp_of(f, mpfr_get_d(exact, MPFR_RNDZ));  // RNDZ keeps the binade
   mpfr_div_d(diff, diff, u, MPFR_RNDN);                        // power of two: exact
   return mpfr_get_d(diff, MPFR_RNDN);

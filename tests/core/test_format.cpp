@@ -328,6 +328,10 @@ TEST(Format, UlpErrorKnownAnswers) {
   mpfr_set_ui_2exp(x, 1, -100, MPFR_RNDN);
   mpfr_add_d(x, x, 1.0 + 0x1p-11, MPFR_RNDN);
   EXPECT_EQ(ulp_error(h, encode(h, 1.0), x.get()), -(0.5 + 0x1p-90));
+  // An exact value a billion binades down (a certified GELU tail) against the smallest
+  // subnormal: one unit, and without a billion-bit subtraction.
+  mpfr_set_si_2exp(x, -1, -1000000000, MPFR_RNDN);
+  EXPECT_EQ(ulp_error(h, 1, x.get()), 1.0);
 }
 
 // The fractional error of the correctly rounded value is at most 1/2 ULP, and of every
