@@ -81,7 +81,8 @@ ErrorMetrics analyze(const OutputComparison& cmp) {
     const bool g_finite = is_finite(f, g), r_finite = is_finite(f, r);
     const auto& acc = cmp.accumulated.empty() ? cmp.condition : cmp.accumulated;
     const double acc_e = e < static_cast<std::int64_t>(acc.size()) ? acc[e] : 0.0;
-    if (!g_finite && !(acc_e <= cmp.accumulator_max)) {  // the terms overflow the accumulator
+    const bool zeroed = cmp.activation_zeroes && (g & ~info(f).sign_mask()) == 0;
+    if ((!g_finite || zeroed) && !(acc_e <= cmp.accumulator_max)) {  // the terms overflow the accumulator
       m.overflow_nan++;
       continue;
     }

@@ -30,7 +30,9 @@
 //   overflow_nan         d_e NaN where x_e overflows D (r_e = +-Inf), or d_e NaN or Inf where
 //                        the terms summed exceed the accumulator's range (the unscaled
 //                        sum of |a_k b_k|, accumulated_e, > accumulator_max): a correct accumulator overflows there too, in an
-//                        order-dependent way; reported, not a failure
+//                        order-dependent way; reported, not a failure. With an activation
+//                        that maps -Inf or NaN to zero (ReLU, GELU: OutputComparison::
+//                        activation_zeroes), d_e = +-0 counts here too in that last case
 //   mismatched_nonfinite both non-finite but otherwise different (Inf where r_e is NaN, or
 //                        opposite infinities)
 #pragma once
@@ -109,6 +111,9 @@ struct OutputComparison {
   /// element what the accumulator sums before any scale: sum |a_k b_k| (empty: condition).
   double accumulator_max = INFINITY;
   std::vector<double> accumulated;
+  /// The epilogue ends in an activation that can turn an overflowed accumulator (-Inf, or
+  /// the NaN of Inf - Inf) into +-0: ReLU (max(NaN, 0) is 0 in fmaxf) and GELU.
+  bool activation_zeroes = false;
 };
 
 ErrorMetrics analyze(const OutputComparison& cmp);

@@ -70,6 +70,7 @@ OutputComparison compare_gemm(const Case& c, const GemmReference& ref, const Ten
   cmp.exact = ref.values;
   cmp.condition = ref.magnitude;
   cmp.accumulated = ref.condition;
+  cmp.activation_zeroes = c.epilogue != Epilogue::None && c.epilogue != Epilogue::Bias;
   return cmp;
 }
 

@@ -106,6 +106,24 @@ TEST(Analyze, NonFiniteClassification) {
   EXPECT_TRUE(judge(ok, analyze(ok), ToleranceModel{}, 1).passed);
 }
 
+// Terms beyond the accumulator's range: Inf - Inf may give NaN, and a ReLU or GELU epilogue
+// may turn that (or -Inf) into 0. Only then, and only with such an activation, is a zero
+// where the exact result overflows not a missed Inf.
+TEST(Analyze, ActivationOfAnOverflowedAccumulator) {
+  const double inf = INFINITY;
+  auto cmp = fp16({0.0, -0.0, inf, 0.0}, {inf, inf, inf, inf});
+  cmp.accumulated = {1e6, 1e6, 1e6, 100.0};  // the last one's terms fit FP16
+  cmp.accumulator_max = 65504.0;
+  cmp.activation_zeroes = true;
+  ErrorMetrics m = analyze(cmp);
+  EXPECT_EQ(m.overflow_nan, 3);  // the Inf was there already
+  EXPECT_EQ(m.missed_nonfinite, 1);
+  cmp.activation_zeroes = false;  // no activation: every zero is a missed Inf
+  m = analyze(cmp);
+  EXPECT_EQ(m.overflow_nan, 1);
+  EXPECT_EQ(m.missed_nonfinite, 3);
+}
+
 TEST(Analyze, ErrorMapLocatesTheBadTile) {
   OutputComparison c;
   c.format = Format::FP32;
