@@ -195,9 +195,11 @@ Tensor fill_operand(Case& c, const Operand& o, const DistSpec& spec) {
     for (double v : vals)
       if (std::isfinite(v)) amax = std::max(amax, std::fabs(v));
     // The scale is an FP32 number, as cuBLASLt's scale pointers; kept in FP32's normal range.
+    // Rounded up, so that amax / scale stays at or below frac * max finite: rounded to
+    // nearest, frac = 1 could put the largest value past FP32's or BF16's overflow threshold.
     double scale = 1.0;
     if (amax > 0.0)
-      scale = std::clamp(round_to(Format::FP32, amax / (spec["frac"] * info(o.format).max_finite())),
+      scale = std::clamp(round_to(Format::FP32, amax / (spec["frac"] * info(o.format).max_finite()), Rounding::Up),
                          0x1p-126, 0x1p127);
     for (double& v : vals) v /= scale;
     c.scales[o.name] = scale;

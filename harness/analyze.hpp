@@ -8,7 +8,9 @@
 //        conversions and cuBLASLt's FP8 outputs do); other formats overflow to +-Inf
 //   c_e  the condition term: GEMM sum_k |a_ik b_kj| scaled as the epilogue scales it
 //        (GemmReference::magnitude); attention sum_j p_ij |v_jd|
-// and u_D = 2^-(fraction bits of D) / 2, the unit roundoff of D's format.
+// and u_D = 2^-(fraction bits of D) / 2, the unit roundoff of D's format. Where D saturates
+// (FP8) and |x_e| exceeds its max finite value, errors are measured from the clamped
+// value +-max (which r_e equals): saturation is the format's rule, not the kernel's error.
 //
 // Metrics over the elements where d_e and r_e are both finite ("compared"):
 //   abs error        |d_e - x_e|                      (max, mean)
@@ -27,12 +29,21 @@
 //   expected_nonfinite   both NaN, or both the same infinity (an exact overflow included)
 //   unexpected_nan/inf   d_e NaN / Inf where r_e is finite
 //   missed_nonfinite     r_e NaN or Inf where d_e is finite
-//   overflow_nan         d_e NaN where x_e overflows D (r_e = +-Inf), or d_e NaN or Inf where
-//                        the terms summed exceed the accumulator's range (the unscaled
-//                        sum of |a_k b_k|, accumulated_e, > accumulator_max): a correct accumulator overflows there too, in an
-//                        order-dependent way; reported, not a failure. With an activation
-//                        that maps -Inf or NaN to zero (ReLU, GELU: OutputComparison::
-//                        activation_zeroes), d_e = +-0 counts here too in that last case
+//   overflowed           the computation overflowed, and d_e is one of the things a correct
+//                        kernel may return there (reported, not a failure):
+//                        - x_e beyond D's range (r_e = +-Inf): d_e NaN, or d_e the max finite
+//                          value of x_e's sign (what a round-toward-zero accumulator or
+//                          conversion gives: IEEE RZ never overflows to Inf);
+//                        - an intermediate may exceed the accumulator's range: accumulated_e
+//                          (for GEMM max(sum |a_k b_k|, |alpha sA sB| sum |a_k b_k| +
+//                          |beta sC c| + |bias|)) > accumulator_max. A correct accumulator
+//                          can overflow there, order-dependently, to Inf or NaN (or saturate,
+//                          rounding toward zero), and the epilogue (alpha, an activation)
+//                          turns that into anything: for a finite x_e (no NaN or Inf input)
+//                          any d_e is accepted where d_e or r_e is not finite, and where both
+//                          are, the tolerance is not applied. For an infinite x_e (an Inf
+//                          input) d_e NaN is accepted (the Inf met an overflow the other
+//                          way). Inf and NaN inputs do not count in accumulated_e.
 //   mismatched_nonfinite both non-finite but otherwise different (Inf where r_e is NaN, or
 //                        opposite infinities)
 #pragma once
@@ -92,7 +103,7 @@ struct ErrorMetrics {
   std::uint64_t max_ulp_distance = 0;
   std::vector<std::int64_t> ulp_histogram = std::vector<std::int64_t>(kUlpHistogramBins, 0);
   std::int64_t expected_nonfinite = 0, unexpected_nan = 0, unexpected_inf = 0, missed_nonfinite = 0,
-               mismatched_nonfinite = 0, overflow_nan = 0;
+               mismatched_nonfinite = 0, overflowed = 0;
   std::int64_t unwritten = 0, padding_written = 0;  ///< copied from the runner
   WorstElement worst;
   ErrorMap map;
@@ -108,30 +119,31 @@ struct OutputComparison {
   std::vector<RefValue> exact;
   std::vector<double> condition;
   /// Largest finite value of the kernel's accumulator (FP32's for FP32 compute), and per
-  /// element what the accumulator sums before any scale: sum |a_k b_k| (empty: condition).
+  /// element the largest intermediate it holds (see accumulated_e; empty: condition).
   double accumulator_max = INFINITY;
   std::vector<double> accumulated;
-  /// The epilogue ends in an activation that can turn an overflowed accumulator (-Inf, or
-  /// the NaN of Inf - Inf) into +-0: ReLU (max(NaN, 0) is 0 in fmaxf) and GELU.
-  bool activation_zeroes = false;
 };
 
 ErrorMetrics analyze(const OutputComparison& cmp);
 
 /// The dtype- and K-aware tolerance model. An element passes when
-///   |d_e - x_e| <= (2 u_in + u_in^2 + gamma(n + 4, u_acc)) c_e + u_D |x_e| + ulp_of(D, 0) / 2
+///   |d_e - x_e| <= (2 u_in + u_in^2 + gamma(n + 4, u_acc)) c_e + u_D |x_e|
+///                  + (n + 4) eta_acc + ulp_of(D, 0) / 2
 /// where n is the reduction length (GEMM K; attention seq_kv for the P V product), the
 /// + 4 covers the epilogue's operations (scale, alpha, beta C, bias), u_acc =
 /// 2^(1 - accumulator_bits) is one unit in the last place of the accumulator (so a
 /// truncating, RZ, accumulator is covered too), u_in = 2^(1 - input_bits) when the kernel
 /// rounds its inputs internally (e.g. FP32 inputs on TF32 tensor cores: input_bits = 11),
-/// else 0, u_D is D's unit roundoff 2^-(frac_bits + 1), and gamma(n, u) = n u / (1 - n u)
+/// else 0, eta_acc the accumulator's smallest subnormal (each operation's absolute error
+/// where its result underflows: products and the epilogue's operations round there in
+/// fixed units, up to a full one when truncating; 2^-149 for FP32), u_D is D's unit roundoff 2^-(frac_bits + 1), and gamma(n, u) = n u / (1 - n u)
 /// (Higham's deterministic bound; +inf when n u >= 1), or, with probabilistic = true,
 /// lambda sqrt(n) u with lambda = 4 (Higham & Mary 2019: holds with probability
 /// >= 1 - 2 exp(-lambda^2 / 2) ~ 0.9993 per element, for independent rounding errors).
 struct ToleranceModel {
   int accumulator_bits = 24;  ///< precision (incl. the implicit bit) of the running sum
   int input_bits = 0;         ///< 0: inputs used as given; else the internal input precision
+  double accumulator_eta = 0x1p-149;  ///< the accumulator format's smallest subnormal
   bool probabilistic = false;
   double lambda = 4.0;
   /// The bound for one element.

@@ -50,6 +50,7 @@ ToleranceModel nominal_tolerance(const Case& c, const KernelTraits& traits) {
     default: t.accumulator_bits = 24; break;
   }
   if (traits.accumulator_bits > 0) t.accumulator_bits = traits.accumulator_bits;
+  t.accumulator_eta = info(compute == Format::TF32 ? Format::FP32 : compute).min_subnormal();
   return t;
 }
 
@@ -69,8 +70,7 @@ OutputComparison compare_gemm(const Case& c, const GemmReference& ref, const Ten
       for (std::int64_t j = 0; j < c.gemm.n; ++j) cmp.got[ref.index(b, i, j)] = d.code(dv.offset(b, i, j));
   cmp.exact = ref.values;
   cmp.condition = ref.magnitude;
-  cmp.accumulated = ref.condition;
-  cmp.activation_zeroes = c.epilogue != Epilogue::None && c.epilogue != Epilogue::Bias;
+  cmp.accumulated = ref.intermediate;
   return cmp;
 }
 

@@ -109,10 +109,16 @@ bool same_bits(const Tensor& a, const Tensor& b) {
   return a.size_bytes() == b.size_bytes() && std::memcmp(a.data(), b.data(), a.size_bytes()) == 0;
 }
 
-// Whether doubling A keeps every value and product representable without overflow or
-// underflow, so that an exact kernel's D must double exactly.
+// Whether doubling A keeps every value, product and sum away from underflow and overflow,
+// so that a kernel whose operations all round the same way at any scale (floating point
+// without subnormals or overflow) must double D exactly. The products are checked with and
+// without the scales and alpha (a kernel may apply them to each product or to the sum);
+// sums of normal numbers that fall below the normal range are exact, so only the top needs
+// a bound: K times the largest product.
 bool scaling_applies(const Case& c, const std::map<std::string, Tensor>& in) {
   if (c.beta != 0 || has_bias(c.epilogue) || !(c.epilogue == Epilogue::None || c.epilogue == Epilogue::Relu)) return false;
+  double lo[2] = {INFINITY, INFINITY}, hi[2] = {0, 0};
+  int i = 0;
   for (const char* op : {"A", "B"}) {
     const Tensor& t = in.at(op);
     const MatrixView v = gemm_view(c, op);
@@ -120,10 +126,18 @@ bool scaling_applies(const Case& c, const std::map<std::string, Tensor>& in) {
     for (std::size_t e = 0; e < t.size(); ++e) {
       if (v.is_padding(static_cast<std::int64_t>(e))) continue;
       const double x = std::fabs(t.value(e));
-      if (!std::isfinite(x) || (x != 0 && x < 0x1p-60) || 2 * x > max) return false;
+      if (!std::isfinite(x) || 2 * x > max) return false;
+      if (x != 0) lo[i] = std::min(lo[i], x), hi[i] = std::max(hi[i], x);
     }
+    ++i;
   }
-  return true;
+  if (hi[0] == 0 || hi[1] == 0) return true;  // D = 0 either way
+  const auto scale = [&](const char* op) { return c.scales.count(op) ? c.scales.at(op) : 1.0; };
+  const double s = std::fabs(c.alpha) * scale("A") * scale("B");
+  const Format compute = c.types.at("compute") == Format::TF32 ? Format::FP32 : c.types.at("compute");
+  const double tiny = 0x1p24 * info(compute).min_normal(), big = info(compute).max_finite() / 4;
+  const double pmin = lo[0] * lo[1] * std::min(1.0, s), pmax = 2 * hi[0] * hi[1] * std::max(1.0, s);
+  return pmin >= tiny && pmax * static_cast<double>(c.gemm.k) <= big;
 }
 
 std::string short_hash(const std::string& s) {

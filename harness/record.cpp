@@ -202,6 +202,7 @@ Environment env_from_json(const json& j, const std::string& path) {
 json tolerance_to_json(const ToleranceModel& t) {
   return {{"accumulator_bits", t.accumulator_bits},
           {"input_bits", t.input_bits},
+          {"accumulator_eta", encode_double(t.accumulator_eta)},
           {"probabilistic", t.probabilistic},
           {"lambda", encode_double(t.lambda)}};
 }
@@ -217,6 +218,9 @@ ToleranceModel tolerance_from_json(const json& j, const std::string& path) {
   };
   t.accumulator_bits = bits("accumulator_bits", 1);
   t.input_bits = bits("input_bits", 0);
+  t.accumulator_eta = r.number("accumulator_eta");
+  if (!(std::isfinite(t.accumulator_eta) && t.accumulator_eta >= 0))
+    fail(r.path("accumulator_eta"), fmt::format("must be finite and >= 0, got {}", t.accumulator_eta));
   t.probabilistic = r.boolean("probabilistic");
   t.lambda = r.number("lambda");
   if (!(std::isfinite(t.lambda) && t.lambda > 0))
@@ -316,7 +320,7 @@ json metrics_to_json(const ErrorMetrics& m) {
           {"unexpected_inf", m.unexpected_inf},
           {"missed_nonfinite", m.missed_nonfinite},
           {"mismatched_nonfinite", m.mismatched_nonfinite},
-          {"overflow_nan", m.overflow_nan},
+          {"overflowed", m.overflowed},
           {"unwritten", m.unwritten},
           {"padding_written", m.padding_written},
           {"worst", worst_to_json(m.worst)},
@@ -355,7 +359,7 @@ ErrorMetrics metrics_from_json(const json& j, const std::string& path) {
   m.unexpected_inf = r.integer("unexpected_inf", 0);
   m.missed_nonfinite = r.integer("missed_nonfinite", 0);
   m.mismatched_nonfinite = r.integer("mismatched_nonfinite", 0);
-  m.overflow_nan = r.integer("overflow_nan", 0);
+  m.overflowed = r.integer("overflowed", 0);
   m.unwritten = r.integer("unwritten", 0);
   m.padding_written = r.integer("padding_written", 0);
   m.worst = worst_from_json(r.need("worst"), r.path("worst"));

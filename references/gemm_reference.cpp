@@ -222,6 +222,7 @@ GemmReference gemm_reference(const Case& c, const std::map<std::string, Tensor>&
   r.values.resize(static_cast<std::size_t>(total));
   r.condition.resize(static_cast<std::size_t>(total));
   r.magnitude.resize(static_cast<std::size_t>(total));
+  r.intermediate.resize(static_cast<std::size_t>(total));
 
   // op(A) rows and op(B) columns packed contiguously: every dot product reads two
   // streams. Formats up to FP32 are exact as float; FP64 operands stay double.
@@ -265,7 +266,7 @@ GemmReference gemm_reference(const Case& c, const std::map<std::string, Tensor>&
       const auto ai = static_cast<std::size_t>(bi * g.m + i), bj = static_cast<std::size_t>(bi * g.n + j);
       const double cval = with_c ? ct->value(cv.offset(bi, i, j)) : 0.0;
       const double bval = with_bias ? bias->value(j) : 0.0;
-      double condition = 0.0;
+      double condition = 0.0, finite_condition = -1.0;
       bool done = false;
       if (fast) {
         acc.clear();
@@ -296,6 +297,12 @@ GemmReference gemm_reference(const Case& c, const std::map<std::string, Tensor>&
         for (auto& v : ay) v = std::fabs(v);
         oracle.dot(t, ax, ay);
         condition = mpfr_get_d(t, MPFR_RNDN);
+        if (!std::isfinite(condition)) {  // NaN/Inf inputs: the intermediate bound is over the finite terms
+          for (std::size_t q = 0; q < ax.size(); ++q)
+            if (!std::isfinite(ax[q]) || !std::isfinite(ay[q])) ax[q] = ay[q] = 0.0;
+          oracle.dot(t, ax, ay);
+          finite_condition = mpfr_get_d(t, MPFR_RNDN);
+        }
       }
       if (!done) {
         mpfr_set_prec(scaled, mpfr_get_prec(dot) + 3 * 53);
@@ -313,7 +320,11 @@ GemmReference gemm_reference(const Case& c, const std::map<std::string, Tensor>&
         r.values[idx] = apply_activation(c.epilogue, t, scale_d);
       }
       r.condition[idx] = condition;
-      r.magnitude[idx] = scale_d * (alpha_abs * condition + std::fabs(beta_c_double * cval) + std::fabs(bval));
+      const double pre = alpha_abs * condition + std::fabs(beta_c_double * cval) + std::fabs(bval);
+      r.magnitude[idx] = scale_d * pre;
+      const double cf = finite_condition < 0 ? condition : finite_condition;
+      const auto finite_abs = [](double v) { return std::isfinite(v) ? std::fabs(v) : 0.0; };
+      r.intermediate[idx] = std::max(cf, alpha_abs * cf + finite_abs(beta_c_double * cval) + finite_abs(bval));
     }
   }, threads);
   return r;

@@ -46,6 +46,10 @@ struct GemmReference {
   /// The same scale for the whole epilogue input, in D's units:
   /// scale_D (|alpha sA sB| condition + |beta sC c_ij| + |bias_j|), rounded to nearest.
   std::vector<double> magnitude;
+  /// A bound on every intermediate a floating-point evaluation holds before scale_D and the
+  /// activation: max(condition, |alpha sA sB| condition + |beta sC c_ij| + |bias_j|), over
+  /// the finite terms only (an Inf or NaN input counts as 0 here).
+  std::vector<double> intermediate;
 
   std::int64_t index(std::int64_t b, std::int64_t i, std::int64_t j) const { return (b * m + i) * n + j; }
   const RefValue& at(std::int64_t b, std::int64_t i, std::int64_t j) const { return values[index(b, i, j)]; }

@@ -155,7 +155,7 @@ CaseFigures figures(const CaseResult& c) {
     f.unexpected_inf += m.unexpected_inf;
     f.missed_nonfinite += m.missed_nonfinite;
     f.mismatched_nonfinite += m.mismatched_nonfinite;
-    f.overflow_nan += m.overflow_nan;
+    f.overflowed += m.overflowed;
     f.expected_nonfinite += m.expected_nonfinite;
     f.any_metrics = true;
   }
@@ -168,7 +168,7 @@ std::string nonfinite_summary(const CaseFigures& f) {
   if (f.unexpected_inf) parts.push_back(fmt::format("{} unexpected Inf", f.unexpected_inf));
   if (f.missed_nonfinite) parts.push_back(fmt::format("{} missed", f.missed_nonfinite));
   if (f.mismatched_nonfinite) parts.push_back(fmt::format("{} mismatched", f.mismatched_nonfinite));
-  if (f.overflow_nan) parts.push_back(fmt::format("{} NaN for an overflowing result", f.overflow_nan));
+  if (f.overflowed) parts.push_back(fmt::format("{} overflowed (NaN, max finite or zeroed)", f.overflowed));
   if (f.expected_nonfinite) parts.push_back(fmt::format("{} expected", f.expected_nonfinite));
   return parts.empty() ? "none" : fmt::format("{}", fmt::join(parts, ", "));
 }

@@ -40,7 +40,7 @@ std::string_view name(Outcome o);  ///< "error", "failed", "skipped", "passed"
 struct CaseFigures {
   double max_normalised = 0, max_ulp = 0;
   std::uint64_t max_ulp_distance = 0;
-  std::int64_t unexpected_nan = 0, unexpected_inf = 0, missed_nonfinite = 0, mismatched_nonfinite = 0, overflow_nan = 0,
+  std::int64_t unexpected_nan = 0, unexpected_inf = 0, missed_nonfinite = 0, mismatched_nonfinite = 0, overflowed = 0,
                expected_nonfinite = 0;
   bool any_metrics = false;
 };

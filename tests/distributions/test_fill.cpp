@@ -132,6 +132,23 @@ TEST(Fill, GenDotMatrixHitsTheConditionNumber) {
   EXPECT_NO_THROW(fill_inputs(mixed));
 }
 
+// For formats as wide as the FP32 scale, frac = 1 lands within a unit below max finite,
+// and never past it (a scale rounded to nearest could make the largest value overflow).
+TEST(Fill, AmaxNeverOverflowsWideFormats) {
+  for (Format f : {Format::BF16, Format::FP32}) {
+    for (std::uint64_t seed = 0; seed < 50; ++seed) {
+      Case c = gemm_case(16, 16, 16, f, "amax(frac=1,base=normal(0,1000))");  // scale above 2^-126
+      c.seed = seed;
+      auto t = fill_inputs(c);
+      double mx = 0;
+      for (double x : logical_gemm(c, t, "A")) mx = std::max(mx, std::fabs(x));
+      const double top = info(f).max_finite();
+      EXPECT_LE(mx, top) << name(f) << " seed " << seed;
+      EXPECT_GE(mx, top * (1 - info(f).epsilon())) << name(f) << " seed " << seed;
+    }
+  }
+}
+
 TEST(Fill, AmaxPutsTheMaxAtTheFormatsMax) {
   for (Format f : {Format::E4M3, Format::E5M2, Format::FP16}) {
     for (double frac : {1.0, 0.5}) {

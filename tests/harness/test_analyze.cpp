@@ -106,22 +106,76 @@ TEST(Analyze, NonFiniteClassification) {
   EXPECT_TRUE(judge(ok, analyze(ok), ToleranceModel{}, 1).passed);
 }
 
-// Terms beyond the accumulator's range: Inf - Inf may give NaN, and a ReLU or GELU epilogue
-// may turn that (or -Inf) into 0. Only then, and only with such an activation, is a zero
-// where the exact result overflows not a missed Inf.
-TEST(Analyze, ActivationOfAnOverflowedAccumulator) {
-  const double inf = INFINITY;
-  auto cmp = fp16({0.0, -0.0, inf, 0.0}, {inf, inf, inf, inf});
-  cmp.accumulated = {1e6, 1e6, 1e6, 100.0};  // the last one's terms fit FP16
-  cmp.accumulator_max = 65504.0;
-  cmp.activation_zeroes = true;
-  ErrorMetrics m = analyze(cmp);
-  EXPECT_EQ(m.overflow_nan, 3);  // the Inf was there already
+// Beyond D's range: FP16's max finite value (a round-toward-zero overflow) is an overflow,
+// not a missed Inf, but only with the exact value's sign; FP8 outputs saturate, and the
+// saturated value is judged as what it is: correctly rounded, error 0.
+TEST(Analyze, SaturationAtTheTopOfTheRange) {
+  const auto cmp = fp16({65504.0, -65504.0, 65504.0}, {1e6, -70000.0, -1e6});
+  const ErrorMetrics m = analyze(cmp);
+  EXPECT_EQ(m.overflowed, 2);
   EXPECT_EQ(m.missed_nonfinite, 1);
-  cmp.activation_zeroes = false;  // no activation: every zero is a missed Inf
-  m = analyze(cmp);
-  EXPECT_EQ(m.overflow_nan, 1);
-  EXPECT_EQ(m.missed_nonfinite, 3);
+
+  OutputComparison e;
+  e.format = Format::E4M3;
+  e.shape = {1, 1, 2};
+  e.got = {encode(Format::E4M3, -448.0), encode(Format::E4M3, 448.0)};
+  e.exact = {ref(-1444.0), ref(416.0)};
+  e.condition = {3150.0, 416.0};
+  const ErrorMetrics me = analyze(e);
+  EXPECT_EQ(me.compared, 2);
+  EXPECT_EQ(me.max_abs, 32.0);  // only the second element errs, by one E4M3 unit
+  EXPECT_EQ(me.max_ulp_distance, 1u);
+  const Verdict v = judge(e, me, ToleranceModel{}, 16);
+  ASSERT_FALSE(v.passed);  // 416 -> 448 is a real error
+  ASSERT_EQ(v.reasons.size(), 1u);
+  EXPECT_NE(v.reasons[0].find("1 elements exceed"), std::string::npos) << v.reasons[0];
+}
+
+// An intermediate beyond the accumulator's range: Inf - Inf may give NaN, a saturating
+// accumulator keeps going, and the epilogue (alpha, ReLU, GELU) makes anything of that. For a
+// finite exact result, any d_e is then accepted where d_e or r_e is not finite; a NaN input
+// (x_e NaN) is still judged.
+TEST(Analyze, OverflowedAccumulator) {
+  const double inf = INFINITY, nan = NAN;
+  auto cmp = fp16({0.0, -0.0, inf, 0.0, 3.0, 0.0}, {1e6, 1e6, 1.0, 1e6, 1.0, nan});
+  cmp.accumulated = {1e6, 1e6, 1e6, 100.0, 1e6, 1e6};  // the fourth one's terms fit FP16
+  cmp.accumulator_max = 65504.0;
+  ErrorMetrics m = analyze(cmp);
+  EXPECT_EQ(m.overflowed, 3);
+  EXPECT_EQ(m.missed_nonfinite, 2);  // the fourth, and the NaN input's
+  EXPECT_EQ(m.compared, 1);  // 3 for 1: compared, not held to the tolerance
+  const Verdict v = judge(cmp, m, ToleranceModel{}, 4);
+  ASSERT_EQ(v.reasons.size(), 1u);
+  EXPECT_EQ(v.reasons[0], "2 missed NaN/Inf (the exact result is not finite)");
+
+  // An Inf input (x_e infinite): NaN is the overflow's Inf - Inf only where the finite terms
+  // could overflow.
+  auto in = fp16({nan, nan, 1.0}, {inf, inf, inf});
+  in.accumulated = {1e6, 100.0, 1e6};
+  in.accumulator_max = 65504.0;
+  m = analyze(in);
+  EXPECT_EQ(m.overflowed, 1);
+  EXPECT_EQ(m.mismatched_nonfinite, 1);
+  EXPECT_EQ(m.missed_nonfinite, 1);
+}
+
+// Near D's overflow threshold an ill-conditioned sum may land on either side: Inf where r_e
+// is finite, or a finite d_e where x_e overflows, pass when the tolerance interval around
+// x_e reaches across the threshold (65520 for FP16) on d_e's side, and fail otherwise.
+TEST(Analyze, OverflowThresholdWithinTolerance) {
+  const double inf = INFINITY;
+  //                      crosses, wrong side, too far, finite near, finite far
+  auto cmp = fp16({inf, -inf, inf, 65504.0, 60000.0}, {-0.5, -0.5, -0.5, 65536.0, 65536.0},
+                  {1e9, 1e9, 1e3, 1e3, 1e3});
+  const ErrorMetrics m = analyze(cmp);
+  EXPECT_EQ(m.unexpected_inf, 3);
+  EXPECT_EQ(m.missed_nonfinite, 1);  // 65504 for 65536 is the saturated value: overflowed
+  EXPECT_EQ(m.overflowed, 1);
+  // FP32 accumulation, n = 1000: bound = gamma(1004, 2^-23) c + ... ~ 1.2e-4 c.
+  const Verdict v = judge(cmp, m, ToleranceModel{}, 1000);
+  ASSERT_EQ(v.reasons.size(), 2u);
+  EXPECT_EQ(v.reasons[0], "1 unexpected Inf");  // the c = 1e3 one: 0.12 of reach
+  EXPECT_EQ(v.reasons[1], "1 missed NaN/Inf (the exact result is not finite)");
 }
 
 TEST(Analyze, ErrorMapLocatesTheBadTile) {
@@ -161,6 +215,11 @@ TEST(Analyze, ToleranceModelIsKAndFormatAware) {
   t = ToleranceModel{};
   t.accumulator_bits = 8;  // n u >= 1: no bound
   EXPECT_EQ(t.bound(1.0, 0.0, Format::FP32, 1000), INFINITY);
+  // Underflow: K = 1 plus 4 epilogue operations, each up to one FP32 subnormal unit off.
+  t = ToleranceModel{};
+  EXPECT_EQ(t.bound(0.0, 0.0, Format::FP32, 1), 5 * 0x1p-149 + 0x1p-150);
+  t.accumulator_eta = 0x1p-24;  // an FP16 accumulator, FP32 output
+  EXPECT_EQ(t.bound(0.0, 0.0, Format::FP32, 12), 16 * 0x1p-24 + 0x1p-150);
 
   // An element just inside and one just outside the bound.
   ToleranceModel tight;
