@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 #include <rapidcheck.h>
+#include <rapidcheck/detail/TestListenerAdapter.h>
 
 #include "distributions/case_gen.hpp"
 #include "distributions/fill.hpp"
@@ -235,6 +236,15 @@ RunRecord run_fuzz(Registry& registry, const FuzzOptions& o, const std::function
   const auto say = [&](const std::string& s) {
     if (log) log(s);
   };
+  // RC_PARAMS="reproduce=..." (printed with each failure) replays that shrunk failure.
+  std::unordered_map<std::string, rc::detail::Reproduce> reproduce;
+  if (const char* env = std::getenv("RC_PARAMS")) {
+    try {
+      reproduce = rc::detail::configFromString(env).reproduce;
+    } catch (const rc::detail::ConfigurationException& e) {
+      throw InputError(fmt::format("RC_PARAMS: {}", e.what()));
+    }
+  }
   RunRecord record;
   record.kind = "fuzz";
   record.seed = o.seed;
@@ -333,7 +343,12 @@ RunRecord run_fuzz(Registry& registry, const FuzzOptions& o, const std::function
     params.maxSize = 100;
     rc::detail::TestMetadata meta;
     meta.id = meta.description = fmt::format("{} {}", t.kernel, t.dtype);
-    const rc::detail::TestResult result = rc::detail::checkTestable(property, meta, params);
+    // A listener and parameters of our own: RapidCheck's defaults read RC_PARAMS, print
+    // "Using configuration" with a seed that plays no part here, and print every reproduce
+    // string again at exit; the campaign seeds and reports everything itself.
+    rc::detail::TestListenerAdapter quiet;
+    const rc::detail::TestResult result =
+        rc::detail::checkProperty(rc::detail::toProperty(property), meta, params, quiet, reproduce);
     for (auto& r : results) {
       r.reproducer = fmt::format("ulpgate fuzz --kernel {} --dtype {} --seed {} --cases {}", t.kernel, t.dtype, o.seed, o.cases);
       record.cases.push_back(std::move(r));
