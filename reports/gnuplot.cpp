@@ -161,4 +161,6 @@ std::vector<std::string> render_svgs(const std::vector<Plot>& plots) {
   return svgs;
 }
 
+void check_gnuplot() { render_svgs({Plot{"plot x", 100, 100}}); }
+
 }  // namespace ulpgate::report

@@ -19,6 +19,10 @@ struct Plot {
 /// cannot be started and std::runtime_error (with gnuplot's message) when it fails.
 std::vector<std::string> render_svgs(const std::vector<Plot>& plots);
 
+/// Draws one small plot, so that a long run finds out at its start (InputError or
+/// std::runtime_error, as render_svgs) that it could not draw its report at the end.
+void check_gnuplot();
+
 /// A string literal for a gnuplot script: single-quoted ('' for a quote), control
 /// characters dropped (gnuplot strings are one line).
 std::string gnuplot_string(std::string_view s);

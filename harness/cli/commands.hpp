@@ -41,6 +41,7 @@ struct FuzzArgs {
   bool in_process = false;  ///< no worker isolation
   double timeout = 300;     ///< per case, in the worker
   bool resume = false;      ///< continue from <out>/journal.jsonl
+  bool no_html = false;     ///< skip report.html (it needs gnuplot)
   std::vector<std::string> plugins;  ///< for the worker
 };
 

@@ -11,6 +11,7 @@
 #include "harness/core/error.hpp"
 #include "harness/fuzz.hpp"
 #include "harness/gate.hpp"
+#include "reports/gnuplot.hpp"
 #include "reports/report.hpp"
 
 namespace ulpgate {
@@ -75,6 +76,7 @@ int fuzz_command(const FuzzArgs& a, Registry& registry, const std::string& comma
                        [&](const FuzzTarget& x) { return x.kernel == t.kernel && x.dtype == t.dtype; }))
         o.targets.push_back(t);
   if (o.targets.empty()) throw InputError("fuzz: no kernel here supports the requested --kernel/--dtype combination");
+  if (!a.no_html) report::check_gnuplot();  // before the campaign, not after it
   const bool tty = isatty(STDERR_FILENO);
   std::printf("ulpgate fuzz: seed %llu, %zu targets (kernel x dtype), %lld cases each, K <= %lld, budget %s\n",
               static_cast<unsigned long long>(a.seed), o.targets.size(), static_cast<long long>(a.cases),
@@ -101,12 +103,13 @@ int fuzz_command(const FuzzArgs& a, Registry& registry, const std::string& comma
   write_record_file((out / "fuzz.json").string(), r);
   write_text_file_atomically((out / "report.md").string(), render_markdown(r));
   write_text_file_atomically((out / "junit.xml").string(), render_junit(r));
-  write_text_file_atomically((out / "report.html").string(), render_html(r));
+  if (!a.no_html) write_text_file_atomically((out / "report.html").string(), render_html(r));
   std::int64_t failed = 0, unsupported = 0;
   for (const auto& c : r.cases) failed += !c.verdict.passed, unsupported += c.status == Disposition::NotSupported;
-  std::printf("%zu cases, %lld failed, %lld not supported by their kernel\nrecord %s, reports %s, %s, %s\n", r.cases.size(),
+  std::printf("%zu cases, %lld failed, %lld not supported by their kernel\nrecord %s, reports %s%s, %s\n", r.cases.size(),
               static_cast<long long>(failed), static_cast<long long>(unsupported), (out / "fuzz.json").c_str(),
-              (out / "report.html").c_str(), (out / "report.md").c_str(), (out / "junit.xml").c_str());
+              a.no_html ? "" : ((out / "report.html").string() + ", ").c_str(), (out / "report.md").c_str(),
+              (out / "junit.xml").c_str());
   return failed ? kExitFailed : 0;
 }
 

@@ -121,6 +121,8 @@ int main(int argc, char** argv) {
   fuzz->add_flag("--in-process", fuzz_args.in_process, "Run kernels in this process (default: a worker process)");
   fuzz->add_option("--timeout", fuzz_args.timeout, "Seconds per case before the worker is killed (default 300)");
   fuzz->add_flag("--resume", fuzz_args.resume, "Continue an interrupted campaign from <out>/journal.jsonl");
+  fuzz->add_flag("--no-html", fuzz_args.no_html,
+                 "Write no report.html (it needs gnuplot; `ulpgate report fuzz.json --html F` draws it later)");
 
   std::string replay_case, replay_out;
   auto* replay = app.add_subcommand("replay", "Rerun one case file on its kernel and print its analysis");

@@ -14,12 +14,12 @@ struct Result {
   std::string out, err;
 };
 
-Result run(const std::string& args) {
+Result run(const std::string& args, const std::string& env = "") {
   // One file per process and call: ctest runs the tests of this binary in parallel.
   static int calls = 0;
   const std::string err_file =
       testing::TempDir() + "ulpgate_cli_stderr_" + std::to_string(getpid()) + "_" + std::to_string(++calls) + ".txt";
-  const std::string cmd = std::string(ULPGATE_BIN) + " " + args + " 2>" + err_file;
+  const std::string cmd = env + (env.empty() ? "" : " ") + std::string(ULPGATE_BIN) + " " + args + " 2>" + err_file;
   Result r{};
   FILE* p = popen(cmd.c_str(), "r");
   std::array<char, 4096> buf;
@@ -94,4 +94,19 @@ TEST(Cli, ListShowsKernelsAndPlugins) {
   EXPECT_EQ(bad.code, 2);
   EXPECT_EQ(lines(bad.err), 1) << bad.err;
   EXPECT_NE(bad.err.find("--plugin /nonexistent.so: cannot load"), std::string::npos) << bad.err;
+}
+
+// A campaign that could not draw its HTML report says so before it starts, not after.
+TEST(Cli, FuzzWithoutGnuplotStopsAtTheStart) {
+  const std::string out = testing::TempDir() + "ulpgate_cli_nognuplot_" + std::to_string(getpid());
+  const std::string args = "fuzz --cases 1 --kernel cpu.fp32_seq --dtype fp16 --in-process --out " + out;
+  const Result no = run(args, "ULPGATE_GNUPLOT=/nonexistent/gnuplot");
+  EXPECT_EQ(no.code, 2);
+  EXPECT_EQ(lines(no.err), 1) << no.err;
+  EXPECT_NE(no.err.find("needs gnuplot"), std::string::npos) << no.err;
+  EXPECT_EQ(std::fopen((out + "/fuzz.json").c_str(), "r"), nullptr) << "no campaign ran";
+  const Result skip = run(args + " --no-html", "ULPGATE_GNUPLOT=/nonexistent/gnuplot");
+  EXPECT_EQ(skip.code, 0) << skip.err;
+  EXPECT_EQ(skip.out.find("report.html"), std::string::npos) << skip.out;
+  EXPECT_NE(std::fopen((out + "/fuzz.json").c_str(), "r"), nullptr);
 }
