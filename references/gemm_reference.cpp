@@ -214,6 +214,9 @@ GemmReference gemm_reference(const Case& c, const std::map<std::string, Tensor>&
   const bool fold_epilogue = mpfr_cmp_ui(alpha_ab, 1) == 0 && scale_d == 1.0 &&
                              (act == Act::None || act == Act::Relu) && beta_c_exact;
   const double alpha_abs = std::fabs(mpfr_get_d(alpha_ab, MPFR_RNDN));
+  // BLAS semantics: alpha = 0 does not reference A and B (D = beta C + bias), even where
+  // their product is NaN or Inf.
+  const bool drop_product = c.alpha == 0.0;
 
   GemmReference r;
   r.batch = g.batch, r.m = g.m, r.n = g.n;
@@ -306,7 +309,8 @@ GemmReference gemm_reference(const Case& c, const std::map<std::string, Tensor>&
       }
       if (!done) {
         mpfr_set_prec(scaled, mpfr_get_prec(dot) + 3 * 53);
-        mpfr_mul(scaled, alpha_ab, dot, MPFR_RNDN);  // exact
+        if (drop_product) mpfr_set_zero(scaled, 1);
+        else mpfr_mul(scaled, alpha_ab, dot, MPFR_RNDN);  // exact
         std::vector<mpfr_ptr> terms{scaled};
         if (with_c) {
           mpfr_mul_d(beta_term, beta_c, cval, MPFR_RNDN);  // exact: 106 + 53 bits
@@ -325,6 +329,8 @@ GemmReference gemm_reference(const Case& c, const std::map<std::string, Tensor>&
       const double cf = finite_condition < 0 ? condition : finite_condition;
       const auto finite_abs = [](double v) { return std::isfinite(v) ? std::fabs(v) : 0.0; };
       r.intermediate[idx] = std::max(cf, alpha_abs * cf + finite_abs(beta_c_double * cval) + finite_abs(bval));
+      // A kernel that multiplies by alpha = 0 anyway meets the NaN or Inf of the product.
+      if (drop_product && !std::isfinite(condition)) r.intermediate[idx] = INFINITY;
     }
   }, threads);
   return r;

@@ -39,7 +39,10 @@ namespace ulpgate {
 struct GemmReference {
   std::int64_t batch = 0, m = 0, n = 0;
   Format d_format = Format::FP32;
-  /// D before its rounding: exact, or for GELU the certified 128-bit window.
+  /// D before its rounding: exact, or for GELU the certified 128-bit window. alpha = 0
+  /// follows BLAS: A and B are not referenced, D = act(beta sC C + bias) even where A B has
+  /// NaN or Inf (and `intermediate` is then +Inf, so that the analyzers also accept the
+  /// NaN of a kernel that multiplies by alpha anyway).
   std::vector<RefValue> values;
   /// The condition term sum_k |op(A)_ik op(B)_kj|, computed exactly, rounded to nearest.
   std::vector<double> condition;

@@ -226,6 +226,28 @@ TEST(GemmReference, LayoutsByHand) {
       }
 }
 
+// alpha = 0 follows BLAS: A and B are not referenced, so a NaN, an Inf or an overflowing
+// product does not reach D = beta C (+ bias); `intermediate` marks the non-finite product.
+TEST(GemmReference, AlphaZeroDoesNotReferenceAB) {
+  for (Format f : {Format::FP32, Format::FP64}) {  // the fast path and the MPFR one
+    Case c;
+    c.gemm.m = 1, c.gemm.n = 3, c.gemm.k = 2;
+    c.alpha = 0.0, c.beta = 0.5;
+    c.types = {{"A", f}, {"B", f}, {"C", Format::FP32}, {"D", Format::FP32}, {"compute", Format::FP32}};
+    Tensor a(f, 2), b(f, 6), cc(Format::FP32, 3);
+    a.set_value(0, NAN), a.set_value(1, 1.0);
+    for (int e = 0; e < 6; ++e) b.set_value(e, e == 1 ? INFINITY : 1.0);
+    for (int j = 0; j < 3; ++j) cc.set_value(j, 4.0 + j);
+    const GemmReference ref = gemm_reference(c, {{"A", a}, {"B", b}, {"C", cc}}, 1);
+    for (int j = 0; j < 3; ++j) {
+      EXPECT_EQ(ref.at(0, 0, j).to_double(), 0.5 * (4.0 + j)) << name(f) << " " << j;
+      EXPECT_EQ(ref.intermediate[ref.index(0, 0, j)], INFINITY) << name(f) << " " << j;
+    }
+    c.alpha = 1.0;  // referenced: NaN
+    EXPECT_EQ(gemm_reference(c, {{"A", a}, {"B", b}, {"C", cc}}, 1).at(0, 0, 0).kind, RefValue::Kind::NaN);
+  }
+}
+
 TEST(GemmReference, ThreadsDoNotChangeBits) {
   for (std::uint64_t seed = 0; seed < 20; ++seed) {
     const GemmCase gc = random_case(seed);
