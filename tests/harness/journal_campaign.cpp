@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <string>
 #include <thread>
@@ -62,7 +63,11 @@ int main(int argc, char** argv) {
         ++evaluated;
         return evaluator.evaluate(kernel, c);
       });
-      if (!pid_file.empty() && evaluator.worker_pid() > 0) std::ofstream(pid_file) << evaluator.worker_pid() << "\n";
+      if (!pid_file.empty() && evaluator.worker_pid() > 0) {
+        // Written whole and renamed: the SIGKILL may land at any point of this.
+        std::ofstream(pid_file + ".tmp") << evaluator.worker_pid() << "\n";
+        std::filesystem::rename(pid_file + ".tmp", pid_file);
+      }
       if (pause_ms) std::this_thread::sleep_for(std::chrono::milliseconds(pause_ms));
     }
     RunRecord record;
