@@ -157,6 +157,17 @@ TEST(Analyze, OverflowedAccumulator) {
   EXPECT_EQ(m.overflowed, 1);
   EXPECT_EQ(m.mismatched_nonfinite, 1);
   EXPECT_EQ(m.missed_nonfinite, 1);
+
+  // FP64: the intermediate bound is a double, +Inf past DBL_MAX, which is above FP64's
+  // accumulator_max (a NaN from FP64 terms that overflow is accepted).
+  OutputComparison d;
+  d.format = Format::FP64;
+  d.shape = {1, 1, 1};
+  d.got = {encode(Format::FP64, NAN)};
+  d.exact = {ref(0x1.4p1023)};
+  d.condition = d.accumulated = {INFINITY};
+  d.accumulator_max = info(Format::FP64).max_finite();
+  EXPECT_EQ(analyze(d).overflowed, 1);
 }
 
 // Near D's overflow threshold an ill-conditioned sum may land on either side: Inf where r_e
