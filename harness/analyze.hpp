@@ -43,7 +43,10 @@
 //                          any d_e is accepted where d_e or r_e is not finite, and where both
 //                          are, the tolerance is not applied. For an infinite x_e (an Inf
 //                          input) d_e NaN is accepted (the Inf met an overflow the other
-//                          way). Inf and NaN inputs do not count in accumulated_e.
+//                          way). Inf and NaN inputs do not count in accumulated_e. Where
+//                          the kernel rounds its inputs (TF32: input_bits = 11), an input
+//                          that this rounding carries past the range (|v| >= (2 - 2^-11)
+//                          2^127) makes accumulated_e +Inf for its row and column of D.
 //   mismatched_nonfinite both non-finite but otherwise different (Inf where r_e is NaN, or
 //                        opposite infinities)
 #pragma once

@@ -74,6 +74,35 @@ OutputComparison compare_gemm(const Case& c, const GemmReference& ref, const Ten
   return cmp;
 }
 
+// A kernel that rounds its inputs to input_bits (TF32 tensor cores: 11) carries an input
+// at or above that precision's overflow threshold, (2 - 2^-p) 2^emax, to Inf (rounding to
+// nearest): every D element whose row of op(A) or column of op(B) holds one may then be
+// non-finite, so its intermediate bound is +Inf (see OutputComparison::accumulated).
+void mark_input_rounding_overflow(const Case& c, const std::map<std::string, Tensor>& inputs, int input_bits,
+                                  OutputComparison& cmp) {
+  const GemmShape& g = c.gemm;
+  const MatrixView av = gemm_view(c, "A"), bv = gemm_view(c, "B");
+  const Tensor &a = inputs.at("A"), &b = inputs.at("B");
+  const auto over = [&](const Tensor& t, std::int64_t off) {
+    const auto& fi = info(t.format());
+    const double threshold = std::ldexp(2.0 - std::ldexp(1.0, -input_bits), fi.emax());
+    const double v = std::fabs(t.value(off));
+    return std::isfinite(v) && v >= threshold;
+  };
+  for (std::int64_t bi = 0; bi < g.batch; ++bi) {
+    std::vector<char> row(static_cast<std::size_t>(g.m), 0), col(static_cast<std::size_t>(g.n), 0);
+    bool any = false;
+    for (std::int64_t k = 0; k < g.k; ++k) {
+      for (std::int64_t i = 0; i < g.m; ++i) any |= row[i] |= over(a, op_a_offset(c, av, bi, i, k));
+      for (std::int64_t j = 0; j < g.n; ++j) any |= col[j] |= over(b, op_b_offset(c, bv, bi, k, j));
+    }
+    if (!any) continue;
+    for (std::int64_t i = 0; i < g.m; ++i)
+      for (std::int64_t j = 0; j < g.n; ++j)
+        if (row[i] || col[j]) cmp.accumulated[static_cast<std::size_t>((bi * g.m + i) * g.n + j)] = INFINITY;
+  }
+}
+
 Evaluation evaluate_with_inputs(Kernel& k, const Case& c, const std::map<std::string, Tensor>& inputs,
                                 const EvaluationOptions& options, const Registry* registry) {
   const auto start = std::chrono::steady_clock::now();
@@ -91,6 +120,7 @@ Evaluation evaluate_with_inputs(Kernel& k, const Case& c, const std::map<std::st
     const Format compute = c.types.at("compute");
     // FP64 too: the intermediate bound is a double, +Inf once the terms pass DBL_MAX.
     cmp.accumulator_max = info(compute == Format::TF32 ? Format::FP32 : compute).max_finite();
+    if (ev.tolerance.input_bits > 0) mark_input_rounding_overflow(c, inputs, ev.tolerance.input_bits, cmp);
     ErrorMetrics m = analyze(cmp);
     m.output = "D";
     m.unwritten = ev.run.unwritten;
