@@ -22,9 +22,6 @@
 #ifndef ULPGATE_VERSION
 #define ULPGATE_VERSION "unknown"
 #endif
-#ifndef ULPGATE_GIT_REVISION
-#define ULPGATE_GIT_REVISION "unknown"
-#endif
 
 namespace ulpgate {
 namespace {
@@ -597,7 +594,7 @@ void write_record_file(const std::string& path, const RunRecord& r) {
 Environment capture_environment() {
   Environment e;
   e.ulpgate_version = ULPGATE_VERSION;
-  e.git_revision = ULPGATE_GIT_REVISION;
+  e.git_revision = git_revision();
 #if defined(__clang__)
   e.compiler = "clang " __clang_version__;
 #elif defined(__GNUC__)

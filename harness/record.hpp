@@ -96,4 +96,9 @@ void write_text_file_atomically(const std::string& path, std::string_view text);
 /// The environment of this process (device fields from kernels/device.hpp).
 Environment capture_environment();
 
+/// The source revision this build was made from: 12 hex digits, "-dirty" when tracked files
+/// differed from that commit, or "unknown" (generated at build time by
+/// cmake/git_revision.cmake; $ULPGATE_GIT_REVISION at build time overrides it).
+const char* git_revision();
+
 }  // namespace ulpgate

@@ -14,6 +14,7 @@
 #include "harness/core/format.hpp"
 #include "harness/isolate.hpp"
 #include "harness/record.hpp"
+#include "harness/record.hpp"
 #include "harness/cli/commands.hpp"
 #include "kernels/device.hpp"
 #include "kernels/kernel.hpp"
@@ -82,7 +83,7 @@ int report_command(const ReportArgs& a) {
 int main(int argc, char** argv) {
   CLI::App app{"ulpgate: numerical-precision validation and fuzzing for GPU GEMM and attention kernels",
                "ulpgate"};
-  app.set_version_flag("--version", fmt::format("ulpgate {} (git {})", ULPGATE_VERSION, ULPGATE_GIT_REVISION));
+  app.set_version_flag("--version", fmt::format("ulpgate {} (git {})", ULPGATE_VERSION, ulpgate::git_revision()));
   app.require_subcommand(1);
   app.fallthrough(true);  // global options may follow the verb
   std::vector<std::string> plugins;
