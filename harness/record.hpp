@@ -88,10 +88,6 @@ RunRecord record_from_json(const nlohmann::json& j);
 RunRecord read_record_file(const std::string& path);
 /// Writes atomically (temporary file + rename): a reader never sees half a record.
 void write_record_file(const std::string& path, const RunRecord& r);
-/// Writes text to path through a temporary file beside it, fsync and rename, so that a
-/// reader sees the old file or the whole new one; throws InputError naming the path.
-/// (The renderers in reports/ write through it too.)
-void write_text_file_atomically(const std::string& path, std::string_view text);
 
 /// The environment of this process (device fields from kernels/device.hpp).
 Environment capture_environment();

@@ -390,27 +390,10 @@ Case case_from_json(const json& j) {
   return c;
 }
 
-json read_json_file(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) throw InputError(path + ": cannot open");
-  try {
-    return json::parse(in);
-  } catch (const json::parse_error& e) {
-    throw InputError(fmt::format("{}: not valid JSON (byte {})", path, e.byte));
-  }
-}
-
-Case read_case_file(const std::string& path) { return read_json_file_as(path, case_from_json); }
+Case read_case_file(const std::string& path) { return read_json_file_as(path, case_from_json, "case file"); }
 
 void write_case_file(const std::string& path, const Case& c) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    if (!out) throw InputError(path + ": cannot write");
-    out << to_json(c).dump(2) << '\n';
-    if (!out.flush()) throw InputError(path + ": write failed");
-  }
-  std::filesystem::rename(tmp, path);
+  write_text_file_atomically(path, to_json(c).dump(2) + "\n");
 }
 
 }  // namespace ulpgate

@@ -25,6 +25,7 @@
 #include <nlohmann/json.hpp>
 
 #include "harness/core/error.hpp"
+#include "harness/core/file_io.hpp"
 #include "harness/core/format.hpp"
 
 namespace ulpgate {
@@ -149,20 +150,6 @@ Case case_from_json(const nlohmann::json& j);
 /// Checks a case's consistency (shapes, leading dimensions, operands, scales); throws
 /// InputError. case_from_json calls it.
 void validate(const Case& c);
-
-/// Parses a JSON file; InputError "path: cannot open" or "path: not valid JSON (byte N)".
-nlohmann::json read_json_file(const std::string& path);
-
-/// read_json_file, then convert(json); an InputError from convert gets the path in front.
-template <class Convert>
-auto read_json_file_as(const std::string& path, Convert&& convert) {
-  const nlohmann::json j = read_json_file(path);
-  try {
-    return convert(j);
-  } catch (const InputError& e) {
-    throw InputError(path + ": " + e.what());
-  }
-}
 
 Case read_case_file(const std::string& path);
 /// Writes atomically (temporary file + rename).

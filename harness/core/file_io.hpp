@@ -1,0 +1,33 @@
+// Files: reading JSON with one-line errors, writing text atomically. Every file ulpgate
+// reads (cases, run records, baselines) and writes (those, reports) goes through here.
+#pragma once
+
+#include <string>
+#include <string_view>
+
+#include <nlohmann/json.hpp>
+
+#include "harness/core/error.hpp"
+
+namespace ulpgate {
+
+/// Parses a JSON file. InputError: "path: cannot open (reason)", "path: is a directory, not
+/// a <what>", "path: not valid JSON at byte N: <parser's message>".
+nlohmann::json read_json_file(const std::string& path, std::string_view what = "JSON file");
+
+/// read_json_file, then convert(json); an InputError from convert gets the path in front.
+template <class Convert>
+auto read_json_file_as(const std::string& path, Convert&& convert, std::string_view what = "JSON file") {
+  const nlohmann::json j = read_json_file(path, what);
+  try {
+    return convert(j);
+  } catch (const InputError& e) {
+    throw InputError(path + ": " + e.what());
+  }
+}
+
+/// Writes text to path through a temporary file beside it, fsync and rename, so that a
+/// reader sees the old file or the whole new one; throws InputError naming the path.
+void write_text_file_atomically(const std::string& path, std::string_view text);
+
+}  // namespace ulpgate
