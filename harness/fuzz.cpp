@@ -303,9 +303,10 @@ RunRecord run_fuzz(Registry& registry, const FuzzOptions& o, const std::function
     auto property = [&]() {
       const Case generated = *target_case(t, *k, o.max_k, o.gelu);
       if (!shrinking && o.seconds > 0 && elapsed() > o.seconds) return;  // budget spent: pass quietly
-      // Shrinking can try thousands of candidates; past kMaxShrinkSteps the smallest failure
-      // found so far is the one reported (later candidates pass, which ends the search).
-      if (shrinking && ++shrink_steps > kMaxShrinkSteps) return;
+      // Shrinking can try thousands of candidates; past kMaxShrinkSteps, or once the time
+      // budget is spent, the smallest failure found so far is the one reported (later
+      // candidates pass, which ends the search).
+      if (shrinking && (++shrink_steps > kMaxShrinkSteps || (o.seconds > 0 && elapsed() > o.seconds))) return;
       const auto run_case = [&] {
         try {
           return check_case(registry, *k, generated, o, isolated.get());
