@@ -44,6 +44,10 @@ double accumulated_at(const OutputComparison& cmp, std::size_t e) {
   return e < acc.size() ? acc[e] : 0.0;
 }
 
+double condition_at(const OutputComparison& cmp, std::size_t e) {
+  return e < cmp.condition.size() ? cmp.condition[e] : 0.0;
+}
+
 Class classify(const OutputComparison& cmp, std::size_t e, Code r) {
   const Format f = cmp.format;
   const Code g = cmp.got[e];
@@ -122,9 +126,7 @@ ErrorMetrics analyze(const OutputComparison& cmp) {
                                              (e % map.cols) / map.cell_cols
                                        : 0;
     const Class k = classify(cmp, e, r);
-    if (k == Class::Compared) {
-      // fall through to the metrics below
-    } else {
+    if (k != Class::Compared) {
       switch (k) {
         case Class::Expected: m.expected_nonfinite++; break;
         case Class::Overflowed: m.overflowed++; break;
@@ -145,7 +147,7 @@ ErrorMetrics analyze(const OutputComparison& cmp) {
     const DoubleDouble xd = target(f, x);
     const double err_signed = signed_error(d, xd), err = std::fabs(err_signed);
     const double xabs = magnitude_of(xd);
-    const double c = e < static_cast<std::int64_t>(cmp.condition.size()) ? cmp.condition[e] : 0.0;
+    const double c = condition_at(cmp, static_cast<std::size_t>(e));
     const double ulp = err_signed / ulp_at(f, x);
     const auto dist = ulp_distance(f, g, r);
     if (dist && *dist == 0) ++m.exact_matches;
@@ -193,7 +195,7 @@ ErrorMetrics analyze(const OutputComparison& cmp) {
     w.got = show(f, cmp.got[worst]);
     w.expected = show(f, x.round_to(f, Rounding::NearestEven, output_overflow(f)));
     w.exact = x.kind == RefValue::Kind::Finite ? fmt::format("{} + {}", hex_float(xd.hi), hex_float(xd.lo)) : to_string(x);
-    w.condition = worst < static_cast<std::int64_t>(cmp.condition.size()) ? cmp.condition[worst] : 0.0;
+    w.condition = condition_at(cmp, static_cast<std::size_t>(worst));
     if (is_finite(f, cmp.got[worst]) && x.kind != RefValue::Kind::NaN && x.kind != RefValue::Kind::Inf) {
       const double es = signed_error(decode(f, cmp.got[worst]), target(f, x));
       w.normalised = w.condition > 0 ? std::fabs(es) / w.condition : (es == 0 ? 0.0 : INFINITY);
@@ -230,26 +232,37 @@ Verdict judge(const OutputComparison& cmp, const ErrorMetrics& m, const Toleranc
   if (m.unwritten) fail(fmt::format("{} output elements never written", m.unwritten));
   if (m.padding_written) fail(fmt::format("{} padding elements of the output overwritten", m.padding_written));
   if (m.unexpected_nan) fail(fmt::format("{} unexpected NaN", m.unexpected_nan));
-  // An Inf where r_e is finite, or a finite d_e where x_e overflows D, is within tolerance
-  // when the tolerance interval around x_e crosses D's overflow threshold (RNE: max finite
-  // plus half its unit) on d_e's side: the kernel's unrounded result may lie beyond it.
+
+  // One pass over the elements. Compared ones (unless an intermediate may overflow) are held
+  // to the tolerance. An Inf where r_e is finite, or a finite d_e where x_e overflows D, is
+  // within tolerance when the tolerance interval around x_e crosses D's overflow threshold
+  // (RNE: max finite plus half its unit) on d_e's side: the kernel's unrounded result may
+  // lie beyond it.
   const Format f = cmp.format;
-  std::int64_t inf_ok = 0, missed_ok = 0;
-  if (m.unexpected_inf || m.missed_nonfinite) {
-    const auto& fi = info(f);
-    const double threshold = fi.max_finite() + ulp_of(f, fi.max_finite()) / 2;
-    for (std::size_t e = 0; e < cmp.got.size(); ++e) {
-      const RefValue& x = cmp.exact[e];
-      const Code r = x.round_to(f, Rounding::NearestEven, output_overflow(f));
-      const Class k = classify(cmp, e, r);
-      if (k != Class::UnexpectedInf && k != Class::Missed) continue;
+  const auto& fi = info(f);
+  const double threshold = fi.max_finite() + ulp_of(f, fi.max_finite()) / 2;
+  std::int64_t inf_ok = 0, missed_ok = 0, over = 0;
+  double worst_ratio = 0;
+  for (std::size_t e = 0; e < cmp.got.size(); ++e) {
+    const Code g = cmp.got[e];
+    const RefValue& x = cmp.exact[e];
+    const Class k = classify(cmp, e, x.round_to(f, Rounding::NearestEven, output_overflow(f)));
+    if (k == Class::Compared) {
+      if (accumulated_at(cmp, e) > cmp.accumulator_max) continue;
+      const DoubleDouble xd = target(f, x);
+      const double err = std::fabs(signed_error(decode(f, g), xd));
+      const double b = tol.bound(condition_at(cmp, e), magnitude_of(xd), f, n);
+      if (err > b) {
+        ++over;
+        worst_ratio = std::max(worst_ratio, err / b);
+      }
+    } else if (k == Class::UnexpectedInf || k == Class::Missed) {
       const DoubleDouble xd = x.double_double();
-      const double c = e < cmp.condition.size() ? cmp.condition[e] : 0.0;
-      const double b = tol.bound(c, magnitude_of(xd), f, n);
+      const double b = tol.bound(condition_at(cmp, e), magnitude_of(xd), f, n);
       if (k == Class::UnexpectedInf) {
-        const double toward = is_negative(f, cmp.got[e]) ? -(xd.hi + xd.lo) : xd.hi + xd.lo;
+        const double toward = is_negative(f, g) ? -(xd.hi + xd.lo) : xd.hi + xd.lo;
         if (toward + b >= threshold) ++inf_ok;
-      } else if (std::fabs(signed_error(decode(f, cmp.got[e]), xd)) <= b) {
+      } else if (std::fabs(signed_error(decode(f, g), xd)) <= b) {
         ++missed_ok;
       }
     }
@@ -258,24 +271,6 @@ Verdict judge(const OutputComparison& cmp, const ErrorMetrics& m, const Toleranc
   if (m.missed_nonfinite > missed_ok)
     fail(fmt::format("{} missed NaN/Inf (the exact result is not finite)", m.missed_nonfinite - missed_ok));
   if (m.mismatched_nonfinite) fail(fmt::format("{} wrong non-finite values (NaN vs Inf or wrong sign)", m.mismatched_nonfinite));
-
-  std::int64_t over = 0;
-  double worst_ratio = 0;
-  for (std::size_t e = 0; e < cmp.got.size(); ++e) {
-    const Code g = cmp.got[e];
-    const RefValue& x = cmp.exact[e];
-    if (!is_finite(f, g) || !is_finite(f, x.round_to(f, Rounding::NearestEven, output_overflow(f)))) continue;
-    const auto& acc = cmp.accumulated.empty() ? cmp.condition : cmp.accumulated;
-    if (e < acc.size() && acc[e] > cmp.accumulator_max) continue;
-    const DoubleDouble xd = target(f, x);
-    const double err = std::fabs(signed_error(decode(f, g), xd));
-    const double c = e < cmp.condition.size() ? cmp.condition[e] : 0.0;
-    const double b = tol.bound(c, magnitude_of(xd), f, n);
-    if (err > b) {
-      ++over;
-      worst_ratio = std::max(worst_ratio, err / b);
-    }
-  }
   if (over)
     fail(fmt::format("{} elements exceed the tolerance (worst {:.3g}x the bound; accumulator {} bits{}, n = {})", over,
                      worst_ratio, tol.accumulator_bits, tol.input_bits ? fmt::format(", inputs {} bits", tol.input_bits) : "",

@@ -83,18 +83,18 @@ void mark_input_rounding_overflow(const Case& c, const std::map<std::string, Ten
   const GemmShape& g = c.gemm;
   const MatrixView av = gemm_view(c, "A"), bv = gemm_view(c, "B");
   const Tensor &a = inputs.at("A"), &b = inputs.at("B");
-  const auto over = [&](const Tensor& t, std::int64_t off) {
-    const auto& fi = info(t.format());
-    const double threshold = std::ldexp(2.0 - std::ldexp(1.0, -input_bits), fi.emax());
+  const auto threshold = [&](const Tensor& t) { return std::ldexp(2.0 - std::ldexp(1.0, -input_bits), info(t.format()).emax()); };
+  const double limit_a = threshold(a), limit_b = threshold(b);
+  const auto over = [](const Tensor& t, std::int64_t off, double limit) {
     const double v = std::fabs(t.value(off));
-    return std::isfinite(v) && v >= threshold;
+    return std::isfinite(v) && v >= limit;
   };
   for (std::int64_t bi = 0; bi < g.batch; ++bi) {
     std::vector<char> row(static_cast<std::size_t>(g.m), 0), col(static_cast<std::size_t>(g.n), 0);
     bool any = false;
     for (std::int64_t k = 0; k < g.k; ++k) {
-      for (std::int64_t i = 0; i < g.m; ++i) any |= row[i] |= over(a, op_a_offset(c, av, bi, i, k));
-      for (std::int64_t j = 0; j < g.n; ++j) any |= col[j] |= over(b, op_b_offset(c, bv, bi, k, j));
+      for (std::int64_t i = 0; i < g.m; ++i) any |= row[i] |= over(a, op_a_offset(c, av, bi, i, k), limit_a);
+      for (std::int64_t j = 0; j < g.n; ++j) any |= col[j] |= over(b, op_b_offset(c, bv, bi, k, j), limit_b);
     }
     if (!any) continue;
     for (std::int64_t i = 0; i < g.m; ++i)
