@@ -11,6 +11,7 @@
 #include "harness/core/error.hpp"
 #include "harness/core/format_mpfr.hpp"
 #include "references/exact_dot.hpp"
+#include "references/fp_env.hpp"
 
 namespace ulpgate {
 namespace {
@@ -70,6 +71,7 @@ struct Row {
 
 AttentionReference attention_reference(const Case& c, const std::map<std::string, Tensor>& inputs,
                                        unsigned threads) {
+  const ReferenceFpEnv env;  // whatever a kernel left set; parallel_for's threads inherit it
   if (c.op != Op::Attention) throw InputError("attention reference: case.op is not attention");
   const AttentionShape& a = c.attention;
   const AttentionView qv = attention_view(c, "Q"), kv = attention_view(c, "K"),

@@ -1,5 +1,7 @@
 #include "references/exact_dot.hpp"
 
+#include "references/fp_env.hpp"
+
 #include <gmp.h>
 #include <immintrin.h>
 
@@ -47,6 +49,7 @@ struct LevelSums {
   std::int64_t value[kMaxLevels] = {};
   std::int64_t magnitude[kMaxLevels] = {};
   bool all_negative = true;  // every product had its sign bit set
+  bool any_negative = false;  // some product had its sign bit set
 };
 
 __attribute__((target("avx2"))) std::int64_t lane_sum(__m256i v) {
@@ -72,12 +75,13 @@ __attribute__((target("avx2"))) void level_sums_avx2(const float* x, const float
     ci[j] = _mm256_castpd_si256(c[j]);
     value[j] = positive[j] = zero;
   }
-  __m256i signs_and = _mm256_set1_epi64x(-1);
+  __m256i signs_and = _mm256_set1_epi64x(-1), signs_or = zero;
   for (std::size_t i = 0; i < n; i += 4) {
     const __m256d p = _mm256_mul_pd(_mm256_cvtps_pd(_mm_loadu_ps(x + i)),
                                     _mm256_cvtps_pd(_mm_loadu_ps(y + i)));
     const __m256i pb = _mm256_castpd_si256(p);
     signs_and = _mm256_and_si256(signs_and, pb);
+    signs_or = _mm256_or_si256(signs_or, pb);
     const __m256i negative = _mm256_cmpgt_epi64(zero, pb);  // the sign bit, as a lane mask
     __m256d r = p;
     for (int j = 0; j < Levels; ++j) {
@@ -95,6 +99,8 @@ __attribute__((target("avx2"))) void level_sums_avx2(const float* x, const float
   alignas(32) std::uint64_t l[4];
   _mm256_store_si256(reinterpret_cast<__m256i*>(l), signs_and);
   out.all_negative = ((l[0] & l[1] & l[2] & l[3]) >> 63) != 0;
+  _mm256_store_si256(reinterpret_cast<__m256i*>(l), signs_or);
+  out.any_negative = ((l[0] | l[1] | l[2] | l[3]) >> 63) != 0;
 }
 
 // The same with eight lanes; mask registers make the sign handling one masked add.
@@ -111,12 +117,13 @@ __attribute__((target("avx512f"))) void level_sums_avx512(const float* x, const 
     ci[j] = _mm512_castpd_si512(c[j]);
     value[j] = positive[j] = zero;
   }
-  __mmask8 all_negative = 0xFF;
+  __mmask8 all_negative = 0xFF, any_negative = 0;
   for (std::size_t i = 0; i < n; i += 8) {
     const __m512d p = _mm512_mul_pd(_mm512_cvtps_pd(_mm256_loadu_ps(x + i)),
                                     _mm512_cvtps_pd(_mm256_loadu_ps(y + i)));
     const __mmask8 negative = _mm512_cmplt_epi64_mask(_mm512_castpd_si512(p), zero);
     all_negative &= negative;
+    any_negative |= negative;
     __m512d r = p;
     for (int j = 0; j < Levels; ++j) {
       const __m512d t = _mm512_add_pd(r, c[j]);
@@ -132,12 +139,13 @@ __attribute__((target("avx512f"))) void level_sums_avx512(const float* x, const 
     out.magnitude[j] = 2 * _mm512_reduce_add_epi64(positive[j]) - out.value[j];
   }
   out.all_negative = all_negative == 0xFF;
+  out.any_negative = any_negative != 0;
 }
 
 // n a multiple of 8 (AVX-512) or 4 (AVX2).
-void level_sums(int simd, const float* x, const float* y, std::size_t n, int levels,
+void level_sums(Simd simd, const float* x, const float* y, std::size_t n, int levels,
                 const double* magic, LevelSums& out) {
-  if (simd == 2) {
+  if (simd == Simd::Avx512) {
     switch (levels) {
       case 1: level_sums_avx512<1>(x, y, n, magic, out); return;
       case 2: level_sums_avx512<2>(x, y, n, magic, out); return;
@@ -202,26 +210,23 @@ __attribute__((target("avx2"))) void bit_range_avx2(const float* v, std::size_t 
   }
 }
 
-bool cpu_has_avx2() {
-  static const bool has = __builtin_cpu_supports("avx2");
-  return has;
-}
-bool cpu_has_avx512() {
-  static const bool has = __builtin_cpu_supports("avx512f");
-  return has;
-}
-
 }  // namespace
 
-ExponentRange exponent_range(std::span<const float> v) {
-  return exponent_range(v, cpu_has_avx512() ? 2 : cpu_has_avx2() ? 1 : 0);
+Simd best_simd() {
+  static const Simd best = __builtin_cpu_supports("avx512f") ? Simd::Avx512
+                           : __builtin_cpu_supports("avx2")  ? Simd::Avx2
+                                                             : Simd::Scalar;
+  return best;
 }
 
-ExponentRange exponent_range(std::span<const float> v, int simd_level) {
+Simd usable_simd(Simd requested) { return std::min(requested, best_simd()); }
+
+ExponentRange exponent_range(std::span<const float> v, Simd simd) {
   std::uint32_t max_bits = 0, min_bits_minus_one = 0xFFFFFFFFu;
-  if (simd_level == 2) {
+  simd = usable_simd(simd);
+  if (simd == Simd::Avx512) {
     bit_range_avx512(v.data(), v.size(), max_bits, min_bits_minus_one);
-  } else if (simd_level == 1) {
+  } else if (simd == Simd::Avx2) {
     bit_range_avx2(v.data(), v.size(), max_bits, min_bits_minus_one);
   } else {
     for (float f : v) {
@@ -240,34 +245,40 @@ ExponentRange exponent_range(std::span<const float> v, int simd_level) {
 }
 
 ExactAccumulator::ExactAccumulator(Simd simd)
-    : bins_(static_cast<std::size_t>(kTables) * kBins, 0),
-      simd_level_(simd == Simd::BinsOnly || !cpu_has_avx2() ? 0
-                  : simd == Simd::Best && cpu_has_avx512() ? 2
-                                                           : 1) {}
+    : bins_(static_cast<std::size_t>(kTables) * kBins, 0), simd_(usable_simd(simd)) {}
 
 void ExactAccumulator::clear() {
   for (int d = digit_lo_; d <= digit_hi_; ++d) value_[d] = magnitude_[d] = 0;
   digit_lo_ = kDigits;
   digit_hi_ = -1;
+  unnormalized_adds_ = 0;
+  paths_ = {};
   terms_ = negative_zero_terms_ = 0;
-  nan_ = pos_inf_ = neg_inf_ = false;
+  any_sign_bit_ = nan_ = pos_inf_ = neg_inf_ = false;
 }
 
 void ExactAccumulator::add_products(std::span<const float> x, std::span<const float> y) {
-  add_products(x, y, exponent_range(x, simd_level_), exponent_range(y, simd_level_));
+  add_products_checked(x, y, exponent_range(x, simd_), exponent_range(y, simd_));
 }
 
-void ExactAccumulator::add_products(std::span<const float> x, std::span<const float> y,
-                                   ExponentRange xr, ExponentRange yr) {
+void ExactAccumulator::add_products(const Operand& x, const Operand& y) {
+  add_products_checked(x.values(), y.values(), x.range(), y.range());
+}
+
+// xr and yr are the exponent ranges of x and y themselves (or wider): only exponent_range
+// and Operand make them.
+void ExactAccumulator::add_products_checked(std::span<const float> x, std::span<const float> y,
+                                            const ExponentRange& xr, const ExponentRange& yr) {
   if (x.size() != y.size()) throw std::invalid_argument("add_products: x and y differ in length");
+  const ReferenceFpEnv env;
   int e_lo = 1, e_hi = 0;  // FP64 exponent fields the products can have
   if (!xr.empty() && !yr.empty()) {
     e_lo = std::max(1, xr.lo + yr.lo + 1023);
     e_hi = std::min(2046, xr.hi + yr.hi + 1 + 1023);
   }
   const bool special = xr.special || yr.special;
-  const std::size_t lanes = simd_level_ == 2 ? 8 : 4;
-  if (simd_level_ > 0 && !special && x.size() >= lanes) {
+  const std::size_t lanes = simd_ == Simd::Avx512 ? 8 : 4;
+  if (simd_ != Simd::Scalar && !special && x.size() >= lanes) {
     // Every product is a multiple of 2^(xr.lo + yr.lo - 46) (24-bit significands) and
     // below 2^(xr.hi + yr.hi + 2): slices at 2^(top - 51 j) cover that in `levels` steps.
     const int top = xr.empty() || yr.empty() ? 0 : xr.hi + yr.hi + 2;
@@ -276,17 +287,9 @@ void ExactAccumulator::add_products(std::span<const float> x, std::span<const fl
     if (levels <= kMaxLevels) {
       const std::size_t body = x.size() / lanes * lanes;
       add_levels(x.data(), y.data(), body, levels, top);
-      if (body == x.size()) return;
-      // Pad the tail to a full vector with -0 products: they change neither the sum nor
-      // whether every term had its sign bit set.
-      float tx[8], ty[8];
-      std::fill(tx, tx + 8, -0.0f);
-      std::fill(ty, ty + 8, 1.0f);
-      for (std::size_t i = body; i < x.size(); ++i) tx[i - body] = x[i], ty[i - body] = y[i];
-      const std::uint64_t pad = lanes - (x.size() - body), negative_before = negative_zero_terms_;
-      add_levels(tx, ty, lanes, levels, top);
-      terms_ -= pad;
-      if (negative_zero_terms_ != negative_before) negative_zero_terms_ -= pad;
+      for (std::size_t i = body; i < x.size(); ++i) {  // exact: an FP32 product fits FP64
+        add(static_cast<double>(x[i]) * static_cast<double>(y[i]));
+      }
       return;
     }
   }
@@ -311,13 +314,16 @@ void ExactAccumulator::add_chunk(const float* x, const float* y, std::size_t n, 
   }
   for (; i < n; ++i) bin_product(t0, x[i], y[i]);
   terms_ += n;
+  paths_.bins += n;
 
   // Zero products land in the bins of exponent field 0 (no FP32 product is an FP64
   // subnormal), each adding 2^47: that counts the -0 ones for the sign of a zero sum.
   bool any_special = false;
   for (int t = 0; t < kTables; ++t) {
     std::uint64_t* table = bins_.data() + static_cast<std::size_t>(t) * kBins;
-    negative_zero_terms_ += table[kSignBin] >> 47;  // bins counts only -0 terms
+    const std::uint64_t negative_zeros = table[kSignBin] >> 47;  // the bin counts only -0 terms
+    negative_zero_terms_ += negative_zeros;
+    any_sign_bit_ |= negative_zeros != 0;
     table[0] = table[kSignBin] = 0;
     if (special) {
       any_special |= (table[kSpecialField] | table[kSignBin + kSpecialField]) != 0;
@@ -342,10 +348,12 @@ void ExactAccumulator::add_levels(const float* x, const float* y, std::size_t n,
   for (std::size_t i = 0; i < n; i += kBlock) {
     const std::size_t m = std::min(kBlock, n - i);
     LevelSums sums;
-    level_sums(simd_level_, x + i, y + i, m, levels, magic, sums);
+    level_sums(simd_, x + i, y + i, m, levels, magic, sums);
     for (int j = 0; j < levels; ++j) add_integer(sums.value[j], sums.magnitude[j], position[j]);
     terms_ += m;
+    paths_.slices += m;
     if (sums.all_negative) negative_zero_terms_ += m;
+    any_sign_bit_ |= sums.any_negative;
   }
 }
 
@@ -386,26 +394,52 @@ void ExactAccumulator::add_integer(std::int64_t v, std::int64_t mag, int positio
   magnitude_[d + 2] += static_cast<std::int64_t>(m >> 64);
   digit_lo_ = std::min(digit_lo_, d);
   digit_hi_ = std::max(digit_hi_, d + 2);
+  if (++unnormalized_adds_ == kNormalizeEvery) normalize();
+}
+
+void ExactAccumulator::normalize() {
+  // Below the top digit each digit keeps its low 32 bits and passes the rest up; the top
+  // one (signed) absorbs what is left once that fits 32 bits. The number is unchanged.
+  int hi = digit_hi_;
+  for (auto* digits : {&value_, &magnitude_}) {
+    std::int64_t carry = 0;
+    for (int d = digit_lo_; d < kDigits; ++d) {
+      carry += (*digits)[d];  // zero above digit_hi_
+      if ((d >= digit_hi_ && carry >= INT32_MIN && carry <= INT32_MAX) || d == kDigits - 1) {
+        (*digits)[d] = carry;
+        hi = std::max(hi, d);
+        break;
+      }
+      (*digits)[d] = carry & 0xFFFFFFFF;
+      carry >>= 32;  // arithmetic
+    }
+  }
+  digit_hi_ = hi;
+  unnormalized_adds_ = 0;
 }
 
 void ExactAccumulator::add(double v) {
+  // Decoded from the bits, with no floating-point operation: FTZ/DAZ cannot touch it.
+  const auto bits = std::bit_cast<std::uint64_t>(v);
+  const bool negative = (bits >> 63) != 0;
+  const int field = static_cast<int>(bits >> 52) & 0x7FF;
+  const std::uint64_t fraction = bits & kFractionMask;
   ++terms_;
-  if (std::isnan(v)) { nan_ = true; return; }
-  if (std::isinf(v)) { (v > 0 ? pos_inf_ : neg_inf_) = true; return; }
-  if (v == 0.0) {
-    if (std::signbit(v)) ++negative_zero_terms_;
+  ++paths_.single;
+  any_sign_bit_ |= negative;
+  if (field == kSpecialField) {
+    if (fraction != 0) nan_ = true;
+    else (negative ? neg_inf_ : pos_inf_) = true;
     return;
   }
-  int e;
-  const double f = std::frexp(std::fabs(v), &e);  // |v| = f 2^e, f in [0.5, 1)
-  auto m = static_cast<std::uint64_t>(std::ldexp(f, 53));
-  int q = e - 53;
-  if (q < -1074) {  // a subnormal: a multiple of 2^-1074, so the shift drops only zeros
-    m >>= (-1074 - q);
-    q = -1074;
+  if (field == 0 && fraction == 0) {
+    if (negative) ++negative_zero_terms_;
+    return;
   }
-  add_integer(std::signbit(v) ? -static_cast<std::int64_t>(m) : static_cast<std::int64_t>(m),
-              static_cast<std::int64_t>(m), q + kBias);
+  // |v| = m 2^(q - kBias) with m < 2^53: subnormals have field 0 and no implicit bit.
+  const auto m = static_cast<std::int64_t>(field == 0 ? fraction : fraction | kImplicitBit);
+  const int q = (field == 0 ? 1 : field) - 1075;
+  add_integer(negative ? -m : m, m, q + kBias);
 }
 
 int ExactAccumulator::magnitude_digits(const std::array<std::int64_t, kDigits>& in,
@@ -422,7 +456,7 @@ int ExactAccumulator::magnitude_digits(const std::array<std::int64_t, kDigits>& 
     if (d >= digit_hi_ && (carry == 0 || carry == -1)) break;
   }
   negative = carry == -1;
-  const int top = std::min(d, kDigits - 1);
+  int top = std::min(d, kDigits - 1);
   if (negative) {  // two's complement negation over [digit_lo_, top]; above it, ~1s = 0
     std::uint64_t c = 1;
     for (int i = digit_lo_; i <= top; ++i) {
@@ -430,6 +464,9 @@ int ExactAccumulator::magnitude_digits(const std::array<std::int64_t, kDigits>& 
       out[i] = static_cast<std::uint32_t>(t);
       c = t >> 32;
     }
+    // A carry out of the window: every digit was zero, the number is -2^(32 (top + 1)),
+    // and its magnitude needs the digit above (the sums' range leaves room for it).
+    if (c != 0) out[++top] = 1;
   }
   int hi = top;
   while (hi >= digit_lo_ && out[hi] == 0) --hi;
@@ -444,9 +481,16 @@ RefValue ExactAccumulator::summarise(const std::array<std::int64_t, kDigits>& di
   bool negative = false;
   const int top = digit_lo_ < kDigits ? magnitude_digits(digits, w, negative) : -1;
   if (top < digit_lo_ || top < 0) {
-    // IEEE 754 (RNE): an exact zero sum is -0 only when every term is -0.
-    const bool all_negative_zero = !magnitude && terms_ > 0 && negative_zero_terms_ == terms_;
-    return RefValue::zero(all_negative_zero);
+    if (magnitude) return RefValue::zero(false);
+    // IEEE 754: a zero sum is -0 when every term is -0, +0 when every term is +0, and
+    // otherwise +0, or -0 when rounding down. The magnitude is zero when every term is.
+    // Magnitudes only add nonnegative amounts to every digit.
+    bool all_zero = true;
+    for (int d = digit_lo_; d <= digit_hi_ && all_zero; ++d) all_zero = magnitude_[d] == 0;
+    if (all_zero && terms_ > 0 && negative_zero_terms_ == terms_) return RefValue::zero(true);
+    RefValue z = RefValue::zero(false);
+    z.negative_down = !all_zero || any_sign_bit_;
+    return z;
   }
   auto digit = [&](int i) -> std::uint64_t { return i >= digit_lo_ ? w[i] : 0; };
   std::uint64_t a = digit(top) << 32 | digit(top - 1);
@@ -511,7 +555,9 @@ void MpfrOracle::reserve(std::size_t n, mpfr_prec_t prec) {
   }
 }
 
-void MpfrOracle::dot(mpfr_ptr out, std::span<const float> x, std::span<const float> y) {
+void MpfrOracle::dot(mpfr_ptr out, std::span<const float> x, std::span<const float> y,
+                     mpfr_rnd_t zero_sign) {
+  const ReferenceFpEnv env;  // the products, and mpfr_set_d, see subnormals
   if (x.size() != y.size()) throw std::invalid_argument("oracle dot: x and y differ in length");
   const std::size_t n = x.size();
   reserve(n, 53);
@@ -519,10 +565,12 @@ void MpfrOracle::dot(mpfr_ptr out, std::span<const float> x, std::span<const flo
     mpfr_set_d(&terms_[i], static_cast<double>(x[i]) * static_cast<double>(y[i]), MPFR_RNDN);
   // Products lie in [2^-298, 2^256): 620 bits hold any sum of fewer than 2^64 of them.
   mpfr_set_prec(out, 620);
-  mpfr_sum(out, pointers_.data(), n, MPFR_RNDN);
+  mpfr_sum(out, pointers_.data(), n, zero_sign);  // exact: the mode only signs a zero
 }
 
-void MpfrOracle::dot(mpfr_ptr out, std::span<const double> x, std::span<const double> y) {
+void MpfrOracle::dot(mpfr_ptr out, std::span<const double> x, std::span<const double> y,
+                     mpfr_rnd_t zero_sign) {
+  const ReferenceFpEnv env;  // the products, and mpfr_set_d, see subnormals
   if (x.size() != y.size()) throw std::invalid_argument("oracle dot: x and y differ in length");
   const std::size_t n = x.size();
   reserve(n, 106);
@@ -536,7 +584,7 @@ void MpfrOracle::dot(mpfr_ptr out, std::span<const double> x, std::span<const do
     }
   }
   mpfr_set_prec(out, hi == LONG_MIN ? 2 : static_cast<mpfr_prec_t>(hi - lo + 66));
-  mpfr_sum(out, pointers_.data(), n, MPFR_RNDN);
+  mpfr_sum(out, pointers_.data(), n, zero_sign);  // exact: the mode only signs a zero
 }
 
 }  // namespace ulpgate

@@ -7,9 +7,9 @@
 //
 // ExactAccumulator has two exact paths, both ending in a carry-save fixed-point number of
 // 32-bit digits that spans every FP64 magnitude, 2^-1080 to 2^1224:
-//  - Levels (AVX-512 or AVX2, the common case): when the operands' exponent ranges put every product
-//    within 157 binades, each product is split exactly into at most four 51-bit slices
-//    at fixed positions (Rump's ExtractScalar: t = p + 1.5*2^(52+L) holds round(p/2^L) in
+//  - Slices (AVX-512 or AVX2, the common case): when the spreads of the operands' exponent
+//    ranges add up to at most 156 binades, every product lies within 204 bits, split exactly
+//    into at most four 51-bit slices at fixed positions (Rump's ExtractScalar: t = p + 1.5*2^(52+L) holds round(p/2^L) in
 //    its low bits, and p - (t - 1.5*2^(52+L)) is the exact remainder). The slices are
 //    summed as 64-bit integers in SIMD lanes: a handful of vector operations per four
 //    terms, no data-dependent memory access.
@@ -32,39 +32,75 @@
 
 namespace ulpgate {
 
+/// The instruction sets the exact paths can use, in increasing order. Asking for more
+/// than the CPU has gives the best it has (usable_simd), so any value is safe anywhere.
+enum class Simd : std::uint8_t {
+  Scalar,  ///< no vector code: the accumulator sums through the bins only
+  Avx2,    ///< slices in 4 lanes where the range allows, else the bins
+  Avx512   ///< slices in 8 lanes where the range allows, else the bins
+};
+/// The best instruction set of this CPU.
+Simd best_simd();
+/// min(requested, best_simd()).
+Simd usable_simd(Simd requested);
+
 /// floor(log2 |v|) over the nonzero finite values of an FP32 array; empty when none.
-/// Lets callers that reuse an operand (GEMM rows and columns) compute it once.
 struct ExponentRange {
   int lo = 0, hi = -1;    ///< empty when lo > hi
   bool special = false;   ///< the array holds an Inf or NaN
   bool empty() const { return lo > hi; }
 };
-ExponentRange exponent_range(std::span<const float> v);
-/// The same with a chosen instruction set (0 scalar, 1 AVX2, 2 AVX-512; the CPU must
-/// have it): lets tests cover every path on one machine.
-ExponentRange exponent_range(std::span<const float> v, int simd_level);
+/// The range of v, computed with usable_simd(simd) (every choice gives the same answer).
+ExponentRange exponent_range(std::span<const float> v, Simd simd = Simd::Avx512);
+
+/// An FP32 operand with the exponent range of its own values. The accumulator's fast path
+/// needs the range, and one narrower than the data would corrupt the sum silently, so the
+/// range is only ever computed here, from the values. GEMM builds one per row of op(A) and
+/// column of op(B) and reuses it; the values must not change while it is in use.
+class Operand {
+ public:
+  Operand() = default;
+  explicit Operand(std::span<const float> v, Simd simd = Simd::Avx512)
+      : values_(v), range_(exponent_range(v, simd)) {}
+  std::span<const float> values() const { return values_; }
+  const ExponentRange& range() const { return range_; }
+
+ private:
+  std::span<const float> values_;
+  ExponentRange range_;
+};
 
 /// Exact sum of products of FP32-representable numbers and of arbitrary doubles.
-/// Zeros follow IEEE 754 (RNE): a sum of -0 terms only is -0, any other zero sum is +0;
-/// NaN products, or +Inf and -Inf together, give NaN. Not thread-safe; use one per thread
-/// (it holds 128 KiB of bins).
+/// Zeros follow IEEE 754: an exact zero sum is -0 when every term is -0, +0 when every term
+/// is +0, and otherwise (cancellation, or zeros of both signs) +0, or -0 when rounding down
+/// (RefValue::negative_down). NaN products, or +Inf and -Inf together, give NaN.
+/// The result does not depend on the caller's floating-point environment (FTZ/DAZ,
+/// rounding mode): add_products sets its own and restores the caller's; add() uses no
+/// floating-point arithmetic. Not thread-safe; use one per thread (it holds 128 KiB of bins).
+///
+/// Paths (see path_terms): a call of add_products with K >= 8 (AVX-512) or 4 (AVX2)
+/// products, no Inf or NaN, and (x's exponent spread) + (y's exponent spread) <= 156
+/// binades is summed as slices; any other call through the bins, except that the last
+/// K mod 8 (or 4) products of a sliced call are added one by one, like add().
 class ExactAccumulator {
  public:
-  /// Which exact path add_products may take; tests pin each one.
-  enum class Simd : std::uint8_t {
-    Best,    ///< AVX-512 or AVX2 slices where the CPU has them and the range allows
-    Avx2,    ///< AVX2 slices at most (if the CPU has AVX2)
-    BinsOnly ///< always the bins
+  /// simd: the most the accumulator may use (usable_simd applies); Scalar pins the bins.
+  explicit ExactAccumulator(Simd simd = Simd::Avx512);
+
+  /// Terms added since clear(), by the path that added them.
+  struct PathTerms {
+    std::uint64_t slices = 0;  ///< split into integer slices in vector lanes
+    std::uint64_t bins = 0;    ///< added to the exponent bins
+    std::uint64_t single = 0;  ///< added one at a time: add(), and tails of sliced calls
+    bool operator==(const PathTerms&) const = default;
   };
-  explicit ExactAccumulator(Simd simd = Simd::Best);
 
   /// Back to an empty sum (+0, no terms).
   void clear();
   /// Adds sum_i x[i] * y[i]; x and y have the same length.
   void add_products(std::span<const float> x, std::span<const float> y);
-  /// The same, with the operands' exponent ranges already known (exponent_range()).
-  void add_products(std::span<const float> x, std::span<const float> y, ExponentRange xr,
-                    ExponentRange yr);
+  /// The same for operands whose exponent ranges are already known.
+  void add_products(const Operand& x, const Operand& y);
   /// Adds one double exactly (any value: subnormal, Inf, NaN, signed zero).
   void add(double v);
 
@@ -77,6 +113,9 @@ class ExactAccumulator {
   void exact_value(mpfr_ptr out) const;
   /// Number of terms added since clear().
   std::uint64_t terms() const { return terms_; }
+  /// The instruction set in use (the constructor's request, as far as the CPU has it).
+  Simd simd() const { return simd_; }
+  const PathTerms& path_terms() const { return paths_; }
 
   /// Positions: digit d holds bits of weight 2^(32 d - kBias) ... 2^(32 d + 31 - kBias).
   static constexpr int kBias = 1080;
@@ -87,12 +126,19 @@ class ExactAccumulator {
   static constexpr int kBins = 4096;  // sign bit + 11 exponent bits of the FP64 product
   static constexpr std::size_t kChunk = std::size_t{1} << 15;  // bins cannot overflow
 
+  // Each add_integer call changes a digit by less than 2^32: after 2^30 calls the digits
+  // are carried (normalize), so no digit can overflow however long the sum.
+  static constexpr std::uint32_t kNormalizeEvery = std::uint32_t{1} << 30;
+
+  void add_products_checked(std::span<const float> x, std::span<const float> y,
+                            const ExponentRange& xr, const ExponentRange& yr);
   void add_chunk(const float* x, const float* y, std::size_t n, int e_lo, int e_hi,
                  bool special);
   void add_levels(const float* x, const float* y, std::size_t n, int levels, int top);
   void fold_bins(int e_lo, int e_hi);
   void note_specials(const float* x, const float* y, std::size_t n);
   void add_integer(std::int64_t v, std::int64_t mag, int position);
+  void normalize();
   /// The magnitude of the carry-save digits as 32-bit words, valid in [digit_lo_, result];
   /// returns the highest nonzero word (< digit_lo_ when the sum is zero).
   int magnitude_digits(const std::array<std::int64_t, kDigits>& in,
@@ -103,10 +149,13 @@ class ExactAccumulator {
   std::array<std::int64_t, kDigits> value_{};
   std::array<std::int64_t, kDigits> magnitude_{};
   int digit_lo_ = kDigits, digit_hi_ = -1;
-  int simd_level_;  // 0 bins only, 1 AVX2, 2 AVX-512
-  // Terms with the sign bit set, counted where it matters: if the exact sum is zero and
-  // every term had its sign bit set, every term was -0 and so is the sum.
+  std::uint32_t unnormalized_adds_ = 0;  // add_integer calls since the last normalize
+  Simd simd_;
+  PathTerms paths_;
+  // Terms with the sign bit set, counted where it matters: if every term is zero, they
+  // decide the sign of the sum (all -0: -0; some: -0 rounding down only).
   std::uint64_t terms_ = 0, negative_zero_terms_ = 0;
+  bool any_sign_bit_ = false;  // some term had its sign bit set
   bool nan_ = false, pos_inf_ = false, neg_inf_ = false;
 };
 
@@ -121,10 +170,13 @@ class MpfrOracle {
   MpfrOracle& operator=(const MpfrOracle&) = delete;
 
   /// out = sum x_i y_i exactly (out's precision is changed to hold it). FP32 inputs: each
-  /// product is an exact double.
-  void dot(mpfr_ptr out, std::span<const float> x, std::span<const float> y);
+  /// product is an exact double. An exact zero takes the sign IEEE 754 gives it when
+  /// rounding with `zero_sign` (mpfr_sum's rule).
+  void dot(mpfr_ptr out, std::span<const float> x, std::span<const float> y,
+           mpfr_rnd_t zero_sign = MPFR_RNDN);
   /// The same for FP64 inputs: each product is formed exactly in 106 bits.
-  void dot(mpfr_ptr out, std::span<const double> x, std::span<const double> y);
+  void dot(mpfr_ptr out, std::span<const double> x, std::span<const double> y,
+           mpfr_rnd_t zero_sign = MPFR_RNDN);
 
  private:
   void reserve(std::size_t n, mpfr_prec_t prec);

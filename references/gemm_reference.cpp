@@ -9,6 +9,7 @@
 #include "harness/core/error.hpp"
 #include "harness/core/format_mpfr.hpp"
 #include "references/exact_dot.hpp"
+#include "references/fp_env.hpp"
 
 namespace ulpgate {
 namespace {
@@ -47,8 +48,9 @@ const Tensor& input(const std::map<std::string, Tensor>& inputs, const Case& c,
 }
 
 // out = the sum of the given exact numbers, exactly: the precision spans from the lowest
-// bit of any term to the highest plus carries.
-void exact_sum(mpfr_ptr out, std::vector<mpfr_ptr> terms) {
+// bit of any term to the highest plus carries. An exact zero gets the sign IEEE 754 gives
+// it when rounding with rnd (mpfr_sum's rule).
+void exact_sum(mpfr_ptr out, const std::vector<mpfr_ptr>& terms, mpfr_rnd_t rnd) {
   long hi = std::numeric_limits<long>::min(), lo = std::numeric_limits<long>::max();
   for (mpfr_ptr t : terms) {
     if (!mpfr_regular_p(t)) continue;
@@ -56,7 +58,7 @@ void exact_sum(mpfr_ptr out, std::vector<mpfr_ptr> terms) {
     lo = std::min<long>(lo, mpfr_get_exp(t) - static_cast<long>(mpfr_get_prec(t)));
   }
   mpfr_set_prec(out, hi < lo ? 2 : static_cast<mpfr_prec_t>(hi - lo + 8));
-  mpfr_sum(out, terms.data(), terms.size(), MPFR_RNDN);
+  mpfr_sum(out, const_cast<mpfr_ptr*>(terms.data()), terms.size(), rnd);
 }
 
 RefValue relu(const RefValue& v) {
@@ -190,6 +192,7 @@ RefValue apply_activation(Epilogue e, mpfr_srcptr t, double scale_d) {
 GemmReference gemm_reference(const Case& c, const std::map<std::string, Tensor>& inputs,
                              unsigned threads) {
   if (c.op != Op::Gemm) throw InputError("gemm reference: case.op is not gemm");
+  const ReferenceFpEnv env;  // whatever a kernel left set; parallel_for's threads inherit it
   const GemmShape& g = c.gemm;
   const MatrixView av = gemm_view(c, "A"), bv = gemm_view(c, "B"), cv = gemm_view(c, "C");
   const Tensor& a = input(inputs, c, "A", av.elements());
@@ -232,12 +235,12 @@ GemmReference gemm_reference(const Case& c, const std::map<std::string, Tensor>&
   const bool fast = a.format() != Format::FP64 && b.format() != Format::FP64;
   std::vector<float> a_rows, b_cols;
   std::vector<double> a_rows64, b_cols64;
-  std::vector<ExponentRange> a_range, b_range;
+  std::vector<Operand> a_ops, b_ops;
   if (fast) {
     a_rows.resize(static_cast<std::size_t>(g.batch * g.m * k));
     b_cols.resize(static_cast<std::size_t>(g.batch * g.n * k));
-    a_range.resize(static_cast<std::size_t>(g.batch * g.m));
-    b_range.resize(static_cast<std::size_t>(g.batch * g.n));
+    a_ops.resize(static_cast<std::size_t>(g.batch * g.m));
+    b_ops.resize(static_cast<std::size_t>(g.batch * g.n));
   } else {
     a_rows64.resize(static_cast<std::size_t>(g.batch * g.m * k));
     b_cols64.resize(static_cast<std::size_t>(g.batch * g.n * k));
@@ -254,8 +257,8 @@ GemmReference gemm_reference(const Case& c, const std::map<std::string, Tensor>&
     }
     if (fast) {
       const auto* base = (is_a ? a_rows.data() : b_cols.data()) + r2 * k;
-      (is_a ? a_range : b_range)[static_cast<std::size_t>(r2)] =
-          exponent_range(std::span<const float>(base, static_cast<std::size_t>(k)));
+      (is_a ? a_ops : b_ops)[static_cast<std::size_t>(r2)] =
+          Operand(std::span<const float>(base, static_cast<std::size_t>(k)));
     }
   }, threads);
 
@@ -271,10 +274,10 @@ GemmReference gemm_reference(const Case& c, const std::map<std::string, Tensor>&
       const double bval = with_bias ? bias->value(j) : 0.0;
       double condition = 0.0, finite_condition = -1.0;
       bool done = false;
+      bool dot_negative_down = false;  // the sign of a zero dot product rounding down
       if (fast) {
         acc.clear();
-        acc.add_products(std::span<const float>(&a_rows[ai * k], k),
-                         std::span<const float>(&b_cols[bj * k], k), a_range[ai], b_range[bj]);
+        acc.add_products(a_ops[ai], b_ops[bj]);
         condition = acc.magnitude().to_double();
         if (fold_epilogue) {
           // beta sC c joins the sum only if it is an exact double (FMA residual zero, and
@@ -290,11 +293,18 @@ GemmReference gemm_reference(const Case& c, const std::map<std::string, Tensor>&
             done = true;
           }
         }
-        if (!done) acc.exact_value(dot);
+        if (!done) {
+          acc.exact_value(dot);
+          dot_negative_down = acc.value().negative_down;
+        }
       } else {
         std::span<const double> x(&a_rows64[static_cast<std::size_t>((bi * g.m + i) * k)], k),
             y(&b_cols64[static_cast<std::size_t>((bi * g.n + j) * k)], k);
         oracle.dot(dot, x, y);
+        if (mpfr_zero_p(dot)) {
+          oracle.dot(t, x, y, MPFR_RNDD);
+          dot_negative_down = mpfr_signbit(t) != 0;
+        }
         std::vector<double> ax(x.begin(), x.end()), ay(y.begin(), y.end());
         for (auto& v : ax) v = std::fabs(v);
         for (auto& v : ay) v = std::fabs(v);
@@ -308,10 +318,12 @@ GemmReference gemm_reference(const Case& c, const std::map<std::string, Tensor>&
         }
       }
       if (!done) {
-        mpfr_set_prec(scaled, mpfr_get_prec(dot) + 3 * 53);
-        if (drop_product) mpfr_set_zero(scaled, 1);
-        else mpfr_mul(scaled, alpha_ab, dot, MPFR_RNDN);  // exact
-        std::vector<mpfr_ptr> terms{scaled};
+        std::vector<mpfr_ptr> terms;
+        if (!drop_product) {  // BLAS: alpha = 0 adds no product, not even a +0
+          mpfr_set_prec(scaled, mpfr_get_prec(dot) + 3 * 53);
+          mpfr_mul(scaled, alpha_ab, dot, MPFR_RNDN);  // exact
+          terms.push_back(scaled);
+        }
         if (with_c) {
           mpfr_mul_d(beta_term, beta_c, cval, MPFR_RNDN);  // exact: 106 + 53 bits
           terms.push_back(beta_term);
@@ -320,8 +332,17 @@ GemmReference gemm_reference(const Case& c, const std::map<std::string, Tensor>&
           mpfr_set_d(bias_term, bval, MPFR_RNDN);
           terms.push_back(bias_term);
         }
-        exact_sum(t, terms);
+        exact_sum(t, terms, MPFR_RNDN);
         r.values[idx] = apply_activation(c.epilogue, t, scale_d);
+        if (r.values[idx].kind == RefValue::Kind::Zero && act != Act::Relu) {
+          // The same sum's sign rounding down, from the dot product's; it goes through
+          // scale_D and GELU (gelu(+-0) = +-0) as the sign rounding to nearest does.
+          if (!drop_product && mpfr_zero_p(dot))
+            mpfr_setsign(scaled, scaled, dot_negative_down != (mpfr_sgn(alpha_ab.get()) < 0), MPFR_RNDN);
+          Mpfr down(2);
+          exact_sum(down, terms, MPFR_RNDD);
+          r.values[idx].negative_down = (mpfr_signbit(down) != 0) != (scale_d < 0);
+        }
       }
       r.condition[idx] = condition;
       const double pre = alpha_abs * condition + std::fabs(beta_c_double * cval) + std::fabs(bval);

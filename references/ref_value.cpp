@@ -50,7 +50,7 @@ Code RefValue::round_to(Format f, Rounding r, Overflow o) const {
   switch (kind) {
     case Kind::NaN: return detail::special_code(f, negative, true, o);
     case Kind::Inf: return detail::special_code(f, negative, false, o);
-    case Kind::Zero: return negative ? fi.sign_mask() : 0;
+    case Kind::Zero: return (r == Rounding::Down ? negative_down : negative) ? fi.sign_mask() : 0;
     case Kind::Finite: break;
   }
   const long lg = exponent;
@@ -149,7 +149,7 @@ std::string to_string(const RefValue& v) {
   switch (v.kind) {
     case RefValue::Kind::NaN: return "nan";
     case RefValue::Kind::Inf: return v.negative ? "-inf" : "inf";
-    case RefValue::Kind::Zero: return v.negative ? "-0" : "0";
+    case RefValue::Kind::Zero: return v.negative ? "-0" : v.negative_down ? "0 (-0 rounding down)" : "0";
     case RefValue::Kind::Finite: break;
   }
   char window[80];

@@ -27,6 +27,9 @@ struct RefValue {
   Kind kind = Kind::Zero;
   bool negative = false;  ///< also the sign of a zero
   bool inexact = false;   ///< bits beyond the 128 kept are nonzero
+  /// For a zero: its sign when rounding toward -inf. IEEE 754 gives an exact zero sum of
+  /// terms not all zeros of one sign +0, but -0 when rounding down.
+  bool negative_down = false;
   std::int32_t exponent = 0;  ///< floor(log2 |x|) for finite nonzero x
   std::uint64_t sig_hi = 0, sig_lo = 0;
 
@@ -44,7 +47,12 @@ struct RefValue {
   /// the window interval (within 2^-128 |x|).
   void to_mpfr(mpfr_ptr out) const;
 
-  static RefValue zero(bool negative) { return RefValue{Kind::Zero, negative}; }
+  /// A zero of one sign in every rounding mode.
+  static RefValue zero(bool negative) {
+    RefValue z{Kind::Zero, negative};
+    z.negative_down = negative;
+    return z;
+  }
   static RefValue nan() { return RefValue{Kind::NaN}; }
   static RefValue infinity(bool negative) { return RefValue{Kind::Inf, negative}; }
   /// The value of an exact MPFR number (any precision): truncated to 128 bits, sticky set

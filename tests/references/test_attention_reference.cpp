@@ -4,6 +4,7 @@
 #include <rapidcheck/gtest.h>
 
 #include <cmath>
+#include <xmmintrin.h>
 
 #include "harness/core/error.hpp"
 #include "harness/core/format_mpfr.hpp"
@@ -203,5 +204,37 @@ TEST(AttentionReference, ThreadsDoNotChangeBits) {
     const AttentionReference one = attention_reference(ac.c, ac.in, 1), two = attention_reference(ac.c, ac.in, 2);
     EXPECT_EQ(one.values, two.values);
     EXPECT_EQ(one.lse, two.lse);
+  }
+}
+
+// Issue 11: 8192 keys of equal score and V = -1/32: O is the mean, -1/32 (the exact sum of
+// V, -256, sits on a carry-save digit edge and came back as +0).
+TEST(AttentionReference, NegativePowerOfTwoAtDigitEdge) {
+  Case c;
+  c.op = Op::Attention;
+  c.attention.batch = 1, c.attention.heads = 1, c.attention.seq_q = 1, c.attention.seq_kv = 8192;
+  c.attention.head_dim = 1;
+  c.types = {{"Q", Format::FP32}, {"K", Format::FP32}, {"V", Format::FP32}, {"O", Format::FP32},
+             {"compute", Format::FP32}};
+  Tensor q(Format::FP32, 1), k(Format::FP32, 8192), v(Format::FP32, 8192);
+  q.set_value(0, 1.0);
+  k.fill_code(encode(Format::FP32, 0.5));
+  v.fill_code(encode(Format::FP32, -1.0 / 32));
+  const AttentionReference r = attention_reference(c, {{"Q", q}, {"K", k}, {"V", v}}, 1);
+  EXPECT_EQ(r.at(0, 0, 0, 0).to_double(), -1.0 / 32);
+  EXPECT_FALSE(r.at(0, 0, 0, 0).inexact);
+}
+
+// The caller's FTZ/DAZ and rounding mode (a kernel may leave them set) change no bit.
+TEST(AttentionReference, CallersFloatingPointEnvironment) {
+  for (std::uint64_t seed = 100; seed < 130; ++seed) {
+    const AttnCase ac = random_case(seed);
+    const AttentionReference clean = attention_reference(ac.c, ac.in, 2);
+    const unsigned saved = _mm_getcsr();
+    _mm_setcsr(0x1F80 | 0x8000 | 0x0040 | 0x2000);  // FTZ, DAZ, round down
+    const AttentionReference hostile = attention_reference(ac.c, ac.in, 2);
+    _mm_setcsr(saved);
+    EXPECT_EQ(clean.values, hostile.values) << seed;
+    EXPECT_EQ(clean.lse, hostile.lse) << seed;
   }
 }

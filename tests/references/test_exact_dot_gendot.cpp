@@ -28,8 +28,7 @@ std::uint64_t batch_size() { return std::max<std::uint64_t>(1, dots_budget() / 1
 
 RC_GTEST_PROP(ExactDotGenDot, IllConditionedMatchOracle, ()) {
   const auto seed = *rc::gen::arbitrary<std::uint64_t>();
-  using Simd = ExactAccumulator::Simd;
-  thread_local ExactAccumulator best(Simd::Best), bins_only(Simd::BinsOnly);
+  thread_local ExactAccumulator best(Simd::Avx512), bins_only(Simd::Scalar);
   thread_local MpfrOracle oracle;
   Bits bits(seed, 5, 0);
   Mpfr exact(2);

@@ -5,6 +5,7 @@
 #include <rapidcheck/gtest.h>
 
 #include <cmath>
+#include <xmmintrin.h>
 
 #include "harness/core/error.hpp"
 #include "harness/core/format_mpfr.hpp"
@@ -33,13 +34,14 @@ std::int64_t offset(const GemmShape& g, bool trans, std::int64_t rows_logical,
 
 double scale(const Case& c, const char* op) { return c.scales.count(op) ? c.scales.at(op) : 1.0; }
 
-// The expected element, evaluated plainly at a precision far beyond need.
-RefValue naive_element(const Case& c, const std::map<std::string, Tensor>& in, std::int64_t b,
-                       std::int64_t i, std::int64_t j) {
+// The epilogue's input alpha sA sB (A B)_ij + beta sC c_ij + bias_j, evaluated plainly at a
+// precision far beyond need (so exactly), its additions rounding with `rnd`: that only
+// decides the sign of an exact zero, which IEEE 754 makes -0 rounding down.
+void naive_pre_activation(mpfr_ptr t, const Case& c, const std::map<std::string, Tensor>& in,
+                          std::int64_t b, std::int64_t i, std::int64_t j, mpfr_rnd_t rnd) {
   const GemmShape& g = c.gemm;
-  Mpfr s(8000), p(8000), t(8000);
+  Mpfr s(8000), p(8000);
   mpfr_set_zero(s, 1);
-  std::vector<Mpfr*> dummy;
   bool all_negative_zero = true;
   for (std::int64_t k = 0; k < g.k; ++k) {
     const double a = in.at("A").value(offset(g, g.trans_a, g.m, g.k, g.lda, b, i, k));
@@ -47,9 +49,10 @@ RefValue naive_element(const Case& c, const std::map<std::string, Tensor>& in, s
     mpfr_set_d(p, a, MPFR_RNDN);
     mpfr_mul_d(p, p, bb, MPFR_RNDN);
     all_negative_zero = all_negative_zero && mpfr_zero_p(p) && mpfr_signbit(p);
-    mpfr_add(s, s, p, MPFR_RNDN);
+    mpfr_add(s, s, p, rnd);
   }
-  if (mpfr_zero_p(s)) mpfr_setsign(s, s, all_negative_zero, MPFR_RNDN);  // IEEE sum of zeros
+  if (mpfr_zero_p(s) && rnd != MPFR_RNDD)  // the sum starts at +0, not at the first term
+    mpfr_setsign(s, s, all_negative_zero, MPFR_RNDN);
   mpfr_mul_d(t, s, c.alpha, MPFR_RNDN);
   mpfr_mul_d(t, t, scale(c, "A"), MPFR_RNDN);
   mpfr_mul_d(t, t, scale(c, "B"), MPFR_RNDN);
@@ -57,9 +60,23 @@ RefValue naive_element(const Case& c, const std::map<std::string, Tensor>& in, s
     mpfr_set_d(p, c.beta, MPFR_RNDN);
     mpfr_mul_d(p, p, scale(c, "C"), MPFR_RNDN);
     mpfr_mul_d(p, p, in.at("C").value(offset(g, false, g.m, g.n, g.ldc, b, i, j)), MPFR_RNDN);
-    mpfr_add(t, t, p, MPFR_RNDN);
+    mpfr_add(t, t, p, rnd);
   }
-  if (has_bias(c.epilogue)) mpfr_add_d(t, t, in.at("bias").value(j), MPFR_RNDN);
+  if (has_bias(c.epilogue)) mpfr_add_d(t, t, in.at("bias").value(j), rnd);
+}
+
+// The expected element: the plain evaluation above, then the activation and scale_D.
+RefValue naive_element(const Case& c, const std::map<std::string, Tensor>& in, std::int64_t b,
+                       std::int64_t i, std::int64_t j) {
+  Mpfr t(8000);
+  naive_pre_activation(t, c, in, b, i, j, MPFR_RNDN);
+  if (mpfr_zero_p(t) && c.epilogue != Epilogue::Relu && c.epilogue != Epilogue::BiasRelu) {
+    Mpfr down(8000);
+    naive_pre_activation(down, c, in, b, i, j, MPFR_RNDD);
+    RefValue z = RefValue::zero(mpfr_signbit(t) != (scale(c, "D") < 0));  // gelu(+-0) = +-0
+    z.negative_down = (mpfr_signbit(down) != 0) != (scale(c, "D") < 0);
+    return z;
+  }
   const double sd = scale(c, "D");
   switch (c.epilogue) {
     case Epilogue::Relu:
@@ -301,4 +318,56 @@ TEST(GemmReference, GeluTails) {
   EXPECT_EQ(apply_activation(Epilogue::Gelu, z, 1.0), RefValue::zero(true));
   Mpfr inf(53, -INFINITY);
   EXPECT_EQ(apply_activation(Epilogue::GeluTanh, inf, 1.0).kind, RefValue::Kind::NaN);
+}
+
+// Issue 11: D = -256 exactly (a negative power of two at a carry-save digit edge) came
+// back as -0; with alpha = 2, -512.
+TEST(GemmReference, NegativePowerOfTwoAtDigitEdge) {
+  Case c;
+  c.gemm.m = c.gemm.n = 1, c.gemm.k = 65536;
+  c.types = {{"A", Format::FP32}, {"B", Format::FP32}, {"D", Format::FP32}, {"compute", Format::FP32}};
+  Tensor a(Format::FP32, 65536), b(Format::FP32, 65536);
+  a.fill_code(encode(Format::FP32, -1.0 / 16));
+  b.fill_code(encode(Format::FP32, 1.0 / 16));
+  EXPECT_EQ(gemm_reference(c, {{"A", a}, {"B", b}}, 1).at(0, 0, 0).to_double(), -256.0);
+  c.alpha = 2.0;  // through MPFR
+  EXPECT_EQ(gemm_reference(c, {{"A", a}, {"B", b}}, 1).at(0, 0, 0).to_double(), -512.0);
+}
+
+// BLAS with alpha = 0 computes beta C alone: -0 for C = -0 (no +0 product is added). An
+// exact cancellation is +0, but -0 rounding down (IEEE 754).
+TEST(GemmReference, ZeroSigns) {
+  Case c;
+  c.gemm.m = 1, c.gemm.n = 2, c.gemm.k = 2;
+  c.alpha = 0.0, c.beta = 1.0;
+  c.types = {{"A", Format::FP32}, {"B", Format::FP32}, {"C", Format::FP32}, {"D", Format::FP32},
+             {"compute", Format::FP32}};
+  Tensor a(Format::FP32, 2), b(Format::FP32, 4), cc(Format::FP32, 2);
+  a.set_value(0, 1.0), a.set_value(1, 1.0);
+  b.set_value(0, 3.0), b.set_value(1, 3.0), b.set_value(2, -3.0), b.set_value(3, -3.0);  // row-major 2x2
+  cc.set_value(0, -0.0), cc.set_value(1, -0.0);
+  GemmReference r = gemm_reference(c, {{"A", a}, {"B", b}, {"C", cc}}, 1);
+  EXPECT_EQ(r.at(0, 0, 0), RefValue::zero(true));
+  c.alpha = 1.0, c.beta = 0.0;  // 3 - 3 = +0, -0 rounding down
+  for (double alpha : {1.0, 0.5}) {  // the fast path and the MPFR one
+    c.alpha = alpha;
+    r = gemm_reference(c, {{"A", a}, {"B", b}}, 1);
+    EXPECT_EQ(r.at(0, 0, 0).round_to(Format::FP32), Code{0}) << alpha;
+    EXPECT_EQ(r.at(0, 0, 0).round_to(Format::FP32, Rounding::Down), Code{0x80000000}) << alpha;
+  }
+}
+
+// The caller's FTZ/DAZ and rounding mode (a kernel may leave them set) change no bit.
+TEST(GemmReference, CallersFloatingPointEnvironment) {
+  for (std::uint64_t seed = 100; seed < 140; ++seed) {
+    const GemmCase gc = random_case(seed);
+    const GemmReference clean = gemm_reference(gc.c, gc.in, 2);
+    const unsigned saved = _mm_getcsr();
+    _mm_setcsr(0x1F80 | 0x8000 | 0x0040 | 0x2000);  // FTZ, DAZ, round down
+    const GemmReference hostile = gemm_reference(gc.c, gc.in, 2);
+    _mm_setcsr(saved);
+    EXPECT_EQ(clean.values, hostile.values) << seed;
+    EXPECT_EQ(clean.condition, hostile.condition) << seed;
+    EXPECT_EQ(clean.magnitude, hostile.magnitude) << seed;
+  }
 }
