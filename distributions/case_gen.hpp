@@ -27,7 +27,7 @@
 
 #include "distributions/gendot.hpp"
 #include "distributions/spec.hpp"
-#include "harness/core/case.hpp"
+#include "core/case.hpp"
 
 namespace ulpgate::gen {
 

@@ -9,8 +9,8 @@
 
 #include "distributions/gendot.hpp"
 #include "distributions/sampling.hpp"
-#include "harness/core/error.hpp"
-#include "harness/core/rng.hpp"
+#include "core/error.hpp"
+#include "core/rng.hpp"
 
 namespace ulpgate {
 namespace {

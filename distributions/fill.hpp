@@ -34,8 +34,8 @@
 #include <string_view>
 
 #include "distributions/spec.hpp"
-#include "harness/core/case.hpp"
-#include "harness/core/tensor.hpp"
+#include "core/case.hpp"
+#include "core/tensor.hpp"
 
 namespace ulpgate {
 

@@ -7,9 +7,9 @@
 
 #include <fmt/format.h>
 
-#include "harness/core/error.hpp"
-#include "harness/core/format_mpfr.hpp"
-#include "harness/core/rng.hpp"
+#include "core/error.hpp"
+#include "core/format_mpfr.hpp"
+#include "core/rng.hpp"
 
 namespace ulpgate {
 namespace {

@@ -26,7 +26,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "harness/core/format.hpp"
+#include "core/format.hpp"
 
 namespace ulpgate {
 

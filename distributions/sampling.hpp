@@ -16,7 +16,7 @@
 #include <cstdint>
 #include <cstring>
 
-#include "harness/core/rng.hpp"
+#include "core/rng.hpp"
 
 namespace ulpgate::sampling {
 

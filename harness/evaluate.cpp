@@ -5,7 +5,7 @@
 #include <fmt/format.h>
 
 #include "distributions/fill.hpp"
-#include "harness/core/error.hpp"
+#include "core/error.hpp"
 
 namespace ulpgate {
 

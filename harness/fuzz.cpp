@@ -16,8 +16,8 @@
 
 #include "distributions/case_gen.hpp"
 #include "distributions/fill.hpp"
-#include "harness/core/error.hpp"
-#include "harness/core/rng.hpp"
+#include "core/error.hpp"
+#include "core/rng.hpp"
 #include "harness/isolate.hpp"
 #include "harness/journal.hpp"
 

@@ -24,7 +24,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "harness/core/error.hpp"
+#include "core/error.hpp"
 
 #if ULPGATE_HAVE_CUDA
 #include <cuda_runtime.h>

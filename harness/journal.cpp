@@ -10,7 +10,7 @@
 
 #include <fmt/format.h>
 
-#include "harness/core/error.hpp"
+#include "core/error.hpp"
 
 namespace ulpgate {
 namespace {

@@ -10,7 +10,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "harness/core/error.hpp"
+#include "core/error.hpp"
 #include "kernels/device.hpp"
 
 #ifndef ULPGATE_VERSION

@@ -12,7 +12,7 @@
 #include <nlohmann/json_fwd.hpp>
 
 #include "harness/analyze.hpp"
-#include "harness/core/case.hpp"
+#include "core/case.hpp"
 #include "harness/runner.hpp"
 
 namespace ulpgate {

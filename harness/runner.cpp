@@ -4,7 +4,7 @@
 
 #include <fmt/format.h>
 
-#include "harness/core/error.hpp"
+#include "core/error.hpp"
 #include "kernels/device.hpp"
 
 namespace ulpgate {

@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "harness/core/case.hpp"
-#include "harness/core/tensor.hpp"
+#include "core/case.hpp"
+#include "core/tensor.hpp"
 #include "kernels/kernel.hpp"
 
 namespace ulpgate {

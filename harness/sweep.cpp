@@ -7,8 +7,8 @@
 #include <fmt/format.h>
 
 #include "distributions/fill.hpp"
-#include "harness/core/error.hpp"
-#include "harness/core/parallel.hpp"
+#include "core/error.hpp"
+#include "core/parallel.hpp"
 
 namespace ulpgate {
 

@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <string>
 
-#include "harness/core/tensor.hpp"
+#include "core/tensor.hpp"
 
 namespace ulpgate {
 

@@ -1,6 +1,6 @@
 #include "kernels/kernel.hpp"
 
-#include "harness/core/error.hpp"
+#include "core/error.hpp"
 #include "kernels/emulated/gemm_models.hpp"
 
 #if ULPGATE_HAVE_CUDA

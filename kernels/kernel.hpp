@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "harness/core/case.hpp"
+#include "core/case.hpp"
 
 namespace ulpgate {
 
@@ -24,6 +24,9 @@ struct KernelTraits {
   /// with, when it is not the compute format's (e.g. a model of a narrow accumulator);
   /// 0: the compute format's. The tolerance model uses it.
   int accumulator_bits = 0;
+  /// Attention: the precision (bits) P is rounded to before P V (flash kernels: FP16 11,
+  /// BF16 8); 0: P is used at the compute precision. The tolerance model uses it.
+  int p_bits = 0;
 };
 
 /// Operand buffers, in the kernel's memory space. Inputs: A, B[, C][, bias] or Q, K, V;

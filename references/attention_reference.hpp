@@ -1,7 +1,7 @@
 // Attention ground truth: O[b,h,i,:] = softmax(scale * q_i K^T + mask) V, and the row's
 // log-sum-exp, as RefValues that round correctly to any format.
 //
-// Semantics follow harness/core/case.hpp (bhsd/bshd layouts, kv_lengths padding, causal
+// Semantics follow core/case.hpp (bhsd/bshd layouts, kv_lengths padding, causal
 // bottom-right aligned). The scale is case.attention.softmax_scale when given, else exactly
 // 1/sqrt(head_dim) (the real number, not its FP32 rounding).
 //
@@ -24,9 +24,9 @@
 #include <string>
 #include <vector>
 
-#include "harness/core/case.hpp"
-#include "harness/core/parallel.hpp"
-#include "harness/core/tensor.hpp"
+#include "core/case.hpp"
+#include "core/parallel.hpp"
+#include "core/tensor.hpp"
 #include "references/ref_value.hpp"
 
 namespace ulpgate {

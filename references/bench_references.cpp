@@ -12,8 +12,8 @@
 #include <bit>
 #include <vector>
 
-#include "harness/core/format_mpfr.hpp"
-#include "harness/core/rng.hpp"
+#include "core/format_mpfr.hpp"
+#include "core/rng.hpp"
 #include "references/exact_dot.hpp"
 #include "references/gemm_reference.hpp"
 

@@ -6,8 +6,8 @@
 
 #include <fmt/format.h>
 
-#include "harness/core/error.hpp"
-#include "harness/core/format_mpfr.hpp"
+#include "core/error.hpp"
+#include "core/format_mpfr.hpp"
 #include "references/exact_dot.hpp"
 #include "references/fp_env.hpp"
 

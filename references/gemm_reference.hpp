@@ -2,7 +2,7 @@
 // + beta * scale_C * C + bias) computed exactly (or, for GELU, certified by Ziv's strategy)
 // and held as a RefValue, so it rounds correctly to D's format or any other.
 //
-// Semantics follow harness/core/case.hpp (views, transposes, leading dimensions, batch,
+// Semantics follow core/case.hpp (views, transposes, leading dimensions, batch,
 // bias per output column). FP8 scales multiply as cuBLASLt's scaleA/B/C/D pointers do:
 // the unscaled operands are what the tensors hold, and scale_D multiplies the result after
 // the epilogue (bias and activation apply in the scaled domain, before scale_D). A scale
@@ -27,9 +27,9 @@
 #include <string>
 #include <vector>
 
-#include "harness/core/case.hpp"
-#include "harness/core/parallel.hpp"
-#include "harness/core/tensor.hpp"
+#include "core/case.hpp"
+#include "core/parallel.hpp"
+#include "core/tensor.hpp"
 #include "references/ref_value.hpp"
 
 namespace ulpgate {

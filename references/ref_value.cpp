@@ -7,7 +7,7 @@
 #include <cstdio>
 #include <string>
 
-#include "harness/core/format_mpfr.hpp"
+#include "core/format_mpfr.hpp"
 
 namespace ulpgate {
 namespace {

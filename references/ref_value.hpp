@@ -10,7 +10,7 @@
 
 #include <mpfr.h>
 
-#include "harness/core/format.hpp"
+#include "core/format.hpp"
 
 namespace ulpgate {
 

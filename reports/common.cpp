@@ -5,7 +5,7 @@
 
 #include <fmt/format.h>
 
-#include "harness/core/format.hpp"
+#include "core/format.hpp"
 
 namespace ulpgate::report {
 

@@ -15,7 +15,7 @@
 
 #include <fmt/format.h>
 
-#include "harness/core/error.hpp"
+#include "core/error.hpp"
 #include "reports/common.hpp"
 
 extern char** environ;

@@ -8,7 +8,7 @@
 #include <fmt/format.h>
 
 #include "harness/cli/commands.hpp"
-#include "harness/core/error.hpp"
+#include "core/error.hpp"
 #include "harness/fuzz.hpp"
 #include "harness/gate.hpp"
 #include "reports/gnuplot.hpp"

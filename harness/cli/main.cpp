@@ -10,8 +10,8 @@
 #include <fmt/format.h>
 
 #include "distributions/spec.hpp"
-#include "harness/core/error.hpp"
-#include "harness/core/format.hpp"
+#include "core/error.hpp"
+#include "core/format.hpp"
 #include "harness/isolate.hpp"
 #include "harness/record.hpp"
 #include "harness/record.hpp"

@@ -7,7 +7,7 @@
  * returning a static description of its kernels. ulpgate loads it with
  * `--plugin path.so` (repeatable) and runs its kernels like built-in ones.
  *
- * Memory contract (the same as ulpgate's Case, see harness/core/case.hpp):
+ * Memory contract (the same as ulpgate's Case, see core/case.hpp):
  *   GEMM       D[b] = epilogue(alpha * op(A[b]) op(B[b]) + beta * C[b] + bias)
  *              op(A) is M x K, op(B) K x N, C and D M x N, bias N entries (one per output
  *              column, shared by all batches). `layout` is the storage order of every

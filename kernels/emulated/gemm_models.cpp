@@ -6,9 +6,9 @@
 
 #include <fmt/format.h>
 
-#include "harness/core/error.hpp"
-#include "harness/core/parallel.hpp"
-#include "harness/core/tensor.hpp"
+#include "core/error.hpp"
+#include "core/parallel.hpp"
+#include "core/tensor.hpp"
 
 namespace ulpgate {
 namespace {

@@ -24,7 +24,7 @@
 #include <optional>
 #include <string>
 
-#include "harness/core/format.hpp"
+#include "core/format.hpp"
 #include "kernels/kernel.hpp"
 
 namespace ulpgate {

@@ -5,8 +5,8 @@
 #include <cuda_fp16.h>
 #include <fmt/format.h>
 
-#include "harness/core/error.hpp"
-#include "harness/core/tensor.hpp"
+#include "core/error.hpp"
+#include "core/tensor.hpp"
 #include "kernels/cuda_check.hpp"
 #include "kernels/gemm/library.hpp"
 

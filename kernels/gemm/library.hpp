@@ -17,7 +17,7 @@
 #include <memory>
 #include <vector>
 
-#include "harness/core/case.hpp"
+#include "core/case.hpp"
 #include "kernels/kernel.hpp"
 
 namespace ulpgate {

@@ -3,8 +3,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "harness/core/case.hpp"
-#include "harness/core/error.hpp"
+#include "core/case.hpp"
+#include "core/error.hpp"
 
 using namespace ulpgate;
 using nlohmann::json;

@@ -7,8 +7,8 @@
 #include <cstdint>
 #include <cstring>
 
-#include "harness/core/format.hpp"
-#include "harness/core/format_mpfr.hpp"
+#include "core/format.hpp"
+#include "core/format_mpfr.hpp"
 
 using namespace ulpgate;
 

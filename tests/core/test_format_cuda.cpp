@@ -19,7 +19,7 @@
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
-#include "harness/core/format.hpp"
+#include "core/format.hpp"
 
 using namespace ulpgate;
 

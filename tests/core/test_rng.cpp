@@ -5,7 +5,7 @@
 #include <thread>
 #include <vector>
 
-#include "harness/core/rng.hpp"
+#include "core/rng.hpp"
 
 using namespace ulpgate;
 

@@ -4,7 +4,7 @@
 #include <cuda_runtime.h>
 #include <vector>
 
-#include "harness/core/rng.hpp"
+#include "core/rng.hpp"
 
 using namespace ulpgate;
 

@@ -3,7 +3,7 @@
 #include <cmath>
 #include <cstring>
 
-#include "harness/core/tensor.hpp"
+#include "core/tensor.hpp"
 
 using namespace ulpgate;
 

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "distributions/fill.hpp"
-#include "harness/core/case.hpp"
+#include "core/case.hpp"
 
 namespace ulpgate::test {
 

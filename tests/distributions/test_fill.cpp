@@ -8,8 +8,8 @@
 #include "fill_test_util.hpp"
 #include "distributions/gendot.hpp"
 #include "distributions/sampling.hpp"
-#include "harness/core/error.hpp"
-#include "harness/core/format_mpfr.hpp"
+#include "core/error.hpp"
+#include "core/format_mpfr.hpp"
 
 using namespace ulpgate;
 using namespace ulpgate::test;

@@ -6,7 +6,7 @@
 #include <cstdio>
 
 #include "distributions/gendot.hpp"
-#include "harness/core/error.hpp"
+#include "core/error.hpp"
 
 using namespace ulpgate;
 

@@ -2,7 +2,7 @@
 #include <gtest/gtest.h>
 
 #include "distributions/spec.hpp"
-#include "harness/core/error.hpp"
+#include "core/error.hpp"
 
 using namespace ulpgate;
 

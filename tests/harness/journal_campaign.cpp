@@ -15,7 +15,7 @@
 #include <string>
 #include <thread>
 
-#include "harness/core/error.hpp"
+#include "core/error.hpp"
 #include "harness/evaluate.hpp"
 #include "harness/isolate.hpp"
 #include "harness/journal.hpp"

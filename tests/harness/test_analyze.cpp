@@ -4,7 +4,7 @@
 #include <cmath>
 
 #include "harness/analyze.hpp"
-#include "harness/core/format_mpfr.hpp"
+#include "core/format_mpfr.hpp"
 
 using namespace ulpgate;
 

@@ -6,7 +6,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "harness/core/error.hpp"
+#include "core/error.hpp"
 #include "harness/fuzz.hpp"
 #include "harness/gate.hpp"
 #include "kernels/emulated/gemm_models.hpp"

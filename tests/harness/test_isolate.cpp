@@ -8,7 +8,7 @@
 #include <chrono>
 #include <string>
 
-#include "harness/core/error.hpp"
+#include "core/error.hpp"
 #include "isolate_test_util.hpp"
 
 namespace ulpgate {

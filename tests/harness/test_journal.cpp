@@ -17,7 +17,7 @@
 
 #include <fmt/format.h>
 
-#include "harness/core/error.hpp"
+#include "core/error.hpp"
 #include "harness/journal.hpp"
 #include "isolate_test_util.hpp"
 

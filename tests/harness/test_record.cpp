@@ -17,7 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "distributions/case_gen.hpp"
-#include "harness/core/error.hpp"
+#include "core/error.hpp"
 #include "harness/record.hpp"
 #include "tests/harness/record_samples.hpp"
 

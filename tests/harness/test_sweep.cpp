@@ -4,7 +4,7 @@
 
 #include <cmath>
 
-#include "harness/core/error.hpp"
+#include "core/error.hpp"
 #include "harness/sweep.hpp"
 #include "kernels/emulated/gemm_models.hpp"
 

@@ -5,9 +5,9 @@
 #include <map>
 #include <string>
 
-#include "harness/core/case.hpp"
-#include "harness/core/rng.hpp"
-#include "harness/core/tensor.hpp"
+#include "core/case.hpp"
+#include "core/rng.hpp"
+#include "core/tensor.hpp"
 #include "harness/runner.hpp"
 
 namespace ulpgate::test_support {

@@ -10,8 +10,8 @@
 
 #include <fmt/format.h>
 
-#include "harness/core/format_mpfr.hpp"
-#include "harness/core/parallel.hpp"
+#include "core/format_mpfr.hpp"
+#include "core/parallel.hpp"
 #include "harness/runner.hpp"
 #include "references/exact_dot.hpp"
 #include "kernels/device.hpp"

@@ -3,7 +3,7 @@
 
 #include <cmath>
 
-#include "harness/core/error.hpp"
+#include "core/error.hpp"
 #include "kernels/emulated/gemm_models.hpp"
 #include "tests/kernels/gemm_cases.hpp"
 

@@ -2,7 +2,7 @@
 
 #include <cstring>
 
-#include "harness/core/error.hpp"
+#include "core/error.hpp"
 #include "harness/runner.hpp"
 #include "kernels/emulated/gemm_models.hpp"
 #include "kernels/plugin/loader.hpp"

@@ -12,8 +12,8 @@
 #include <string>
 #include <vector>
 
-#include "harness/core/format.hpp"
-#include "harness/core/rng.hpp"
+#include "core/format.hpp"
+#include "core/rng.hpp"
 
 namespace ulpgate::test {
 

@@ -6,8 +6,8 @@
 #include <cmath>
 #include <xmmintrin.h>
 
-#include "harness/core/error.hpp"
-#include "harness/core/format_mpfr.hpp"
+#include "core/error.hpp"
+#include "core/format_mpfr.hpp"
 #include "references/attention_reference.hpp"
 #include "tests/references/dot_inputs.hpp"
 

@@ -6,7 +6,7 @@
 #include <cmath>
 #include <sstream>
 
-#include "harness/core/format_mpfr.hpp"
+#include "core/format_mpfr.hpp"
 #include "references/exact_dot.hpp"
 #include "tests/references/dot_inputs.hpp"
 

@@ -14,7 +14,7 @@
 #include <string>
 #include <xmmintrin.h>
 
-#include "harness/core/format_mpfr.hpp"
+#include "core/format_mpfr.hpp"
 #include "references/exact_dot.hpp"
 #include "tests/references/dot_inputs.hpp"
 

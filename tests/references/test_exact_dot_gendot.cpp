@@ -8,7 +8,7 @@
 #include <sstream>
 
 #include "distributions/gendot.hpp"
-#include "harness/core/format_mpfr.hpp"
+#include "core/format_mpfr.hpp"
 #include "references/exact_dot.hpp"
 #include "tests/references/dot_inputs.hpp"
 

@@ -7,7 +7,7 @@
 #include <regex>
 #include <set>
 
-#include "harness/core/error.hpp"
+#include "core/error.hpp"
 #include "reports/common.hpp"
 #include "reports/report.hpp"
 #include "tests/harness/record_samples.hpp"

@@ -1,4 +1,4 @@
-#include "harness/core/file_io.hpp"
+#include "core/file_io.hpp"
 
 #include <fcntl.h>
 #include <unistd.h>

@@ -1,4 +1,4 @@
-#include "harness/core/case.hpp"
+#include "core/case.hpp"
 
 #include <cmath>
 #include <cstdio>
@@ -7,7 +7,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "harness/core/error.hpp"
+#include "core/error.hpp"
 
 namespace ulpgate {
 namespace {

@@ -1,4 +1,4 @@
-#include "harness/core/format_mpfr.hpp"
+#include "core/format_mpfr.hpp"
 
 #include <algorithm>
 #include <cmath>

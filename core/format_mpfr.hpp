@@ -6,7 +6,7 @@
 #include <stdint.h>  // before mpfr.h: enables the intmax_t functions (mpfr_set_uj_2exp)
 #include <mpfr.h>
 
-#include "harness/core/format.hpp"
+#include "core/format.hpp"
 
 namespace ulpgate {
 

@@ -1,4 +1,4 @@
-#include "harness/core/format.hpp"
+#include "core/format.hpp"
 
 #include <bit>
 #include <cmath>

@@ -1,4 +1,4 @@
-#include "harness/core/parallel.hpp"
+#include "core/parallel.hpp"
 
 #include <cstdlib>
 

@@ -24,9 +24,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "harness/core/error.hpp"
-#include "harness/core/file_io.hpp"
-#include "harness/core/format.hpp"
+#include "core/error.hpp"
+#include "core/file_io.hpp"
+#include "core/format.hpp"
 
 namespace ulpgate {
 

@@ -1,4 +1,4 @@
-#include "harness/core/tensor.hpp"
+#include "core/tensor.hpp"
 
 namespace ulpgate {
 

@@ -9,7 +9,7 @@
 #include <cstring>
 #include <vector>
 
-#include "harness/core/format.hpp"
+#include "core/format.hpp"
 
 namespace ulpgate {
 
