@@ -87,10 +87,11 @@ namespace detail {
 inline std::string num(double v) { return fmt::format("{}", v); }
 
 // The family names usable on `op` of case c, "normal" first.
-inline std::vector<std::string> families_for(const Case& c, const std::string& op, bool joint_allowed) {
+inline std::vector<std::string> families_for(const Case& c, const std::string& op, bool joint_allowed,
+                                             const std::vector<std::string>& exclude) {
   std::vector<std::string> out{"normal"};
   for (const FamilyInfo& f : all_families()) {
-    if (f.name == "normal") continue;
+    if (f.name == "normal" || std::find(exclude.begin(), exclude.end(), f.name) != exclude.end()) continue;
     bool ok = false;
     switch (f.scope) {
       case Scope::Any: ok = true; break;
@@ -119,11 +120,13 @@ inline rc::Gen<std::string> base_spec() {
 
 /// A distribution spec for input `op` of case c (types and shape already set). With
 /// joint_allowed, the families built with a partner (gendot on A, logits/sink/masked on Q)
-/// may come up; the caller then leaves the partner's spec empty.
-inline rc::Gen<std::string> dist_spec(const Case& c, const std::string& op, bool joint_allowed) {
-  return rc::gen::exec([c, op, joint_allowed]() -> std::string {
+/// may come up; the caller then leaves the partner's spec empty. Families named in exclude
+/// never come up.
+inline rc::Gen<std::string> dist_spec(const Case& c, const std::string& op, bool joint_allowed,
+                                      std::vector<std::string> exclude = {}) {
+  return rc::gen::exec([c, op, joint_allowed, exclude]() -> std::string {
     using V = std::vector<double>;
-    const std::string fam = *pick(detail::families_for(c, op, joint_allowed));
+    const std::string fam = *pick(detail::families_for(c, op, joint_allowed, exclude));
     const Format f = c.types.at(op);
     if (fam == "normal") {
       const double mean = *pick(V{0, 1, -3, 100}), std = *pick(V{1, 0.01, 10, 1e3});

@@ -125,6 +125,12 @@ struct OutputComparison {
   /// element the largest intermediate it holds (see accumulated_e; empty: condition).
   double accumulator_max = INFINITY;
   std::vector<double> accumulated;
+  /// Per element, the error the op's tolerance model allows before the output's own
+  /// rounding (harness/ops: attention fills it); empty: ToleranceModel::bound's GEMM terms.
+  std::vector<double> allowed;
+  /// What the tolerance was, for messages ("accumulator 24 bits, n = 512"); empty: from
+  /// the ToleranceModel and n.
+  std::string tolerance_note;
 };
 
 ErrorMetrics analyze(const OutputComparison& cmp);
@@ -147,8 +153,11 @@ struct ToleranceModel {
   int accumulator_bits = 24;  ///< precision (incl. the implicit bit) of the running sum
   int input_bits = 0;         ///< 0: inputs used as given; else the internal input precision
   double accumulator_eta = 0x1p-149;  ///< the accumulator format's smallest subnormal
+  int p_bits = 0;             ///< attention: the precision P is rounded to before P V (0: none)
   bool probabilistic = false;
   double lambda = 4.0;
+  /// gamma(n, u_acc) as above (or lambda sqrt(n) u_acc when probabilistic).
+  double gamma(std::int64_t n) const;
   /// The bound for one element.
   double bound(double condition, double exact_abs, Format out, std::int64_t n) const;
 };
@@ -169,9 +178,9 @@ struct Verdict {
   std::vector<std::string> reasons;  ///< e.g. "3 elements exceed the tolerance (worst 41.2x)"
 };
 
-/// Applies the tolerance model (element by element), the NaN/Inf rules, and the write
-/// audit (unwritten or padding-written elements fail). baseline_max_normalised < 0: no
-/// baseline rule.
+/// Applies the tolerance model (element by element: cmp.allowed when the op gives it, else
+/// tol.bound with n), the NaN/Inf rules, and the write audit (unwritten or padding-written
+/// elements fail). baseline_max_normalised < 0: no baseline rule.
 Verdict judge(const OutputComparison& cmp, const ErrorMetrics& m, const ToleranceModel& tol, std::int64_t n,
               double baseline_max_normalised = -1.0, const BaselineRule& rule = {});
 

@@ -1,20 +1,10 @@
-// Fuzz campaigns: RapidCheck properties over generated cases for kernels x input types.
-//
-// For every (kernel, dtype) pair the campaign checks, per generated case:
-//   - the kernel ran (not crashed, timed out or failed; "not supported" is recorded, not
-//     a failure);
-//   - the verdict (harness/analyze.hpp): within the tolerance model, no unexpected or
-//     missed NaN/Inf, every element written, nothing written into padding or inputs;
-//   - bitwise repeatability, for kernels that declare themselves deterministic;
-//   - power-of-two scaling: A scaled by 2 scales the exact result exactly, so a correct
-//     floating-point kernel's D doubles bit for bit (checked where no value can overflow
-//     or underflow: beta = 0, no bias, epilogue none or ReLU, inputs >= 2^-60 or 0);
-//   - transposition: D^T = B^T A^T run as the transposed case (other layout, A and B
-//     swapped) must pass too, on the same memory (cases without a bias).
-// A failure shrinks (RapidCheck) to a minimal case, which is saved as case JSON in the
-// corpus folder with the RapidCheck reproduce string; later campaigns replay the corpus
-// first. Seeds: the campaign seed makes every pair's RapidCheck seed, so a campaign is
-// reproducible from the printed seed and budget.
+// Fuzz campaigns: RapidCheck properties over generated cases for kernels x input types,
+// GEMM and attention alike (harness/ops). Each generated case goes through the one check
+// path (harness/check.hpp) in the isolated worker: the verdict (tolerance, NaN/Inf, write
+// audit) and the op's metamorphic relations. A failure shrinks (RapidCheck) to a minimal
+// case, saved as case JSON in the corpus folder with the RapidCheck reproduce string;
+// later campaigns replay the corpus first. Seeds: the campaign seed makes every target's
+// RapidCheck seed, so a campaign is reproducible from the printed seed and budget.
 #pragma once
 
 #include <cstdint>
@@ -23,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "harness/evaluate.hpp"
+#include "harness/check.hpp"
 #include "harness/isolate.hpp"
 #include "harness/record.hpp"
 
@@ -31,7 +21,8 @@ namespace ulpgate {
 
 struct FuzzTarget {
   std::string kernel;
-  std::string dtype;  ///< fp64, fp32, tf32, fp16, bf16, e4m3, e5m2
+  std::string dtype;  ///< GEMM: fp64, fp32, tf32, fp16, bf16, e4m3, e5m2; attention: fp32, fp16, bf16, e4m3
+  Op op = Op::Gemm;
 };
 
 struct FuzzOptions {
@@ -54,7 +45,8 @@ struct FuzzOptions {
   bool resume = false;
 };
 
-/// Every (kernel, dtype) pair of the registry whose kernel supports the dtype's basic case.
+/// Every (kernel, dtype, op) of the registry whose kernel supports the op's basic case of
+/// the dtype.
 std::vector<FuzzTarget> all_targets(const Registry& registry);
 
 struct FuzzProgress {

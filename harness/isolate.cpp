@@ -187,7 +187,13 @@ EvaluationOptions options_from_json(const json& j) {
   if (j.is_null()) return o;
   if (!j.is_object()) throw InputError("request.options: must be a JSON object");
   for (const auto& [key, value] : j.items())
-    if (key != "tolerance" && key != "baseline") throw InputError("request.options." + key + ": unknown field");
+    if (key != "tolerance" && key != "baseline" && key != "relations" && key != "effective_bits")
+      throw InputError("request.options." + key + ": unknown field");
+  for (const char* flag : {"relations", "effective_bits"})
+    if (auto f = j.find(flag); f != j.end() && !f->is_boolean())
+      throw InputError(fmt::format("request.options.{}: must be true or false", flag));
+  o.relations = j.value("relations", true);
+  o.effective_bits = j.value("effective_bits", false);
   if (auto t = j.find("tolerance"); t != j.end() && !t->is_null())
     o.tolerance = tolerance_from_json(*t, "request.options.tolerance");
   if (auto b = j.find("baseline"); b != j.end() && !b->is_null())
@@ -197,7 +203,9 @@ EvaluationOptions options_from_json(const json& j) {
 
 json options_to_json(const EvaluationOptions& o) {
   return {{"tolerance", o.tolerance ? tolerance_to_json(*o.tolerance) : json(nullptr)},
-          {"baseline", o.baseline ? baseline_to_json(*o.baseline) : json(nullptr)}};
+          {"baseline", o.baseline ? baseline_to_json(*o.baseline) : json(nullptr)},
+          {"relations", o.relations},
+          {"effective_bits", o.effective_bits}};
 }
 
 // One request: the reply's JSON, and whether the worker must exit after sending it.
@@ -221,24 +229,7 @@ std::pair<json, bool> serve_request(Registry& registry, const std::string& line)
   if (options.baseline && !registry.resolve(options.baseline->model))
     throw InputError(fmt::format("baseline model '{}' is not a kernel here", options.baseline->model));
 
-  const std::string family = case_family(c);
-  CaseResult result;
-  try {
-    const Evaluation ev = evaluate(*kernel, c, options, &registry);
-    result = to_case_result(*kernel, c, ev, family);
-  } catch (const InputError&) {
-    throw;
-  } catch (const std::exception& e) {
-    // A kernel that throws something other than KernelError: this case failed; the
-    // campaign goes on.
-    result.kernel = kernel->name();
-    result.spec = c;
-    result.family = family;
-    result.status = Disposition::Failed;
-    result.message = fmt::format("evaluation threw: {}", e.what());
-    result.verdict.passed = false;
-    result.verdict.reasons.push_back(fmt::format("{}: {}", name(result.status), result.message));
-  }
+  CaseResult result = check_case(*kernel, c, options, &registry);
   bool restart = false;
   if (kernel->traits().memory == Memory::Device) {
     if (auto lost = lost_cuda_context()) {

@@ -25,7 +25,7 @@
 #include <string_view>
 #include <vector>
 
-#include "harness/evaluate.hpp"
+#include "harness/check.hpp"
 #include "harness/record.hpp"
 #include "kernels/kernel.hpp"
 

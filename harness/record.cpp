@@ -193,6 +193,7 @@ Environment env_from_json(const json& j, const std::string& path) {
 json tolerance_to_json(const ToleranceModel& t) {
   return {{"accumulator_bits", t.accumulator_bits},
           {"input_bits", t.input_bits},
+          {"p_bits", t.p_bits},
           {"accumulator_eta", encode_double(t.accumulator_eta)},
           {"probabilistic", t.probabilistic},
           {"lambda", encode_double(t.lambda)}};
@@ -209,6 +210,7 @@ ToleranceModel tolerance_from_json(const json& j, const std::string& path) {
   };
   t.accumulator_bits = bits("accumulator_bits", 1);
   t.input_bits = bits("input_bits", 0);
+  if (j.is_object() && j.contains("p_bits")) t.p_bits = bits("p_bits", 0);  // absent before attention
   t.accumulator_eta = r.number("accumulator_eta");
   if (!(std::isfinite(t.accumulator_eta) && t.accumulator_eta >= 0))
     fail(r.path("accumulator_eta"), fmt::format("must be finite and >= 0, got {}", t.accumulator_eta));

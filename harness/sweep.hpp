@@ -1,5 +1,6 @@
-// Sweeps: one error metric against one parameter (GEMM K) for one kernel and format, the
-// fitted growth exponent, and the kernel's effective accumulator precision.
+// Sweeps: one error metric against one parameter (GEMM K, attention seq_kv) for one kernel
+// and format, the fitted growth exponent, and (GEMM) the kernel's effective accumulator
+// precision. Every point goes through the one check path (harness/check.hpp).
 //
 // Effective precision. For an accumulator that rounds to t bits with errors that behave
 // like independent rounding errors, the mean error normalised by the condition term
@@ -21,30 +22,32 @@
 #include <string>
 #include <vector>
 
-#include "harness/evaluate.hpp"
+#include "harness/check.hpp"
+#include "harness/ops/gemm.hpp"
 #include "harness/record.hpp"
 
 namespace ulpgate {
-
-inline constexpr int kCalibrationBits = 32;  // n 2^-32 << 1 for every K we sweep
 
 /// Least squares fit of log y = intercept + exponent log x over the points with x, y > 0,
 /// with the exponent's standard error (0 with fewer than 3 points).
 PowerFit fit_power(const std::vector<double>& x, const std::vector<double>& y);
 
-/// sum_k a[k] b[k] accumulated sequentially, each partial sum rounded to nearest (ties to
-/// even) at `bits` bits of precision (2..52): the calibrator above.
-double calibration_dot(const double* a, const double* b, std::int64_t k, int bits);
-
 /// The metric named by `metric` ("max_normalised", "mean_normalised", "max_ulp",
 /// "mean_ulp", "max_rel", "mean_rel", "normwise"); throws InputError for another name.
 double metric_value(const ErrorMetrics& m, const std::string& metric);
 
+/// What a sweep varies: GEMM "K" or attention "seq_kv", and the values.
+struct SweepVary {
+  std::string parameter = "K";
+  std::vector<std::int64_t> values;
+};
+
 struct SweepOptions {
-  Case base;                         ///< GEMM case; K is replaced by each value
-  std::vector<std::int64_t> values;  ///< K values
+  Case base;                         ///< the case each point starts from (kernel set)
+  std::string parameter = "K";       ///< "K" (GEMM) or "seq_kv" (attention)
+  std::vector<std::int64_t> values;
   std::string metric = "mean_normalised";
-  EvaluationOptions evaluation;
+  EvaluationOptions evaluation;      ///< effective_bits is set, relations cleared, per point
 };
 
 struct SweepOutcome {
@@ -53,12 +56,17 @@ struct SweepOutcome {
   std::vector<CaseResult> cases;  ///< one per point, for the run record
 };
 
-/// Runs the sweep; progress(i, n) is called after each point.
-SweepOutcome run_sweep(Kernel& k, const SweepOptions& options, const Registry* registry = nullptr,
-                       const std::function<void(std::size_t, std::size_t)>& progress = {});
+/// How one sweep point is checked: the isolated worker's evaluate, or check_case here.
+using PointChecker = std::function<CaseResult(const Case&, const EvaluationOptions&)>;
 
-/// Parses "K=256:65536" (doubling) or "K=256:65536:4" (factor 4) into K values; throws
-/// InputError naming the problem.
-std::vector<std::int64_t> parse_vary(const std::string& text);
+/// Runs the sweep, each point through `check`; progress(i, n) is called after each point.
+SweepOutcome run_sweep(const SweepOptions& options, const PointChecker& check,
+                       const std::function<void(std::size_t, std::size_t)>& progress = {});
+/// The same in this process on kernel k (tests).
+SweepOutcome run_sweep(Kernel& k, const SweepOptions& options, const Registry* registry = nullptr);
+
+/// Parses "K=256:65536" (doubling), "K=256:65536:4" (factor 4) or "seq_kv=128:65536";
+/// throws InputError naming the problem.
+SweepVary parse_vary(const std::string& text);
 
 }  // namespace ulpgate

@@ -1,6 +1,7 @@
 #include "kernels/kernel.hpp"
 
 #include "core/error.hpp"
+#include "kernels/emulated/attention_models.hpp"
 #include "kernels/emulated/gemm_models.hpp"
 
 #if ULPGATE_HAVE_CUDA
@@ -29,6 +30,11 @@ Kernel* Registry::resolve(const std::string& name) {
     add(make_emulated_gemm(*m));
     return kernels_.back().get();
   }
+  if (auto m = AttentionModel::parse(name)) {
+    if (Kernel* k = find(m->name())) return k;
+    add(make_emulated_attention(*m));
+    return kernels_.back().get();
+  }
   return nullptr;
 }
 
@@ -51,6 +57,7 @@ bool cuda_device_available() {
 Registry builtin_registry() {
   Registry r;
   for (const auto& m : default_models()) r.add(make_emulated_gemm(m));
+  for (const auto& m : default_attention_models()) r.add(make_emulated_attention(m));
 #if ULPGATE_HAVE_CUDA
   if (cuda_device_available())
     for (auto& k : make_library_kernels()) r.add(std::move(k));

@@ -4,6 +4,8 @@
 #include <cmath>
 #include <memory>
 #include <numeric>
+#include <optional>
+#include <climits>
 #include <stdexcept>
 
 #include <fmt/format.h>
@@ -58,6 +60,74 @@ RefValue exact_quotient(mpfr_srcptr x, unsigned long n) {
   RefValue r = RefValue::from_exact(q);
   r.inexact = ternary != 0;
   return r;
+}
+
+// The 128-bit window of |x| = |num| / n + Delta (num exact and nonzero, n >= 1), Delta
+// known only to lie in [lo, hi] (exact bounds), when that keeps |x| strictly between two
+// neighbouring 128-bit numbers; nullopt otherwise. This decides outputs that sit within a
+// tiny, transcendental distance of an exact number (one key dominating by a score gap of
+// thousands: O = v_ref (1 - 2^-(10^5))) at the precision of Delta, not of the distance.
+std::optional<RefValue> window_near(mpfr_srcptr num, unsigned long n, mpfr_srcptr lo, mpfr_srcptr hi, bool negative) {
+  RefValue t = exact_quotient(num, n);  // |num| / n truncated to 128 bits
+  if (t.kind != RefValue::Kind::Finite) return std::nullopt;
+  t.negative = false;
+  Mpfr tm(128), unit(2), a(2), b(2), l(2), h(2);
+  mpfr_set_ui(tm, t.sig_hi, MPFR_RNDN);
+  mpfr_mul_2ui(tm, tm, 64, MPFR_RNDN);
+  mpfr_add_ui(tm, tm, t.sig_lo, MPFR_RNDN);  // 128 bits: exact
+  mpfr_mul_2si(tm, tm, static_cast<long>(t.exponent) - 127, MPFR_RNDN);
+  mpfr_set_ui_2exp(unit, 1, static_cast<long>(t.exponent) - 127, MPFR_RNDN);
+  // X = |num| - n T >= 0 and Y = n (T + unit) - |num| > 0, exactly.
+  const long top = static_cast<long>(mpfr_get_exp(num)) + 2;
+  const long bottom = std::min(static_cast<long>(mpfr_get_exp(num)) - static_cast<long>(mpfr_get_prec(num)),
+                               static_cast<long>(t.exponent) - 130);
+  const mpfr_prec_t prec = static_cast<mpfr_prec_t>(top - bottom + 8);
+  mpfr_set_prec(a, prec), mpfr_set_prec(b, prec);
+  Mpfr an(mpfr_get_prec(num));
+  mpfr_abs(an, num, MPFR_RNDN);
+  mpfr_mul_ui(a, tm, n, MPFR_RNDN);
+  mpfr_sub(b, an, a, MPFR_RNDN);  // X
+  mpfr_add(a, tm, unit, MPFR_RNDN);
+  mpfr_mul_ui(a, a, n, MPFR_RNDN);
+  mpfr_sub(a, a, an, MPFR_RNDN);  // Y
+  mpfr_set_prec(l, mpfr_get_prec(lo) + 64), mpfr_set_prec(h, mpfr_get_prec(hi) + 64);
+  mpfr_mul_ui(l, lo, n, MPFR_RNDD);
+  mpfr_mul_ui(h, hi, n, MPFR_RNDU);
+  mpfr_neg(b, b, MPFR_RNDN);  // -X
+  if (mpfr_cmp(l, b) > 0 && mpfr_cmp(h, a) < 0 && !(mpfr_zero_p(b) && mpfr_sgn(l.get()) <= 0)) {
+    t.inexact = true;  // |x| in (T, T + unit)
+    t.negative = negative;
+    return t;
+  }
+  if (mpfr_zero_p(b) && mpfr_sgn(h.get()) < 0) {  // |x| just below T: in (T - unit / 2, T)?
+    mpfr_mul_ui(a, unit, n, MPFR_RNDN);
+    mpfr_div_2ui(a, a, 1, MPFR_RNDN);
+    mpfr_neg(a, a, MPFR_RNDN);
+    if (mpfr_cmp(l, a) > 0) {
+      if (t.sig_hi == (std::uint64_t{1} << 63) && t.sig_lo == 0) {
+        t.sig_hi = t.sig_lo = ~std::uint64_t{0};
+        --t.exponent;
+      } else if (t.sig_lo-- == 0) {
+        --t.sig_hi;
+      }
+      t.inexact = true;
+      t.negative = negative;
+      return t;
+    }
+  }
+  return std::nullopt;
+}
+
+// out = x + y exactly (x, y exact).
+void exact_sum_of(mpfr_ptr out, mpfr_srcptr x, mpfr_srcptr y) {
+  long hi = LONG_MIN, lo = LONG_MAX;
+  for (mpfr_srcptr t : {x, y}) {
+    if (!mpfr_regular_p(t)) continue;
+    hi = std::max<long>(hi, mpfr_get_exp(t));
+    lo = std::min<long>(lo, mpfr_get_exp(t) - static_cast<long>(mpfr_get_prec(t)));
+  }
+  mpfr_set_prec(out, hi < lo ? 2 : static_cast<mpfr_prec_t>(hi - lo + 4));
+  mpfr_add(out, x, y, MPFR_RNDN);
 }
 
 // log2 of an upper bound of |x| (x finite), for error bounds.
@@ -243,6 +313,39 @@ AttentionReference attention_reference(const Case& c, const std::map<std::string
       }
     }
 
+    // O = mu + delta with mu = V_ref / n_ref, the reference group's mean, and
+    // delta = sum_{g != ref} w_g c_g / (n_ref D), c_g = n_ref V_g - n_g V_ref (exact): when
+    // one group dominates, delta is tiny and known to its own relative precision, which
+    // decides O next to mu (window_near) without the precision of mu - O.
+    const std::size_t n_ref = groups[ref].size();
+    std::vector<MpfrBox> v_ref(static_cast<std::size_t>(dv)), c_g(g_count * static_cast<std::size_t>(dv));
+    const auto v_exact = [&](std::size_t g, std::int64_t d) {
+      auto m = std::make_unique<Mpfr>(53);
+      if (v_sum[gd(g, d)]) {
+        mpfr_set_prec(*m, mpfr_get_prec(*v_sum[gd(g, d)]));
+        mpfr_set(*m, *v_sum[gd(g, d)], MPFR_RNDN);
+      } else {
+        mpfr_set_d(*m, v_single[gd(g, d)], MPFR_RNDN);
+      }
+      return m;
+    };
+    // Computed for d once the first, plain attempt has not decided it (most outputs are
+    // decided there, and these exact differences cost as much as that attempt).
+    const auto prepare_near = [&](std::int64_t d) {
+      v_ref[d] = v_exact(ref, d);
+      for (std::size_t g = 0; g < g_count; ++g) {
+        if (g == ref) continue;
+        const MpfrBox vg = v_exact(g, d);
+        std::vector<mpfr_ptr> two;
+        Mpfr x(mpfr_get_prec(*vg) + 64), y(mpfr_get_prec(*v_ref[d]) + 64);
+        mpfr_mul_ui(x, *vg, n_ref, MPFR_RNDN);                 // exact
+        mpfr_mul_ui(y, *v_ref[d], groups[g].size(), MPFR_RNDN);  // exact
+        mpfr_neg(y, y, MPFR_RNDN);
+        c_g[gd(g, d)] = std::make_unique<Mpfr>(2);
+        exact_sum_of(*c_g[gd(g, d)], x, y);
+      }
+    };
+
     // Ziv's loop for the rest, and the magnitudes.
     for (mpfr_prec_t p = 192;; p *= 2) {
       if (p > (1 << 18)) throw std::runtime_error("attention reference: rounding not decided at 2^18 bits");
@@ -266,6 +369,17 @@ AttentionReference attention_reference(const Case& c, const std::map<std::string
         ptrs[g] = *terms[g];
       }
       mpfr_sum(denom, ptrs.data(), g_count, MPFR_RNDN);
+      // The other groups' share of the weight: below 2^-100, the plain attempt cannot decide
+      // an output next to the dominant mean, so the near path goes first.
+      bool dominated = false;
+      if (g_count > 1) {
+        Mpfr others_sum(64);
+        std::vector<mpfr_ptr> others;
+        for (std::size_t g = 0; g < g_count; ++g)
+          if (g != ref) others.push_back(*terms[g]);
+        mpfr_sum(others_sum, others.data(), others.size(), MPFR_RNDU);
+        dominated = mpfr_zero_p(others_sum) || mpfr_get_exp(others_sum) < -100;
+      }
       const long slack = 6 + static_cast<long>(std::ceil(std::log2(2.0 * t_max + 2.0)));
       bool all = true;
       for (std::int64_t d = 0; d < dv; ++d) {
@@ -278,6 +392,34 @@ AttentionReference attention_reference(const Case& c, const std::map<std::string
         mpfr_div(bound, bound, denom, MPFR_RNDU);
         out.magnitude[o_at(d)] = mpfr_get_d(bound, MPFR_RNDN);
         if (decided[d]) continue;
+        if ((p > 192 || dominated) && g_count > 1 && !v_ref[d]) prepare_near(d);
+        if (v_ref[d] && !mpfr_zero_p(*v_ref[d])) {  // next to the dominant group's mean?
+          Mpfr dn(p), db(64), one(64), lo(p + 64), hi(p + 64);
+          std::vector<mpfr_ptr> dp;
+          mpfr_set_zero(db, 1);
+          for (std::size_t g = 0; g < g_count; ++g) {
+            if (g == ref) continue;
+            mpfr_mul(*terms[g], *w[g], *c_g[gd(g, d)], MPFR_RNDN);
+            dp.push_back(*terms[g]);
+            mpfr_mul(one, *w[g], *c_g[gd(g, d)], MPFR_RNDU);
+            mpfr_abs(one, one, MPFR_RNDU);
+            mpfr_add(db, db, one, MPFR_RNDU);
+          }
+          mpfr_sum(dn, dp.data(), dp.size(), MPFR_RNDN);
+          mpfr_div(dn, dn, denom, MPFR_RNDN);
+          mpfr_div_ui(dn, dn, n_ref, MPFR_RNDN);                    // delta~
+          mpfr_div(db, db, denom, MPFR_RNDU);
+          mpfr_div_ui(db, db, n_ref, MPFR_RNDU);
+          mpfr_mul_2si(db, db, slack + 1 - p, MPFR_RNDU);          // its error bound
+          if (mpfr_sgn(v_ref[d]->get()) < 0) mpfr_neg(dn, dn, MPFR_RNDN);  // |O| = |mu| + that
+          mpfr_sub(lo, dn, db, MPFR_RNDD);
+          mpfr_add(hi, dn, db, MPFR_RNDU);
+          if (auto near = window_near(*v_ref[d], static_cast<unsigned long>(n_ref), lo, hi, mpfr_sgn(v_ref[d]->get()) < 0)) {
+            out.values[o_at(d)] = *near;
+            decided[d] = true;
+            continue;
+          }
+        }
         for (std::size_t g = 0; g < g_count; ++g) times_v(*terms[g], *w[g], g, d);
         mpfr_sum(num, ptrs.data(), g_count, MPFR_RNDN);
         mpfr_div(o, num, denom, MPFR_RNDN);
@@ -289,6 +431,33 @@ AttentionReference attention_reference(const Case& c, const std::map<std::string
           decided[d] = true;
         } else {
           all = false;
+        }
+      }
+      if (!lse_done && n_ref == 1 && g_count > 1 && (scale.given || scale.root)) {
+        // LSE = m + log1p(eps), m = sigma score_ref rational, eps = sum_{g != ref} n_g w_g:
+        // next to m when one key dominates (as O next to mu above).
+        Mpfr m_num(mpfr_get_prec(*score[groups[ref][0]]) + 53), eps(p), l(p), eb(64), lo(p + 64), hi(p + 64);
+        unsigned long m_den = 1;
+        if (scale.given) mpfr_mul_d(m_num, *score[groups[ref][0]], scale.value, MPFR_RNDN);  // exact
+        else mpfr_set(m_num, *score[groups[ref][0]], MPFR_RNDN), m_den = static_cast<unsigned long>(scale.root);
+        if (!mpfr_zero_p(m_num)) {
+          std::vector<mpfr_ptr> others;
+          for (std::size_t g = 0; g < g_count; ++g) {
+            if (g == ref) continue;
+            mpfr_mul_ui(*terms[g], *w[g], groups[g].size(), MPFR_RNDN);
+            others.push_back(*terms[g]);
+          }
+          mpfr_sum(eps, others.data(), others.size(), MPFR_RNDN);
+          mpfr_log1p(l, eps, MPFR_RNDN);
+          mpfr_set(eb, eps, MPFR_RNDU);
+          mpfr_mul_2si(eb, eb, slack + 2 - p, MPFR_RNDU);  // log1p(eps) <= eps
+          if (mpfr_sgn(m_num.get()) < 0) mpfr_neg(l, l, MPFR_RNDN);
+          mpfr_sub(lo, l, eb, MPFR_RNDD);
+          mpfr_add(hi, l, eb, MPFR_RNDU);
+          if (auto near = window_near(m_num, m_den, lo, hi, mpfr_sgn(m_num.get()) < 0)) {
+            lse = *near;
+            lse_done = true;
+          }
         }
       }
       if (!lse_done) {

@@ -1,6 +1,10 @@
 // The CLI's verbs beyond `list`, one function each (main.cpp parses the flags).
 #pragma once
 
+#include <optional>
+
+#include "harness/isolate.hpp"
+
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -19,6 +23,10 @@ struct SweepArgs {
   std::int64_t mn = 64;
   std::uint64_t seed = 1;
   std::string out_dir;
+  std::int64_t seq_q = 16;  ///< attention sweeps: queries per case
+  std::vector<std::string> plugins;
+  bool in_process = false;  ///< run the points in this process (default: a worker process)
+  double timeout = 600;     ///< seconds per point before the worker is killed
 };
 
 /// Runs the sweep; returns the exit code.
@@ -46,7 +54,9 @@ struct FuzzArgs {
 };
 
 int fuzz_command(const FuzzArgs& a, Registry& registry, const std::string& command_line);
-int replay_command(const std::string& case_path, Registry& registry, const std::string& out_json);
+/// Replays a case file on its kernel, in a worker process unless isolation is nullopt.
+int replay_command(const std::string& case_path, Registry& registry, const std::string& out_json,
+                   const std::optional<IsolationOptions>& isolation);
 int gate_command(const std::string& baseline_path, const std::string& run_path, const std::string& junit_path);
 int baseline_update_command(const std::string& run_path, const std::string& out_path, double relative_slack);
 

@@ -73,7 +73,7 @@ int fuzz_command(const FuzzArgs& a, Registry& registry, const std::string& comma
       if (std::count(a.kernels.begin(), a.kernels.end(), t.kernel) &&
           (a.dtypes.empty() || std::count(a.dtypes.begin(), a.dtypes.end(), t.dtype)) &&
           std::none_of(o.targets.begin(), o.targets.end(),
-                       [&](const FuzzTarget& x) { return x.kernel == t.kernel && x.dtype == t.dtype; }))
+                       [&](const FuzzTarget& x) { return x.kernel == t.kernel && x.dtype == t.dtype && x.op == t.op; }))
         o.targets.push_back(t);
   if (o.targets.empty()) throw InputError("fuzz: no kernel here supports the requested --kernel/--dtype combination");
   if (!a.no_html) report::check_gnuplot();  // before the campaign, not after it
@@ -113,12 +113,18 @@ int fuzz_command(const FuzzArgs& a, Registry& registry, const std::string& comma
   return failed ? kExitFailed : 0;
 }
 
-int replay_command(const std::string& case_path, Registry& registry, const std::string& out_json) {
+int replay_command(const std::string& case_path, Registry& registry, const std::string& out_json,
+                   const std::optional<IsolationOptions>& isolation) {
   const Case c = read_case_file(case_path);
   if (c.kernel.empty()) throw InputError(case_path + ": case.kernel is empty: name the kernel to replay on");
+  if (!registry.resolve(c.kernel))
+    throw InputError(fmt::format("case.kernel: '{}' is not a kernel here (see ulpgate list)", c.kernel));
   std::printf("ulpgate replay %s: kernel %s, seed %llu\n", case_path.c_str(), c.kernel.c_str(),
               static_cast<unsigned long long>(c.seed));
-  CaseResult r = replay_case(registry, c, EvaluationOptions{});
+  std::fflush(stdout);
+  // The one check path, relations included, in a worker: a crashing case is a result.
+  CaseResult r = isolation ? IsolatedEvaluator(*isolation).evaluate(c.kernel, c, EvaluationOptions{})
+                           : replay_case(registry, c, EvaluationOptions{});
   r.reproducer = "ulpgate replay " + case_path;
   print_case(r);
   if (!out_json.empty()) {

@@ -94,13 +94,18 @@ int main(int argc, char** argv) {
   auto* worker = app.add_subcommand("worker", "Evaluate cases sent as JSON lines on stdin")->group("");
 
   ulpgate::SweepArgs sweep_args;
-  auto* sweep = app.add_subcommand("sweep", "Error against K for kernels x input distributions, with the fitted "
-                                            "growth exponent and the effective accumulator precision");
+  auto* sweep = app.add_subcommand("sweep", "Error against K (GEMM) or seq_kv (attention) for kernels x input "
+                                            "distributions, with the fitted growth exponent and (GEMM) the effective "
+                                            "accumulator precision");
   sweep->add_option("--kernel", sweep_args.kernels, "Kernel (repeatable; see ulpgate list)")->required();
   sweep->add_option("--dtype", sweep_args.dtype, "Input type: fp64, fp32, tf32, fp16, bf16, e4m3, e5m2 (default: "
                                                  "implied by the kernel)");
   sweep->add_option("--out-dtype", sweep_args.out_dtype, "D's format (default fp32)");
-  sweep->add_option("--vary", sweep_args.vary, "K=FROM:TO[:FACTOR] (default K=256:65536:4)");
+  sweep->add_option("--vary", sweep_args.vary, "K=FROM:TO[:FACTOR] (GEMM; default K=256:65536:4) or "
+                                               "seq_kv=FROM:TO[:FACTOR] (attention)");
+  sweep->add_option("--seq-q", sweep_args.seq_q, "Attention: queries per case (default 16)")->check(CLI::Range(1, 1 << 20));
+  sweep->add_flag("--in-process", sweep_args.in_process, "Run the kernels in this process (default: a worker process)");
+  sweep->add_option("--timeout", sweep_args.timeout, "Seconds per point before the worker is killed (default 600)");
   sweep->add_option("--dist", sweep_args.dists, "Input distribution of A and B (repeatable; default normal(0,1))");
   sweep->add_option("--metric", sweep_args.metric, "mean_normalised (default), max_normalised, mean_ulp, max_ulp, ...");
   sweep->add_option("--mn", sweep_args.mn, "M = N of every case (default 64)")->check(CLI::Range(1, 1 << 20));
@@ -129,6 +134,10 @@ int main(int argc, char** argv) {
   auto* replay = app.add_subcommand("replay", "Rerun one case file on its kernel and print its analysis");
   replay->add_option("CASE.json", replay_case, "Case file (from a fuzz corpus or written by hand)")->required();
   replay->add_option("--out", replay_out, "Also write the run record here");
+  bool replay_in_process = false;
+  double replay_timeout = 600;
+  replay->add_flag("--in-process", replay_in_process, "Run the kernel in this process (default: a worker process)");
+  replay->add_option("--timeout", replay_timeout, "Seconds before the worker is killed (default 600)");
 
   std::string gate_baseline, gate_run, gate_junit;
   auto* gate = app.add_subcommand("gate", "Compare a run record with a baseline: exit 0 pass, 1 regression");
@@ -187,10 +196,20 @@ int main(int argc, char** argv) {
       fuzz_args.plugins = plugins;
       return ulpgate::fuzz_command(fuzz_args, registry, command_line);
     }
-    if (replay->parsed()) return ulpgate::replay_command(replay_case, registry, replay_out);
+    if (replay->parsed()) {
+      std::optional<ulpgate::IsolationOptions> iso;
+      if (!replay_in_process) {
+        if (!(replay_timeout > 0)) throw ulpgate::InputError("--timeout must be > 0");
+        iso.emplace();
+        iso->plugins = plugins;
+        iso->timeout_seconds = replay_timeout;
+      }
+      return ulpgate::replay_command(replay_case, registry, replay_out, iso);
+    }
     if (gate->parsed()) return ulpgate::gate_command(gate_baseline, gate_run, gate_junit);
     if (baseline_update->parsed()) return ulpgate::baseline_update_command(base_run, base_out, base_slack);
     if (sweep->parsed()) {
+      sweep_args.plugins = plugins;
       return ulpgate::sweep_command(sweep_args, registry, command_line);
     }
   } catch (const ulpgate::InputError& e) {

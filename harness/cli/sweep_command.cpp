@@ -1,5 +1,6 @@
-// `ulpgate sweep`: error against K for kernels x input distributions, with the fitted
-// growth exponent and the effective accumulator precision; writes a run record.
+// `ulpgate sweep`: error against K (GEMM) or seq_kv (attention) for kernels x input
+// distributions, with the fitted growth exponent and (GEMM) the effective accumulator
+// precision; every point in a worker process; writes a run record.
 #include "harness/cli/commands.hpp"
 
 #include <unistd.h>
@@ -7,27 +8,40 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <memory>
 
 #include <fmt/format.h>
 
 #include "core/error.hpp"
+#include "distributions/spec.hpp"
+#include "harness/isolate.hpp"
+#include "harness/ops/attention.hpp"
 #include "harness/sweep.hpp"
 
 namespace ulpgate {
 
 int sweep_command(const SweepArgs& a, Registry& registry, const std::string& command_line) {
   if (a.kernels.empty()) throw InputError("sweep: --kernel is required");
-  const std::vector<std::int64_t> ks = parse_vary(a.vary);
+  const SweepVary vary = parse_vary(a.vary);
+  const bool gemm = vary.parameter == "K";
   std::optional<Format> out;
   if (!a.out_dtype.empty()) {
     out = parse_format(a.out_dtype);
     if (!out) throw InputError(fmt::format("--out-dtype '{}': unknown format (see ulpgate list)", a.out_dtype));
   }
+  if (!(a.timeout > 0)) throw InputError("--timeout must be > 0");
   std::vector<Kernel*> kernels;
   for (const auto& name : a.kernels) {
     Kernel* k = registry.resolve(name);
     if (!k) throw InputError(fmt::format("--kernel '{}': no such kernel here (see ulpgate list)", name));
     kernels.push_back(k);
+  }
+  std::unique_ptr<IsolatedEvaluator> isolated;
+  if (!a.in_process) {
+    IsolationOptions iso;
+    iso.plugins = a.plugins;
+    iso.timeout_seconds = a.timeout;
+    isolated = std::make_unique<IsolatedEvaluator>(iso);
   }
   const bool tty = isatty(STDERR_FILENO);
   RunRecord record;
@@ -35,36 +49,57 @@ int sweep_command(const SweepArgs& a, Registry& registry, const std::string& com
   record.seed = a.seed;
   record.command = command_line;
   record.environment = capture_environment();
-  std::printf("ulpgate sweep: seed %llu, %s, M = N = %lld, K = %lld..%lld\n", static_cast<unsigned long long>(a.seed),
-              record.environment.device.c_str(), static_cast<long long>(a.mn), static_cast<long long>(ks.front()),
-              static_cast<long long>(ks.back()));
+  std::printf("ulpgate sweep: seed %llu, %s, %s, %s = %lld..%lld\n", static_cast<unsigned long long>(a.seed),
+              record.environment.device.c_str(),
+              gemm ? fmt::format("M = N = {}", a.mn).c_str() : fmt::format("seq_q = {}, head_dim 64", a.seq_q).c_str(),
+              vary.parameter.c_str(), static_cast<long long>(vary.values.front()), static_cast<long long>(vary.values.back()));
   for (Kernel* k : kernels)
     for (const auto& dist : a.dists) {
       const std::string dtype = a.dtype.empty() ? default_dtype(k->name()) : a.dtype;
       SweepOptions o;
-      o.base = dtype_gemm_case(dtype, a.mn, a.mn, ks.front(), out);
+      if (gemm) {
+        o.base = dtype_gemm_case(dtype, a.mn, a.mn, vary.values.front(), out);
+        o.base.dist = {{"A", dist}, {"B", dist}};
+      } else {
+        o.base = dtype_attention_case(dtype);
+        o.base.attention.seq_q = a.seq_q, o.base.attention.head_dim = 64, o.base.attention.seq_kv = vary.values.front();
+        if (out) o.base.types["O"] = *out;
+        // A family of Q and K together (logits, sink, masked) draws K with Q.
+        const auto fam = find_family(parse_dist(dist).family);
+        o.base.dist = fam && fam->scope == Scope::AttnQK ? std::map<std::string, std::string>{{"Q", dist}, {"V", "normal(0,1)"}}
+                                                         : std::map<std::string, std::string>{{"Q", dist}, {"K", dist}, {"V", dist}};
+      }
       o.base.seed = a.seed;
       o.base.kernel = k->name();
-      o.base.dist = {{"A", dist}, {"B", dist}};
-      o.values = ks;
+      o.parameter = vary.parameter;
+      o.values = vary.values;
       o.metric = a.metric;
       if (auto why = k->unsupported(o.base)) {
         std::printf("  %s %s: not supported (%s)\n", k->name().c_str(), dtype.c_str(), why->c_str());
         continue;
       }
-      const SweepOutcome s = run_sweep(*k, o, &registry, [&](std::size_t i, std::size_t n) {
+      const PointChecker check = [&](const Case& c, const EvaluationOptions& eo) {
+        return isolated ? isolated->evaluate(c.kernel, c, eo) : check_case(*k, c, eo, &registry);
+      };
+      const SweepOutcome s = run_sweep(o, check, [&](std::size_t i, std::size_t n) {
         if (tty) std::fprintf(stderr, "\r  %s %s %s: %zu/%zu points", k->name().c_str(), dtype.c_str(), dist.c_str(), i, n);
       });
       if (tty) std::fprintf(stderr, "\r\033[K");
       std::printf("\n  %s  %s  %s  (%s)\n  %8s  %16s  %14s\n", k->name().c_str(), dtype.c_str(), dist.c_str(),
-                  a.metric.c_str(), "K", a.metric.c_str(), "effective bits");
+                  a.metric.c_str(), vary.parameter.c_str(), a.metric.c_str(), "effective bits");
       for (std::size_t i = 0; i < s.series.x.size(); ++i)
         std::printf("  %8.0f  %16.4g  %14.2f\n", s.series.x[i], s.series.y[i], s.effective_bits_per_point[i]);
       for (const auto& r : s.cases)
-        if (r.status != Disposition::Ok) std::printf("  K=%lld: %s: %s\n", static_cast<long long>(r.spec.gemm.k),
-                                                      std::string(name(r.status)).c_str(), r.message.c_str());
-      std::printf("  growth exponent %.3f +- %.3f, effective accumulator precision %.2f bits\n", s.series.fit.exponent,
-                  s.series.fit.exponent_stderr, s.series.effective_bits);
+        if (r.status != Disposition::Ok)
+          std::printf("  %s=%lld: %s: %s\n", vary.parameter.c_str(),
+                      static_cast<long long>(gemm ? r.spec.gemm.k : r.spec.attention.seq_kv),
+                      std::string(name(r.status)).c_str(), r.message.c_str());
+      if (gemm)
+        std::printf("  growth exponent %.3f +- %.3f, effective accumulator precision %.2f bits\n", s.series.fit.exponent,
+                    s.series.fit.exponent_stderr, s.series.effective_bits);
+      else
+        std::printf("  growth exponent %.3f +- %.3f (error ~ seq_kv^exponent)\n", s.series.fit.exponent,
+                    s.series.fit.exponent_stderr);
       record.sweeps.push_back(s.series);
       for (const auto& r : s.cases) record.cases.push_back(r);
     }

@@ -9,7 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "harness/evaluate.hpp"
+#include "harness/check.hpp"
 #include "harness/isolate.hpp"
 #include "harness/record.hpp"
 

@@ -16,7 +16,7 @@
 #include <thread>
 
 #include "core/error.hpp"
-#include "harness/evaluate.hpp"
+#include "harness/check.hpp"
 #include "harness/isolate.hpp"
 #include "harness/journal.hpp"
 #include "harness/record.hpp"

@@ -5,7 +5,7 @@
 #include <cmath>
 #include <cstring>
 
-#include "harness/evaluate.hpp"
+#include "harness/check.hpp"
 
 using namespace ulpgate;
 

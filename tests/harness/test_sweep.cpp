@@ -26,9 +26,11 @@ TEST(Sweep, PowerFitKnownAnswers) {
 }
 
 TEST(Sweep, ParseVary) {
-  EXPECT_EQ(parse_vary("K=256:4096"), (std::vector<std::int64_t>{256, 512, 1024, 2048, 4096}));
-  EXPECT_EQ(parse_vary("K=256:65536:4"), (std::vector<std::int64_t>{256, 1024, 4096, 16384, 65536}));
-  EXPECT_EQ(parse_vary("K=100:1000:4"), (std::vector<std::int64_t>{100, 400, 1000}));
+  EXPECT_EQ(parse_vary("K=256:4096").values, (std::vector<std::int64_t>{256, 512, 1024, 2048, 4096}));
+  EXPECT_EQ(parse_vary("K=256:65536:4").values, (std::vector<std::int64_t>{256, 1024, 4096, 16384, 65536}));
+  EXPECT_EQ(parse_vary("K=100:1000:4").values, (std::vector<std::int64_t>{100, 400, 1000}));
+  EXPECT_EQ(parse_vary("seq_kv=128:1024:8").parameter, "seq_kv");
+  EXPECT_EQ(parse_vary("seq_kv=128:1024:8").values, (std::vector<std::int64_t>{128, 1024}));
   auto msg = [](const char* t) {
     try {
       parse_vary(t);
@@ -37,7 +39,7 @@ TEST(Sweep, ParseVary) {
     }
     return std::string("(accepted)");
   };
-  EXPECT_EQ(msg("N=1:2"), "--vary 'N=1:2': expected K=FROM:TO[:FACTOR] (only K can vary for now)");
+  EXPECT_EQ(msg("N=1:2"), "--vary 'N=1:2': expected K=FROM:TO[:FACTOR] (GEMM) or seq_kv=FROM:TO[:FACTOR] (attention)");
   EXPECT_EQ(msg("K=256"), "--vary 'K=256': expected K=FROM:TO[:FACTOR]");
   EXPECT_EQ(msg("K=4096:256"), "--vary 'K=4096:256': FROM must be <= TO");
   EXPECT_EQ(msg("K=1:x"), "--vary 'K=1:x': 'x' is not a positive integer");
@@ -60,7 +62,7 @@ SweepOutcome sweep_model(const char* model, const char* dist) {
   c.seed = 20261129;
   SweepOptions o;
   o.base = c;
-  o.values = parse_vary("K=256:16384:4");
+  o.values = parse_vary("K=256:16384:4").values;
   auto k = make_emulated_gemm(*AccumulationModel::parse(model));
   return run_sweep(*k, o);
 }

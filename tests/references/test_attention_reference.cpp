@@ -238,3 +238,48 @@ TEST(AttentionReference, CallersFloatingPointEnvironment) {
     EXPECT_EQ(clean.lse, hostile.lse) << seed;
   }
 }
+
+// One key dominating by a score gap of 512 (weight e^-512 ~ 2^-739 for the others): O sits
+// within 2^-739 of the dominant value, and the window next to it is decided from the tiny
+// perturbation's sign and size (not by 2^10 bits of precision). Expected: the formula at
+// 4000 bits, truncated (its error is far below the perturbation).
+TEST(AttentionReference, DominantKeyDecidedNextToItsValue) {
+  struct Row {
+    std::vector<double> k, v;
+  };
+  const std::vector<Row> rows = {
+      {{600, 88}, {1.5, 3}},        // just above 1.5
+      {{600, 88}, {1.5, -3}},       // just below 1.5
+      {{600, 88}, {-1.5, 3}},       // |O| just below 1.5
+      {{600, 88}, {1.0, 0}},        // just below 1: the binade below
+      {{600, 600, 88}, {1, 2, 0}},  // two dominant keys: mean 1.5, just below
+      {{600, 600, 600, 88}, {1, 1, 2, 8}},  // mean 4/3, not a 128-bit number
+  };
+  for (std::size_t r = 0; r < rows.size(); ++r) {
+    const Row& row = rows[r];
+    const auto n = static_cast<std::int64_t>(row.k.size());
+    Case c;
+    c.op = Op::Attention;
+    c.attention.seq_q = 1, c.attention.seq_kv = n, c.attention.head_dim = 1, c.attention.softmax_scale = 1.0;
+    c.types = {{"Q", Format::FP32}, {"K", Format::FP32}, {"V", Format::FP32}, {"O", Format::FP32},
+               {"compute", Format::FP32}};
+    Tensor q(Format::FP32, 1), k(Format::FP32, n), v(Format::FP32, n);
+    q.set_value(0, 1.0);
+    for (std::int64_t j = 0; j < n; ++j) k.set_value(j, row.k[j]), v.set_value(j, row.v[j]);
+    const AttentionReference ref = attention_reference(c, {{"Q", q}, {"K", k}, {"V", v}}, 1);
+    Mpfr num(4000), den(4000), w(4000), lse(4000);
+    mpfr_set_zero(num, 1), mpfr_set_zero(den, 1);
+    for (std::int64_t j = 0; j < n; ++j) {
+      mpfr_set_d(w, row.k[j] - 600, MPFR_RNDN);
+      mpfr_exp(w, w, MPFR_RNDN);
+      mpfr_add(den, den, w, MPFR_RNDN);
+      mpfr_mul_d(w, w, row.v[j], MPFR_RNDN);
+      mpfr_add(num, num, w, MPFR_RNDN);
+    }
+    mpfr_log(lse, den, MPFR_RNDN);
+    mpfr_add_d(lse, lse, 600, MPFR_RNDN);
+    mpfr_div(num, num, den, MPFR_RNDN);
+    EXPECT_EQ(ref.at(0, 0, 0, 0), RefValue::from_certified(num)) << "row " << r << ": " << to_string(ref.at(0, 0, 0, 0));
+    EXPECT_EQ(ref.lse[0], RefValue::from_certified(lse)) << "row " << r << ": " << to_string(ref.lse[0]);
+  }
+}

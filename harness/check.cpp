@@ -1,0 +1,157 @@
+#include "harness/check.hpp"
+
+#include <chrono>
+
+#include <fmt/format.h>
+
+#include "core/error.hpp"
+#include "distributions/fill.hpp"
+
+namespace ulpgate {
+namespace {
+
+// The comparison of one run's output with its exact reference, its metrics and verdict.
+struct Judged {
+  OutputComparison cmp;
+  ErrorMetrics metrics;
+  Verdict verdict;
+};
+
+Judged judge_run(const Case& c, const Inputs& inputs, const RunOutcome& run, const ToleranceModel& tol,
+                 double baseline_max_normalised = -1, const BaselineRule& rule = {}) {
+  const OpModule& op = op_module(c.op);
+  const std::string out = outputs_of(c).front();
+  Judged j;
+  j.cmp = op.compare(c, inputs, run.outputs.at(out), tol);
+  j.metrics = analyze(j.cmp);
+  j.metrics.output = out;
+  j.metrics.unwritten = run.unwritten;
+  j.metrics.padding_written = run.padding_written;
+  j.verdict = judge(j.cmp, j.metrics, tol, op.reduction_length(c), baseline_max_normalised, rule);
+  if (!run.inputs_modified.empty()) {
+    j.verdict.passed = false;
+    j.verdict.reasons.push_back(fmt::format("the kernel wrote to its inputs ({})", fmt::join(run.inputs_modified, ", ")));
+  }
+  return j;
+}
+
+}  // namespace
+
+std::string default_dtype(const std::string& kernel) {
+  const auto dot = kernel.find('.');
+  const std::string suffix = dot == std::string::npos ? "" : kernel.substr(dot + 1);
+  if (suffix.rfind("fp8", 0) == 0) return "e4m3";
+  for (const char* t : {"fp64", "fp32", "tf32", "fp16", "bf16"})
+    if (suffix == t) return t;
+  return "fp32";
+}
+
+ToleranceModel nominal_tolerance(const Case& c, const KernelTraits& traits) { return op_module(c.op).tolerance(c, traits); }
+
+std::int64_t reduction_length(const Case& c) { return op_module(c.op).reduction_length(c); }
+
+std::string case_family(const Case& c) { return op_module(c.op).family(c); }
+
+Evaluation evaluate_with_inputs(Kernel& k, const Case& c, const Inputs& inputs, const EvaluationOptions& options,
+                                const Registry* registry) {
+  const auto start = std::chrono::steady_clock::now();
+  const OpModule& op = op_module(c.op);
+  Evaluation ev;
+  ev.tolerance = options.tolerance.value_or(op.tolerance(c, k.traits()));
+  ev.run = run_kernel(k, c, inputs);
+  if (ev.run.status != Disposition::Ok) {
+    ev.verdict.passed = ev.run.status == Disposition::NotSupported;
+    if (!ev.verdict.passed) ev.verdict.reasons.push_back(fmt::format("{}: {}", name(ev.run.status), ev.run.message));
+  } else {
+    // The baseline model runs on the same inputs and is compared with the same reference.
+    double baseline = -1;
+    std::optional<RunOutcome> base;
+    if (options.baseline && registry) {
+      Kernel* model = registry->find(options.baseline->model);
+      if (!model) throw InputError(fmt::format("baseline model '{}' is not a kernel here", options.baseline->model));
+      if (model->supports(c)) base = run_kernel(*model, c, inputs);
+    }
+    Judged j = judge_run(c, inputs, ev.run, ev.tolerance);
+    if (base && base->status == Disposition::Ok) {
+      baseline = analyze(op.compare(c, inputs, base->outputs.at(outputs_of(c).front()), ev.tolerance)).max_normalised;
+      j.verdict = judge(j.cmp, j.metrics, ev.tolerance, op.reduction_length(c), baseline, *options.baseline);
+      if (!ev.run.inputs_modified.empty()) {
+        j.verdict.passed = false;
+        j.verdict.reasons.push_back(fmt::format("the kernel wrote to its inputs ({})", fmt::join(ev.run.inputs_modified, ", ")));
+      }
+    }
+    ev.baseline_max_normalised = baseline;
+    ev.verdict = j.verdict;
+    if (options.effective_bits) ev.effective_bits = op.effective_bits(c, inputs, j.cmp, j.metrics.mean_normalised);
+    ev.metrics.push_back(std::move(j.metrics));
+    if (options.relations && ev.verdict.passed) {
+      const RelationContext ctx{
+          k, [&](const Case& cc, const Inputs& in) { return run_kernel(k, cc, in); },
+          [&](const Case& cc, const Inputs& in, const RunOutcome& run) {
+            const Judged r = judge_run(cc, in, run, options.tolerance.value_or(op.tolerance(cc, k.traits())));
+            return r.verdict.passed ? std::string() : r.verdict.reasons.front();
+          },
+          [&](const RunOutcome& run) {
+            OutputComparison cmp = j.cmp;
+            cmp.got = op.logical_output(c, run.outputs.at(outputs_of(c).front()));
+            ErrorMetrics m = analyze(cmp);
+            m.unwritten = run.unwritten, m.padding_written = run.padding_written;
+            const Verdict v = judge(cmp, m, ev.tolerance, op.reduction_length(c));
+            return v.passed ? std::string() : v.reasons.front();
+          }};
+      ev.relations = op.relations(ctx, c, inputs, ev.run);
+      for (const RelationFailure& f : ev.relations) {
+        ev.verdict.passed = false;
+        ev.verdict.reasons.push_back(f.problem);
+      }
+    }
+  }
+  ev.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return ev;
+}
+
+Evaluation evaluate(Kernel& k, Case& c, const EvaluationOptions& options, const Registry* registry) {
+  const auto inputs = fill_inputs(c);
+  return evaluate_with_inputs(k, c, inputs, options, registry);
+}
+
+CaseResult to_case_result(const Kernel& k, const Case& c, const Evaluation& ev, std::string family) {
+  CaseResult r;
+  r.kernel = k.name();
+  r.spec = c;
+  r.family = std::move(family);
+  r.status = ev.run.status;
+  r.message = ev.run.message;
+  r.notes = ev.run.notes;
+  if (!ev.relations.empty()) r.notes["relation"] = ev.relations.front().relation;
+  if (!std::isnan(ev.effective_bits)) r.notes["effective_bits"] = fmt::format("{:.17g}", ev.effective_bits);
+  r.metrics = ev.metrics;
+  r.verdict = ev.verdict;
+  r.seconds = ev.seconds;
+  return r;
+}
+
+CaseResult check_case(Kernel& k, const Case& c, const EvaluationOptions& options, const Registry* registry) {
+  const std::string family = case_family(c);
+  try {
+    Case filled = c;  // filling may add derived fields (amax scales, kv_lengths): recorded
+    const Evaluation ev = evaluate(k, filled, options, registry);
+    return to_case_result(k, filled, ev, family);
+  } catch (const InputError&) {
+    throw;
+  } catch (const std::exception& e) {
+    // A kernel that throws something other than KernelError: this case failed; the
+    // campaign goes on.
+    CaseResult r;
+    r.kernel = k.name();
+    r.spec = c;
+    r.family = family;
+    r.status = Disposition::Failed;
+    r.message = fmt::format("evaluation threw: {}", e.what());
+    r.verdict.passed = false;
+    r.verdict.reasons.push_back(fmt::format("{}: {}", name(r.status), r.message));
+    return r;
+  }
+}
+
+}  // namespace ulpgate

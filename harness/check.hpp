@@ -1,0 +1,72 @@
+// The one check path: a case is checked here, once. In order: the inputs are filled (a
+// pure function of the case), the kernel runs, the op's relations make their extra kernel
+// calls, the exact reference is computed, and one verdict is given. fuzz, replay and sweep
+// all come here, in the isolated worker (harness/isolate.hpp) unless told otherwise.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "harness/analyze.hpp"
+#include "harness/ops/attention.hpp"
+#include "harness/ops/gemm.hpp"
+#include "harness/ops/op.hpp"
+#include "harness/record.hpp"
+#include "harness/runner.hpp"
+#include "kernels/kernel.hpp"
+
+namespace ulpgate {
+
+struct EvaluationOptions {
+  /// nullopt: the op's nominal tolerance for each case (OpModule::tolerance).
+  std::optional<ToleranceModel> tolerance;
+  /// Apply the baseline rule with this CPU model (e.g. "cpu.fp32_seq"); empty: do not.
+  std::optional<BaselineRule> baseline;
+  /// Run the op's metamorphic relations on a case that passed.
+  bool relations = true;
+  /// Sweeps: estimate the effective accumulator precision (notes["effective_bits"]).
+  bool effective_bits = false;
+};
+
+struct Evaluation {
+  RunOutcome run;
+  std::vector<ErrorMetrics> metrics;  ///< one per output (empty unless the run was ok)
+  Verdict verdict;
+  ToleranceModel tolerance;            ///< the model applied
+  double baseline_max_normalised = -1; ///< the baseline model's error, when applied
+  std::vector<RelationFailure> relations;  ///< the relations that did not hold
+  double effective_bits = NAN;         ///< with options.effective_bits
+  double seconds = 0;
+};
+
+/// The input type a kernel name implies ("cublaslt.fp8_fast" -> "e4m3", "cublas.tf32" ->
+/// "tf32", cpu.* -> "fp32").
+std::string default_dtype(const std::string& kernel);
+
+/// The tolerance a case's declared types and the kernel's traits imply (the op's).
+ToleranceModel nominal_tolerance(const Case& c, const KernelTraits& traits = {});
+
+/// The reduction length the tolerance uses (GEMM K, attention seq_kv).
+std::int64_t reduction_length(const Case& c);
+
+/// The family a case belongs to for gating, e.g. "gemm bf16->fp32 fp32 normal(0,1)".
+std::string case_family(const Case& c);
+
+/// Checks case c on kernel k: fills the inputs (fill_inputs; may set c.scales and
+/// kv_lengths), then as evaluate_with_inputs. `registry` supplies the baseline model.
+Evaluation evaluate(Kernel& k, Case& c, const EvaluationOptions& options, const Registry* registry = nullptr);
+
+/// The same on given inputs (the caller filled them).
+Evaluation evaluate_with_inputs(Kernel& k, const Case& c, const Inputs& inputs, const EvaluationOptions& options,
+                                const Registry* registry = nullptr);
+
+/// The run-record entry of an evaluation (reproducer left empty for the caller to set);
+/// a relation that failed is named in notes["relation"].
+CaseResult to_case_result(const Kernel& k, const Case& c, const Evaluation& ev, std::string family);
+
+/// evaluate + to_case_result, with anything a kernel throws besides KernelError (and
+/// InputError, which is the case's fault) turned into a failed result.
+CaseResult check_case(Kernel& k, const Case& c, const EvaluationOptions& options, const Registry* registry = nullptr);
+
+}  // namespace ulpgate

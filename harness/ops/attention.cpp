@@ -1,0 +1,418 @@
+#include "harness/ops/attention.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+
+#include <fmt/format.h>
+
+#include "core/error.hpp"
+#include "distributions/case_gen.hpp"
+#include "references/attention_reference.hpp"
+
+namespace ulpgate {
+namespace {
+
+const std::vector<std::string> kAttentionDtypes = {"fp32", "fp16", "bf16", "e4m3"};
+
+// Exponentials of every (query, key) pair are what the reference pays for: the generator
+// keeps batch * heads * seq_q * seq_kv below this.
+constexpr std::int64_t kScoreBudget = std::int64_t{1} << 16;
+// ... and batch * heads * seq_q * seq_kv * head_dim_v, its terms of P V in MPFR (~0.5 us each).
+constexpr std::int64_t kOutputTermBudget = std::int64_t{1} << 20;
+
+// Families that put NaN, Inf or values near overflow into Q, K or V: an attention kernel's
+// scores are then not finite, which the reference rejects (the case would test nothing).
+const std::vector<std::string> kExcludedFamilies = {"specials", "near_overflow", "gendot"};
+
+double scale_of(const Case& c) {
+  return c.attention.softmax_scale.value_or(1.0 / std::sqrt(static_cast<double>(c.attention.head_dim)));
+}
+
+/// Per query row: the visible keys, and S = max_j |scale| sum_d |q_id k_jd| over them.
+struct RowFacts {
+  std::vector<std::int64_t> keys;
+  double s = 0;
+};
+
+RowFacts row_facts(const Case& c, const Inputs& in, std::int64_t b, std::int64_t h, std::int64_t i) {
+  const AttentionShape& a = c.attention;
+  const AttentionView qv = attention_view(c, "Q"), kv = attention_view(c, "K");
+  const Tensor &q = in.at("Q"), &k = in.at("K");
+  RowFacts f;
+  const double sigma = std::fabs(scale_of(c));
+  for (std::int64_t j = 0; j < a.seq_kv; ++j) {
+    if (!attention_visible(c, b, i, j)) continue;
+    f.keys.push_back(j);
+    double sum = 0;
+    for (std::int64_t d = 0; d < a.head_dim; ++d) sum += std::fabs(q.value(qv.offset(b, h, i, d)) * k.value(kv.offset(b, h, j, d)));
+    f.s = std::max(f.s, sigma * sum * (1 + 0x1p-40));  // the double sum's own rounding, and more
+  }
+  return f;
+}
+
+bool same_bits(const Tensor& a, const Tensor& b) {
+  return a.size_bytes() == b.size_bytes() && std::memcmp(a.data(), b.data(), a.size_bytes()) == 0;
+}
+
+class AttentionModule final : public OpModule {
+ public:
+  Op op() const override { return Op::Attention; }
+  std::vector<std::string> dtypes() const override { return kAttentionDtypes; }
+  Case basic_case(std::string_view dtype) const override { return dtype_attention_case(dtype); }
+
+  rc::Gen<Case> generate(std::string_view dtype_in, const Kernel* k, const GenLimits& limits) const override {
+    return rc::gen::exec([dtype_in = std::string(dtype_in), k, limits]() {
+      const std::string dtype = dtype_in.empty() ? *gen::pick(kAttentionDtypes) : dtype_in;
+      Case c = dtype_attention_case(dtype);
+      if (k) c.kernel = k->name();
+      auto keep_if_supported = [&](auto apply, auto revert) {
+        apply();
+        if (k && k->unsupported(c)) revert();
+      };
+      AttentionShape& a = c.attention;
+      const std::vector<std::int64_t> dims{16, 32, 48, 64, 80, 96, 111, 128, 160, 192, 256};
+      const std::int64_t hd = *gen::dim(256, dims, false);
+      const bool other_dv = *gen::pick(std::vector<bool>{false, true});
+      const std::int64_t dv = other_dv ? *gen::dim(256, dims, false) : 0;
+      keep_if_supported([&] { a.head_dim = hd, a.head_dim_v = dv == hd ? 0 : dv; }, [&] { a.head_dim_v = 0; });
+      const std::vector<std::int64_t> seqs{1, 17, 63, 64, 65, 127, 128, 129, 200, 257, 1000, 1024, 4096};
+      const std::int64_t max_seq = std::max<std::int64_t>(1, limits.max_reduction);
+      a.seq_kv = *gen::dim(max_seq, seqs);
+      a.seq_q = *pick_seq_q(a.seq_kv, max_seq, seqs);
+      a.batch = *gen::dim(3);
+      a.heads = *gen::dim(4);
+      // The reference's budget of exponentials, and the element budget of each operand:
+      // the longer sequence halves first, batch and heads shrink last.
+      const auto over = [&] {
+        return a.batch * a.heads * a.seq_q * a.seq_kv > kScoreBudget ||
+               a.batch * a.heads * a.seq_q * a.seq_kv * a.eff_head_dim_v() > kOutputTermBudget ||
+               a.batch * a.heads * std::max(a.seq_q, a.seq_kv) * std::max(a.head_dim, a.eff_head_dim_v()) > gen::kElementBudget;
+      };
+      while (over()) {
+        if (a.seq_q > 1 && a.seq_q >= a.seq_kv) a.seq_q = (a.seq_q + 1) / 2;
+        else if (a.seq_kv > 1) a.seq_kv = (a.seq_kv + 1) / 2;
+        else if (a.heads > 1) --a.heads;
+        else if (a.batch > 1) --a.batch;
+        else break;
+      }
+      const auto layout = *gen::pick(std::vector<AttentionLayout>{AttentionLayout::BHSD, AttentionLayout::BSHD});
+      keep_if_supported([&] { a.layout = layout; }, [&] { a.layout = AttentionLayout::BHSD; });
+      const bool causal = *gen::pick(std::vector<bool>{false, true});
+      keep_if_supported([&] { a.causal = causal; }, [&] { a.causal = false; });
+      if (*gen::pick(std::vector<bool>{false, true})) {
+        std::vector<std::int64_t> lens;
+        for (std::int64_t b = 0; b < a.batch; ++b) lens.push_back(*gen::pick(std::vector<std::int64_t>{a.seq_kv, 0, 1, a.seq_kv / 2, a.seq_kv - 1}));
+        keep_if_supported([&] { a.kv_lengths = lens; }, [&] { a.kv_lengths.clear(); });
+      }
+      const double scale = *gen::pick(std::vector<double>{0, 0.125, 1.0, 0.05, 0.5});
+      if (scale != 0) keep_if_supported([&] { a.softmax_scale = scale; }, [&] { a.softmax_scale.reset(); });
+      const Format o0 = c.types.at("O");
+      const Format o = *gen::pick(std::vector<Format>{o0, Format::FP32, Format::BF16, Format::FP16});
+      keep_if_supported([&] { c.types["O"] = o; }, [&] { c.types["O"] = o0; });
+      c.dist["Q"] = *gen::dist_spec(c, "Q", true, kExcludedFamilies);
+      if (find_family(parse_dist(c.dist["Q"]).family)->scope != Scope::AttnQK)
+        c.dist["K"] = *gen::dist_spec(c, "K", false, kExcludedFamilies);
+      c.dist["V"] = *gen::dist_spec(c, "V", false, kExcludedFamilies);
+      c.seed = *rc::gen::arbitrary<std::uint64_t>();
+      validate(c);
+      return c;
+    });
+  }
+
+  std::string family(const Case& c) const override {
+    const auto it = c.dist.find("Q");
+    return fmt::format("attention {}->{} {} {}", name(c.types.at("Q")), name(c.types.at("O")), name(c.types.at("compute")),
+                       it == c.dist.end() ? std::string(kDefaultDist) : it->second);
+  }
+
+  std::int64_t reduction_length(const Case& c) const override { return c.attention.seq_kv; }
+
+  ToleranceModel tolerance(const Case& c, const KernelTraits& traits) const override {
+    ToleranceModel t;
+    const Format compute = c.types.at("compute");
+    switch (compute) {
+      case Format::FP64: t.accumulator_bits = 53; break;
+      case Format::FP16: t.accumulator_bits = 11; break;
+      case Format::BF16: t.accumulator_bits = 8; break;
+      case Format::TF32: t.accumulator_bits = 24, t.input_bits = 11; break;
+      default: t.accumulator_bits = 24; break;
+    }
+    if (traits.accumulator_bits > 0) t.accumulator_bits = traits.accumulator_bits;
+    t.p_bits = traits.p_bits;
+    t.accumulator_eta = info(compute == Format::TF32 ? Format::FP32 : compute).min_subnormal();
+    return t;
+  }
+
+  OutputComparison compare(const Case& c, const Inputs& given, const Tensor& o, const ToleranceModel& tol) const override {
+    // NaN or Inf inputs (a narrow format's overflow, FP8 NaN codes): softmax has no exact
+    // value there. The reference takes them as 0, and every row they reach is marked as
+    // possibly overflowed (accumulated +Inf: any NaN or Inf accepted, no tolerance).
+    Inputs sanitized;
+    std::vector<char> poisoned = poisoned_rows(c, given, sanitized);
+    const Inputs& inputs = sanitized.empty() ? given : sanitized;
+    const AttentionReference ref = attention_reference(c, inputs);
+    const AttentionShape& a = c.attention;
+    const std::int64_t dv = a.eff_head_dim_v();
+    OutputComparison cmp;
+    cmp.format = c.types.at("O");
+    cmp.shape = {a.batch, a.heads, a.seq_q, dv};
+    const AttentionView ov = attention_view(c, "O"), vv = attention_view(c, "V");
+    const std::int64_t n = a.batch * a.heads * a.seq_q * dv;
+    cmp.got = logical_output(c, o);
+    cmp.allowed.resize(n);
+    cmp.accumulated.resize(n);
+    cmp.exact = ref.values;
+    cmp.condition = ref.magnitude;
+    const Format compute = c.types.at("compute");
+    const Format acc_format = compute == Format::TF32 ? Format::FP32 : compute;
+    cmp.accumulator_max = info(acc_format).max_finite();
+    const double u = std::ldexp(1.0, 1 - tol.accumulator_bits);
+    const double u_in = tol.input_bits > 0 ? std::ldexp(1.0, 1 - tol.input_bits) : 0.0;
+    const double u_p = tol.p_bits > 0 ? std::ldexp(1.0, 1 - tol.p_bits) : 0.0;
+    const Format p_format = tol.p_bits == 11 ? Format::FP16 : Format::BF16;
+    const double eta_p = tol.p_bits > 0 ? info(p_format).min_subnormal() : 0.0;
+    const double eta = tol.accumulator_eta;
+    const Tensor& v = inputs.at("V");
+    for (std::int64_t b = 0; b < a.batch; ++b)
+      for (std::int64_t h = 0; h < a.heads; ++h)
+        for (std::int64_t i = 0; i < a.seq_q; ++i) {
+          const RowFacts f = row_facts(c, inputs, b, h, i);
+          const auto nk = static_cast<std::int64_t>(f.keys.size());
+          const double eps = 2 * (2 * u_in + tol.gamma(a.head_dim + 2)) * f.s + 2 * u * (1 + 2 * f.s);
+          const double rel = (eps < 1 ? 2 * eps / (1 - eps) : INFINITY) + u_p + u_in + 3 * tol.gamma(nk + 2);
+          for (std::int64_t d = 0; d < dv; ++d) {
+            const std::int64_t e = ref.index(b, h, i, d);
+            double vmax = 0;
+            for (std::int64_t j : f.keys) vmax = std::max(vmax, std::fabs(v.value(vv.offset(b, h, j, d))));
+            cmp.allowed[e] = rel * cmp.condition[e] + static_cast<double>(nk) * (eta_p + eta) * vmax + 4 * eta;
+            // The scores (before and after the scale) are what can overflow the accumulator.
+            cmp.accumulated[e] = std::max(f.s, f.s / std::max(std::fabs(scale_of(c)), 0x1p-1000));
+            if (!poisoned.empty() && poisoned[ref.row(b, h, i)]) cmp.accumulated[e] = INFINITY;
+          }
+        }
+    cmp.tolerance_note = fmt::format("accumulator {} bits{}, n = {} keys", tol.accumulator_bits,
+                                     tol.p_bits ? fmt::format(", P {} bits", tol.p_bits) : "", a.seq_kv);
+    return cmp;
+  }
+
+  std::vector<Code> logical_output(const Case& c, const Tensor& o) const override {
+    const AttentionShape& a = c.attention;
+    const AttentionView ov = attention_view(c, "O");
+    std::vector<Code> got(static_cast<std::size_t>(ov.elements()));
+    std::size_t e = 0;
+    for (std::int64_t b = 0; b < a.batch; ++b)
+      for (std::int64_t h = 0; h < a.heads; ++h)
+        for (std::int64_t i = 0; i < a.seq_q; ++i)
+          for (std::int64_t d = 0; d < a.eff_head_dim_v(); ++d) got[e++] = o.code(ov.offset(b, h, i, d));
+    return got;
+  }
+
+  std::vector<RelationFailure> relations(const RelationContext& ctx, const Case& c, const Inputs& inputs,
+                                         const RunOutcome& first) const override {
+    std::vector<RelationFailure> out;
+    const AttentionShape& a = c.attention;
+    const Tensor& o = first.outputs.at("O");
+    if (ctx.kernel.traits().deterministic) {
+      const RunOutcome again = ctx.run(c, inputs);
+      if (again.status != Disposition::Ok || !same_bits(again.outputs.at("O"), o))
+        out.push_back({"repeatability", "not bitwise repeatable: a second run gave other bits"});
+    }
+    if (auto why = v_scaling(ctx, c, inputs, o); !why.empty()) out.push_back({"v_scaling", why});
+    {  // key shift: every score of query i grows by q_i . shift
+      Inputs shifted = inputs;
+      if (shift_keys(c, shifted)) {
+        const RunOutcome r = ctx.run(c, shifted);
+        const std::string why = r.status == Disposition::Ok ? ctx.judge(c, shifted, r)
+                                                            : fmt::format("{}: {}", name(r.status), r.message);
+        if (!why.empty())
+          out.push_back({"key_shift", "the same vector added to every key (scores up by about 100) fails: " + why});
+      }
+    }
+    if (!a.causal && a.seq_kv > 1) {  // key permutation within each batch's visible keys
+      Inputs perm = inputs;
+      permute_keys(c, perm);
+      const RunOutcome r = ctx.run(c, perm);
+      const std::string why = r.status == Disposition::Ok ? ctx.judge_same(r)  // O is the same exactly
+                                                          : fmt::format("{}: {}", name(r.status), r.message);
+      if (!why.empty()) out.push_back({"key_permutation", "keys and values permuted together fail: " + why});
+    }
+    if (a.batch > 1) {  // the last batch alone
+      Case one = c;
+      one.attention.batch = 1;
+      if (!a.kv_lengths.empty()) one.attention.kv_lengths = {a.kv_lengths.back()};
+      one.dist.clear();
+      if (ctx.kernel.supports(one)) {
+        Inputs slice;
+        for (const char* op : {"Q", "K", "V"}) {
+          const AttentionView full = attention_view(c, op), part = attention_view(one, op);
+          Tensor t(inputs.at(op).format(), static_cast<std::size_t>(part.elements()));
+          for (std::int64_t h = 0; h < part.heads; ++h)
+            for (std::int64_t s = 0; s < part.seq; ++s)
+              for (std::int64_t d = 0; d < part.dim; ++d)
+                t.set_code(part.offset(0, h, s, d), inputs.at(op).code(full.offset(a.batch - 1, h, s, d)));
+          slice.emplace(op, std::move(t));
+        }
+        const RunOutcome r = ctx.run(one, slice);
+        const std::string why = r.status == Disposition::Ok ? ctx.judge(one, slice, r)
+                                                            : fmt::format("{}: {}", name(r.status), r.message);
+        if (!why.empty()) out.push_back({"batch_independence", "the last batch run alone fails: " + why});
+      }
+    }
+    return out;
+  }
+
+  double effective_bits(const Case&, const Inputs&, const OutputComparison&, double) const override { return NAN; }
+
+ private:
+  // Rows reached by a non-finite Q, K or V value (empty when there is none; then
+  // `sanitized` stays empty too, else it holds the inputs with those values set to 0).
+  static std::vector<char> poisoned_rows(const Case& c, const Inputs& in, Inputs& sanitized) {
+    bool any = false;
+    for (const char* op : {"Q", "K", "V"})
+      for (std::size_t e = 0; e < in.at(op).size() && !any; ++e) any = !std::isfinite(in.at(op).value(e));
+    if (!any) return {};
+    const AttentionShape& a = c.attention;
+    sanitized = in;
+    std::vector<char> rows(static_cast<std::size_t>(a.batch * a.heads * a.seq_q), 0);
+    const AttentionView qv = attention_view(c, "Q"), kv = attention_view(c, "K"), vv = attention_view(c, "V");
+    const auto bad = [&](const char* op, const AttentionView& view, std::int64_t b, std::int64_t h, std::int64_t s) {
+      bool found = false;
+      for (std::int64_t d = 0; d < view.dim; ++d) {
+        const std::int64_t off = view.offset(b, h, s, d);
+        if (!std::isfinite(in.at(op).value(off))) {
+          found = true;
+          sanitized.at(op).set_value(off, 0.0);
+        }
+      }
+      return found;
+    };
+    for (std::int64_t b = 0; b < a.batch; ++b)
+      for (std::int64_t h = 0; h < a.heads; ++h) {
+        std::vector<char> key_bad(static_cast<std::size_t>(a.seq_kv));
+        for (std::int64_t j = 0; j < a.seq_kv; ++j) key_bad[j] = static_cast<char>(bad("K", kv, b, h, j) | bad("V", vv, b, h, j));
+        for (std::int64_t i = 0; i < a.seq_q; ++i) {
+          bool row = bad("Q", qv, b, h, i);
+          for (std::int64_t j = 0; j < a.seq_kv && !row; ++j) row = key_bad[j] && attention_visible(c, b, i, j);
+          rows[static_cast<std::size_t>((b * a.heads + h) * a.seq_q + i)] = row;
+        }
+      }
+    return rows;
+  }
+
+  static rc::Gen<std::int64_t> pick_seq_q(std::int64_t seq_kv, std::int64_t max_seq, const std::vector<std::int64_t>& seqs) {
+    return rc::gen::exec([=]() {
+      // As often as not the same length as the keys (self-attention), else anything.
+      return *gen::pick(std::vector<bool>{true, false}) ? seq_kv : *gen::dim(max_seq, seqs);
+    });
+  }
+
+  // V scaled by 2 must double O exactly where every product p_j v_jd and every sum is a
+  // normal FP32 number: nonzero |v| in [2^-20, max/4], scores within 64 of each other
+  // (p_j >= e^-64 > 2^-93, so p v >= 2^-113), O normal and 2 O finite.
+  static std::string v_scaling(const RelationContext& ctx, const Case& c, const Inputs& inputs, const Tensor& o) {
+    const AttentionShape& a = c.attention;
+    const Tensor& v = inputs.at("V");
+    const double vmax = info(v.format()).max_finite();
+    for (std::size_t e = 0; e < v.size(); ++e) {
+      const double x = std::fabs(v.value(e));
+      if (!std::isfinite(x) || (x != 0 && (x < 0x1p-20 || 4 * x > vmax))) return "";
+    }
+    for (std::int64_t b = 0; b < a.batch; ++b)
+      for (std::int64_t h = 0; h < a.heads; ++h)
+        for (std::int64_t i = 0; i < a.seq_q; ++i)
+          if (2 * row_facts(c, inputs, b, h, i).s > 64) return "";
+    Inputs scaled = inputs;
+    Tensor& sv = scaled.at("V");
+    for (std::size_t e = 0; e < sv.size(); ++e) sv.set_value(e, 2 * sv.value(e));
+    const RunOutcome r = ctx.run(c, scaled);
+    if (r.status != Disposition::Ok) return fmt::format("V scaled by 2: {}: {}", name(r.status), r.message);
+    const Format fo = c.types.at("O");
+    const Tensor& o2 = r.outputs.at("O");
+    std::int64_t off = 0;
+    for (std::size_t e = 0; e < o.size(); ++e) {
+      const double x = decode(fo, o.code(e)), y = decode(fo, o2.code(e));
+      if (std::isfinite(x) && std::fabs(x) >= info(fo).min_normal() && 2 * std::fabs(x) <= info(fo).max_finite() && y != 2 * x)
+        ++off;
+    }
+    return off ? fmt::format("scaling V by 2 did not double O exactly in {} elements", off) : "";
+  }
+
+  // K + shift per head, rounded to K's format: shift_d = t sign(sum_i q_id) with t a power
+  // of two making the largest score grow by about 100. False where no query has weight.
+  static bool shift_keys(const Case& c, Inputs& in) {
+    const AttentionShape& a = c.attention;
+    const AttentionView qv = attention_view(c, "Q"), kv = attention_view(c, "K");
+    Tensor& k = in.at("K");
+    const Tensor& q = in.at("Q");
+    const double sigma = std::fabs(scale_of(c));
+    bool any = false;
+    for (std::int64_t b = 0; b < a.batch; ++b)
+      for (std::int64_t h = 0; h < a.heads; ++h) {
+        std::vector<double> dir(a.head_dim, 0.0);
+        for (std::int64_t i = 0; i < a.seq_q; ++i)
+          for (std::int64_t d = 0; d < a.head_dim; ++d) dir[d] += q.value(qv.offset(b, h, i, d));
+        double grow = 0;  // the largest q_i . sign(dir) over queries
+        for (std::int64_t i = 0; i < a.seq_q; ++i) {
+          double g = 0;
+          for (std::int64_t d = 0; d < a.head_dim; ++d) g += q.value(qv.offset(b, h, i, d)) * (dir[d] < 0 ? -1.0 : 1.0);
+          grow = std::max(grow, sigma * g);
+        }
+        if (!(grow > 0) || !std::isfinite(grow)) continue;
+        const double t = std::exp2(std::round(std::log2(100.0 / grow)));
+        for (std::int64_t j = 0; j < a.seq_kv; ++j)
+          for (std::int64_t d = 0; d < a.head_dim; ++d) {
+            const std::int64_t off = kv.offset(b, h, j, d);
+            const double x = k.value(off) + (dir[d] < 0 ? -t : t);
+            if (!std::isfinite(x) || std::fabs(x) > info(k.format()).max_finite()) return false;
+            k.set_value(off, x);  // rounds to K's format
+          }
+        any = true;
+      }
+    return any;
+  }
+
+  // Keys and values permuted together, the same reversal-and-rotation within each batch's
+  // visible keys [0, len_b): O is mathematically unchanged.
+  static void permute_keys(const Case& c, Inputs& in) {
+    const AttentionShape& a = c.attention;
+    const Inputs orig = in;
+    for (const char* op : {"K", "V"}) {
+      const AttentionView view = attention_view(c, op);
+      const Tensor& from = orig.at(op);
+      Tensor& to = in.at(op);
+      for (std::int64_t b = 0; b < a.batch; ++b) {
+        const std::int64_t len = a.kv_lengths.empty() ? a.seq_kv : a.kv_lengths[b];
+        for (std::int64_t h = 0; h < a.heads; ++h)
+          for (std::int64_t j = 0; j < len; ++j) {
+            const std::int64_t src = (len - 1 - j + len / 2) % len;  // first keys go mid-way
+            for (std::int64_t d = 0; d < view.dim; ++d) to.set_code(view.offset(b, h, j, d), from.code(view.offset(b, h, src, d)));
+          }
+      }
+    }
+  }
+};
+
+}  // namespace
+
+Case dtype_attention_case(std::string_view dtype) {
+  const auto f = parse_format(dtype);
+  if (!f || !(*f == Format::FP32 || *f == Format::FP16 || *f == Format::BF16 || *f == Format::E4M3))
+    throw InputError(fmt::format("--dtype '{}': attention takes fp32, fp16, bf16 or e4m3", dtype));
+  Case c;
+  c.op = Op::Attention;
+  AttentionShape& a = c.attention;
+  a.batch = a.heads = 1, a.seq_q = 4, a.seq_kv = 8, a.head_dim = 16;
+  const Format o = *f == Format::E4M3 ? Format::BF16 : *f;
+  c.types = {{"Q", *f}, {"K", *f}, {"V", *f}, {"O", o}, {"compute", Format::FP32}};
+  validate(c);
+  return c;
+}
+
+const OpModule& attention_module() {
+  static const AttentionModule m;
+  return m;
+}
+
+}  // namespace ulpgate

@@ -1,0 +1,346 @@
+#include "harness/ops/gemm.hpp"
+
+#include <cmath>
+#include <cstring>
+
+#include <fmt/format.h>
+
+#include "core/error.hpp"
+#include "core/parallel.hpp"
+#include "distributions/case_gen.hpp"
+#include "references/gemm_reference.hpp"
+
+namespace ulpgate {
+namespace {
+
+const std::vector<std::string> kGemmDtypes = {"fp32", "tf32", "fp16", "bf16", "e4m3", "e5m2", "fp64"};
+
+// The transposed problem on the same memory: D^T = op(B)^T op(A)^T in the other layout
+// (for cases without a bias).
+Case transposed(const Case& c) {
+  Case t = c;
+  auto& g = t.gemm;
+  g.layout = c.gemm.layout == Layout::RowMajor ? Layout::ColMajor : Layout::RowMajor;
+  g.m = c.gemm.n, g.n = c.gemm.m;
+  g.trans_a = c.gemm.trans_b, g.trans_b = c.gemm.trans_a;
+  g.lda = gemm_view(c, "B").ld, g.ldb = gemm_view(c, "A").ld;
+  g.ldc = c.beta != 0 ? gemm_view(c, "C").ld : 0;
+  g.ldd = gemm_view(c, "D").ld;
+  std::swap(t.types["A"], t.types["B"]);
+  if (c.scales.count("A") || c.scales.count("B")) {
+    const double sa = c.scales.count("A") ? c.scales.at("A") : 1.0, sb = c.scales.count("B") ? c.scales.at("B") : 1.0;
+    t.scales["A"] = sb, t.scales["B"] = sa;
+  }
+  t.dist.clear();  // the inputs are given, not drawn
+  return t;
+}
+
+bool same_bits(const Tensor& a, const Tensor& b) {
+  return a.size_bytes() == b.size_bytes() && std::memcmp(a.data(), b.data(), a.size_bytes()) == 0;
+}
+
+// Whether doubling A keeps every value, product and sum away from underflow and overflow,
+// so that a kernel whose operations all round the same way at any scale (floating point
+// without subnormals or overflow) must double D exactly. The products are checked with and
+// without the scales and alpha (a kernel may apply them to each product or to the sum);
+// sums of normal numbers that fall below the normal range are exact, so only the top needs
+// a bound: K times the largest product.
+bool scaling_applies(const Case& c, const Inputs& in) {
+  if (c.beta != 0 || has_bias(c.epilogue) || !(c.epilogue == Epilogue::None || c.epilogue == Epilogue::Relu)) return false;
+  double lo[2] = {INFINITY, INFINITY}, hi[2] = {0, 0};
+  int i = 0;
+  for (const char* op : {"A", "B"}) {
+    const Tensor& t = in.at(op);
+    const MatrixView v = gemm_view(c, op);
+    const double max = info(t.format()).max_finite();
+    for (std::size_t e = 0; e < t.size(); ++e) {
+      if (v.is_padding(static_cast<std::int64_t>(e))) continue;
+      const double x = std::fabs(t.value(e));
+      if (!std::isfinite(x) || 2 * x > max) return false;
+      if (x != 0) lo[i] = std::min(lo[i], x), hi[i] = std::max(hi[i], x);
+    }
+    ++i;
+  }
+  if (hi[0] == 0 || hi[1] == 0) return true;  // D = 0 either way
+  const auto scale = [&](const char* op) { return c.scales.count(op) ? c.scales.at(op) : 1.0; };
+  const double s = std::fabs(c.alpha) * scale("A") * scale("B");
+  const Format compute = c.types.at("compute") == Format::TF32 ? Format::FP32 : c.types.at("compute");
+  const double tiny = 0x1p24 * info(compute).min_normal(), big = info(compute).max_finite() / 4;
+  const double pmin = lo[0] * lo[1] * std::min(1.0, s), pmax = 2 * hi[0] * hi[1] * std::max(1.0, s);
+  return pmin >= tiny && pmax * static_cast<double>(c.gemm.k) <= big;
+}
+
+// A kernel that rounds its inputs to input_bits (TF32 tensor cores: 11) carries an input
+// at or above that precision's overflow threshold, (2 - 2^-p) 2^emax, to Inf (rounding to
+// nearest): every D element whose row of op(A) or column of op(B) holds one may then be
+// non-finite, so its intermediate bound is +Inf (see OutputComparison::accumulated).
+void mark_input_rounding_overflow(const Case& c, const Inputs& inputs, int input_bits, OutputComparison& cmp) {
+  const GemmShape& g = c.gemm;
+  const MatrixView av = gemm_view(c, "A"), bv = gemm_view(c, "B");
+  const Tensor &a = inputs.at("A"), &b = inputs.at("B");
+  const auto threshold = [&](const Tensor& t) { return std::ldexp(2.0 - std::ldexp(1.0, -input_bits), info(t.format()).emax()); };
+  const double limit_a = threshold(a), limit_b = threshold(b);
+  const auto over = [](const Tensor& t, std::int64_t off, double limit) {
+    const double v = std::fabs(t.value(off));
+    return std::isfinite(v) && v >= limit;
+  };
+  for (std::int64_t bi = 0; bi < g.batch; ++bi) {
+    std::vector<char> row(static_cast<std::size_t>(g.m), 0), col(static_cast<std::size_t>(g.n), 0);
+    bool any = false;
+    for (std::int64_t k = 0; k < g.k; ++k) {
+      for (std::int64_t i = 0; i < g.m; ++i) any |= row[i] |= over(a, op_a_offset(c, av, bi, i, k), limit_a);
+      for (std::int64_t j = 0; j < g.n; ++j) any |= col[j] |= over(b, op_b_offset(c, bv, bi, k, j), limit_b);
+    }
+    if (!any) continue;
+    for (std::int64_t i = 0; i < g.m; ++i)
+      for (std::int64_t j = 0; j < g.n; ++j)
+        if (row[i] || col[j]) cmp.accumulated[static_cast<std::size_t>((bi * g.m + i) * g.n + j)] = INFINITY;
+  }
+}
+
+// The calibrator's mean normalised error on the same inputs at `bits`, before any output
+// rounding (so that only its accumulation shows): mean over elements of |cal_e - x_e| / c_e.
+double calibration_mean_normalised(const std::vector<double>& arows, const std::vector<double>& bcols, std::int64_t M,
+                                   std::int64_t N, std::int64_t K, const OutputComparison& cmp, int bits) {
+  std::vector<double> err(M * N, 0.0);
+  parallel_for(M, [&](std::int64_t i) {
+    for (std::int64_t j = 0; j < N; ++j) {
+      const double cal = calibration_dot(&arows[i * K], &bcols[j * K], K, bits);
+      const DoubleDouble x = cmp.exact[i * N + j].double_double();
+      const double cond = cmp.condition[i * N + j];
+      err[i * N + j] = cond > 0 ? std::fabs((cal - x.hi) - x.lo) / cond : 0.0;
+    }
+  });
+  double sum = 0;
+  for (double e : err) sum += e;
+  return sum / static_cast<double>(err.size());
+}
+
+class GemmModule final : public OpModule {
+ public:
+  Op op() const override { return Op::Gemm; }
+  std::vector<std::string> dtypes() const override { return kGemmDtypes; }
+  Case basic_case(std::string_view dtype) const override { return dtype_gemm_case(dtype, 16, 16, 16); }
+
+  // Shapes on tile edges, layouts, padding, scalars and epilogues as distributions/case_gen.hpp
+  // draws them, each choice kept only if the kernel supports it (so library restrictions such
+  // as FP8's "TN" form do not waste the budget), then input distributions for the final types.
+  rc::Gen<Case> generate(std::string_view dtype_in, const Kernel* k, const GenLimits& limits) const override {
+    return rc::gen::exec([dtype_in = std::string(dtype_in), k, limits]() {
+      const std::string dtype = dtype_in.empty() ? *gen::pick(kGemmDtypes) : dtype_in;
+      Case c = dtype_gemm_case(dtype, 1, 1, 1);
+      if (k) c.kernel = k->name();
+      auto keep_if_supported = [&](auto apply, auto revert) {
+        apply();
+        if (k && k->unsupported(c)) revert();
+      };
+      auto& g = c.gemm;
+      g.k = *gen::dim(limits.max_reduction);
+      if (dtype == "e4m3" || dtype == "e5m2") g.k = std::max<std::int64_t>(16, (g.k + 15) / 16 * 16);
+      const std::int64_t side = std::max<std::int64_t>(1, std::min<std::int64_t>(96, gen::kElementBudget / g.k));
+      g.m = *gen::dim(side);
+      g.n = *gen::dim(side);
+      g.batch = *gen::dim(std::max<std::int64_t>(1, std::min<std::int64_t>(3, gen::kElementBudget / (g.k * std::max(g.m, g.n)))));
+      const Layout layout = *gen::pick(std::vector<Layout>{Layout::RowMajor, Layout::ColMajor});
+      const bool ta = *gen::pick(std::vector<bool>{false, true}), tb = *gen::pick(std::vector<bool>{true, false});
+      keep_if_supported([&] { g.layout = layout, g.trans_a = ta, g.trans_b = tb; },
+                        [&] { g.layout = Layout::RowMajor, g.trans_a = false, g.trans_b = true; });
+      if (!k && c.types.at("A") != Format::FP64 && *gen::pick(std::vector<bool>{false, true})) {
+        // Without a kernel: mixed input formats too (A and B of different types).
+        c.types["B"] = *gen::pick(std::vector<Format>{Format::FP32, Format::FP16, Format::BF16, Format::E4M3, Format::E5M2});
+        if (c.types["compute"] == Format::TF32) c.types["compute"] = Format::FP32;
+      }
+      const std::vector<std::int64_t> pads{0, 1, 3, 16, 64};
+      const std::int64_t pa = *gen::pick(pads), pb = *gen::pick(pads), pd = *gen::pick(pads);
+      keep_if_supported([&] { g.lda = pa ? g.packed_ld(g.a_rows(), g.a_cols()) + pa : 0; }, [&] { g.lda = 0; });
+      keep_if_supported([&] { g.ldb = pb ? g.packed_ld(g.b_rows(), g.b_cols()) + pb : 0; }, [&] { g.ldb = 0; });
+      keep_if_supported([&] { g.ldd = pd ? g.packed_ld(g.m, g.n) + pd : 0; }, [&] { g.ldd = 0; });
+      const Format d0 = c.types.at("D");
+      const Format d = *gen::pick(std::vector<Format>{d0, Format::BF16, Format::FP16, c.types.at("A")});
+      keep_if_supported([&] { c.types["D"] = d; }, [&] { c.types["D"] = d0; });
+      const double alpha = *gen::pick(std::vector<double>{1, 0.5, -1, 2, 0.1, 0});
+      keep_if_supported([&] { c.alpha = alpha; }, [&] { c.alpha = 1; });
+      const double beta = *gen::pick(std::vector<double>{0, 1, -0.5, 2});
+      keep_if_supported([&] { c.beta = beta, c.types["C"] = c.types.at("D"); },
+                        [&] { c.beta = 0, c.types.erase("C"); });
+      if (c.beta == 0) c.types.erase("C");
+      std::vector<Epilogue> epilogues{Epilogue::None, Epilogue::Relu, Epilogue::Bias, Epilogue::BiasRelu};
+      if (limits.gelu)
+        epilogues.insert(epilogues.end(), {Epilogue::GeluTanh, Epilogue::Gelu, Epilogue::BiasGeluTanh, Epilogue::BiasGelu});
+      const Epilogue e = *gen::pick(epilogues);
+      const bool fp8 = dtype == "e4m3" || dtype == "e5m2";
+      const Format bias_type = fp8 ? (c.types.at("D") == Format::FP16 ? Format::FP16 : Format::BF16) : c.types.at("D");
+      keep_if_supported([&] { c.epilogue = e; if (has_bias(e)) c.types["bias"] = bias_type; },
+                        [&] { c.epilogue = Epilogue::None, c.types.erase("bias"); });
+      c.dist["A"] = *gen::dist_spec(c, "A", true);
+      if (c.dist["A"].rfind("gendot", 0) != 0) c.dist["B"] = *gen::dist_spec(c, "B", false);
+      if (c.beta != 0) c.dist["C"] = *gen::dist_spec(c, "C", false);
+      if (has_bias(c.epilogue)) c.dist["bias"] = *gen::dist_spec(c, "bias", false);
+      c.seed = *rc::gen::arbitrary<std::uint64_t>();
+      validate(c);
+      return c;
+    });
+  }
+
+  std::string family(const Case& c) const override {
+    const auto it = c.dist.find("A");
+    return fmt::format("gemm {}->{} {} {}", name(c.types.at("A")), name(c.types.at("D")), name(c.types.at("compute")),
+                       it == c.dist.end() ? std::string(kDefaultDist) : it->second);
+  }
+
+  std::int64_t reduction_length(const Case& c) const override { return c.gemm.k; }
+
+  // The accumulator precision of the compute format (fp32 -> 24 bits, fp16 -> 11, fp64 ->
+  // 53; tf32 compute accumulates in FP32 but rounds its inputs to 11 bits), or the
+  // kernel's own declared accumulator precision when it gives one.
+  ToleranceModel tolerance(const Case& c, const KernelTraits& traits) const override {
+    ToleranceModel t;
+    const Format compute = c.types.at("compute");
+    switch (compute) {
+      case Format::FP64: t.accumulator_bits = 53; break;
+      case Format::FP16: t.accumulator_bits = 11; break;
+      case Format::BF16: t.accumulator_bits = 8; break;
+      case Format::TF32: t.accumulator_bits = 24, t.input_bits = 11; break;
+      default: t.accumulator_bits = 24; break;
+    }
+    if (traits.accumulator_bits > 0) t.accumulator_bits = traits.accumulator_bits;
+    t.accumulator_eta = info(compute == Format::TF32 ? Format::FP32 : compute).min_subnormal();
+    return t;
+  }
+
+  OutputComparison compare(const Case& c, const Inputs& inputs, const Tensor& d, const ToleranceModel& tol) const override {
+    const GemmReference ref = gemm_reference(c, inputs);
+    OutputComparison cmp;
+    cmp.format = c.types.at("D");
+    cmp.shape = {c.gemm.batch, c.gemm.m, c.gemm.n};
+    cmp.got = logical_output(c, d);
+    cmp.exact = ref.values;
+    cmp.condition = ref.magnitude;
+    cmp.accumulated = ref.intermediate;
+    const Format compute = c.types.at("compute");
+    // FP64 too: the intermediate bound is a double, +Inf once the terms pass DBL_MAX.
+    cmp.accumulator_max = info(compute == Format::TF32 ? Format::FP32 : compute).max_finite();
+    if (tol.input_bits > 0) mark_input_rounding_overflow(c, inputs, tol.input_bits, cmp);
+    return cmp;  // allowed: empty, the ToleranceModel's GEMM bound with n = K applies
+  }
+
+  std::vector<Code> logical_output(const Case& c, const Tensor& d) const override {
+    const MatrixView dv = gemm_view(c, "D");
+    std::vector<Code> got(static_cast<std::size_t>(c.gemm.batch * c.gemm.m * c.gemm.n));
+    std::size_t e = 0;
+    for (std::int64_t b = 0; b < c.gemm.batch; ++b)
+      for (std::int64_t i = 0; i < c.gemm.m; ++i)
+        for (std::int64_t j = 0; j < c.gemm.n; ++j) got[e++] = d.code(dv.offset(b, i, j));
+    return got;
+  }
+
+  std::vector<RelationFailure> relations(const RelationContext& ctx, const Case& c, const Inputs& inputs,
+                                         const RunOutcome& first) const override {
+    std::vector<RelationFailure> out;
+    const Tensor& d = first.outputs.at("D");
+    if (ctx.kernel.traits().deterministic) {
+      const RunOutcome again = ctx.run(c, inputs);
+      if (again.status != Disposition::Ok || !same_bits(again.outputs.at("D"), d))
+        out.push_back({"repeatability", "not bitwise repeatable: a second run gave other bits"});
+    }
+    if (scaling_applies(c, inputs)) {
+      Inputs scaled = inputs;
+      Tensor& a = scaled.at("A");
+      const MatrixView av = gemm_view(c, "A");
+      for (std::size_t e = 0; e < a.size(); ++e)
+        if (!av.is_padding(static_cast<std::int64_t>(e))) a.set_value(e, 2 * a.value(e));
+      const RunOutcome s = ctx.run(c, scaled);
+      const MatrixView dv = gemm_view(c, "D");
+      const Format fd = c.types.at("D");
+      std::int64_t off = 0;
+      if (s.status == Disposition::Ok)
+        for (std::int64_t b = 0; b < c.gemm.batch; ++b)
+          for (std::int64_t i = 0; i < c.gemm.m; ++i)
+            for (std::int64_t j = 0; j < c.gemm.n; ++j) {
+              const double x = decode(fd, d.code(dv.offset(b, i, j)));
+              const double y = decode(fd, s.outputs.at("D").code(dv.offset(b, i, j)));
+              // only where doubling x is exact in D's format (normal, no overflow); x above the
+              // smallest normal, as the unrounded value of an x equal to it may be subnormal
+              if (std::isfinite(x) && std::fabs(x) > info(fd).min_normal() && 2 * std::fabs(x) <= info(fd).max_finite() &&
+                  y != 2 * x)
+                ++off;
+            }
+      if (off) out.push_back({"scaling", fmt::format("scaling A by 2 did not double D exactly in {} elements", off)});
+    }
+    // (A bias runs along D's columns, which transposition turns into rows: no relation then.)
+    if (!has_bias(c.epilogue)) {
+      const Case tc = transposed(c);
+      if (ctx.kernel.supports(tc)) {
+        Inputs tin{{"A", inputs.at("B")}, {"B", inputs.at("A")}};
+        if (c.beta != 0) tin.emplace("C", inputs.at("C"));
+        const RunOutcome t = ctx.run(tc, tin);
+        if (t.status == Disposition::Ok)
+          if (const std::string why = ctx.judge(tc, tin, t); !why.empty())
+            out.push_back({"transposition", "the transposed problem (other layout, A and B swapped) fails: " + why});
+      }
+    }
+    return out;
+  }
+
+  // The highest calibration precision (from kCalibrationBits down) at which the calibrator
+  // is not exact on this data and its n u stays small (<= 1/16), so that its errors still
+  // behave like independent roundings: effective = bits + log2(calibrator / kernel).
+  double effective_bits(const Case& c, const Inputs& inputs, const OutputComparison& cmp,
+                        double kernel_mean) const override {
+    if (!(kernel_mean > 0) || c.gemm.batch != 1) return NAN;
+    const MatrixView av = gemm_view(c, "A"), bv = gemm_view(c, "B");
+    const std::int64_t M = c.gemm.m, N = c.gemm.n, K = c.gemm.k;
+    std::vector<double> arows(M * K), bcols(N * K);
+    for (std::int64_t i = 0; i < M; ++i)
+      for (std::int64_t k = 0; k < K; ++k) arows[i * K + k] = inputs.at("A").value(op_a_offset(c, av, 0, i, k));
+    for (std::int64_t j = 0; j < N; ++j)
+      for (std::int64_t k = 0; k < K; ++k) bcols[j * K + k] = inputs.at("B").value(op_b_offset(c, bv, 0, k, j));
+    for (int bits = kCalibrationBits; bits >= 12; bits -= 4) {
+      if (std::ldexp(static_cast<double>(K), -bits) > 1.0 / 16) break;
+      const double cal = calibration_mean_normalised(arows, bcols, M, N, K, cmp, bits);
+      if (cal > 0) return bits + std::log2(cal / kernel_mean);
+    }
+    return NAN;
+  }
+};
+
+}  // namespace
+
+Case dtype_gemm_case(std::string_view dtype, std::int64_t m, std::int64_t n, std::int64_t k, std::optional<Format> out) {
+  Case c;
+  c.op = Op::Gemm;
+  c.gemm.m = m, c.gemm.n = n, c.gemm.k = k;
+  c.gemm.trans_b = true;
+  Format in, in_b, compute = Format::FP32, d = Format::FP32;
+  if (dtype == "tf32") {
+    in = in_b = Format::FP32, compute = Format::TF32;
+  } else if (dtype == "e5m2") {
+    in = Format::E5M2, in_b = Format::E4M3;
+  } else if (auto f = parse_format(dtype); f && *f != Format::TF32) {
+    in = in_b = *f;
+    if (*f == Format::FP64) compute = d = Format::FP64;
+  } else {
+    throw InputError(fmt::format("--dtype '{}': expected fp64, fp32, tf32, fp16, bf16, e4m3 or e5m2", dtype));
+  }
+  c.types = {{"A", in}, {"B", in_b}, {"D", out.value_or(d)}, {"compute", compute}};
+  validate(c);
+  return c;
+}
+
+const OpModule& gemm_module() {
+  static const GemmModule m;
+  return m;
+}
+
+double calibration_dot(const double* a, const double* b, std::int64_t k, int bits) {
+  auto round_bits = [bits](double v) {
+    if (v == 0 || !std::isfinite(v)) return v;
+    const int e = std::ilogb(v);
+    return std::ldexp(std::nearbyint(std::ldexp(v, bits - 1 - e)), e - bits + 1);  // RNE (default mode)
+  };
+  double acc = 0;
+  for (std::int64_t i = 0; i < k; ++i) acc = round_bits(acc + a[i] * b[i]);
+  return acc;
+}
+
+}  // namespace ulpgate

@@ -1,0 +1,38 @@
+// The GEMM op: dtypes, generator, tolerance terms, comparison with the exact reference,
+// metamorphic relations, and the sweep's precision calibrator.
+//
+// Relations (run when the case passed):
+//   - repeatability: a kernel that declares itself deterministic gives the same bits twice;
+//   - scaling: A scaled by 2 scales the exact result exactly, so a correct floating-point
+//     kernel's D doubles bit for bit (checked where no value can overflow or underflow:
+//     beta = 0, no bias, epilogue none or ReLU, products >= 2^24 x the smallest normal);
+//   - transposition: D^T = B^T A^T run as the transposed case (other layout, A and B
+//     swapped) on the same memory must pass too (cases without a bias).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "harness/ops/op.hpp"
+
+namespace ulpgate {
+
+/// A GEMM case for a named input type: fp64, fp32 and fp16/bf16 (D fp32, compute fp32),
+/// tf32 (FP32 data, compute tf32), e4m3 / e5m2 (B e4m3 for e5m2: cuBLASLt has no
+/// E5M2 x E5M2); row-major with B stored N x K (the FP8 "TN" form), D fp32 unless
+/// out is given. Throws InputError for an unknown name.
+Case dtype_gemm_case(std::string_view dtype, std::int64_t m, std::int64_t n, std::int64_t k,
+                     std::optional<Format> out = std::nullopt);
+
+/// The GEMM module (op_module(Op::Gemm)).
+const OpModule& gemm_module();
+
+inline constexpr int kCalibrationBits = 32;  // n 2^-32 << 1 for every K we sweep
+
+/// sum_k a[k] b[k] accumulated sequentially, each partial sum rounded to nearest (ties to
+/// even) at `bits` bits of precision (2..52): the sweep's calibrator (harness/sweep.hpp).
+double calibration_dot(const double* a, const double* b, std::int64_t k, int bits);
+
+}  // namespace ulpgate

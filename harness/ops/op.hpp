@@ -1,0 +1,85 @@
+// One module per op (GEMM, attention): everything the one check path (harness/check.hpp),
+// the fuzz campaign and sweeps need to know about an op, and nothing they do themselves.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <rapidcheck.h>
+
+#include "core/case.hpp"
+#include "core/tensor.hpp"
+#include "harness/analyze.hpp"
+#include "harness/runner.hpp"
+#include "kernels/kernel.hpp"
+
+namespace ulpgate {
+
+using Inputs = std::map<std::string, Tensor>;
+
+/// What the generators may draw.
+struct GenLimits {
+  std::int64_t max_reduction = 4096;  ///< largest GEMM K / attention seq_kv
+  bool gelu = true;                   ///< GEMM: GELU epilogues (their reference costs more)
+};
+
+/// A relation that did not hold: its name ("repeatability", "scaling", ...) and what broke.
+struct RelationFailure {
+  std::string relation, problem;
+};
+
+/// What relations may do besides looking at the inputs and the first run: run the kernel
+/// again, and check a run of another case from scratch (reference and verdict).
+struct RelationContext {
+  Kernel& kernel;
+  std::function<RunOutcome(const Case&, const Inputs&)> run;
+  /// The verdict's first reason for a run of case c on inputs, "" if it passed.
+  std::function<std::string(const Case& c, const Inputs& inputs, const RunOutcome& run)> judge;
+  /// The same for a run of the first case on inputs with the same exact output and the
+  /// same tolerance (a permutation, say): the first run's reference is reused.
+  std::function<std::string(const RunOutcome& run)> judge_same;
+};
+
+class OpModule {
+ public:
+  virtual ~OpModule() = default;
+  virtual Op op() const = 0;
+  /// The input types a campaign can target ("fp32", "bf16", ...), simplest first.
+  virtual std::vector<std::string> dtypes() const = 0;
+  /// The small packed case of a dtype that decides whether a kernel is a target.
+  /// Throws InputError for a dtype this op does not have.
+  virtual Case basic_case(std::string_view dtype) const = 0;
+  /// Generated cases of a dtype for kernel k, each choice kept only where k supports it
+  /// (k nullptr: no filtering, every dtype when dtype is empty).
+  virtual rc::Gen<Case> generate(std::string_view dtype, const Kernel* k, const GenLimits& limits) const = 0;
+  /// What the gate compares by, e.g. "gemm bf16->fp32 fp32 normal(0,1)".
+  virtual std::string family(const Case& c) const = 0;
+  /// The length of the reduction errors grow with (GEMM K, attention seq_kv).
+  virtual std::int64_t reduction_length(const Case& c) const = 0;
+  /// The tolerance model the declared types and the kernel's traits imply.
+  virtual ToleranceModel tolerance(const Case& c, const KernelTraits& traits) const = 0;
+  /// The exact reference of the case's output, compared with the kernel's output tensor:
+  /// per element the code, the reference, the condition term and the allowed error.
+  virtual OutputComparison compare(const Case& c, const Inputs& inputs, const Tensor& output,
+                                   const ToleranceModel& tol) const = 0;
+  /// The output's codes in logical order (GEMM (b, i, j), attention (b, h, i, d)).
+  virtual std::vector<Code> logical_output(const Case& c, const Tensor& output) const = 0;
+  /// Runs the metamorphic relations that apply to a case whose first run passed.
+  virtual std::vector<RelationFailure> relations(const RelationContext& ctx, const Case& c, const Inputs& inputs,
+                                                 const RunOutcome& first) const = 0;
+  /// The effective accumulator precision at one sweep point (harness/sweep.hpp), NaN where
+  /// the op has no calibrator.
+  virtual double effective_bits(const Case& c, const Inputs& inputs, const OutputComparison& cmp,
+                                double kernel_mean_normalised) const = 0;
+};
+
+/// The module of an op.
+const OpModule& op_module(Op op);
+/// Every op's module, GEMM first.
+std::vector<const OpModule*> all_op_modules();
+
+}  // namespace ulpgate

@@ -1,0 +1,178 @@
+#include "kernels/emulated/attention_models.hpp"
+
+#include <cmath>
+#include <cstdlib>
+#include <limits>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "core/error.hpp"
+#include "core/parallel.hpp"
+#include "core/tensor.hpp"
+
+namespace ulpgate {
+namespace {
+
+bool is_fp8(Format f) { return f == Format::E4M3 || f == Format::E5M2; }
+
+float round_p(float p, Format f) { return static_cast<float>(decode(f, encode(f, p))); }
+
+class EmulatedAttention final : public Kernel {
+ public:
+  explicit EmulatedAttention(AttentionModel m) : m_(m) {}
+  std::string name() const override { return m_.name(); }
+  std::string description() const override {
+    std::string d;
+    switch (m_.variant) {
+      case AttentionModel::Variant::Naive: d = "CPU model: three-pass FP32 softmax attention"; break;
+      case AttentionModel::Variant::Online:
+        d = fmt::format("CPU model: online-softmax FP32 attention, {} keys per block", m_.block);
+        break;
+      case AttentionModel::Variant::Flash:
+        d = fmt::format("CPU model: flash-style FP32 attention, {} keys per block, P rounded to {}", m_.block,
+                        ulpgate::name(m_.p_format));
+        break;
+    }
+    return m_.rescale ? d : d + " (planted bug: no rescale when the max grows)";
+  }
+  KernelTraits traits() const override {
+    KernelTraits t;
+    if (m_.variant == AttentionModel::Variant::Flash) t.p_bits = info(m_.p_format).precision();
+    return t;
+  }
+  std::optional<std::string> unsupported(const Case& c) const override {
+    if (c.op != Op::Attention) return "attention models cover attention only";
+    for (const char* op : {"Q", "K", "V"})
+      if (c.types.at(op) == Format::FP64) return "FP64 inputs: the models compute in FP32";
+    if (c.types.at("compute") != Format::FP32) return "the CPU models compute in fp32 (compute must be fp32)";
+    return std::nullopt;
+  }
+  void run(const Case& c, const KernelIo& io, RunNotes& notes) override {
+    const AttentionShape& a = c.attention;
+    const AttentionView qv = attention_view(c, "Q"), kv = attention_view(c, "K"), vv = attention_view(c, "V"),
+                        ov = attention_view(c, "O");
+    const Format fq = c.types.at("Q"), fk = c.types.at("K"), fv = c.types.at("V"), fo = c.types.at("O");
+    const std::int64_t hd = a.head_dim, dv = a.eff_head_dim_v();
+    const float scale = static_cast<float>(a.softmax_scale.value_or(1.0 / std::sqrt(static_cast<double>(hd))));
+    parallel_for(a.batch * a.heads * a.seq_q, [&](std::int64_t row) {
+      const std::int64_t i = row % a.seq_q, h = (row / a.seq_q) % a.heads, b = row / (a.seq_q * a.heads);
+      std::vector<float> q(hd), acc(dv, 0.0f), s, vrow(dv);
+      for (std::int64_t d = 0; d < hd; ++d) q[d] = static_cast<float>(decode(fq, load_code(fq, io.in.at("Q"), qv.offset(b, h, i, d))));
+      auto score = [&](std::int64_t j) {
+        float dot = 0.0f;
+        for (std::int64_t d = 0; d < hd; ++d)
+          dot = std::fma(q[d], static_cast<float>(decode(fk, load_code(fk, io.in.at("K"), kv.offset(b, h, j, d)))), dot);
+        return scale * dot;
+      };
+      auto v_at = [&](std::int64_t j, std::int64_t d) {
+        return static_cast<float>(decode(fv, load_code(fv, io.in.at("V"), vv.offset(b, h, j, d))));
+      };
+      float l = 0.0f;
+      if (m_.variant == AttentionModel::Variant::Naive) {
+        std::vector<std::int64_t> keys;
+        for (std::int64_t j = 0; j < a.seq_kv; ++j)
+          if (attention_visible(c, b, i, j)) keys.push_back(j), s.push_back(score(j));
+        float m = -std::numeric_limits<float>::infinity();
+        for (float x : s) m = std::max(m, x);
+        for (float& x : s) l += (x = std::exp(x - m));
+        for (std::size_t t = 0; t < keys.size(); ++t)
+          for (std::int64_t d = 0; d < dv; ++d) acc[d] = std::fma(s[t], v_at(keys[t], d), acc[d]);
+      } else {
+        float m = -std::numeric_limits<float>::infinity();
+        for (std::int64_t j0 = 0; j0 < a.seq_kv; j0 += m_.block) {
+          std::vector<std::int64_t> keys;
+          s.clear();
+          for (std::int64_t j = j0; j < std::min(a.seq_kv, j0 + m_.block); ++j)
+            if (attention_visible(c, b, i, j)) keys.push_back(j), s.push_back(score(j));
+          if (keys.empty()) continue;
+          float m_new = m;
+          for (float x : s) m_new = std::max(m_new, x);
+          if (m_.rescale && m_new > m && l > 0.0f) {  // the first block has nothing to rescale
+            const float r = std::exp(m - m_new);
+            l *= r;
+            for (float& x : acc) x *= r;
+          }
+          m = m_new;
+          for (std::size_t t = 0; t < keys.size(); ++t) {
+            const float p = std::exp(s[t] - m);
+            l += p;
+            const float pv = m_.variant == AttentionModel::Variant::Flash ? round_p(p, m_.p_format) : p;
+            for (std::int64_t d = 0; d < dv; ++d) acc[d] = std::fma(pv, v_at(keys[t], d), acc[d]);
+          }
+        }
+      }
+      for (std::int64_t d = 0; d < dv; ++d) {
+        const float o = l > 0.0f ? acc[d] / l : 0.0f;
+        store_code(fo, io.out.at("O"), ov.offset(b, h, i, d),
+                   encode(fo, o, Rounding::NearestEven, is_fp8(fo) ? Overflow::Saturate : Overflow::NoSaturate));
+      }
+    });
+    notes["model"] = name();
+  }
+
+ private:
+  AttentionModel m_;
+};
+
+}  // namespace
+
+std::string AttentionModel::name() const {
+  const std::string bug = rescale ? "" : ",rescale=off";
+  switch (variant) {
+    case Variant::Naive: return "cpu.attn_naive";
+    case Variant::Online: return fmt::format("cpu.attn_online:block={}{}", block, bug);
+    case Variant::Flash: return fmt::format("cpu.attn_flash:block={},p={}{}", block, ulpgate::name(p_format), bug);
+  }
+  return "";
+}
+
+std::optional<AttentionModel> AttentionModel::parse(const std::string& text) {
+  const auto colon = text.find(':');
+  const std::string base = text.substr(0, colon);
+  AttentionModel m;
+  if (base == "cpu.attn_naive") m.variant = Variant::Naive;
+  else if (base == "cpu.attn_online") m.variant = Variant::Online;
+  else if (base == "cpu.attn_flash") m.variant = Variant::Flash;
+  else return std::nullopt;
+  std::string params = colon == std::string::npos ? "" : text.substr(colon + 1);
+  while (!params.empty()) {
+    const auto comma = params.find(',');
+    const std::string kv = params.substr(0, comma);
+    params = comma == std::string::npos ? "" : params.substr(comma + 1);
+    const auto eq = kv.find('=');
+    const std::string key = kv.substr(0, eq), value = eq == std::string::npos ? "" : kv.substr(eq + 1);
+    const bool blocked = m.variant != Variant::Naive;
+    if (key == "block" && blocked) {
+      char* end = nullptr;
+      const long v = std::strtol(value.c_str(), &end, 10);
+      if (value.empty() || *end || v < 1 || v > 4096)
+        throw InputError(fmt::format("kernel '{}': block must be an integer in [1, 4096], got '{}'", text, value));
+      m.block = static_cast<int>(v);
+    } else if (key == "p" && m.variant == Variant::Flash) {
+      const auto f = parse_format(value);
+      if (!f || (*f != Format::FP16 && *f != Format::BF16))
+        throw InputError(fmt::format("kernel '{}': p must be fp16 or bf16, got '{}'", text, value));
+      m.p_format = *f;
+    } else if (key == "rescale" && blocked && (value == "on" || value == "off")) {
+      m.rescale = value == "on";
+    } else {
+      throw InputError(fmt::format("kernel '{}': unknown parameter '{}'", text, kv));
+    }
+  }
+  return m;
+}
+
+std::unique_ptr<Kernel> make_emulated_attention(const AttentionModel& m) {
+  return std::make_unique<EmulatedAttention>(m);
+}
+
+std::vector<AttentionModel> default_attention_models() {
+  using V = AttentionModel::Variant;
+  return {{V::Naive, 64, Format::FP16, true},
+          {V::Online, 64, Format::FP16, true},
+          {V::Flash, 64, Format::FP16, true},
+          {V::Flash, 128, Format::BF16, true}};
+}
+
+}  // namespace ulpgate

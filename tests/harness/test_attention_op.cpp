@@ -1,0 +1,219 @@
+// The attention op end to end: the CPU models against exact corner cases, the fuzz
+// campaign over them (no false alarm; the planted no-rescale bug found), and each relation
+// against a kernel built to break it while passing the tolerance.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "distributions/fill.hpp"
+#include "harness/check.hpp"
+#include "harness/fuzz.hpp"
+#include "kernels/emulated/attention_models.hpp"
+
+using namespace ulpgate;
+
+namespace {
+
+Case small_case(Format f, std::int64_t seq_kv, std::int64_t hd = 4) {
+  Case c = dtype_attention_case(f == Format::FP32 ? "fp32" : f == Format::FP16 ? "fp16" : "bf16");
+  c.attention.seq_kv = seq_kv, c.attention.head_dim = hd;
+  c.kernel = "test";
+  return c;
+}
+
+std::vector<std::unique_ptr<Kernel>> models() {
+  std::vector<std::unique_ptr<Kernel>> out;
+  for (const auto& m : default_attention_models()) out.push_back(make_emulated_attention(m));
+  return out;
+}
+
+// A kernel built from a model with one change to its outputs or inputs.
+class Wrapped : public Kernel {
+ public:
+  Wrapped(std::string name, std::function<void(const Case&, const KernelIo&, Kernel&, RunNotes&)> run)
+      : name_(std::move(name)), run_(std::move(run)) {}
+  std::string name() const override { return name_; }
+  std::string description() const override { return name_; }
+  KernelTraits traits() const override { return {}; }
+  std::optional<std::string> unsupported(const Case& c) const override { return inner_->unsupported(c); }
+  void run(const Case& c, const KernelIo& io, RunNotes& notes) override { run_(c, io, *inner_, notes); }
+
+ private:
+  std::string name_;
+  std::function<void(const Case&, const KernelIo&, Kernel&, RunNotes&)> run_;
+  std::unique_ptr<Kernel> inner_ = make_emulated_attention(AttentionModel{});
+};
+
+Evaluation check(Kernel& k, Case c) {
+  c.kernel = k.name();
+  return evaluate(k, c, EvaluationOptions{});
+}
+
+std::string relation_of(const Evaluation& ev) { return ev.relations.empty() ? "" : ev.relations.front().relation; }
+
+}  // namespace
+
+// One visible key: O is that key's V row exactly, so every model returns its correct
+// rounding bit for bit (any format), whatever the other keys hold.
+TEST(AttentionOp, OneVisibleKeyGivesItsValueRow) {
+  for (Format f : {Format::FP32, Format::FP16, Format::BF16}) {
+    Case c = small_case(f, 9);
+    c.attention.causal = true, c.attention.seq_q = 1;  // bottom-right: query 0 sees keys 0..8
+    c.attention.kv_lengths = {1};                       // ... and only key 0 is valid
+    c.dist = {{"Q", "normal(0,3)"}, {"K", "normal(0,3)"}, {"V", "normal(0,1)"}};
+    for (auto& k : models()) {
+      const Evaluation ev = check(*k, c);
+      ASSERT_EQ(ev.metrics.size(), 1u) << k->name();
+      EXPECT_EQ(ev.metrics[0].exact_matches, ev.metrics[0].elements) << k->name() << " " << name(f);
+      EXPECT_TRUE(ev.verdict.passed) << k->name() << ": " << ev.verdict.reasons.front();
+    }
+  }
+}
+
+// Fully masked rows follow the documented convention (O = 0); a kernel that writes NaN
+// there fails.
+TEST(AttentionOp, FullyMaskedRowsAreZero) {
+  Case c = small_case(Format::FP32, 8);
+  c.attention.batch = 2, c.attention.kv_lengths = {8, 0};
+  c.dist = {{"Q", "normal(0,1)"}, {"V", "normal(0,1)"}, {"K", "normal(0,1)"}};
+  for (auto& k : models()) EXPECT_TRUE(check(*k, c).verdict.passed) << k->name();
+  Wrapped nan_rows("nan_for_masked", [](const Case& cc, const KernelIo& io, Kernel& inner, RunNotes& n) {
+    inner.run(cc, io, n);
+    const AttentionView ov = attention_view(cc, "O");
+    for (std::int64_t i = 0; i < cc.attention.seq_q; ++i)
+      for (std::int64_t d = 0; d < ov.dim; ++d) store_code(Format::FP32, io.out.at("O"), ov.offset(1, 0, i, d), 0x7fc00000);
+  });
+  const Evaluation ev = check(nan_rows, c);
+  EXPECT_FALSE(ev.verdict.passed);
+}
+
+// The default models over generated attention cases of every kind: no false alarm. The
+// planted no-rescale model is found.
+TEST(AttentionOp, FuzzModelsPassAndPlantedBugIsFound) {
+  Registry reg = builtin_registry();
+  FuzzOptions o;
+  o.cases = 8, o.seed = 11, o.max_k = 300;
+  for (const auto& m : default_attention_models()) o.targets.push_back({m.name(), "bf16", Op::Attention});
+  o.targets.push_back({"cpu.attn_naive", "fp32", Op::Attention});
+  const RunRecord r = run_fuzz(reg, o);
+  ASSERT_EQ(r.cases.size(), 40u);
+  for (const auto& c : r.cases) EXPECT_TRUE(c.verdict.passed) << c.kernel << " " << c.family << ": " << c.verdict.reasons.front();
+
+  ASSERT_NE(reg.resolve("cpu.attn_online:block=16,rescale=off"), nullptr);
+  FuzzOptions bug = o;
+  bug.targets = {{"cpu.attn_online:block=16,rescale=off", "fp32", Op::Attention}};
+  const RunRecord b = run_fuzz(reg, bug);
+  EXPECT_TRUE(std::any_of(b.cases.begin(), b.cases.end(), [](const CaseResult& c) { return !c.verdict.passed; }));
+}
+
+// V scaling: an absolute offset of 2^-20 in O (values in [1, 2]: a few ulps) is inside the
+// tolerance, but O(2V) is then 2 O(V) - 2^-20, not 2 O(V).
+TEST(AttentionOp, VScalingCatchesAnAbsoluteOffset) {
+  Case c = small_case(Format::FP32, 16);
+  c.dist = {{"Q", "normal(0,1)"}, {"K", "normal(0,1)"}, {"V", "uniform(1,2)"}};
+  auto naive = make_emulated_attention(AttentionModel{});
+  EXPECT_TRUE(check(*naive, c).verdict.passed);
+  Wrapped offset("offset", [](const Case& cc, const KernelIo& io, Kernel& inner, RunNotes& n) {
+    inner.run(cc, io, n);
+    float* o = static_cast<float*>(io.out.at("O"));
+    for (std::int64_t e = 0; e < attention_view(cc, "O").elements(); ++e) o[e] += 0x1p-20f;
+  });
+  const Evaluation ev = check(offset, c);
+  EXPECT_GT(ev.metrics[0].max_ulp, 1.0);  // a few ulps off, within the tolerance
+  EXPECT_EQ(relation_of(ev), "v_scaling") << (ev.verdict.reasons.empty() ? "" : ev.verdict.reasons.front());
+}
+
+// Key shift: a kernel without the max subtraction is exact enough on small scores, but
+// exp overflows FP32 once every score grows by about 100.
+TEST(AttentionOp, KeyShiftCatchesAMissingMaxSubtraction) {
+  class NoMax final : public Kernel {
+   public:
+    std::string name() const override { return "no_max"; }
+    std::string description() const override { return "softmax without the max subtraction"; }
+    KernelTraits traits() const override { return {}; }
+    std::optional<std::string> unsupported(const Case&) const override { return std::nullopt; }
+    void run(const Case& c, const KernelIo& io, RunNotes&) override {
+      const AttentionShape& a = c.attention;
+      const AttentionView qv = attention_view(c, "Q"), kv = attention_view(c, "K"), vv = attention_view(c, "V"),
+                          ov = attention_view(c, "O");
+      const auto at = [&](const char* op, const AttentionView& v, std::int64_t h, std::int64_t s, std::int64_t d) {
+        return static_cast<const float*>(io.in.at(op))[v.offset(0, h, s, d)];
+      };
+      const float scale = 1.0f / std::sqrt(static_cast<float>(a.head_dim));
+      for (std::int64_t h = 0; h < a.heads; ++h)
+        for (std::int64_t i = 0; i < a.seq_q; ++i) {
+          std::vector<float> p(a.seq_kv);
+          float l = 0;
+          for (std::int64_t j = 0; j < a.seq_kv; ++j) {
+            float s = 0;
+            for (std::int64_t d = 0; d < a.head_dim; ++d) s = std::fma(at("Q", qv, h, i, d), at("K", kv, h, j, d), s);
+            l += (p[j] = std::exp(scale * s));
+          }
+          for (std::int64_t d = 0; d < a.eff_head_dim_v(); ++d) {
+            float acc = 0;
+            for (std::int64_t j = 0; j < a.seq_kv; ++j) acc = std::fma(p[j], at("V", vv, h, j, d), acc);
+            static_cast<float*>(io.out.at("O"))[ov.offset(0, h, i, d)] = acc / l;
+          }
+        }
+    }
+  } no_max;
+  Case c = small_case(Format::FP32, 12);
+  c.dist = {{"Q", "normal(0,1)"}, {"K", "normal(0,1)"}, {"V", "normal(0,1)"}};
+  const Evaluation ev = check(no_max, c);
+  ASSERT_EQ(ev.metrics.size(), 1u);
+  EXPECT_EQ(relation_of(ev), "key_shift") << (ev.verdict.reasons.empty() ? "" : ev.verdict.reasons.front());
+  auto naive = make_emulated_attention(AttentionModel{});
+  EXPECT_TRUE(check(*naive, c).verdict.passed);  // with the max subtraction: fine
+}
+
+// Key permutation: with the largest scores first, the no-rescale bug never shows (the
+// running max never grows); permuted, it does.
+TEST(AttentionOp, KeyPermutationExposesAnOrderDependentBug) {
+  Case c = small_case(Format::FP32, 48, 2);
+  c.attention.seq_q = 1, c.attention.softmax_scale = 1.0;
+  c.dist.clear();
+  Inputs in;
+  in.emplace("Q", Tensor(Format::FP32, 2));
+  in.emplace("K", Tensor(Format::FP32, 96));
+  in.emplace("V", Tensor(Format::FP32, 96));
+  in.at("Q").set_value(0, 1.0), in.at("Q").set_value(1, 0.0);
+  for (std::int64_t j = 0; j < 48; ++j) {
+    in.at("K").set_value(2 * j, 4.0 - j / 8.0), in.at("K").set_value(2 * j + 1, 1.0);  // descending scores
+    in.at("V").set_value(2 * j, 1.0 + j), in.at("V").set_value(2 * j + 1, -0.5 * j);
+  }
+  auto buggy = make_emulated_attention(*AttentionModel::parse("cpu.attn_online:block=16,rescale=off"));
+  c.kernel = buggy->name();
+  const Evaluation ev = evaluate_with_inputs(*buggy, c, in, EvaluationOptions{});
+  EXPECT_EQ(relation_of(ev), "key_permutation") << (ev.verdict.reasons.empty() ? "" : ev.verdict.reasons.front());
+  auto online = make_emulated_attention(*AttentionModel::parse("cpu.attn_online:block=16"));
+  EXPECT_TRUE(evaluate_with_inputs(*online, c, in, EvaluationOptions{}).verdict.passed);
+}
+
+// Batch independence: a kernel that takes another path for a single batch (and gets it
+// wrong there) passes the batched case; run alone, the last batch fails.
+TEST(AttentionOp, BatchIndependenceCatchesASingleBatchPath) {
+  Case c = small_case(Format::FP32, 10);
+  c.attention.batch = 3;
+  c.dist = {{"Q", "normal(0,1)"}, {"K", "normal(0,1)"}, {"V", "normal(0,1)"}};
+  Wrapped single("single_batch_path", [](const Case& cc, const KernelIo& io, Kernel& inner, RunNotes& n) {
+    inner.run(cc, io, n);
+    if (cc.attention.batch == 1) static_cast<float*>(io.out.at("O"))[0] *= 1.001f;
+  });
+  const Evaluation ev = check(single, c);
+  EXPECT_EQ(relation_of(ev), "batch_independence") << (ev.verdict.reasons.empty() ? "" : ev.verdict.reasons.front());
+}
+
+// NaN or Inf inputs: the rows they reach are not judged (softmax has no exact value
+// there), the others are.
+TEST(AttentionOp, NonFiniteInputsMarkTheirRows) {
+  Case c = small_case(Format::FP16, 8);
+  c.attention.seq_q = 3;
+  c.dist = {{"Q", "normal(0,1)"}, {"K", "normal(0,1)"}, {"V", "normal(0,1)"}};
+  Inputs in = fill_inputs(c);
+  in.at("Q").set_value(attention_view(c, "Q").offset(0, 0, 1, 0), INFINITY);  // query 1 only
+  auto naive = make_emulated_attention(AttentionModel{});
+  const Evaluation ev = evaluate_with_inputs(*naive, c, in, EvaluationOptions{});
+  EXPECT_TRUE(ev.verdict.passed) << ev.verdict.reasons.front();
+  EXPECT_EQ(ev.metrics[0].overflowed + ev.metrics[0].expected_nonfinite + ev.metrics[0].compared, ev.metrics[0].elements);
+  EXPECT_GE(ev.metrics[0].compared, 8);  // rows 0 and 2, head_dim 4 each
+}
