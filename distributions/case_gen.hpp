@@ -1,17 +1,12 @@
-// RapidCheck generators of whole cases, for property tests and the fuzz campaign.
-//
-// Shapes favour the values where kernels break: 1, primes, tile edges and their neighbours
-// (15, 16, 17, 63, 64, 65, 127, 128, 129), K up to 65536, batch > 1, padded leading
-// dimensions, both layouts and transposes; every format; every distribution family with
-// its parameters; alpha and beta including 0, 1 and others; attention head_dim 32..256
-// (80, 96, 111 included), sequence lengths that are not multiples of 64, causal, padding
-// (kv_lengths). Sizes are bounded (about 2^18 elements per operand) so that a case is
-// cheap to fill and to check.
+// RapidCheck building blocks for case generators: dimensions that favour the values where
+// kernels break (1, primes, tile edges and their neighbours: 15, 16, 17, 63, 64, 65, 127,
+// 128, 129, ...), choices that shrink to the simplest option, and a distribution spec for
+// every family with its parameters. The whole-case generators, one per op, are in
+// harness/ops (they also ask the kernel what it supports).
 //
 // Shrinking moves towards the simplest case that still fails: dimensions shrink integer by
-// integer towards 1 (so a failure "above 37" ends at exactly 38), flags towards false,
-// formats towards FP32, alpha towards 1, beta towards 0, the epilogue towards none, and
-// every distribution towards normal(0,1) (each list below starts with the simplest choice).
+// integer towards 1 (so a failure "above 37" ends at exactly 38), choices towards the first
+// option of their list, every distribution towards normal(0,1).
 //
 // Header-only: only tests and the fuzz driver link RapidCheck.
 #pragma once
@@ -177,85 +172,5 @@ inline rc::Gen<std::string> dist_spec(const Case& c, const std::string& op, bool
     throw std::logic_error("dist_spec: no generator for family " + fam);
   });
 }
-
-/// A GEMM case that passes validate().
-inline rc::Gen<Case> gemm_case() {
-  return rc::gen::exec([]() {
-    Case c;
-    c.op = Op::Gemm;
-    auto& g = c.gemm;
-    g.k = *dim(65536, {65536, 4096});  // long reductions a bit more often
-    const std::int64_t side = std::max<std::int64_t>(1, std::min<std::int64_t>(300, kElementBudget / g.k));
-    g.m = *dim(side);
-    g.n = *dim(side);
-    g.batch = *dim(std::max<std::int64_t>(1, std::min<std::int64_t>(4, kElementBudget / (g.k * std::max(g.m, g.n)))));
-    g.layout = *pick(std::vector<Layout>{Layout::RowMajor, Layout::ColMajor});
-    g.trans_a = *pick(std::vector<bool>{false, true});
-    g.trans_b = *pick(std::vector<bool>{false, true});
-    const std::vector<std::int64_t> pads{0, 1, 3, 8, 64};
-    if (const std::int64_t p = *pick(pads)) g.lda = g.packed_ld(g.a_rows(), g.a_cols()) + p;
-    if (const std::int64_t p = *pick(pads)) g.ldb = g.packed_ld(g.b_rows(), g.b_cols()) + p;
-    const Format fa = *pick(kFormatsSimpleFirst);
-    const bool same = *pick(std::vector<bool>{true, false});
-    const Format fb = same ? fa : *pick(kFormatsSimpleFirst);
-    const Format fd = *pick(std::vector<Format>{Format::FP32, fa, Format::FP16, Format::BF16});
-    c.types = {{"A", fa}, {"B", fb}, {"D", fd},
-               {"compute", fa == Format::FP64 || fb == Format::FP64 ? Format::FP64 : Format::FP32}};
-    c.alpha = *pick(std::vector<double>{1, 0, -1, 0.5, 2, 1.5, 0.1});
-    c.beta = *pick(std::vector<double>{0, 1, -1, 0.5, 2});
-    c.epilogue = *pick(std::vector<Epilogue>{Epilogue::None, Epilogue::Relu, Epilogue::Bias, Epilogue::Gelu,
-                                                  Epilogue::GeluTanh, Epilogue::BiasRelu, Epilogue::BiasGelu,
-                                                  Epilogue::BiasGeluTanh});
-    if (c.beta != 0) {
-      c.types["C"] = fd;
-      if (const std::int64_t p = *pick(pads)) g.ldc = g.packed_ld(g.m, g.n) + p;
-    }
-    if (has_bias(c.epilogue)) c.types["bias"] = fd;
-    if (const std::int64_t p = *pick(pads)) g.ldd = g.packed_ld(g.m, g.n) + p;
-    c.dist["A"] = *dist_spec(c, "A", true);
-    if (c.dist["A"].rfind("gendot", 0) != 0) c.dist["B"] = *dist_spec(c, "B", false);
-    if (c.beta != 0) c.dist["C"] = *dist_spec(c, "C", false);
-    if (has_bias(c.epilogue)) c.dist["bias"] = *dist_spec(c, "bias", false);
-    c.seed = *rc::gen::arbitrary<std::uint64_t>();
-    return c;
-  });
-}
-
-/// An attention case that passes validate().
-inline rc::Gen<Case> attention_case() {
-  return rc::gen::exec([]() {
-    Case c;
-    c.op = Op::Attention;
-    auto& a = c.attention;
-    a.head_dim = *dim(256, {1, 16, 32, 48, 64, 80, 96, 111, 128, 160, 192, 256}, false);
-    const std::vector<std::int64_t> seqs{1, 17, 63, 64, 65, 100, 127, 128, 129, 200, 257, 1000};
-    a.seq_q = *dim(1024, seqs);
-    a.seq_kv = *dim(1024, seqs);
-    a.batch = *dim(3);
-    a.heads = *dim(4);
-    // Keep each operand within the element budget (shrinking the longer sequence).
-    while (a.batch * a.heads * std::max(a.seq_q, a.seq_kv) * a.head_dim > kElementBudget) {
-      if (a.seq_q >= a.seq_kv) a.seq_q = std::max<std::int64_t>(1, a.seq_q / 2);
-      else a.seq_kv = std::max<std::int64_t>(1, a.seq_kv / 2);
-    }
-    a.layout = *pick(std::vector<AttentionLayout>{AttentionLayout::BHSD, AttentionLayout::BSHD});
-    a.causal = *pick(std::vector<bool>{false, true});
-    if (*pick(std::vector<bool>{false, true}))
-      for (std::int64_t b = 0; b < a.batch; ++b) a.kv_lengths.push_back(*rc::gen::inRange<std::int64_t>(0, a.seq_kv + 1));
-    const double scale = *pick(std::vector<double>{0, 0.125, 1.0, 0.05});
-    if (scale != 0) a.softmax_scale = scale;
-    const Format f = *pick(kFormatsSimpleFirst);
-    c.types = {{"Q", f}, {"K", f}, {"V", f}, {"O", f}, {"compute", f == Format::FP64 ? Format::FP64 : Format::FP32}};
-    c.dist["Q"] = *dist_spec(c, "Q", true);
-    if (find_family(parse_dist(c.dist["Q"]).family)->scope != Scope::AttnQK)
-      c.dist["K"] = *dist_spec(c, "K", false);
-    c.dist["V"] = *dist_spec(c, "V", false);
-    c.seed = *rc::gen::arbitrary<std::uint64_t>();
-    return c;
-  });
-}
-
-/// GEMM or attention (GEMM first: it shrinks towards GEMM).
-inline rc::Gen<Case> any_case() { return rc::gen::oneOf(gemm_case(), attention_case()); }
 
 }  // namespace ulpgate::gen

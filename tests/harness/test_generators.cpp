@@ -1,5 +1,6 @@
-// The RapidCheck case generators: valid cases, full coverage (printed as RapidCheck's
-// RC_TAG report), fillable cases, and shrinking to the exact boundary with simple values.
+// The ops' case generators (harness/ops, without a kernel): valid cases, full coverage
+// (printed as RapidCheck's RC_TAG report), fillable cases, and shrinking to the exact
+// boundary with simple values.
 #include <gtest/gtest.h>
 #include <rapidcheck.h>
 #include <rapidcheck/gtest.h>
@@ -7,8 +8,8 @@
 #include <cstdlib>
 #include <set>
 
-#include "distributions/case_gen.hpp"
 #include "distributions/fill.hpp"
+#include "harness/ops/op.hpp"
 
 using namespace ulpgate;
 
@@ -19,6 +20,12 @@ namespace {
 // takes precedence.
 const bool kFixedRapidCheckParams = setenv("RC_PARAMS", "seed=20261129 max_success=300", 0) == 0;
 
+// Every op's cases, K and seq_kv up to 65536, GELU included.
+const GenLimits kLimits{65536, true};
+rc::Gen<Case> gemm_case() { return op_module(Op::Gemm).generate("", nullptr, kLimits); }
+rc::Gen<Case> attention_case() { return op_module(Op::Attention).generate("", nullptr, kLimits); }
+rc::Gen<Case> any_case() { return rc::gen::oneOf(gemm_case(), attention_case()); }
+
 std::string primary(const Case& c) { return c.op == Op::Gemm ? "A" : "Q"; }
 std::string family_of(const Case& c, const std::string& op) {
   auto it = c.dist.find(op);
@@ -28,7 +35,7 @@ std::string family_of(const Case& c, const std::string& op) {
 }  // namespace
 
 RC_GTEST_PROP(CaseGen, GeneratedCasesValidateAndParse, ()) {
-  const Case c = *gen::any_case();
+  const Case c = *any_case();
   validate(c);  // throws (fails the property) if not
   for (const auto& [op, spec] : c.dist) parse_dist(spec);
   RC_ASSERT(c.seed == c.seed);
@@ -39,15 +46,16 @@ TEST(CaseGen, CoverageOfEveryFamilyAndFormat) {
   // each format comes up as the primary operand's (A or Q); then every one must have.
   std::set<std::string> families, formats, shapes;
   const bool ok_families = rc::check("family of A / Q (coverage report)", [&] {
-    const Case c = *gen::any_case();
+    const Case c = *any_case();
     const std::string f = family_of(c, primary(c));
     families.insert(f);
     RC_TAG(f);
   });
   const bool ok_formats = rc::check("format of A / Q (coverage report)", [&] {
-    const Case c = *gen::any_case();
+    const Case c = *any_case();
     const std::string f(name(c.types.at(primary(c))));
     formats.insert(f);
+    formats.insert(std::string(name(c.types.at("compute"))));  // TF32 is a compute type
     if (c.op == Op::Gemm) {
       if (c.gemm.batch > 1) shapes.insert("batch>1");
       if (c.gemm.k >= 65536) shapes.insert("K=65536");
@@ -75,7 +83,7 @@ TEST(CaseGen, CoverageOfEveryFamilyAndFormat) {
 }
 
 RC_GTEST_PROP(CaseGen, GeneratedCasesFill, ()) {
-  Case c = *gen::any_case();
+  Case c = *any_case();
   const auto tensors = fill_inputs(c);
   for (const std::string& op : c.inputs()) RC_ASSERT(tensors.count(op) == 1u);
   validate(c);  // still valid after fill wrote scales / kv_lengths
@@ -86,7 +94,7 @@ TEST(CaseGen, GemmFailureShrinksToTheBoundaryAndSimpleValues) {
   // else at its simplest.
   Case last_failure;
   const bool passed = rc::check("expected to fail: M > 37 (shrinking demo)", [&] {
-    const Case c = *gen::gemm_case();
+    const Case c = *gemm_case();
     if (c.gemm.m > 37) {
       last_failure = c;
       RC_FAIL("M > 37");
@@ -99,7 +107,8 @@ TEST(CaseGen, GemmFailureShrinksToTheBoundaryAndSimpleValues) {
   EXPECT_EQ(c.gemm.k, 1);
   EXPECT_EQ(c.gemm.batch, 1);
   EXPECT_EQ(c.gemm.layout, Layout::RowMajor);
-  EXPECT_FALSE(c.gemm.trans_a || c.gemm.trans_b);
+  EXPECT_FALSE(c.gemm.trans_a);
+  EXPECT_TRUE(c.gemm.trans_b);  // B stored N x K, the "TN" form every library takes
   EXPECT_EQ(c.gemm.lda + c.gemm.ldb + c.gemm.ldc + c.gemm.ldd, 0);
   EXPECT_EQ(c.alpha, 1.0);
   EXPECT_EQ(c.beta, 0.0);
@@ -113,7 +122,7 @@ TEST(CaseGen, GemmFailureShrinksToTheBoundaryAndSimpleValues) {
 TEST(CaseGen, AttentionFailureShrinksToTheBoundary) {
   Case last_failure;
   const bool passed = rc::check("expected to fail: head_dim > 100 with causal (shrinking demo)", [&] {
-    const Case c = *gen::attention_case();
+    const Case c = *attention_case();
     if (c.attention.head_dim > 100 && c.attention.causal) {
       last_failure = c;
       RC_FAIL("head_dim > 100 and causal");
