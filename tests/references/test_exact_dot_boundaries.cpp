@@ -117,7 +117,7 @@ void product_sum(KnownSum& s, std::uint64_t seed, std::uint64_t index) {
   Mpfr delta(2);
   mpfr_set_zero(delta, 1);
   if (!zero_sum) {
-    if (b.chance(0.75) || e > 255) {  // 2^r equal terms
+    if (b.chance(0.75) || e > 255 || e <= -298) {  // 2^r equal terms
       for (std::int64_t i = 0; i < (std::int64_t{1} << r); ++i) push_pow2_product(s, b, sign, e - r, split);
       s.what += ", run of 2^" + std::to_string(r);
     } else {  // 2^(e-1) + ... + 2^(e-n) + 2^(e-n): carries through every bit position
