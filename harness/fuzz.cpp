@@ -89,8 +89,21 @@ RunRecord run_fuzz(Registry& registry, const FuzzOptions& o, const std::function
   options.relations = o.metamorphic;
   FuzzProgress p;
   p.total = static_cast<std::int64_t>(targets.size()) * o.cases;
-  std::unique_ptr<IsolatedEvaluator> isolated;
-  if (o.isolation) isolated = std::make_unique<IsolatedEvaluator>(*o.isolation);
+  std::unique_ptr<IsolatedEvaluator> own;
+  IsolatedEvaluator* isolated = o.evaluator;
+  if (!isolated && o.isolation) isolated = (own = std::make_unique<IsolatedEvaluator>(*o.isolation)).get();
+  std::size_t support_failures_seen = 0;
+  // A supports() query that crashed or hung the worker: recorded as a failed result (the
+  // kernel is then unsupported everywhere and the campaign goes on).
+  const auto take_support_failures = [&] {
+    if (!isolated) return;
+    for (; support_failures_seen < isolated->support_failures().size(); ++support_failures_seen) {
+      CaseResult r = isolated->support_failures()[support_failures_seen];
+      say(fmt::format("FAIL {}: {}", r.kernel, r.message));
+      ++p.failures;
+      record.cases.push_back(std::move(r));
+    }
+  };
   std::unique_ptr<Journal> journal;
   if (!o.journal_path.empty()) {
     nlohmann::json campaign = {{"seed", o.seed}, {"cases", o.cases}, {"max_k", o.max_k}, {"metamorphic", o.metamorphic}};
@@ -119,6 +132,7 @@ RunRecord run_fuzz(Registry& registry, const FuzzOptions& o, const std::function
     }
   }
 
+  take_support_failures();  // from planning the targets
   for (std::size_t ti = 0; ti < targets.size(); ++ti) {
     const FuzzTarget& t = targets[ti];
     Kernel* k = registry.resolve(t.kernel);
@@ -143,7 +157,7 @@ RunRecord run_fuzz(Registry& registry, const FuzzOptions& o, const std::function
       if (shrinking && (++shrink_steps > kMaxShrinkSteps || (o.seconds > 0 && elapsed() > o.seconds))) return;
       const auto run_case = [&] {
         try {
-          return check_generated(registry, *k, generated, options, isolated.get());
+          return check_generated(registry, *k, generated, options, isolated);
         } catch (const std::exception& e) {
           // A generated case the harness itself cannot handle: recorded as a failure so that
           // it is seen and shrunk like any other.
@@ -210,7 +224,9 @@ RunRecord run_fuzz(Registry& registry, const FuzzOptions& o, const std::function
       }
       record.cases.push_back(std::move(m));
     }
+    take_support_failures();
   }
+  take_support_failures();
   return record;
 }
 

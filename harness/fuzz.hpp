@@ -39,6 +39,9 @@ struct FuzzOptions {
   /// Kernel calls in a worker process with a timeout (crashes and hangs become results);
   /// nullopt: in this process.
   std::optional<IsolationOptions> isolation;
+  /// The worker to use (the one whose stand-ins the registry holds); nullptr: run_fuzz
+  /// starts its own from `isolation`. Its supports() failures join the record.
+  IsolatedEvaluator* evaluator = nullptr;
   /// Append every result to this JSONL journal ("": none); with resume, reuse the results
   /// an interrupted run of the same campaign journaled.
   std::string journal_path;

@@ -19,6 +19,7 @@
 #include <cstring>
 #include <optional>
 #include <tuple>
+#include <map>
 #include <utility>
 
 #include <fmt/format.h>
@@ -208,6 +209,30 @@ json options_to_json(const EvaluationOptions& o) {
           {"effective_bits", o.effective_bits}};
 }
 
+// {"kernels": [...]} for the named kernels (resolved here), or every kernel when null.
+json describe_kernels(Registry& registry, const json& names) {
+  std::vector<Kernel*> kernels;
+  if (names.is_null()) {
+    for (const auto& k : registry.all()) kernels.push_back(k.get());
+  } else {
+    if (!names.is_array()) throw InputError("worker request: describe must be a list of names or null");
+    for (const auto& n : names) {
+      if (!n.is_string()) throw InputError("worker request: describe must be a list of names or null");
+      Kernel* k = registry.resolve(n.get<std::string>());
+      if (!k) throw InputError(fmt::format("unknown kernel '{}' (see ulpgate list)", n.get<std::string>()));
+      kernels.push_back(k);
+    }
+  }
+  json out = json::array();
+  for (Kernel* k : kernels) {
+    const KernelTraits t = k->traits();
+    out.push_back({{"name", k->name()}, {"description", k->description()},
+                   {"memory", t.memory == Memory::Device ? "device" : "host"}, {"deterministic", t.deterministic},
+                   {"accumulator_bits", t.accumulator_bits}, {"p_bits", t.p_bits}});
+  }
+  return {{"kernels", out}};
+}
+
 // One request: the reply's JSON, and whether the worker must exit after sending it.
 std::pair<json, bool> serve_request(Registry& registry, const std::string& line) {
   json request;
@@ -215,6 +240,16 @@ std::pair<json, bool> serve_request(Registry& registry, const std::string& line)
     request = json::parse(line);
   } catch (const json::parse_error& e) {
     throw InputError(fmt::format("worker request: not valid JSON: {}", e.what()));
+  }
+  if (request.is_object() && request.contains("describe")) return {describe_kernels(registry, request["describe"]), false};
+  if (request.is_object() && request.contains("supports")) {
+    const json& q = request["supports"];
+    if (!q.is_object() || !q.contains("kernel") || !q["kernel"].is_string() || !q.contains("case"))
+      throw InputError("worker request: supports must be {\"kernel\": NAME, \"case\": CASE}");
+    Kernel* k = registry.resolve(q["kernel"].get<std::string>());
+    if (!k) throw InputError(fmt::format("unknown kernel '{}' (see ulpgate list)", q["kernel"].get<std::string>()));
+    const auto why = k->unsupported(case_from_json(q["case"]));
+    return {json{{"supports", {{"ok", !why}, {"why", why.value_or("")}}}}, false};
   }
   if (!request.is_object() || !request.contains("kernel") || !request["kernel"].is_string() ||
       !request.contains("case"))
@@ -500,13 +535,62 @@ void IsolatedEvaluator::stop_worker() {
   worker_.reset();
 }
 
-CaseResult IsolatedEvaluator::evaluate(const std::string& kernel, const Case& c, const EvaluationOptions& options) {
+IsolatedEvaluator::Exchange IsolatedEvaluator::exchange(const json& request, const char* doing) {
   if (!worker_) start_worker();
   Worker& w = *worker_;
-  const auto start = Clock::now();
   const auto deadline = after(options_.timeout_seconds);
   w.stderr_tail.clear();
+  Exchange x;
+  const auto lost = [&](Disposition status, std::string message) {
+    x.status = status;
+    x.message = std::move(message);
+    worker_.reset();  // reaps (kills first if needed); the next request starts a fresh worker
+    return x;
+  };
+  const auto died = [&]() {
+    const std::string how = w.reap_after_close(1.0);
+    const std::string tail = w.tail();
+    return lost(Disposition::Crashed, fmt::format("worker {} while {}; stderr: {}", how, doing, tail.empty() ? "(empty)" : tail));
+  };
+  if (!write_all(w.request.get(), request.dump(-1, ' ', false, json::error_handler_t::replace) + "\n", true, deadline)) {
+    // Only a worker that died or stopped reading gets here (a request is far smaller than
+    // the socket's buffer).
+    if (Clock::now() >= deadline) {
+      w.kill_and_reap();
+      return lost(Disposition::TimedOut, fmt::format("the worker did not take the request within {} s", options_.timeout_seconds));
+    }
+    return died();
+  }
+  std::string line;
+  switch (w.next_line(deadline, line)) {
+    case Worker::Wait::TimedOut: {
+      w.kill_and_reap();
+      w.drain_stderr();
+      const std::string tail = w.tail();
+      return lost(Disposition::TimedOut, fmt::format("no result after {} s while {} (the worker's process group was killed){}",
+                                                     options_.timeout_seconds, doing, tail.empty() ? "" : "; stderr: " + tail));
+    }
+    case Worker::Wait::Closed:
+      return died();
+    case Worker::Wait::Line:
+      break;
+  }
+  try {
+    x.reply = json::parse(line);
+  } catch (const json::parse_error& e) {
+    w.kill_and_reap();
+    return lost(Disposition::Crashed, fmt::format("worker sent a malformed reply ({})", e.what()));
+  }
+  if (x.reply.is_object() && x.reply.contains("error") && x.reply["error"].is_string()) {
+    // The worker refused the request as in-process evaluation would have: not the kernel's
+    // doing. The worker itself is fine and keeps running.
+    throw InputError(x.reply["error"].get<std::string>());
+  }
+  return x;
+}
 
+CaseResult IsolatedEvaluator::evaluate(const std::string& kernel, const Case& c, const EvaluationOptions& options) {
+  const auto start = Clock::now();
   // What the record says about a case whose worker gave no result.
   const auto lost = [&](Disposition status, const std::string& message) {
     CaseResult r;
@@ -518,67 +602,109 @@ CaseResult IsolatedEvaluator::evaluate(const std::string& kernel, const Case& c,
     r.verdict.passed = false;
     r.verdict.reasons.push_back(fmt::format("{}: {}", name(status), message));
     r.seconds = std::chrono::duration<double>(Clock::now() - start).count();
-    worker_.reset();  // reaps (kills first if needed); the next case starts a fresh worker
     return r;
   };
-  const auto died = [&]() {
-    const std::string how = w.reap_after_close(1.0);
-    const std::string tail = w.tail();
-    return lost(Disposition::Crashed, fmt::format("worker {} while evaluating the case; stderr: {}", how,
-                                                  tail.empty() ? "(empty)" : tail));
-  };
-
-  const json request = {{"kernel", kernel}, {"case", to_json(c)}, {"options", options_to_json(options)}};
-  if (!write_all(w.request.get(), request.dump(-1, ' ', false, json::error_handler_t::replace) + "\n", true,
-                 deadline)) {
-    // Only a worker that died or stopped reading gets here (a request is far smaller than
-    // the socket's buffer).
-    if (Clock::now() >= deadline) {
-      w.kill_and_reap();
-      return lost(Disposition::TimedOut, fmt::format("the worker did not take the request within {} s",
-                                                     options_.timeout_seconds));
-    }
-    return died();
-  }
-
-  std::string line;
-  switch (w.next_line(deadline, line)) {
-    case Worker::Wait::TimedOut: {
-      w.kill_and_reap();
-      w.drain_stderr();
-      const std::string tail = w.tail();
-      return lost(Disposition::TimedOut,
-                  fmt::format("no result after {} s (the worker's process group was killed){}", options_.timeout_seconds,
-                              tail.empty() ? "" : "; stderr: " + tail));
-    }
-    case Worker::Wait::Closed:
-      return died();
-    case Worker::Wait::Line:
-      break;
-  }
-
-  json reply;
-  try {
-    reply = json::parse(line);
-  } catch (const json::parse_error& e) {
-    w.kill_and_reap();
-    return lost(Disposition::Crashed, fmt::format("worker sent a malformed reply ({})", e.what()));
-  }
-  if (reply.is_object() && reply.contains("error") && reply["error"].is_string()) {
-    // The worker refused the request as in-process evaluation would have: not the kernel's
-    // doing. The worker itself is fine and keeps running.
-    throw InputError(reply["error"].get<std::string>());
-  }
+  Exchange x = exchange({{"kernel", kernel}, {"case", to_json(c)}, {"options", options_to_json(options)}},
+                        "evaluating the case");
+  if (x.status != Disposition::Ok) return lost(x.status, x.message);
   CaseResult result;
   try {
-    if (!reply.is_object() || !reply.contains("result")) throw InputError("no \"result\"");
-    result = case_result_from_json(reply["result"], "result");
+    if (!x.reply.is_object() || !x.reply.contains("result")) throw InputError("no \"result\"");
+    result = case_result_from_json(x.reply["result"], "result");
   } catch (const InputError& e) {
-    w.kill_and_reap();
+    worker_.reset();
     return lost(Disposition::Crashed, fmt::format("worker sent a malformed reply ({})", e.what()));
   }
-  if (reply.value("restart", false)) stop_worker();
+  if (x.reply.value("restart", false)) stop_worker();
   return result;
+}
+
+IsolatedEvaluator::SupportAnswer IsolatedEvaluator::supports(const std::string& kernel, const Case& c) {
+  Exchange x = exchange({{"supports", {{"kernel", kernel}, {"case", to_json(c)}}}}, "asking whether the kernel supports the case");
+  SupportAnswer a;
+  if (x.status == Disposition::Ok) {
+    const json* q = x.reply.is_object() && x.reply.contains("supports") ? &x.reply["supports"] : nullptr;
+    if (q && q->is_object() && q->contains("ok") && (*q)["ok"].is_boolean()) {
+      a.supported = (*q)["ok"].get<bool>();
+      a.why = q->value("why", "");
+      return a;
+    }
+    worker_.reset();
+    x.status = Disposition::Crashed, x.message = "worker sent a malformed supports reply";
+  }
+  a.status = x.status;
+  a.why = fmt::format("supports() {}: {}", x.status == Disposition::TimedOut ? "timed out" : "crashed", x.message);
+  CaseResult r;
+  r.kernel = kernel;
+  r.spec = c;
+  r.family = "supports() " + case_family(c);
+  r.status = x.status;
+  r.message = a.why;
+  r.verdict.passed = false;
+  r.verdict.reasons.push_back(a.why);
+  support_failures_.push_back(std::move(r));
+  return a;
+}
+
+namespace {
+
+// The parent's stand-in for a kernel that lives in the worker.
+class WorkerKernel final : public Kernel {
+ public:
+  WorkerKernel(IsolatedEvaluator& ev, std::string name, std::string description, KernelTraits traits)
+      : ev_(ev), name_(std::move(name)), description_(std::move(description)), traits_(traits) {}
+  std::string name() const override { return name_; }
+  std::string description() const override { return description_; }
+  KernelTraits traits() const override { return traits_; }
+  std::optional<std::string> unsupported(const Case& c) const override {
+    if (broken_) return broken_;  // its supports() took a worker down once: not again
+    const std::string key = to_json(c).dump();
+    if (auto it = cache_.find(key); it != cache_.end()) return it->second;
+    const IsolatedEvaluator::SupportAnswer a = ev_.supports(name_, c);
+    std::optional<std::string> why;
+    if (!a.supported) why = a.why;
+    if (a.status != Disposition::Ok) broken_ = why;
+    if (cache_.size() > 4096) cache_.clear();
+    return cache_[key] = why;
+  }
+  void run(const Case&, const KernelIo&, RunNotes&) override {
+    throw KernelError(fmt::format("{}: kernels run in the worker process only", name_));
+  }
+
+ private:
+  IsolatedEvaluator& ev_;
+  std::string name_, description_;
+  KernelTraits traits_;
+  mutable std::map<std::string, std::optional<std::string>> cache_;
+  mutable std::optional<std::string> broken_;
+};
+
+}  // namespace
+
+std::vector<std::unique_ptr<Kernel>> IsolatedEvaluator::describe(const std::vector<std::string>& names) {
+  Exchange x = exchange({{"describe", names.empty() ? json(nullptr) : json(names)}}, "listing its kernels");
+  if (x.status != Disposition::Ok) throw std::runtime_error("worker: cannot list its kernels: " + x.message);
+  std::vector<std::unique_ptr<Kernel>> out;
+  if (!x.reply.is_object() || !x.reply.contains("kernels") || !x.reply["kernels"].is_array())
+    throw std::runtime_error("worker: malformed kernel list");
+  for (const auto& k : x.reply["kernels"]) {
+    KernelTraits t;
+    t.memory = k.value("memory", "host") == "device" ? Memory::Device : Memory::Host;
+    t.deterministic = k.value("deterministic", true);
+    t.accumulator_bits = k.value("accumulator_bits", 0);
+    t.p_bits = k.value("p_bits", 0);
+    out.push_back(std::make_unique<WorkerKernel>(*this, k.value("name", ""), k.value("description", ""), t));
+  }
+  return out;
+}
+
+Registry worker_registry(IsolatedEvaluator& evaluator, const std::vector<std::string>& names) {
+  Registry r;
+  for (auto& k : evaluator.describe()) r.add(std::move(k));
+  if (!names.empty())
+    for (auto& k : evaluator.describe(names))
+      if (!r.find(k->name())) r.add(std::move(k));
+  return r;
 }
 
 int serve_worker(Registry& registry) {

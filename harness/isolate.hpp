@@ -6,11 +6,19 @@
 // The worker is `ulpgate worker [--plugin lib.so]...` (hidden verb). Protocol, one line per
 // message, UTF-8 JSON:
 //   parent -> worker (stdin):   {"kernel": NAME, "case": CASE, "options":
-//                                {"tolerance": TOLERANCE|null, "baseline": BASELINE|null}}
+//                                {"tolerance": ..., "baseline": ..., "relations": BOOL,
+//                                 "effective_bits": BOOL}}                     check a case
+//                               {"supports": {"kernel": NAME, "case": CASE}}  ask the kernel
+//                               {"describe": [NAME...] | null}                 kernels (null: all)
 //   worker -> parent (stdout):  kWorkerLinePrefix followed by one of
 //                                {"ready": {"pid": N, "kernels": N}}           once, at start
-//                                {"result": CASE_RESULT, "restart": BOOL}       per request
+//                                {"result": CASE_RESULT, "restart": BOOL}       a check
+//                                {"supports": {"ok": BOOL, "why": STR}}         supports
+//                                {"kernels": [{"name", "description", "memory",
+//                                  "deterministic", "accumulator_bits", "p_bits"}]}
 //                                {"error": MESSAGE}                             bad request
+// So the parent runs no kernel code at all: it plans with stand-ins (worker_registry)
+// whose supports() is asked of the worker, where a crash or hang is reported, not fatal.
 // The worker keeps the protocol's stdout to itself: file descriptor 1 is pointed at stderr
 // and 0 at /dev/null before any kernel runs, so a kernel that prints (or reads) cannot
 // break a line; the prefix lets the parent skip anything else that reaches the pipe.
@@ -24,6 +32,8 @@
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "harness/check.hpp"
 #include "harness/record.hpp"
@@ -69,6 +79,22 @@ class IsolatedEvaluator {
   /// can be started (binary missing, bad plugin).
   CaseResult evaluate(const std::string& kernel, const Case& c, const EvaluationOptions& options = {});
 
+  /// What the kernel says of case c, asked in the worker. A kernel whose supports() crashes
+  /// or hangs the worker is unsupported with that as the reason (status Crashed or
+  /// TimedOut); such failures are kept (support_failures). Throws InputError for an
+  /// unknown kernel.
+  struct SupportAnswer {
+    bool supported = false;
+    std::string why;
+    Disposition status = Disposition::Ok;
+  };
+  SupportAnswer supports(const std::string& kernel, const Case& c);
+  /// The kernels the worker has (names empty) or the named ones, resolved there (CPU model
+  /// names with parameters included). Throws InputError for an unknown name.
+  std::vector<std::unique_ptr<Kernel>> describe(const std::vector<std::string>& names = {});
+  /// Every supports() query that crashed or hung a worker, as failed results.
+  const std::vector<CaseResult>& support_failures() const { return support_failures_; }
+
   /// Workers started so far (a restart after a crash counts).
   int workers_started() const { return workers_started_; }
   /// The running worker's pid, -1 when none runs.
@@ -76,13 +102,27 @@ class IsolatedEvaluator {
 
  private:
   struct Worker;
+  /// One request and its reply. The worker may die, hang or garble: then status says how
+  /// and message why, and the worker is gone. An {"error"} reply throws InputError.
+  struct Exchange {
+    nlohmann::json reply;
+    Disposition status = Disposition::Ok;
+    std::string message;
+  };
+  Exchange exchange(const nlohmann::json& request, const char* doing);
   void start_worker();
   void stop_worker();
   IsolationOptions options_;
+  std::vector<CaseResult> support_failures_;
   std::string binary_;
   int workers_started_ = 0;
   std::unique_ptr<Worker> worker_;  // null when none runs
 };
+
+/// A registry of stand-ins for the worker's kernels (every kernel it has, plus `names`
+/// resolved there): names, descriptions and traits for planning; unsupported() asks the
+/// worker (once per kernel and case); run() throws (kernels run only in the worker).
+Registry worker_registry(IsolatedEvaluator& evaluator, const std::vector<std::string>& names = {});
 
 /// Worker side, `ulpgate worker`: serves requests on stdin until it closes, with the
 /// kernels of `registry` (builtin_registry() + the --plugin libraries; CPU model names are

@@ -1,6 +1,7 @@
 // The CLI's verbs beyond `list`, one function each (main.cpp parses the flags).
 #pragma once
 
+#include <functional>
 #include <optional>
 
 #include "harness/isolate.hpp"
@@ -29,8 +30,13 @@ struct SweepArgs {
   double timeout = 600;     ///< seconds per point before the worker is killed
 };
 
+/// Builds the registry of this process (built-in kernels and --plugin libraries): used only
+/// where kernels run here (--in-process). Otherwise a worker process holds the kernels and
+/// this process plans with stand-ins (harness/isolate.hpp, worker_registry).
+using LocalRegistry = std::function<Registry()>;
+
 /// Runs the sweep; returns the exit code.
-int sweep_command(const SweepArgs& a, Registry& registry, const std::string& command_line);
+int sweep_command(const SweepArgs& a, const LocalRegistry& local, const std::string& command_line);
 
 }  // namespace ulpgate
 
@@ -53,9 +59,9 @@ struct FuzzArgs {
   std::vector<std::string> plugins;  ///< for the worker
 };
 
-int fuzz_command(const FuzzArgs& a, Registry& registry, const std::string& command_line);
+int fuzz_command(const FuzzArgs& a, const LocalRegistry& local, const std::string& command_line);
 /// Replays a case file on its kernel, in a worker process unless isolation is nullopt.
-int replay_command(const std::string& case_path, Registry& registry, const std::string& out_json,
+int replay_command(const std::string& case_path, const LocalRegistry& local, const std::string& out_json,
                    const std::optional<IsolationOptions>& isolation);
 int gate_command(const std::string& baseline_path, const std::string& run_path, const std::string& junit_path);
 int baseline_update_command(const std::string& run_path, const std::string& out_path, double relative_slack);

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
+#include <memory>
 
 #include <fmt/format.h>
 
@@ -42,7 +43,7 @@ void print_case(const CaseResult& r) {
 
 }  // namespace
 
-int fuzz_command(const FuzzArgs& a, Registry& registry, const std::string& command_line) {
+int fuzz_command(const FuzzArgs& a, const LocalRegistry& local, const std::string& command_line) {
   FuzzOptions o;
   o.cases = a.cases;
   o.seconds = a.seconds;
@@ -52,11 +53,19 @@ int fuzz_command(const FuzzArgs& a, Registry& registry, const std::string& comma
   o.corpus_dir = a.corpus_dir.empty() ? (std::filesystem::path(a.out_dir) / "corpus").string() : a.corpus_dir;
   if (a.cases < 1) throw InputError("--cases must be >= 1");
   if (!(a.timeout > 0)) throw InputError("--timeout must be > 0");
+  // Isolated (the default): kernels, their supports() included, run only in the worker.
+  std::unique_ptr<IsolatedEvaluator> evaluator;
+  Registry registry;
   if (!a.in_process) {
     IsolationOptions iso;
     iso.plugins = a.plugins;
     iso.timeout_seconds = a.timeout;
     o.isolation = iso;
+    evaluator = std::make_unique<IsolatedEvaluator>(iso);
+    o.evaluator = evaluator.get();
+    registry = worker_registry(*evaluator, a.kernels);
+  } else {
+    registry = local();
   }
   o.journal_path = (std::filesystem::path(a.out_dir) / "journal.jsonl").string();
   o.resume = a.resume;
@@ -113,18 +122,21 @@ int fuzz_command(const FuzzArgs& a, Registry& registry, const std::string& comma
   return failed ? kExitFailed : 0;
 }
 
-int replay_command(const std::string& case_path, Registry& registry, const std::string& out_json,
+int replay_command(const std::string& case_path, const LocalRegistry& local, const std::string& out_json,
                    const std::optional<IsolationOptions>& isolation) {
   const Case c = read_case_file(case_path);
   if (c.kernel.empty()) throw InputError(case_path + ": case.kernel is empty: name the kernel to replay on");
-  if (!registry.resolve(c.kernel))
-    throw InputError(fmt::format("case.kernel: '{}' is not a kernel here (see ulpgate list)", c.kernel));
   std::printf("ulpgate replay %s: kernel %s, seed %llu\n", case_path.c_str(), c.kernel.c_str(),
               static_cast<unsigned long long>(c.seed));
   std::fflush(stdout);
   // The one check path, relations included, in a worker: a crashing case is a result.
-  CaseResult r = isolation ? IsolatedEvaluator(*isolation).evaluate(c.kernel, c, EvaluationOptions{})
-                           : replay_case(registry, c, EvaluationOptions{});
+  CaseResult r;
+  if (isolation) {
+    r = IsolatedEvaluator(*isolation).evaluate(c.kernel, c, EvaluationOptions{});  // unknown kernel: InputError
+  } else {
+    Registry registry = local();
+    r = replay_case(registry, c, EvaluationOptions{});
+  }
   r.reproducer = "ulpgate replay " + case_path;
   print_case(r);
   if (!out_json.empty()) {

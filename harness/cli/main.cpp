@@ -181,10 +181,19 @@ int main(int argc, char** argv) {
 
   try {
     if (report->parsed()) return report_command(report_args);  // needs no kernels
-    ulpgate::Registry registry = ulpgate::builtin_registry();
-    for (const auto& p : plugins) ulpgate::load_plugin(p, registry);
-    if (worker->parsed()) return ulpgate::serve_worker(registry);
+    // Kernels are loaded into this process only by `list`, `worker` and --in-process runs;
+    // fuzz, sweep and replay otherwise leave every kernel call to a worker process.
+    const ulpgate::LocalRegistry local = [&] {
+      ulpgate::Registry r = ulpgate::builtin_registry();
+      for (const auto& p : plugins) ulpgate::load_plugin(p, r);
+      return r;
+    };
+    if (worker->parsed()) {
+      ulpgate::Registry registry = local();
+      return ulpgate::serve_worker(registry);
+    }
     if (list->parsed()) {
+      const ulpgate::Registry registry = local();
       list_kernels(registry);
       list_formats();
       std::fputs(ulpgate::describe_families().c_str(), stdout);
@@ -194,7 +203,7 @@ int main(int argc, char** argv) {
     for (int i = 0; i < argc; ++i) command_line += (i ? " " : "") + std::string(argv[i]);
     if (fuzz->parsed()) {
       fuzz_args.plugins = plugins;
-      return ulpgate::fuzz_command(fuzz_args, registry, command_line);
+      return ulpgate::fuzz_command(fuzz_args, local, command_line);
     }
     if (replay->parsed()) {
       std::optional<ulpgate::IsolationOptions> iso;
@@ -204,13 +213,13 @@ int main(int argc, char** argv) {
         iso->plugins = plugins;
         iso->timeout_seconds = replay_timeout;
       }
-      return ulpgate::replay_command(replay_case, registry, replay_out, iso);
+      return ulpgate::replay_command(replay_case, local, replay_out, iso);
     }
     if (gate->parsed()) return ulpgate::gate_command(gate_baseline, gate_run, gate_junit);
     if (baseline_update->parsed()) return ulpgate::baseline_update_command(base_run, base_out, base_slack);
     if (sweep->parsed()) {
       sweep_args.plugins = plugins;
-      return ulpgate::sweep_command(sweep_args, registry, command_line);
+      return ulpgate::sweep_command(sweep_args, local, command_line);
     }
   } catch (const ulpgate::InputError& e) {
     std::fprintf(stderr, "ulpgate: error: %s\n", e.what());

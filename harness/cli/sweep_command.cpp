@@ -20,7 +20,7 @@
 
 namespace ulpgate {
 
-int sweep_command(const SweepArgs& a, Registry& registry, const std::string& command_line) {
+int sweep_command(const SweepArgs& a, const LocalRegistry& local, const std::string& command_line) {
   if (a.kernels.empty()) throw InputError("sweep: --kernel is required");
   const SweepVary vary = parse_vary(a.vary);
   const bool gemm = vary.parameter == "K";
@@ -30,18 +30,23 @@ int sweep_command(const SweepArgs& a, Registry& registry, const std::string& com
     if (!out) throw InputError(fmt::format("--out-dtype '{}': unknown format (see ulpgate list)", a.out_dtype));
   }
   if (!(a.timeout > 0)) throw InputError("--timeout must be > 0");
-  std::vector<Kernel*> kernels;
-  for (const auto& name : a.kernels) {
-    Kernel* k = registry.resolve(name);
-    if (!k) throw InputError(fmt::format("--kernel '{}': no such kernel here (see ulpgate list)", name));
-    kernels.push_back(k);
-  }
+  // Isolated (the default): the points and every supports() query run in a worker.
   std::unique_ptr<IsolatedEvaluator> isolated;
+  Registry registry;
   if (!a.in_process) {
     IsolationOptions iso;
     iso.plugins = a.plugins;
     iso.timeout_seconds = a.timeout;
     isolated = std::make_unique<IsolatedEvaluator>(iso);
+    registry = worker_registry(*isolated, a.kernels);
+  } else {
+    registry = local();
+  }
+  std::vector<Kernel*> kernels;
+  for (const auto& name : a.kernels) {
+    Kernel* k = registry.resolve(name);
+    if (!k) throw InputError(fmt::format("--kernel '{}': no such kernel here (see ulpgate list)", name));
+    kernels.push_back(k);
   }
   const bool tty = isatty(STDERR_FILENO);
   RunRecord record;

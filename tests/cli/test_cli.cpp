@@ -110,3 +110,38 @@ TEST(Cli, FuzzWithoutGnuplotStopsAtTheStart) {
   EXPECT_EQ(skip.out.find("report.html"), std::string::npos) << skip.out;
   EXPECT_NE(std::fopen((out + "/fuzz.json").c_str(), "r"), nullptr);
 }
+
+// fuzz, sweep and replay survive kernels whose supports() or run() crash or hang: each is
+// recorded, and the command goes on (planted kernels: tests/harness/planted).
+TEST(Cli, FuzzSweepAndReplaySurvivePlantedKernels) {
+  const std::string dir = testing::TempDir() + "ulpgate_cli_planted_" + std::to_string(getpid());
+  const std::string plugin = std::string("--plugin ") + PLANTED_PLUGIN;
+  const Result f = run("fuzz " + plugin + " --kernel planted.supports_segfault --kernel planted.supports_hang"
+                       " --kernel planted.segfault --kernel cpu.attn_naive --dtype fp32 --cases 2 --max-k 32"
+                       " --timeout 3 --no-html --time 0 --out " + dir);
+  EXPECT_EQ(f.code, 1) << f.out << f.err;
+  EXPECT_NE(f.out.find("planted.supports_segfault: supports() crashed"), std::string::npos) << f.out;
+  EXPECT_NE(f.out.find("planted.supports_hang: supports() timed out"), std::string::npos) << f.out;
+  EXPECT_NE(f.out.find("SIGSEGV"), std::string::npos) << f.out;  // planted.segfault's run
+  EXPECT_NE(f.out.find("cases,"), std::string::npos) << f.out;   // the campaign's summary line
+
+  const Result s = run("sweep " + plugin + " --kernel planted.supports_segfault --kernel cpu.fp32_seq"
+                       " --vary K=16:32 --mn 4 --timeout 3");
+  EXPECT_EQ(s.code, 0) << s.out << s.err;
+  EXPECT_NE(s.out.find("not supported (supports() crashed"), std::string::npos) << s.out;
+  EXPECT_NE(s.out.find("growth exponent"), std::string::npos) << s.out;
+
+  // A saved case of the crashing kernel replays as a crashed result (exit 1), not a crash.
+  std::string corpus_case;
+  if (FILE* p = popen(("ls " + dir + "/corpus/planted.segfault-*.json 2>/dev/null | head -1").c_str(), "r")) {
+    char buf[4096] = {};
+    if (std::fgets(buf, sizeof buf, p)) corpus_case = buf;
+    pclose(p);
+  }
+  while (!corpus_case.empty() && corpus_case.back() == '\n') corpus_case.pop_back();
+  ASSERT_FALSE(corpus_case.empty()) << "no corpus case for planted.segfault in " << dir;
+  const Result r = run("replay " + corpus_case + " " + plugin);
+  EXPECT_EQ(r.code, 1) << r.out << r.err;
+  EXPECT_NE(r.out.find("crashed"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("SIGSEGV"), std::string::npos) << r.out;
+}

@@ -229,5 +229,37 @@ TEST(Isolate, EveryPlantedKernelInOneCampaign) {
   EXPECT_EQ(ev.workers_started(), 4);  // the first, then one after each of the 3 lost cases
 }
 
+// supports() runs in the worker too: the parent plans with stand-ins, and a supports()
+// that crashes or hangs is an unsupported kernel with the reason, a recorded failure, and
+// a fresh worker for what follows.
+TEST(Isolate, SupportsCrashOrHangIsReportedAndTheWorkerReplaced) {
+  IsolationOptions o = planted_isolation();
+  o.timeout_seconds = 2;
+  IsolatedEvaluator ev(o);
+  Registry stand_ins = worker_registry(ev, {"cpu.attn_online:block=32"});
+  ASSERT_NE(stand_ins.find("planted.supports_segfault"), nullptr);
+  ASSERT_NE(stand_ins.find("cpu.attn_online:block=32"), nullptr);  // resolved in the worker
+  EXPECT_EQ(stand_ins.find("cpu.attn_flash:block=64,p=fp16")->traits().p_bits, 11);
+  const Case c = tiny_case(3);
+  EXPECT_FALSE(stand_ins.find("cpu.fp32_seq")->unsupported(c).has_value());
+  const int before = ev.workers_started();
+  const auto why = stand_ins.find("planted.supports_segfault")->unsupported(c);
+  ASSERT_TRUE(why.has_value());
+  EXPECT_CONTAINS(*why, "supports() crashed");
+  EXPECT_CONTAINS(*why, "SIGSEGV");
+  const auto hang = stand_ins.find("planted.supports_hang")->unsupported(c);
+  ASSERT_TRUE(hang.has_value());
+  EXPECT_CONTAINS(*hang, "supports() timed out");
+  ASSERT_EQ(ev.support_failures().size(), 2u);
+  EXPECT_EQ(ev.support_failures()[0].status, Disposition::Crashed);
+  EXPECT_EQ(ev.support_failures()[1].status, Disposition::TimedOut);
+  // Asked again: the known answer, no new worker taken down.
+  EXPECT_TRUE(stand_ins.find("planted.supports_segfault")->unsupported(tiny_case(4)).has_value());
+  EXPECT_EQ(ev.support_failures().size(), 2u);
+  expect_good_case_passes(ev);
+  EXPECT_EQ(ev.workers_started(), before + 2);
+  EXPECT_THROW(stand_ins.find("cpu.fp32_seq")->run(c, KernelIo{}, *std::make_unique<RunNotes>()), KernelError);
+}
+
 }  // namespace
 }  // namespace ulpgate

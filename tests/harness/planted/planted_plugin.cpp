@@ -7,6 +7,8 @@
 //   planted.noisy            prints garbage to stdout (and a fake protocol line), then
 //                            computes correctly: sequential FMA in FP32, as cpu.fp32_seq
 //   planted.illegal_address  device: a CUDA kernel writing far out of bounds (CUDA builds)
+//   planted.supports_segfault  its supports() writes through a null pointer
+//   planted.supports_hang      its supports() sleeps forever
 // Each says on stderr what it is about to do, so the tests can check that a crash message
 // carries the tail of the worker's stderr. All take FP32 GEMMs without epilogue.
 #include <unistd.h>
@@ -110,6 +112,17 @@ int run_noisy(const ulpgate_problem* p, char*, size_t) {
   return 0;
 }
 
+int supports_segfault(const ulpgate_problem*, char*, size_t) {
+  say("planted.supports_segfault: supports() writing through a null pointer\n");
+  *g_null_target = 1;
+  return 1;
+}
+
+int supports_hang(const ulpgate_problem*, char*, size_t) {
+  say("planted.supports_hang: supports() sleeping forever\n");
+  for (;;) ::sleep(3600);
+}
+
 #ifdef PLANTED_WITH_CUDA
 int run_illegal_address(const ulpgate_problem* p, char* err, size_t err_size) {
   return planted_illegal_address(&p->gemm, p->stream, err, err_size);
@@ -124,6 +137,9 @@ const ulpgate_kernel kKernels[] = {
     {"planted.exit", "test equipment: calls _exit(3)", ULPGATE_HOST_MEMORY, 1, supports_fp32_gemm, run_exit},
     {"planted.noisy", "test equipment: prints garbage to stdout, then computes correctly", ULPGATE_HOST_MEMORY, 1,
      supports_fp32_gemm, run_noisy},
+    {"planted.supports_segfault", "test equipment: supports() segfaults", ULPGATE_HOST_MEMORY, 1, supports_segfault,
+     run_noisy},
+    {"planted.supports_hang", "test equipment: supports() hangs", ULPGATE_HOST_MEMORY, 1, supports_hang, run_noisy},
 #ifdef PLANTED_WITH_CUDA
     {"planted.illegal_address", "test equipment: a CUDA kernel writing far out of bounds", ULPGATE_DEVICE_MEMORY, 1,
      supports_fp32_gemm, run_illegal_address},
