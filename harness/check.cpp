@@ -17,14 +17,12 @@ struct Judged {
   Verdict verdict;
 };
 
-Judged judge_run(const Case& c, const Inputs& inputs, const RunOutcome& run, const ToleranceModel& tol,
-                 double baseline_max_normalised = -1, const BaselineRule& rule = {}) {
+// The metrics and verdict of a run whose comparison (reference included) is cmp.
+void judge_into(Judged& j, const Case& c, const RunOutcome& run, const ToleranceModel& tol,
+                double baseline_max_normalised = -1, const BaselineRule& rule = {}) {
   const OpModule& op = op_module(c.op);
-  const std::string out = outputs_of(c).front();
-  Judged j;
-  j.cmp = op.compare(c, inputs, run.outputs.at(out), tol);
   j.metrics = analyze(j.cmp);
-  j.metrics.output = out;
+  j.metrics.output = outputs_of(c).front();
   j.metrics.unwritten = run.unwritten;
   j.metrics.padding_written = run.padding_written;
   j.verdict = judge(j.cmp, j.metrics, tol, op.reduction_length(c), baseline_max_normalised, rule);
@@ -32,7 +30,22 @@ Judged judge_run(const Case& c, const Inputs& inputs, const RunOutcome& run, con
     j.verdict.passed = false;
     j.verdict.reasons.push_back(fmt::format("the kernel wrote to its inputs ({})", fmt::join(run.inputs_modified, ", ")));
   }
+}
+
+Judged judge_run(const Case& c, const Inputs& inputs, const RunOutcome& run, const ToleranceModel& tol) {
+  Judged j;
+  j.cmp = op_module(c.op).compare(c, inputs, run.outputs.at(outputs_of(c).front()), tol);
+  judge_into(j, c, run, tol);
   return j;
+}
+
+// Another run of the same case against j's reference (same exact output and tolerance).
+Judged rejudge(const Judged& j, const Case& c, const RunOutcome& run, const ToleranceModel& tol) {
+  Judged r;
+  r.cmp = j.cmp;
+  r.cmp.got = op_module(c.op).logical_output(c, run.outputs.at(outputs_of(c).front()));
+  judge_into(r, c, run, tol);
+  return r;
 }
 
 }  // namespace
@@ -71,14 +84,10 @@ Evaluation evaluate_with_inputs(Kernel& k, const Case& c, const Inputs& inputs, 
       if (!model) throw InputError(fmt::format("baseline model '{}' is not a kernel here", options.baseline->model));
       if (model->supports(c)) base = run_kernel(*model, c, inputs);
     }
-    Judged j = judge_run(c, inputs, ev.run, ev.tolerance);
+    Judged j = judge_run(c, inputs, ev.run, ev.tolerance);  // the reference, once
     if (base && base->status == Disposition::Ok) {
-      baseline = analyze(op.compare(c, inputs, base->outputs.at(outputs_of(c).front()), ev.tolerance)).max_normalised;
-      j.verdict = judge(j.cmp, j.metrics, ev.tolerance, op.reduction_length(c), baseline, *options.baseline);
-      if (!ev.run.inputs_modified.empty()) {
-        j.verdict.passed = false;
-        j.verdict.reasons.push_back(fmt::format("the kernel wrote to its inputs ({})", fmt::join(ev.run.inputs_modified, ", ")));
-      }
+      baseline = rejudge(j, c, *base, ev.tolerance).metrics.max_normalised;
+      judge_into(j, c, ev.run, ev.tolerance, baseline, *options.baseline);
     }
     ev.baseline_max_normalised = baseline;
     ev.verdict = j.verdict;
@@ -92,12 +101,8 @@ Evaluation evaluate_with_inputs(Kernel& k, const Case& c, const Inputs& inputs, 
             return r.verdict.passed ? std::string() : r.verdict.reasons.front();
           },
           [&](const RunOutcome& run) {
-            OutputComparison cmp = j.cmp;
-            cmp.got = op.logical_output(c, run.outputs.at(outputs_of(c).front()));
-            ErrorMetrics m = analyze(cmp);
-            m.unwritten = run.unwritten, m.padding_written = run.padding_written;
-            const Verdict v = judge(cmp, m, ev.tolerance, op.reduction_length(c));
-            return v.passed ? std::string() : v.reasons.front();
+            const Judged r = rejudge(j, c, run, ev.tolerance);
+            return r.verdict.passed ? std::string() : r.verdict.reasons.front();
           }};
       ev.relations = op.relations(ctx, c, inputs, ev.run);
       for (const RelationFailure& f : ev.relations) {
