@@ -121,27 +121,13 @@ class AttentionModule final : public OpModule {
     });
   }
 
-  std::string family(const Case& c) const override {
-    const auto it = c.dist.find("Q");
-    return fmt::format("attention {}->{} {} {}", name(c.types.at("Q")), name(c.types.at("O")), name(c.types.at("compute")),
-                       it == c.dist.end() ? std::string(kDefaultDist) : it->second);
-  }
+  std::string family(const Case& c) const override { return op_family(c, "attention", "Q", "O"); }
 
   std::int64_t reduction_length(const Case& c) const override { return c.attention.seq_kv; }
 
   ToleranceModel tolerance(const Case& c, const KernelTraits& traits) const override {
-    ToleranceModel t;
-    const Format compute = c.types.at("compute");
-    switch (compute) {
-      case Format::FP64: t.accumulator_bits = 53; break;
-      case Format::FP16: t.accumulator_bits = 11; break;
-      case Format::BF16: t.accumulator_bits = 8; break;
-      case Format::TF32: t.accumulator_bits = 24, t.input_bits = 11; break;
-      default: t.accumulator_bits = 24; break;
-    }
-    if (traits.accumulator_bits > 0) t.accumulator_bits = traits.accumulator_bits;
+    ToleranceModel t = precision_terms(c, traits);
     t.p_bits = traits.p_bits;
-    t.accumulator_eta = info(compute == Format::TF32 ? Format::FP32 : compute).min_subnormal();
     return t;
   }
 

@@ -182,31 +182,11 @@ class GemmModule final : public OpModule {
     });
   }
 
-  std::string family(const Case& c) const override {
-    const auto it = c.dist.find("A");
-    return fmt::format("gemm {}->{} {} {}", name(c.types.at("A")), name(c.types.at("D")), name(c.types.at("compute")),
-                       it == c.dist.end() ? std::string(kDefaultDist) : it->second);
-  }
+  std::string family(const Case& c) const override { return op_family(c, "gemm", "A", "D"); }
 
   std::int64_t reduction_length(const Case& c) const override { return c.gemm.k; }
 
-  // The accumulator precision of the compute format (fp32 -> 24 bits, fp16 -> 11, fp64 ->
-  // 53; tf32 compute accumulates in FP32 but rounds its inputs to 11 bits), or the
-  // kernel's own declared accumulator precision when it gives one.
-  ToleranceModel tolerance(const Case& c, const KernelTraits& traits) const override {
-    ToleranceModel t;
-    const Format compute = c.types.at("compute");
-    switch (compute) {
-      case Format::FP64: t.accumulator_bits = 53; break;
-      case Format::FP16: t.accumulator_bits = 11; break;
-      case Format::BF16: t.accumulator_bits = 8; break;
-      case Format::TF32: t.accumulator_bits = 24, t.input_bits = 11; break;
-      default: t.accumulator_bits = 24; break;
-    }
-    if (traits.accumulator_bits > 0) t.accumulator_bits = traits.accumulator_bits;
-    t.accumulator_eta = info(compute == Format::TF32 ? Format::FP32 : compute).min_subnormal();
-    return t;
-  }
+  ToleranceModel tolerance(const Case& c, const KernelTraits& traits) const override { return precision_terms(c, traits); }
 
   OutputComparison compare(const Case& c, const Inputs& inputs, const Tensor& d, const ToleranceModel& tol) const override {
     const GemmReference ref = gemm_reference(c, inputs);

@@ -77,6 +77,15 @@ class OpModule {
                                 double kernel_mean_normalised) const = 0;
 };
 
+/// The precision terms every op's tolerance starts from: the accumulator precision of the
+/// compute format (fp32 -> 24 bits, fp16 -> 11, bf16 -> 8, fp64 -> 53; tf32 accumulates in
+/// FP32 but rounds its inputs to 11 bits), or the kernel's declared accumulator precision,
+/// and the accumulator's smallest subnormal.
+ToleranceModel precision_terms(const Case& c, const KernelTraits& traits);
+
+/// "OP IN->OUT COMPUTE DIST", the gate family of a case: e.g. "gemm bf16->fp32 fp32 normal(0,1)".
+std::string op_family(const Case& c, const char* op, const char* in, const char* out);
+
 /// The module of an op.
 const OpModule& op_module(Op op);
 /// Every op's module, GEMM first.
