@@ -13,7 +13,8 @@
 // Relations (run when the case passed):
 //   - repeatability: a deterministic kernel gives the same bits twice;
 //   - V scaling: V scaled by 2 doubles O exactly where nothing can underflow or overflow
-//     (nonzero |v| in [2^-20, max/4], score spread 2S <= 64, O normal);
+//     (nonzero |v| in [2^-20, max/4], score spread 2S <= 64, O normal, and the visible
+//     v_jd of one sign, so that no partial sum cancels into the subnormals);
 //   - key shift: the same vector added to every key (chosen so the largest score grows by
 //     about 100: exp overflows FP32 without the max subtraction) gives O within tolerance
 //     of its exact reference;
