@@ -227,3 +227,82 @@ TEST(AttentionOp, VScalingNoFalseAlarmOnCancellingColumns) {
   const Evaluation ev = evaluate(*online, c, EvaluationOptions{});
   EXPECT_TRUE(ev.verdict.passed) << ev.verdict.reasons.front();
 }
+
+namespace {
+
+// A plain FP32 attention kernel with one planted bug of a class real kernels have.
+enum class Bug { None, TopLeftCausal, IgnoresKvLengths, ScaleOverD, MaskedRowNaN, LastBlockDropped };
+
+class BuggyAttention final : public Kernel {
+ public:
+  explicit BuggyAttention(Bug bug) : bug_(bug) {}
+  std::string name() const override { return "planted.attention." + std::to_string(static_cast<int>(bug_)); }
+  std::string description() const override { return name(); }
+  KernelTraits traits() const override { return {}; }
+  std::optional<std::string> unsupported(const Case& c) const override {
+    if (c.op != Op::Attention) return "attention only";
+    for (const char* op : {"Q", "K", "V", "O"})
+      if (c.types.at(op) != Format::FP32) return "FP32 Q, K, V and O only";
+    return std::nullopt;
+  }
+  void run(const Case& c, const KernelIo& io, RunNotes&) override {
+    const AttentionShape& a = c.attention;
+    const AttentionView qv = attention_view(c, "Q"), kv = attention_view(c, "K"), vv = attention_view(c, "V"),
+                        ov = attention_view(c, "O");
+    const auto in = [&](const char* op, const AttentionView& v, std::int64_t b, std::int64_t h, std::int64_t s, std::int64_t d) {
+      return static_cast<const float*>(io.in.at(op))[v.offset(b, h, s, d)];
+    };
+    const double d = static_cast<double>(a.head_dim);
+    const float scale = static_cast<float>(a.softmax_scale.value_or(bug_ == Bug::ScaleOverD ? 1.0 / d : 1.0 / std::sqrt(d)));
+    for (std::int64_t b = 0; b < a.batch; ++b)
+      for (std::int64_t h = 0; h < a.heads; ++h)
+        for (std::int64_t i = 0; i < a.seq_q; ++i) {
+          std::vector<std::int64_t> keys;
+          const std::int64_t len = a.kv_lengths.empty() || bug_ == Bug::IgnoresKvLengths ? a.seq_kv : a.kv_lengths[b];
+          const std::int64_t end = bug_ == Bug::LastBlockDropped && len > 64 ? len / 64 * 64 : len;
+          for (std::int64_t j = 0; j < end; ++j) {
+            const bool causal_ok = !a.causal || (bug_ == Bug::TopLeftCausal ? j <= i : j - (a.seq_kv - a.seq_q) <= i);
+            if (causal_ok) keys.push_back(j);
+          }
+          std::vector<float> s(keys.size());
+          float m = -INFINITY, l = 0;
+          for (std::size_t t = 0; t < keys.size(); ++t) {
+            float dot = 0;
+            for (std::int64_t e = 0; e < a.head_dim; ++e) dot = std::fma(in("Q", qv, b, h, i, e), in("K", kv, b, h, keys[t], e), dot);
+            m = std::max(m, s[t] = scale * dot);
+          }
+          for (float& x : s) l += (x = std::exp(x - m));
+          for (std::int64_t e = 0; e < a.eff_head_dim_v(); ++e) {
+            float acc = 0;
+            for (std::size_t t = 0; t < keys.size(); ++t) acc = std::fma(s[t], in("V", vv, b, h, keys[t], e), acc);
+            float o = l > 0 ? acc / l : (bug_ == Bug::MaskedRowNaN ? NAN : 0.0f);
+            static_cast<float*>(io.out.at("O"))[ov.offset(b, h, i, e)] = o;
+          }
+        }
+  }
+
+ private:
+  Bug bug_;
+};
+
+}  // namespace
+
+// Bug classes of real attention kernels, each planted in an otherwise correct FP32 kernel:
+// the campaign finds every one, and passes the same kernel without a bug.
+TEST(AttentionOp, FuzzFindsPlantedBugClasses) {
+  for (Bug bug : {Bug::None, Bug::TopLeftCausal, Bug::IgnoresKvLengths, Bug::ScaleOverD, Bug::MaskedRowNaN,
+                  Bug::LastBlockDropped}) {
+    Registry reg;
+    reg.add(std::make_unique<BuggyAttention>(bug));
+    FuzzOptions o;
+    o.cases = 25, o.seed = 3, o.max_k = 300;
+    o.targets = {{"planted.attention." + std::to_string(static_cast<int>(bug)), "fp32", Op::Attention}};
+    const RunRecord r = run_fuzz(reg, o);
+    const bool found = std::any_of(r.cases.begin(), r.cases.end(), [](const CaseResult& c) { return !c.verdict.passed; });
+    if (bug == Bug::None) {
+      for (const auto& c : r.cases) EXPECT_TRUE(c.verdict.passed) << c.family << ": " << c.verdict.reasons.front();
+    } else {
+      EXPECT_TRUE(found) << "bug " << static_cast<int>(bug) << " not found in " << r.cases.size() << " cases";
+    }
+  }
+}
