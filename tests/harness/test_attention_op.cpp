@@ -3,7 +3,10 @@
 // against a kernel built to break it while passing the tolerance.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <cmath>
+#include <filesystem>
 
 #include "distributions/fill.hpp"
 #include "harness/check.hpp"
@@ -102,8 +105,25 @@ TEST(AttentionOp, FuzzModelsPassAndPlantedBugIsFound) {
   ASSERT_NE(reg.resolve("cpu.attn_online:block=16,rescale=off"), nullptr);
   FuzzOptions bug = o;
   bug.targets = {{"cpu.attn_online:block=16,rescale=off", "fp32", Op::Attention}};
+  bug.corpus_dir = testing::TempDir() + "attention_corpus_" + std::to_string(::getpid());
+  std::filesystem::remove_all(bug.corpus_dir);
   const RunRecord b = run_fuzz(reg, bug);
   EXPECT_TRUE(std::any_of(b.cases.begin(), b.cases.end(), [](const CaseResult& c) { return !c.verdict.passed; }));
+  // Every saved failure, relation failures included, fails again on replay.
+  int replayed = 0, by_relation = 0;
+  for (const auto& f : std::filesystem::directory_iterator(bug.corpus_dir)) {
+    const CaseResult r = replay_case(reg, read_case_file(f.path().string()), EvaluationOptions{});
+    EXPECT_FALSE(r.verdict.passed) << f.path();
+    ++replayed, by_relation += r.notes.count("relation") > 0;
+  }
+  EXPECT_GE(replayed, 1);
+  std::printf("[ corpus ] %d replayed, %d by a relation\n", replayed, by_relation);
+  // A failure found by a relation only (the no-rescale bug hidden in the original key order,
+  // exposed by the permutation; saved by a campaign): replay runs the relation and fails.
+  const CaseResult rel = replay_case(
+      reg, read_case_file(std::string(ULPGATE_SOURCE_DIR) + "/tests/data/attention_relation_failure.json"), EvaluationOptions{});
+  EXPECT_FALSE(rel.verdict.passed);
+  EXPECT_EQ(rel.notes.count("relation") ? rel.notes.at("relation") : "", "key_permutation");
 }
 
 // V scaling: an absolute offset of 2^-20 in O (values in [1, 2]: a few ulps) is inside the
