@@ -162,3 +162,20 @@ TEST(Gate, BadBaselineFilesAreInputErrors) {
   EXPECT_EQ(msg(j), "baseline.entries[0].max_normalised: must be a number");
   EXPECT_THROW(read_baseline_file("/nonexistent/baseline.json"), InputError);
 }
+
+// A target's cases depend only on (seed, kernel, dtype, op), not on which other targets
+// the campaign runs (issue 13: adding a kernel used to change every later target's cases).
+TEST(Fuzz, TargetCaseStreamDependsOnlyOnItsOwnName) {
+  Registry reg = builtin_registry();
+  FuzzOptions alone = options("cpu.fp32_seq", "fp16", "");
+  alone.cases = 4;
+  FuzzOptions with_other = alone;
+  with_other.targets.insert(with_other.targets.begin(), {"cpu.fp32_pairwise", "fp32"});
+  const RunRecord a = run_fuzz(reg, alone), b = run_fuzz(reg, with_other);
+  std::vector<nlohmann::json> ca, cb;
+  for (const auto& c : a.cases) ca.push_back(to_json(c.spec));
+  for (const auto& c : b.cases)
+    if (c.kernel == "cpu.fp32_seq") cb.push_back(to_json(c.spec));
+  ASSERT_EQ(ca.size(), 4u);
+  EXPECT_EQ(ca, cb);
+}
