@@ -58,6 +58,7 @@ int sweep_command(const SweepArgs& a, const LocalRegistry& local, const std::str
               record.environment.device.c_str(),
               gemm ? fmt::format("M = N = {}", a.mn).c_str() : fmt::format("seq_q = {}, head_dim 64", a.seq_q).c_str(),
               vary.parameter.c_str(), static_cast<long long>(vary.values.front()), static_cast<long long>(vary.values.back()));
+  std::int64_t failed_points = 0, series_run = 0;
   for (Kernel* k : kernels)
     for (const auto& dist : a.dists) {
       const std::string dtype = a.dtype.empty() ? default_dtype(k->name()) : a.dtype;
@@ -94,11 +95,14 @@ int sweep_command(const SweepArgs& a, const LocalRegistry& local, const std::str
                   a.metric.c_str(), vary.parameter.c_str(), a.metric.c_str(), "effective bits");
       for (std::size_t i = 0; i < s.series.x.size(); ++i)
         std::printf("  %8.0f  %16.4g  %14.2f\n", s.series.x[i], s.series.y[i], s.effective_bits_per_point[i]);
-      for (const auto& r : s.cases)
-        if (r.status != Disposition::Ok)
-          std::printf("  %s=%lld: %s: %s\n", vary.parameter.c_str(),
+      ++series_run;
+      for (const auto& r : s.cases)  // every point is judged like any case
+        if (!r.verdict.passed) {
+          ++failed_points;
+          std::printf("  FAIL %s=%lld: %s\n", vary.parameter.c_str(),
                       static_cast<long long>(gemm ? r.spec.gemm.k : r.spec.attention.seq_kv),
-                      std::string(name(r.status)).c_str(), r.message.c_str());
+                      r.verdict.reasons.empty() ? std::string(name(r.status)).c_str() : r.verdict.reasons.front().c_str());
+        }
       if (gemm)
         std::printf("  growth exponent %.3f +- %.3f, effective accumulator precision %.2f bits\n", s.series.fit.exponent,
                     s.series.fit.exponent_stderr, s.series.effective_bits);
@@ -114,7 +118,9 @@ int sweep_command(const SweepArgs& a, const LocalRegistry& local, const std::str
     write_record_file(path, record);
     std::printf("\nrun record: %s (render with: ulpgate report %s --html report.html)\n", path.c_str(), path.c_str());
   }
-  return 0;
+  if (series_run == 0) throw InputError("sweep: no requested kernel supports the requested case (see the lines above)");
+  if (failed_points) std::printf("%lld sweep points failed their check\n", static_cast<long long>(failed_points));
+  return failed_points ? 1 : 0;
 }
 
 }  // namespace ulpgate

@@ -145,3 +145,17 @@ TEST(Cli, FuzzSweepAndReplaySurvivePlantedKernels) {
   EXPECT_NE(r.out.find("crashed"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("SIGSEGV"), std::string::npos) << r.out;
 }
+
+// sweep has verdicts: a point that fails (here: the kernel crashes at every K) makes the
+// exit code 1, and a sweep where no requested kernel supports the case is bad input (2).
+TEST(Cli, SweepExitCodesFollowTheVerdicts) {
+  const std::string plugin = std::string("--plugin ") + PLANTED_PLUGIN;
+  const Result crash = run("sweep " + plugin + " --kernel planted.segfault --vary K=16:32 --mn 4 --timeout 5");
+  EXPECT_EQ(crash.code, 1) << crash.out << crash.err;
+  EXPECT_NE(crash.out.find("FAIL"), std::string::npos) << crash.out;
+  const Result none = run("sweep --kernel cpu.fp32_seq --dtype fp64 --vary K=16:32 --mn 4");
+  EXPECT_EQ(none.code, 2) << none.out << none.err;
+  EXPECT_EQ(lines(none.err), 1) << none.err;
+  const Result ok = run("sweep --kernel cpu.fp32_seq --vary K=16:32 --mn 4");
+  EXPECT_EQ(ok.code, 0) << ok.out << ok.err;
+}
