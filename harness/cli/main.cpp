@@ -87,7 +87,10 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   app.fallthrough(true);  // global options may follow the verb
   std::vector<std::string> plugins;
-  app.add_option("--plugin", plugins, "Load kernels from a plugin shared library (repeatable)");
+  // One value per --plugin (repeat the flag), so that it may stand before a positional argument.
+  app.add_option("--plugin", plugins, "Load kernels from a plugin shared library (repeatable)")
+      ->allow_extra_args(false)
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
 
   auto* list = app.add_subcommand("list", "Kernels, formats and distributions available here");
   // Hidden (no group): the isolation worker that runs kernels for fuzz (harness/isolate.hpp).

@@ -140,7 +140,7 @@ TEST(Cli, FuzzSweepAndReplaySurvivePlantedKernels) {
   }
   while (!corpus_case.empty() && corpus_case.back() == '\n') corpus_case.pop_back();
   ASSERT_FALSE(corpus_case.empty()) << "no corpus case for planted.segfault in " << dir;
-  const Result r = run("replay " + corpus_case + " " + plugin);
+  const Result r = run("replay " + plugin + " " + corpus_case);  // --plugin before the file: one value each
   EXPECT_EQ(r.code, 1) << r.out << r.err;
   EXPECT_NE(r.out.find("crashed"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("SIGSEGV"), std::string::npos) << r.out;
