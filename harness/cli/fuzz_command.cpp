@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <memory>
 
@@ -87,6 +88,11 @@ int fuzz_command(const FuzzArgs& a, const LocalRegistry& local, const std::strin
   if (o.targets.empty()) throw InputError("fuzz: no kernel here supports the requested --kernel/--dtype combination");
   if (!a.no_html) report::check_gnuplot();  // before the campaign, not after it
   const bool tty = isatty(STDERR_FILENO);
+  // Without a terminal (CI logs), a progress line at least every 10 s
+  // (ULPGATE_PROGRESS_SECONDS overrides), so a long campaign is never silent.
+  double progress_every = 10;
+  if (const char* e = std::getenv("ULPGATE_PROGRESS_SECONDS")) progress_every = std::strtod(e, nullptr);
+  double last_progress = 0;
   std::printf("ulpgate fuzz: seed %llu, %zu targets (kernel x dtype), %lld cases each, K <= %lld, budget %s\n",
               static_cast<unsigned long long>(a.seed), o.targets.size(), static_cast<long long>(a.cases),
               static_cast<long long>(a.max_k), a.seconds > 0 ? fmt::format("{:.0f} s", a.seconds).c_str() : "none");
@@ -94,11 +100,18 @@ int fuzz_command(const FuzzArgs& a, const LocalRegistry& local, const std::strin
   RunRecord r = run_fuzz(
       registry, o,
       [&](const FuzzProgress& p) {
-        if (!tty) return;
         const double rate = p.elapsed > 0 ? p.cases / p.elapsed : 0;
         const double eta = rate > 0 ? (p.total - p.cases) / rate : 0;
-        std::fprintf(stderr, "\r  %lld/%lld cases, %lld failing, %.1f cases/s, ETA %.0f s   ", static_cast<long long>(p.cases),
-                     static_cast<long long>(p.total), static_cast<long long>(p.failures), rate, eta);
+        if (tty) {
+          std::fprintf(stderr, "\r  %lld/%lld cases, %lld failing, %.1f cases/s, ETA %.0f s   ", static_cast<long long>(p.cases),
+                       static_cast<long long>(p.total), static_cast<long long>(p.failures), rate, eta);
+        } else if (p.elapsed - last_progress >= progress_every) {
+          last_progress = p.elapsed;
+          std::fprintf(stderr, "progress: %lld/%lld cases, %lld failing, %.0f s elapsed, ETA %.0f s\n",
+                       static_cast<long long>(p.cases), static_cast<long long>(p.total), static_cast<long long>(p.failures),
+                       p.elapsed, eta);
+          std::fflush(stderr);
+        }
       },
       [&](const std::string& line) {
         if (tty) std::fprintf(stderr, "\r\033[K");

@@ -159,3 +159,14 @@ TEST(Cli, SweepExitCodesFollowTheVerdicts) {
   const Result ok = run("sweep --kernel cpu.fp32_seq --vary K=16:32 --mn 4");
   EXPECT_EQ(ok.code, 0) << ok.out << ok.err;
 }
+
+// Without a terminal, fuzz prints progress lines to stderr (at least every 10 s; here every
+// case), so CI logs are not silent during a long campaign.
+TEST(Cli, FuzzPrintsProgressWithoutATerminal) {
+  const std::string dir = testing::TempDir() + "ulpgate_cli_progress_" + std::to_string(getpid());
+  const Result r = run("fuzz --kernel cpu.fp32_seq --dtype fp16 --cases 3 --max-k 16 --no-html --out " + dir,
+                       "ULPGATE_PROGRESS_SECONDS=0");
+  EXPECT_EQ(r.code, 0) << r.out << r.err;
+  EXPECT_NE(r.err.find("progress: 1/3 cases, 0 failing"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("progress: 3/3 cases"), std::string::npos) << r.err;
+}
