@@ -1,6 +1,7 @@
 #include "harness/check.hpp"
 
 #include <chrono>
+#include <cstring>
 
 #include <fmt/format.h>
 
@@ -104,7 +105,15 @@ Evaluation evaluate_with_inputs(Kernel& k, const Case& c, const Inputs& inputs, 
             const Judged r = rejudge(j, c, run, ev.tolerance);
             return r.verdict.passed ? std::string() : r.verdict.reasons.front();
           }};
-      ev.relations = op.relations(ctx, c, inputs, ev.run);
+      // Repeatability holds for every op: a deterministic kernel gives the same bits twice.
+      if (k.traits().deterministic) {
+        const RunOutcome again = run_kernel(k, c, inputs);
+        const Tensor &a = again.outputs.at(outputs_of(c).front()), &b = ev.run.outputs.at(outputs_of(c).front());
+        if (again.status != Disposition::Ok || a.size_bytes() != b.size_bytes() ||
+            std::memcmp(a.data(), b.data(), a.size_bytes()) != 0)
+          ev.relations.push_back({"repeatability", "not bitwise repeatable: a second run gave other bits"});
+      }
+      for (RelationFailure& f : op.relations(ctx, c, inputs, ev.run)) ev.relations.push_back(std::move(f));
       for (const RelationFailure& f : ev.relations) {
         ev.verdict.passed = false;
         ev.verdict.reasons.push_back(f.problem);

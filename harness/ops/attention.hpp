@@ -10,8 +10,8 @@
 // when the kernel declares one), plus O's own rounding u_O |x| and half its smallest
 // subnormal, as for GEMM. Fully masked rows must give 0.
 //
-// Relations (run when the case passed):
-//   - repeatability: a deterministic kernel gives the same bits twice;
+// Relations (run when the case passed; bitwise repeatability, common to every op, is
+// checked in harness/check):
 //   - V scaling: V scaled by 2 doubles O exactly where nothing can underflow or overflow
 //     (nonzero |v| in [2^-20, max/4], score spread 2S <= 64, O normal, and the visible
 //     v_jd of one sign, so that no partial sum cancels into the subnormals);

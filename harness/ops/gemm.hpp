@@ -1,8 +1,8 @@
 // The GEMM op: dtypes, generator, tolerance terms, comparison with the exact reference,
 // metamorphic relations, and the sweep's precision calibrator.
 //
-// Relations (run when the case passed):
-//   - repeatability: a kernel that declares itself deterministic gives the same bits twice;
+// Relations (run when the case passed; bitwise repeatability, common to every op, is
+// checked in harness/check):
 //   - scaling: A scaled by 2 scales the exact result exactly, so a correct floating-point
 //     kernel's D doubles bit for bit (checked where no value can overflow or underflow:
 //     beta = 0, no bias, epilogue none or ReLU, products >= 2^24 x the smallest normal);

@@ -68,7 +68,8 @@ class OpModule {
                                    const ToleranceModel& tol) const = 0;
   /// The output's codes in logical order (GEMM (b, i, j), attention (b, h, i, d)).
   virtual std::vector<Code> logical_output(const Case& c, const Tensor& output) const = 0;
-  /// Runs the metamorphic relations that apply to a case whose first run passed.
+  /// Runs the op's metamorphic relations that apply to a case whose first run passed
+  /// (repeatability, common to every op, is checked by harness/check).
   virtual std::vector<RelationFailure> relations(const RelationContext& ctx, const Case& c, const Inputs& inputs,
                                                  const RunOutcome& first) const = 0;
   /// The effective accumulator precision at one sweep point (harness/sweep.hpp), NaN where
