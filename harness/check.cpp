@@ -156,16 +156,20 @@ CaseResult check_case(Kernel& k, const Case& c, const EvaluationOptions& options
   } catch (const std::exception& e) {
     // A kernel that throws something other than KernelError: this case failed; the
     // campaign goes on.
-    CaseResult r;
-    r.kernel = k.name();
-    r.spec = c;
-    r.family = family;
-    r.status = Disposition::Failed;
-    r.message = fmt::format("evaluation threw: {}", e.what());
-    r.verdict.passed = false;
-    r.verdict.reasons.push_back(fmt::format("{}: {}", name(r.status), r.message));
-    return r;
+    return failed_result(k.name(), c, Disposition::Failed, fmt::format("evaluation threw: {}", e.what()));
   }
+}
+
+CaseResult failed_result(const std::string& kernel, const Case& c, Disposition status, std::string message) {
+  CaseResult r;
+  r.kernel = kernel;
+  r.spec = c;
+  r.family = case_family(c);
+  r.status = status;
+  r.message = std::move(message);
+  r.verdict.passed = false;
+  r.verdict.reasons.push_back(fmt::format("{}: {}", name(status), r.message));
+  return r;
 }
 
 }  // namespace ulpgate

@@ -65,6 +65,10 @@ Evaluation evaluate_with_inputs(Kernel& k, const Case& c, const Inputs& inputs, 
 /// a relation that failed is named in notes["relation"].
 CaseResult to_case_result(const Kernel& k, const Case& c, const Evaluation& ev, std::string family);
 
+/// The record of a case that gave no outputs (it threw, crashed, hung): status, message,
+/// and the verdict "STATUS: message", family case_family(c).
+CaseResult failed_result(const std::string& kernel, const Case& c, Disposition status, std::string message);
+
 /// evaluate + to_case_result, with anything a kernel throws besides KernelError (and
 /// InputError, which is the case's fault) turned into a failed result.
 CaseResult check_case(Kernel& k, const Case& c, const EvaluationOptions& options, const Registry* registry = nullptr);

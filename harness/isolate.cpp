@@ -593,14 +593,7 @@ CaseResult IsolatedEvaluator::evaluate(const std::string& kernel, const Case& c,
   const auto start = Clock::now();
   // What the record says about a case whose worker gave no result.
   const auto lost = [&](Disposition status, const std::string& message) {
-    CaseResult r;
-    r.kernel = kernel;
-    r.spec = c;
-    r.family = case_family(c);
-    r.status = status;
-    r.message = message;
-    r.verdict.passed = false;
-    r.verdict.reasons.push_back(fmt::format("{}: {}", name(status), message));
+    CaseResult r = failed_result(kernel, c, status, message);
     r.seconds = std::chrono::duration<double>(Clock::now() - start).count();
     return r;
   };
