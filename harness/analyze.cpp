@@ -52,14 +52,16 @@ Class classify(const OutputComparison& cmp, std::size_t e, Code r) {
   const Format f = cmp.format;
   const Code g = cmp.got[e];
   const bool g_finite = is_finite(f, g), r_finite = is_finite(f, r);
-  if (g_finite && r_finite) return Class::Compared;
   const RefValue& x = cmp.exact[e];
   const bool exact_finite = x.kind == RefValue::Kind::Finite || x.kind == RefValue::Kind::Zero;  // no NaN/Inf input
   if (accumulated_at(cmp, e) > cmp.accumulator_max) {
+    // Finite or not, what a correct kernel returns here is anything: the element is counted
+    // as overflowed and kept out of the error statistics (its error says nothing).
     if (exact_finite) return Class::Overflowed;
     // An Inf input meets an accumulator that overflowed the other way: Inf - Inf.
     if (x.kind == RefValue::Kind::Inf && is_nan(f, g)) return Class::Overflowed;
   }
+  if (g_finite && r_finite) return Class::Compared;
   if (exact_finite && is_inf(f, r)) {  // x_e beyond D's range
     if (is_nan(f, g)) return Class::Overflowed;
     if (g == ((r & info(f).sign_mask()) | info(f).max_finite_code)) return Class::Overflowed;  // rounded toward zero
@@ -252,7 +254,6 @@ Verdict judge(const OutputComparison& cmp, const ErrorMetrics& m, const Toleranc
     const RefValue& x = cmp.exact[e];
     const Class k = classify(cmp, e, x.round_to(f, Rounding::NearestEven, output_overflow(f)));
     if (k == Class::Compared) {
-      if (accumulated_at(cmp, e) > cmp.accumulator_max) continue;
       const DoubleDouble xd = target(f, x);
       const double err = std::fabs(signed_error(decode(f, g), xd));
       const double b = bound(e, magnitude_of(xd));

@@ -41,7 +41,10 @@
 //                          rounding toward zero), and the epilogue (alpha, an activation)
 //                          turns that into anything: for a finite x_e (no NaN or Inf input)
 //                          any d_e is accepted where d_e or r_e is not finite, and where both
-//                          are, the tolerance is not applied. For an infinite x_e (an Inf
+//                          are, the tolerance is not applied. Either way the element is
+//                          overflowed: it takes no part in the error statistics (max/mean,
+//                          ULP, histogram, map), which would otherwise show errors of 1e78
+//                          that mean nothing. For an infinite x_e (an Inf
 //                          input) d_e NaN is accepted (the Inf met an overflow the other
 //                          way). Inf and NaN inputs do not count in accumulated_e. Where
 //                          the kernel rounds its inputs (TF32: input_bits = 11), an input

@@ -141,9 +141,14 @@ TEST(Analyze, OverflowedAccumulator) {
   cmp.accumulated = {1e6, 1e6, 1e6, 100.0, 1e6, 1e6};  // the fourth one's terms fit FP16
   cmp.accumulator_max = 65504.0;
   ErrorMetrics m = analyze(cmp);
-  EXPECT_EQ(m.overflowed, 3);
+  EXPECT_EQ(m.overflowed, 4);  // 3 for 1 as well: finite, but not an error worth measuring
   EXPECT_EQ(m.missed_nonfinite, 2);  // the fourth, and the NaN input's
-  EXPECT_EQ(m.compared, 1);  // 3 for 1: compared, not held to the tolerance
+  // Overflowed elements take no part in the error statistics (issue 13: records showed
+  // max ULP errors of 1e78 from them, which switched the gate's ULP check off).
+  EXPECT_EQ(m.compared, 0);
+  EXPECT_EQ(m.max_ulp, 0.0);
+  EXPECT_EQ(m.max_normalised, 0.0);
+  EXPECT_EQ(m.ulp_histogram[kUlpHistogramBins - 1], 0);
   const Verdict v = judge(cmp, m, ToleranceModel{}, 4);
   ASSERT_EQ(v.reasons.size(), 1u);
   EXPECT_EQ(v.reasons[0], "2 missed NaN/Inf (the exact result is not finite)");
