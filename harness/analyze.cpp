@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
+#include <set>
 
 #include <fmt/format.h>
 
@@ -226,19 +228,31 @@ double ToleranceModel::bound(double condition, double exact_abs, Format out, std
 Verdict judge(const OutputComparison& cmp, const ErrorMetrics& m, const ToleranceModel& tol, std::int64_t n,
               double baseline_max_normalised, const BaselineRule& rule) {
   Verdict v;
-  auto fail = [&](std::string why) {
-    v.passed = false;
-    v.reasons.push_back(std::move(why));
-  };
-  if (m.unwritten) fail(fmt::format("{} output elements never written", m.unwritten));
-  if (m.padding_written) fail(fmt::format("{} padding elements of the output overwritten", m.padding_written));
-  if (m.unexpected_nan) fail(fmt::format("{} unexpected NaN", m.unexpected_nan));
+  const std::string out = m.output.empty() ? "out" : m.output;
+  if (m.unwritten) v.fail(out + ":unwritten", fmt::format("{} output elements never written", m.unwritten));
+  if (m.padding_written)
+    v.fail(out + ":padding_written", fmt::format("{} padding elements of the output overwritten", m.padding_written));
 
-  // One pass over the elements. Compared ones (unless an intermediate may overflow) are held
-  // to the tolerance. An Inf where r_e is finite, or a finite d_e where x_e overflows D, is
-  // within tolerance when the tolerance interval around x_e crosses D's overflow threshold
-  // (RNE: max finite plus half its unit) on d_e's side: the kernel's unrounded result may
-  // lie beyond it.
+  // Where the failing elements of each check lie (the region of the signature): edge when
+  // all of them are in the output's last row or last column.
+  const std::int64_t rows = cmp.shape.size() >= 2 ? cmp.shape[cmp.shape.size() - 2] : 1;
+  const std::int64_t cols = cmp.shape.empty() ? static_cast<std::int64_t>(cmp.got.size()) : cmp.shape.back();
+  std::map<std::string, bool> interior;  // check -> some failing element off the edge
+  const auto failing = [&](const char* check, std::size_t e) {
+    const std::int64_t col = cols ? static_cast<std::int64_t>(e) % cols : 0;
+    const std::int64_t row = cols && rows ? (static_cast<std::int64_t>(e) / cols) % rows : 0;
+    bool& in = interior[check];
+    in = in || (row != rows - 1 && col != cols - 1);
+  };
+  const auto token = [&](const char* check) {
+    const char* region = rows < 2 || cols < 2 ? "any" : interior[check] ? "interior" : "edge";
+    return fmt::format("{}:{}@{}", out, check, region);
+  };
+
+  // One pass over the elements. Compared ones are held to the tolerance. An Inf where r_e
+  // is finite, or a finite d_e where x_e overflows D, is within tolerance when the
+  // tolerance interval around x_e crosses D's overflow threshold (RNE: max finite plus half
+  // its unit) on d_e's side: the kernel's unrounded result may lie beyond it.
   const Format f = cmp.format;
   const auto& fi = info(f);
   const double threshold = fi.max_finite() + ulp_of(f, fi.max_finite()) / 2;
@@ -247,7 +261,7 @@ Verdict judge(const OutputComparison& cmp, const ErrorMetrics& m, const Toleranc
     if (cmp.allowed.empty()) return tol.bound(condition_at(cmp, e), exact_abs, f, n);
     return cmp.allowed[e] + u_out * exact_abs + fi.min_subnormal() / 2;  // as bound()'s output terms
   };
-  std::int64_t inf_ok = 0, missed_ok = 0, over = 0;
+  std::int64_t nan = 0, inf = 0, missed = 0, mismatched = 0, over = 0;
   double worst_ratio = 0;
   for (std::size_t e = 0; e < cmp.got.size(); ++e) {
     const Code g = cmp.got[e];
@@ -260,35 +274,75 @@ Verdict judge(const OutputComparison& cmp, const ErrorMetrics& m, const Toleranc
       if (err > b) {
         ++over;
         worst_ratio = std::max(worst_ratio, err / b);
+        failing("tolerance", e);
       }
+    } else if (k == Class::UnexpectedNan) {
+      ++nan;
+      failing("unexpected_nan", e);
+    } else if (k == Class::Mismatched) {
+      ++mismatched;
+      failing("mismatched_nonfinite", e);
     } else if (k == Class::UnexpectedInf || k == Class::Missed) {
       const DoubleDouble xd = x.double_double();
       const double b = bound(e, magnitude_of(xd));
       if (k == Class::UnexpectedInf) {
         const double toward = is_negative(f, g) ? -(xd.hi + xd.lo) : xd.hi + xd.lo;
-        if (toward + b >= threshold) ++inf_ok;
-      } else if (std::fabs(signed_error(decode(f, g), xd)) <= b) {
-        ++missed_ok;
+        if (toward + b < threshold) ++inf, failing("unexpected_inf", e);
+      } else if (!(std::fabs(signed_error(decode(f, g), xd)) <= b)) {  // NaN (x_e infinite): missed
+        ++missed, failing("missed_nonfinite", e);
       }
     }
   }
-  if (m.unexpected_inf > inf_ok) fail(fmt::format("{} unexpected Inf", m.unexpected_inf - inf_ok));
-  if (m.missed_nonfinite > missed_ok)
-    fail(fmt::format("{} missed NaN/Inf (the exact result is not finite)", m.missed_nonfinite - missed_ok));
-  if (m.mismatched_nonfinite) fail(fmt::format("{} wrong non-finite values (NaN vs Inf or wrong sign)", m.mismatched_nonfinite));
+  if (nan) v.fail(token("unexpected_nan"), fmt::format("{} unexpected NaN", nan));
+  if (inf) v.fail(token("unexpected_inf"), fmt::format("{} unexpected Inf", inf));
+  if (missed) v.fail(token("missed_nonfinite"), fmt::format("{} missed NaN/Inf (the exact result is not finite)", missed));
+  if (mismatched)
+    v.fail(token("mismatched_nonfinite"), fmt::format("{} wrong non-finite values (NaN vs Inf or wrong sign)", mismatched));
   if (over)
-    fail(fmt::format("{} elements exceed the tolerance (worst {:.3g}x the bound; {})", over, worst_ratio,
-                     !cmp.tolerance_note.empty()
-                         ? cmp.tolerance_note
-                         : fmt::format("accumulator {} bits{}, n = {}", tol.accumulator_bits,
-                                       tol.input_bits ? fmt::format(", inputs {} bits", tol.input_bits) : "", n)));
+    v.fail(token("tolerance"),
+           fmt::format("{} elements exceed the tolerance (worst {:.3g}x the bound; {})", over, worst_ratio,
+                       !cmp.tolerance_note.empty()
+                           ? cmp.tolerance_note
+                           : fmt::format("accumulator {} bits{}, n = {}", tol.accumulator_bits,
+                                         tol.input_bits ? fmt::format(", inputs {} bits", tol.input_bits) : "", n)));
   if (baseline_max_normalised >= 0) {
     const double allowed = rule.factor * baseline_max_normalised + u_out;
     if (m.max_normalised > allowed)
-      fail(fmt::format("max normalised error {:.3g} is above {} x {} ({:.3g}) + u_D", m.max_normalised, rule.factor, rule.model,
-                       baseline_max_normalised));
+      v.fail(out + ":baseline_rule", fmt::format("max normalised error {:.3g} is above {} x {} ({:.3g}) + u_D",
+                                                 m.max_normalised, rule.factor, rule.model, baseline_max_normalised));
   }
   return v;
+}
+
+std::string failure_signature(const Verdict& v) {
+  if (v.passed) return "";
+  std::set<std::string> tokens(v.checks.begin(), v.checks.end());
+  if (tokens.empty()) tokens.insert("unexplained");  // a failed verdict from before checks were recorded
+  return fmt::format("{}", fmt::join(tokens, " + "));
+}
+
+bool same_failure(const std::string& a, const std::string& b) {
+  // check -> region ("" for tokens without one)
+  const auto parse = [](const std::string& s) {
+    std::map<std::string, std::string> m;
+    for (std::size_t at = 0; at <= s.size();) {
+      std::size_t end = s.find(" + ", at);
+      if (end == std::string::npos) end = s.size();
+      const std::string t = s.substr(at, end - at);
+      const std::size_t r = t.find('@');
+      if (!t.empty()) m[t.substr(0, r)] = r == std::string::npos ? "" : t.substr(r + 1);
+      at = end + 3;
+    }
+    return m;
+  };
+  const auto x = parse(a), y = parse(b);
+  if (x.size() != y.size()) return false;
+  for (const auto& [check, region] : x) {
+    const auto it = y.find(check);
+    if (it == y.end()) return false;
+    if (region != it->second && region != "any" && it->second != "any") return false;
+  }
+  return true;
 }
 
 }  // namespace ulpgate

@@ -175,11 +175,34 @@ struct BaselineRule {
   double factor = 8.0;
 };
 
-/// Pass/fail of one run with every reason it failed.
+/// Pass/fail of one run with every reason it failed. Each reason has a check token next to
+/// it (checks[i] for reasons[i]), what a failure's signature is made of:
+///   OUTPUT:CHECK@REGION for element checks: CHECK one of tolerance, unexpected_nan,
+///     unexpected_inf, missed_nonfinite, mismatched_nonfinite, baseline_rule; REGION edge
+///     (every failing element in the output's last row or last column: a boundary or
+///     remainder bug), interior (some failing element elsewhere) or any (the output has a
+///     single row or column, so the two cannot be told apart)
+///   OUTPUT:unwritten, OUTPUT:padding_written, inputs_modified (the write audit)
+///   relation:NAME (a metamorphic relation that did not hold)
+///   status:crashed, status:timed_out, status:failed (no output to judge)
 struct Verdict {
   bool passed = true;
   std::vector<std::string> reasons;  ///< e.g. "3 elements exceed the tolerance (worst 41.2x)"
+  std::vector<std::string> checks;   ///< e.g. "D:tolerance@interior", one per reason
+  /// Records a failure: passed = false, the reason and its check token.
+  void fail(std::string check, std::string reason) {
+    passed = false;
+    checks.push_back(std::move(check));
+    reasons.push_back(std::move(reason));
+  }
 };
+
+/// The signature of a verdict: its check tokens, sorted and unique, joined by " + " ("" for
+/// a pass). Two failures are the same failure when their tokens agree check for check, a
+/// region "any" agreeing with every region (see same_failure).
+std::string failure_signature(const Verdict& v);
+/// Whether signatures a and b name the same failure (above).
+bool same_failure(const std::string& a, const std::string& b);
 
 /// Applies the tolerance model (element by element: cmp.allowed when the op gives it, else
 /// tol.bound with n), the NaN/Inf rules, and the write audit (unwritten or padding-written

@@ -28,8 +28,7 @@ void judge_into(Judged& j, const Case& c, const RunOutcome& run, const Tolerance
   j.metrics.padding_written = run.padding_written;
   j.verdict = judge(j.cmp, j.metrics, tol, op.reduction_length(c), baseline_max_normalised, rule);
   if (!run.inputs_modified.empty()) {
-    j.verdict.passed = false;
-    j.verdict.reasons.push_back(fmt::format("the kernel wrote to its inputs ({})", fmt::join(run.inputs_modified, ", ")));
+    j.verdict.fail("inputs_modified", fmt::format("the kernel wrote to its inputs ({})", fmt::join(run.inputs_modified, ", ")));
   }
 }
 
@@ -50,6 +49,8 @@ Judged rejudge(const Judged& j, const Case& c, const RunOutcome& run, const Tole
 }
 
 }  // namespace
+
+std::string status_check(Disposition status) { return "status:" + std::string(name(status)); }
 
 std::string default_dtype(const std::string& kernel) {
   const auto dot = kernel.find('.');
@@ -75,7 +76,8 @@ Evaluation evaluate_with_inputs(Kernel& k, const Case& c, const Inputs& inputs, 
   ev.run = run_kernel(k, c, inputs);
   if (ev.run.status != Disposition::Ok) {
     ev.verdict.passed = ev.run.status == Disposition::NotSupported;
-    if (!ev.verdict.passed) ev.verdict.reasons.push_back(fmt::format("{}: {}", name(ev.run.status), ev.run.message));
+    if (!ev.verdict.passed)
+      ev.verdict.fail(status_check(ev.run.status), fmt::format("{}: {}", name(ev.run.status), ev.run.message));
   } else {
     // The baseline model runs on the same inputs and is compared with the same reference.
     double baseline = -1;
@@ -114,10 +116,7 @@ Evaluation evaluate_with_inputs(Kernel& k, const Case& c, const Inputs& inputs, 
           ev.relations.push_back({"repeatability", "not bitwise repeatable: a second run gave other bits"});
       }
       for (RelationFailure& f : op.relations(ctx, c, inputs, ev.run)) ev.relations.push_back(std::move(f));
-      for (const RelationFailure& f : ev.relations) {
-        ev.verdict.passed = false;
-        ev.verdict.reasons.push_back(f.problem);
-      }
+      for (const RelationFailure& f : ev.relations) ev.verdict.fail("relation:" + f.relation, f.problem);
     }
   }
   ev.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -142,6 +141,7 @@ CaseResult to_case_result(const Kernel& k, const Case& c, const Evaluation& ev, 
   r.metrics = ev.metrics;
   r.verdict = ev.verdict;
   r.seconds = ev.seconds;
+  stamp(r);
   return r;
 }
 
@@ -167,8 +167,8 @@ CaseResult failed_result(const std::string& kernel, const Case& c, Disposition s
   r.family = case_family(c);
   r.status = status;
   r.message = std::move(message);
-  r.verdict.passed = false;
-  r.verdict.reasons.push_back(fmt::format("{}: {}", name(status), r.message));
+  r.verdict.fail(status_check(status), fmt::format("{}: {}", name(status), r.message));
+  stamp(r);
   return r;
 }
 

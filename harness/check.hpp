@@ -40,6 +40,9 @@ struct Evaluation {
   double seconds = 0;
 };
 
+/// The check token of a run that gave no output ("status:crashed"; see Verdict).
+std::string status_check(Disposition status);
+
 /// The input type a kernel name implies ("cublaslt.fp8_fast" -> "e4m3", "cublas.tf32" ->
 /// "tf32", cpu.* -> "fp32").
 std::string default_dtype(const std::string& kernel);

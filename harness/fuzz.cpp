@@ -12,7 +12,6 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 #include <rapidcheck.h>
-#include <rapidcheck/detail/TestListenerAdapter.h>
 
 #include "distributions/case_gen.hpp"
 #include "distributions/fill.hpp"
@@ -20,12 +19,6 @@
 #include "core/rng.hpp"
 #include "harness/isolate.hpp"
 #include "harness/journal.hpp"
-
-namespace rc::detail {
-// Defined in librapidcheck (detail/Configuration.cpp) but not declared in its headers:
-// the string RC_PARAMS="reproduce=..." takes.
-std::string reproduceMapToString(const std::unordered_map<std::string, Reproduce>& reproduceMap);
-}  // namespace rc::detail
 
 namespace ulpgate {
 namespace {
@@ -38,20 +31,47 @@ std::uint64_t fnv1a(const std::string& s) {
   return h;
 }
 
-std::string short_hash(const std::string& s) { return fmt::format("{:016x}", fnv1a(s)); }
-
-std::uint64_t target_key(const FuzzTarget& t) {
-  return fnv1a(fmt::format("{} {} {}", t.kernel, t.dtype, t.op == Op::Gemm ? "gemm" : "attention"));
+// A word as a shell would need it typed: bare when it holds only safe characters.
+std::string shell_word(const std::string& s) {
+  const bool safe = !s.empty() && std::all_of(s.begin(), s.end(), [](unsigned char ch) {
+    return std::isalnum(ch) || std::strchr("._:=,/+-@%", ch);
+  });
+  if (safe) return s;
+  std::string q = "'";
+  for (char ch : s) q += ch == '\'' ? std::string("'\\''") : std::string(1, ch);
+  return q + "'";
 }
 
-// Checks one generated case: in the worker when isolated (the parent never runs kernel
-// code), else in this process. Every problem is in the verdict.
-CaseResult check_generated(Registry& registry, Kernel& k, const Case& generated, const EvaluationOptions& options,
+std::string plugin_flags(const std::vector<std::string>& plugins) {
+  std::string out;
+  for (const auto& p : plugins) out += " --plugin " + shell_word(p);
+  return out;
+}
+
+// A file name from a kernel name and an id (parameterised model names hold ':' and ',').
+std::string file_stem(const std::string& kernel, const std::string& id) {
+  std::string file;
+  for (char ch : kernel + "-" + id) file += std::isalnum(static_cast<unsigned char>(ch)) || ch == '-' || ch == '.' ? ch : '_';
+  return file;
+}
+
+// Checks one case: in the worker when isolated (the parent never runs kernel code), else
+// in this process. Every problem is in the verdict; a case the harness itself cannot
+// handle is a failed result, seen and shrunk like any other.
+CaseResult check_generated(Registry& registry, Kernel& k, const Case& c, const EvaluationOptions& options,
                            IsolatedEvaluator* isolated) {
-  return isolated ? isolated->evaluate(k.name(), generated, options) : check_case(k, generated, options, &registry);
+  try {
+    return isolated ? isolated->evaluate(k.name(), c, options) : check_case(k, c, options, &registry);
+  } catch (const std::exception& e) {
+    return failed_result(k.name(), c, Disposition::Failed, std::string("harness error: ") + e.what());
+  }
 }
 
 }  // namespace
+
+std::string target_name(const FuzzTarget& t) {
+  return fmt::format("{} {} {}", t.kernel, t.dtype, t.op == Op::Gemm ? "gemm" : "attention");
+}
 
 std::vector<FuzzTarget> all_targets(const Registry& registry) {
   std::vector<FuzzTarget> out;
@@ -60,6 +80,33 @@ std::vector<FuzzTarget> all_targets(const Registry& registry) {
       for (const std::string& dt : op->dtypes())
         if (k->supports(op->basic_case(dt))) out.push_back({k->name(), dt, op->op()});
   return out;
+}
+
+CampaignDefinition campaign_definition(const FuzzOptions& o, const std::vector<FuzzTarget>& targets) {
+  CampaignDefinition c;
+  c.kind = "fuzz";
+  c.seed = o.seed;
+  c.cases = o.cases;
+  c.max_k = o.max_k;
+  c.metamorphic = o.metamorphic;
+  c.gelu = o.gelu;
+  for (const auto& t : targets) c.targets.push_back(target_name(t));
+  for (const auto& p : o.plugins) c.plugins.push_back(plugin_identity(p));
+  c.ulpgate_version = capture_environment().ulpgate_version;
+  c.tolerance = o.evaluation.tolerance ? tolerance_to_json(*o.evaluation.tolerance).dump() : "nominal per case";
+  if (o.evaluation.baseline)
+    c.baseline_rule = fmt::format("{} x {}", o.evaluation.baseline->model, o.evaluation.baseline->factor);
+  return c;
+}
+
+std::string fuzz_reproducer(const FuzzOptions& o, const FuzzTarget& t, std::int64_t index) {
+  std::string cmd = "ulpgate" + plugin_flags(o.plugins);
+  cmd += fmt::format(" fuzz --kernel {} --dtype {} --seed {} --cases {} --max-k {} --time 0", shell_word(t.kernel), t.dtype,
+                     o.seed, index + 1, o.max_k);
+  if (!o.metamorphic) cmd += " --no-metamorphic";
+  if (o.isolation) cmd += fmt::format(" --timeout {}", o.isolation->timeout_seconds);
+  else cmd += " --in-process";
+  return cmd;
 }
 
 CaseResult replay_case(Registry& registry, Case c, const EvaluationOptions& options) {
@@ -72,25 +119,18 @@ RunRecord run_fuzz(Registry& registry, const FuzzOptions& o, const std::function
                    const std::function<void(const std::string&)>& log) {
   const auto start = std::chrono::steady_clock::now();
   const auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); };
+  const auto budget_spent = [&] { return o.seconds > 0 && elapsed() > o.seconds; };
   const auto say = [&](const std::string& s) {
     if (log) log(s);
   };
-  // RC_PARAMS="reproduce=..." (printed with each failure) replays that shrunk failure.
-  std::unordered_map<std::string, rc::detail::Reproduce> reproduce;
-  if (const char* env = std::getenv("RC_PARAMS")) {
-    try {
-      reproduce = rc::detail::configFromString(env).reproduce;
-    } catch (const rc::detail::ConfigurationException& e) {
-      throw InputError(fmt::format("RC_PARAMS: {}", e.what()));
-    }
-  }
+  const std::vector<FuzzTarget> targets = o.targets.empty() ? all_targets(registry) : o.targets;
   RunRecord record;
   record.kind = "fuzz";
   record.seed = o.seed;
+  record.campaign = campaign_definition(o, targets);
   record.environment = capture_environment();
   if (o.evaluation.tolerance) record.tolerance = *o.evaluation.tolerance;
   if (o.evaluation.baseline) record.baseline = *o.evaluation.baseline;
-  const std::vector<FuzzTarget> targets = o.targets.empty() ? all_targets(registry) : o.targets;
   EvaluationOptions options = o.evaluation;
   options.relations = o.metamorphic;
   FuzzProgress p;
@@ -98,6 +138,7 @@ RunRecord run_fuzz(Registry& registry, const FuzzOptions& o, const std::function
   std::unique_ptr<IsolatedEvaluator> own;
   IsolatedEvaluator* isolated = o.evaluator;
   if (!isolated && o.isolation) isolated = (own = std::make_unique<IsolatedEvaluator>(*o.isolation)).get();
+  const std::string replay_cmd = "ulpgate" + plugin_flags(o.plugins) + " replay ";
   std::size_t support_failures_seen = 0;
   // A supports() query that crashed or hung the worker: recorded as a failed result (the
   // kernel is then unsupported everywhere and the campaign goes on).
@@ -105,6 +146,7 @@ RunRecord run_fuzz(Registry& registry, const FuzzOptions& o, const std::function
     if (!isolated) return;
     for (; support_failures_seen < isolated->support_failures().size(); ++support_failures_seen) {
       CaseResult r = isolated->support_failures()[support_failures_seen];
+      r.origin = "supports";
       say(fmt::format("FAIL {}: {}", r.kernel, r.message));
       ++p.failures;
       record.cases.push_back(std::move(r));
@@ -112,12 +154,19 @@ RunRecord run_fuzz(Registry& registry, const FuzzOptions& o, const std::function
   };
   std::unique_ptr<Journal> journal;
   if (!o.journal_path.empty()) {
-    nlohmann::json campaign = {{"seed", o.seed}, {"cases", o.cases}, {"max_k", o.max_k}, {"metamorphic", o.metamorphic}};
+    nlohmann::json campaign = {{"seed", o.seed}, {"cases", o.cases}, {"max_k", o.max_k}, {"metamorphic", o.metamorphic},
+                               {"stream", 2}};
     for (const auto& t : targets) campaign["targets"].push_back(t.kernel + " " + t.dtype);
     journal = std::make_unique<Journal>(o.journal_path, campaign, o.resume);
     if (journal->loaded()) say(fmt::format("resuming: {} cases from {}", journal->loaded(), o.journal_path));
     for (const auto& n : journal->notes()) say(n);
   }
+  const auto save_case = [&](const std::string& dir, const CaseResult& r) {
+    std::filesystem::create_directories(dir);
+    const auto path = std::filesystem::path(dir) / (file_stem(r.kernel, r.id) + ".json");
+    write_case_file(path.string(), r.spec);
+    return path.string();
+  };
 
   // The corpus first: every saved failure of a kernel in this campaign is rerun.
   if (!o.corpus_dir.empty() && std::filesystem::is_directory(o.corpus_dir)) {
@@ -130,8 +179,8 @@ RunRecord run_fuzz(Registry& registry, const FuzzOptions& o, const std::function
       const bool wanted = std::any_of(targets.begin(), targets.end(), [&](const FuzzTarget& t) { return t.kernel == c.kernel; });
       if (!wanted || !registry.resolve(c.kernel)) continue;
       CaseResult r = isolated ? isolated->evaluate(c.kernel, c, options) : replay_case(registry, c, options);
-      r.family = "corpus " + r.family;
-      r.reproducer = "ulpgate replay " + f.string();
+      r.origin = "corpus";
+      r.reproducer = replay_cmd + shell_word(f.string());
       if (!r.verdict.passed) ++p.failures;
       say(fmt::format("corpus {}: {}", f.filename().string(), r.verdict.passed ? "passes now" : "still fails"));
       record.cases.push_back(std::move(r));
@@ -139,98 +188,94 @@ RunRecord run_fuzz(Registry& registry, const FuzzOptions& o, const std::function
   }
 
   take_support_failures();  // from planning the targets
-  for (std::size_t ti = 0; ti < targets.size(); ++ti) {
-    const FuzzTarget& t = targets[ti];
+  for (const FuzzTarget& t : targets) {
     Kernel* k = registry.resolve(t.kernel);
     if (!k) throw InputError(fmt::format("--kernel '{}': no such kernel here (see ulpgate list)", t.kernel));
-    if (o.seconds > 0 && elapsed() > o.seconds) {
-      say(fmt::format("time budget spent: {} {} not fuzzed", t.kernel, t.dtype));
-      continue;
-    }
-    // State shared with the property: results of the first pass, and the last failure
-    // (RapidCheck calls the property again while shrinking; the last failing call is the
-    // minimal counterexample).
-    std::vector<CaseResult> results;
-    bool shrinking = false;
-    int shrink_steps = 0;
-    std::optional<CaseResult> minimal;
-    auto property = [&]() {
-      const Case generated = *op_module(t.op).generate(t.dtype, k, GenLimits{o.max_k, o.gelu});
-      if (!shrinking && o.seconds > 0 && elapsed() > o.seconds) return;  // budget spent: pass quietly
-      // Shrinking can try thousands of candidates; past kMaxShrinkSteps, or once the time
-      // budget is spent, the smallest failure found so far is the one reported (later
-      // candidates pass, which ends the search).
-      if (shrinking && (++shrink_steps > kMaxShrinkSteps || (o.seconds > 0 && elapsed() > o.seconds))) return;
-      const auto run_case = [&] {
-        try {
-          return check_generated(registry, *k, generated, options, isolated);
-        } catch (const std::exception& e) {
-          // A generated case the harness itself cannot handle: recorded as a failure so that
-          // it is seen and shrunk like any other.
-          CaseResult r;
-          r.kernel = k->name();
-          r.spec = generated;
-          r.family = case_family(generated);
-          r.status = Disposition::Failed;
-          r.message = std::string("harness error: ") + e.what();
-          r.verdict.passed = false;
-          r.verdict.reasons = {r.message};
-          return r;
-        }
-      };
-      CaseResult r = journal ? journal->resume_or_run(k->name(), generated, run_case) : run_case();
-      if (!shrinking) {
-        ++p.cases;
-        p.elapsed = elapsed();
-        if (!r.verdict.passed) ++p.failures;
-        if (progress) progress(p);
-        results.push_back(r);
-      }
-      if (!r.verdict.passed) {
-        shrinking = true;
-        minimal = r;
-        RC_FAIL(fmt::format("{} on {}: {}", k->name(), r.family, r.verdict.reasons.front()));
-      }
+    const rc::Gen<Case> gen = op_module(t.op).generate(t.dtype, k, GenLimits{o.max_k, o.gelu});
+    const std::uint64_t target_seed = low64(random_block(o.seed, 0xF022u, fnv1a(target_name(t))));
+    const auto evaluate = [&](const Case& c) {
+      CaseResult r = journal ? journal->resume_or_run(k->name(), c, [&] { return check_generated(registry, *k, c, options, isolated); })
+                             : check_generated(registry, *k, c, options, isolated);
+      r.target = target_name(t);
+      return r;
     };
-    rc::detail::TestParams params;
-    // One seed per target from the campaign seed and the target's own name, so that its
-    // cases do not depend on which other targets run (or in which order).
-    params.seed = low64(random_block(o.seed, 0xF022u, target_key(t)));
-    params.maxSuccess = static_cast<int>(o.cases);
-    params.maxSize = 100;
-    rc::detail::TestMetadata meta;
-    meta.id = meta.description = fmt::format("{} {}", t.kernel, t.dtype);
-    // A listener and parameters of our own: RapidCheck's defaults read RC_PARAMS, print
-    // "Using configuration" with a seed that plays no part here, and print every reproduce
-    // string again at exit; the campaign seeds and reports everything itself.
-    rc::detail::TestListenerAdapter quiet;
-    const rc::detail::TestResult result =
-        rc::detail::checkProperty(rc::detail::toProperty(property), meta, params, quiet, reproduce);
-    for (auto& r : results) {
-      r.reproducer = fmt::format("ulpgate fuzz --kernel {} --dtype {} --seed {} --cases {}", t.kernel, t.dtype, o.seed, o.cases);
-      record.cases.push_back(std::move(r));
-    }
-    rc::detail::FailureResult failure;
-    if (result.match(failure) && minimal) {
-      CaseResult m = *minimal;
-      m.family = "shrunk " + m.family;
-      const std::string reproduce =
-          rc::detail::reproduceMapToString({{meta.id, failure.reproduce}});
-      m.notes["rapidcheck_reproduce"] = fmt::format("RC_PARAMS=\"reproduce={}\"", reproduce);
-      if (!o.corpus_dir.empty()) {
-        std::filesystem::create_directories(o.corpus_dir);
-        const std::string stem = fmt::format("{}-{}", t.kernel, short_hash(to_json(m.spec).dump()));
-        std::string file;
-        for (char ch : stem) file += std::isalnum(static_cast<unsigned char>(ch)) || ch == '-' || ch == '.' ? ch : '_';
-        const auto path = std::filesystem::path(o.corpus_dir) / (file + ".json");
-        write_case_file(path.string(), m.spec);
-        m.reproducer = "ulpgate replay " + path.string();
-        say(fmt::format("FAIL {} {}: {} (minimal case: {}; {})", t.kernel, t.dtype, m.verdict.reasons.front(),
-                        path.string(), m.notes["rapidcheck_reproduce"]));
-      } else {
-        say(fmt::format("FAIL {} {}: {}", t.kernel, t.dtype, m.verdict.reasons.front()));
+    // Shrinks a failing case towards a minimal one with the same signature: the first
+    // shrink that still fails that way is taken, until none does (or the step or time
+    // budget ends it: the smallest so far is the result).
+    const auto shrink = [&](rc::Shrinkable<Case> failing, const CaseResult& first) {
+      CaseResult best = first;
+      int steps = 0;
+      for (bool progressed = true; progressed;) {
+        progressed = false;
+        auto children = failing.shrinks();
+        while (auto child = children.next()) {
+          if (++steps > kMaxShrinkSteps || budget_spent()) return best;
+          Case cc;
+          try {
+            cc = child->value();
+          } catch (const std::exception&) {
+            continue;  // a shrink the generator cannot build
+          }
+          CaseResult cr = evaluate(cc);
+          if (!cr.verdict.passed && same_failure(cr.signature, first.signature)) {
+            failing = *child;
+            best = std::move(cr);
+            progressed = true;
+            break;
+          }
+        }
       }
-      record.cases.push_back(std::move(m));
+      return best;
+    };
+    std::vector<std::string> shrunk_signatures;
+    std::int64_t i = 0;
+    for (; i < o.cases && !budget_spent(); ++i) {
+      const rc::Random random(low64(random_block(target_seed, 0xF023u, static_cast<std::uint64_t>(i))));
+      const int size = static_cast<int>((37 * i) % 101);
+      std::optional<rc::Shrinkable<Case>> drawn;
+      CaseResult r;
+      try {
+        drawn = gen(random, size);
+        r = evaluate(drawn->value());
+      } catch (const std::exception& e) {
+        drawn.reset();
+        r = failed_result(k->name(), op_module(t.op).basic_case(t.dtype), Disposition::Failed,
+                          std::string("harness error: case generation failed: ") + e.what());
+        r.target = target_name(t);
+      }
+      r.origin = "generated";
+      r.reproducer = fuzz_reproducer(o, t, i);
+      ++p.cases;
+      p.elapsed = elapsed();
+      if (!r.verdict.passed) {
+        ++p.failures;
+        if (!o.cases_dir.empty()) r.reproducer = replay_cmd + shell_word(save_case(o.cases_dir, r));
+        say(fmt::format("FAIL {} {} case {} [{}]: {} ({})", t.kernel, t.dtype, i, r.signature, r.verdict.reasons.front(),
+                        r.reproducer));
+      }
+      if (progress) progress(p);
+      const bool shrink_it = !r.verdict.passed && drawn &&
+                             std::none_of(shrunk_signatures.begin(), shrunk_signatures.end(),
+                                          [&](const std::string& s) { return same_failure(s, r.signature); });
+      const CaseResult first = r;
+      record.cases.push_back(std::move(r));
+      if (!shrink_it) continue;
+      shrunk_signatures.push_back(first.signature);
+      CaseResult m = shrink(*drawn, first);
+      if (!o.corpus_dir.empty()) {
+        const std::string path = save_case(o.corpus_dir, m);
+        say(fmt::format("  shrunk to {}{}", path, m.id == first.id ? " (no smaller case fails the same way)" : ""));
+        m.reproducer = replay_cmd + shell_word(path);
+      }
+      if (m.id != first.id) {
+        m.origin = "shrunk";
+        m.notes["shrunk_from"] = first.id;
+        record.cases.push_back(std::move(m));
+      }
+    }
+    if (i < o.cases) {
+      record.not_run.push_back({target_name(t), o.cases, i, fmt::format("time budget (--time {}) spent", o.seconds)});
+      say(fmt::format("time budget spent: {} of {} cases of {} not run", o.cases - i, o.cases, target_name(t)));
     }
     take_support_failures();
   }

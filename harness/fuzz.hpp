@@ -1,10 +1,21 @@
-// Fuzz campaigns: RapidCheck properties over generated cases for kernels x input types,
-// GEMM and attention alike (harness/ops). Each generated case goes through the one check
-// path (harness/check.hpp) in the isolated worker: the verdict (tolerance, NaN/Inf, write
-// audit) and the op's metamorphic relations. A failure shrinks (RapidCheck) to a minimal
-// case, saved as case JSON in the corpus folder with the RapidCheck reproduce string;
-// later campaigns replay the corpus first. Seeds: the campaign seed makes every target's
-// RapidCheck seed, so a campaign is reproducible from the printed seed and budget.
+// Fuzz campaigns: generated cases for kernels x input types, GEMM and attention alike
+// (harness/ops). Each generated case goes through the one check path (harness/check.hpp)
+// in the isolated worker: the verdict (tolerance, NaN/Inf, write audit) and the op's
+// metamorphic relations.
+//
+// Case streams: case i of a target (kernel, dtype, op) is drawn by the op's RapidCheck
+// generator from a random state that depends only on (campaign seed, target name, i), at
+// RapidCheck size (37 i) mod 101 (so small and large shapes from the first cases on). A
+// target's cases therefore do not depend on which other targets run or on --cases: a
+// campaign with --cases 6 runs the five cases of --cases 5 and one more.
+//
+// Failures: a target goes on after a failure, up to its case budget. Every failing case is
+// saved as a case file (cases_dir) with a replay command as its reproducer; the first
+// failure of each distinct signature (analyze.hpp: which check, which output and region,
+// which relation) in a target is shrunk, keeping that signature, to a minimal case saved
+// in the corpus, which later campaigns replay first.
+//
+// Budget: cases the time budget did not reach are listed in RunRecord::not_run.
 #pragma once
 
 #include <cstdint>
@@ -31,7 +42,11 @@ struct FuzzOptions {
   double seconds = 0;               ///< wall-clock budget for the whole campaign (0: none)
   std::uint64_t seed = 1;
   std::int64_t max_k = 4096;        ///< largest K generated
-  std::string corpus_dir;           ///< saved failures, replayed first ("" : none)
+  std::string corpus_dir;           ///< shrunk failures, replayed first ("" : none)
+  std::string cases_dir;            ///< every failing case as a case file ("" : none)
+  /// Plugin libraries the kernels come from: named in the campaign (with a hash of each
+  /// file) and in every reproducer.
+  std::vector<std::string> plugins;
   EvaluationOptions evaluation;
   bool metamorphic = true;
   /// Draw GELU epilogues too (their certified reference costs up to seconds per case).
@@ -56,6 +71,16 @@ struct FuzzProgress {
   std::int64_t cases = 0, failures = 0, total = 0;
   double elapsed = 0;
 };
+
+/// The campaign definition these options make (RunRecord::campaign).
+CampaignDefinition campaign_definition(const FuzzOptions& o, const std::vector<FuzzTarget>& targets);
+
+/// "KERNEL DTYPE OP": how records name a target.
+std::string target_name(const FuzzTarget& t);
+
+/// The command that regenerates case `index` of target t (its last case), with every flag
+/// that shapes the case stream and its judgement.
+std::string fuzz_reproducer(const FuzzOptions& o, const FuzzTarget& t, std::int64_t index);
 
 /// Runs the campaign; returns the run record (kind "fuzz"). progress is called after each
 /// case; log receives one line per event worth printing (failures, corpus saves).

@@ -275,8 +275,8 @@ std::pair<json, bool> serve_request(Registry& registry, const std::string& line)
         // synchronisation missed): the outputs cannot be trusted.
         result.status = Disposition::Failed;
         result.message = fmt::format("CUDA context lost after the run: {}", *lost);
-        result.verdict.passed = false;
-        result.verdict.reasons.push_back(fmt::format("{}: {}", name(result.status), result.message));
+        result.verdict.fail(status_check(result.status), fmt::format("{}: {}", name(result.status), result.message));
+        stamp(result);
       }
     }
   }
@@ -633,8 +633,8 @@ IsolatedEvaluator::SupportAnswer IsolatedEvaluator::supports(const std::string& 
   r.family = "supports() " + case_family(c);
   r.status = x.status;
   r.message = a.why;
-  r.verdict.passed = false;
-  r.verdict.reasons.push_back(a.why);
+  r.verdict.fail("supports:" + std::string(name(x.status)), a.why);
+  stamp(r);
   support_failures_.push_back(std::move(r));
   return a;
 }

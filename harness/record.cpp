@@ -5,7 +5,9 @@
 #include <cmath>
 #include <cstdio>
 #include <ctime>
+#include <algorithm>
 #include <set>
+#include <string_view>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -361,13 +363,16 @@ ErrorMetrics metrics_from_json(const json& j, const std::string& path) {
   return m;
 }
 
-json verdict_to_json(const Verdict& v) { return {{"passed", v.passed}, {"reasons", v.reasons}}; }
+json verdict_to_json(const Verdict& v) { return {{"passed", v.passed}, {"reasons", v.reasons}, {"checks", v.checks}}; }
 
 Verdict verdict_from_json(const json& j, const std::string& path) {
   Reader r(j, path);
   Verdict v;
   v.passed = r.boolean("passed");
   v.reasons = r.strings("reasons");
+  v.checks = r.strings("checks");
+  if (v.checks.size() != v.reasons.size())
+    fail(r.path("checks"), fmt::format("must have one entry per reason ({}), got {}", v.reasons.size(), v.checks.size()));
   r.finish();
   return v;
 }
@@ -379,7 +384,11 @@ Verdict verdict_from_json(const json& j, const std::string& path) {
 json case_result_to_json(const CaseResult& c) {
   return {{"kernel", c.kernel},
           {"case", to_json(c.spec)},
+          {"id", c.id},
           {"family", c.family},
+          {"target", c.target},
+          {"origin", c.origin},
+          {"signature", c.signature},
           {"status", name(c.status)},
           {"message", c.message},
           {"notes", c.notes},
@@ -408,7 +417,11 @@ CaseResult case_result_from_json(const json& j, const std::string& path) {
       throw InputError(what.rfind("case", 0) == 0 ? case_path + what.substr(4) : case_path + ": " + what);
     }
   }
+  c.id = r.string("id");
   c.family = r.string("family");
+  c.target = r.string("target");
+  c.origin = r.string("origin");
+  c.signature = r.string("signature");
   c.status = parse_disposition(r.need("status"), r.path("status"));
   c.message = r.string("message");
   {
@@ -476,14 +489,52 @@ SweepSeries sweep_from_json(const json& j, const std::string& path) {
 
 }  // namespace
 
+json campaign_to_json(const CampaignDefinition& c) {
+  json plugins = json::array();
+  for (const auto& p : c.plugins) plugins.push_back({{"name", p.name}, {"hash", p.hash}});
+  return {{"kind", c.kind},       {"seed", c.seed},
+          {"cases", c.cases},     {"max_k", c.max_k},
+          {"metamorphic", c.metamorphic}, {"gelu", c.gelu},
+          {"targets", c.targets}, {"plugins", plugins},
+          {"ulpgate_version", c.ulpgate_version}, {"tolerance", c.tolerance},
+          {"baseline_rule", c.baseline_rule}};
+}
+
+CampaignDefinition campaign_from_json(const json& j, const std::string& path) {
+  Reader r(j, path);
+  CampaignDefinition c;
+  c.kind = r.string("kind");
+  c.seed = r.unsigned_integer("seed");
+  c.cases = r.integer("cases", 0);
+  c.max_k = r.integer("max_k", 0);
+  c.metamorphic = r.boolean("metamorphic");
+  c.gelu = r.boolean("gelu");
+  c.targets = r.strings("targets");
+  r.array("plugins", [&](const json& e, const std::string& p) {
+    Reader pr(e, p);
+    PluginIdentity id{pr.string("name"), pr.string("hash")};
+    pr.finish();
+    c.plugins.push_back(std::move(id));
+  });
+  c.ulpgate_version = r.string("ulpgate_version");
+  c.tolerance = r.string("tolerance");
+  c.baseline_rule = r.string("baseline_rule");
+  r.finish();
+  return c;
+}
+
 json to_json(const RunRecord& r) {
-  json cases = json::array(), sweeps = json::array();
+  json cases = json::array(), sweeps = json::array(), not_run = json::array();
   for (const auto& c : r.cases) cases.push_back(case_result_to_json(c));
   for (const auto& s : r.sweeps) sweeps.push_back(sweep_to_json(s));
+  for (const auto& n : r.not_run)
+    not_run.push_back({{"target", n.target}, {"planned", n.planned}, {"run", n.run}, {"reason", n.reason}});
   return {{"ulpgate_record", r.version},
           {"kind", r.kind},
           {"seed", r.seed},
           {"command", r.command},
+          {"campaign", campaign_to_json(r.campaign)},
+          {"not_run", std::move(not_run)},
           {"environment", env_to_json(r.environment)},
           {"tolerance", tolerance_to_json(r.tolerance)},
           {"baseline", baseline_to_json(r.baseline)},
@@ -502,6 +553,17 @@ RunRecord record_from_json(const json& j) {
   rec.kind = r.string("kind");
   rec.seed = r.unsigned_integer("seed");
   rec.command = r.string("command");
+  rec.campaign = campaign_from_json(r.need("campaign"), "record.campaign");
+  r.array("not_run", [&](const json& e, const std::string& p) {
+    Reader nr(e, p);
+    NotRun n;
+    n.target = nr.string("target");
+    n.planned = nr.integer("planned", 0);
+    n.run = nr.integer("run", 0);
+    n.reason = nr.string("reason");
+    nr.finish();
+    rec.not_run.push_back(std::move(n));
+  });
   rec.environment = env_from_json(r.need("environment"), "record.environment");
   rec.tolerance = tolerance_from_json(r.need("tolerance"), "record.tolerance");
   rec.baseline = baseline_from_json(r.need("baseline"), "record.baseline");
@@ -517,6 +579,72 @@ void write_record_file(const std::string& path, const RunRecord& r) {
   // Strings from kernels and plugins are not guaranteed UTF-8; invalid bytes become U+FFFD
   // rather than making the whole record unwritable.
   write_text_file_atomically(path, to_json(r).dump(1, ' ', false, json::error_handler_t::replace) + "\n");
+}
+
+namespace {
+
+std::uint64_t fnv1a64(std::string_view bytes, std::uint64_t h = 1469598103934665603ull) {
+  for (unsigned char ch : bytes) h = (h ^ ch) * 1099511628211ull;
+  return h;
+}
+
+}  // namespace
+
+std::string case_id(const std::string& kernel, const Case& c) {
+  return fmt::format("{:016x}", fnv1a64(kernel + "\n" + to_json(c).dump()));
+}
+
+void stamp(CaseResult& r) {
+  r.id = case_id(r.kernel, r.spec);
+  r.signature = failure_signature(r.verdict);
+}
+
+PluginIdentity plugin_identity(const std::string& path) {
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  if (!f) throw InputError(fmt::format("--plugin {}: cannot read the file", path));
+  std::uint64_t h = 1469598103934665603ull;
+  char buf[1 << 16];
+  while (std::size_t n = std::fread(buf, 1, sizeof buf, f)) h = fnv1a64(std::string_view(buf, n), h);
+  std::fclose(f);
+  const std::size_t slash = path.find_last_of('/');
+  return {slash == std::string::npos ? path : path.substr(slash + 1), fmt::format("fnv1a64:{:016x}", h)};
+}
+
+std::vector<std::string> campaign_differences(const CampaignDefinition& a, const CampaignDefinition& b,
+                                              const std::string& an, const std::string& bn) {
+  std::vector<std::string> d;
+  const auto differ = [&](const char* field, const std::string& x, const std::string& y) {
+    if (x != y) d.push_back(fmt::format("{}: {} in {}, {} in {}", field, x.empty() ? "none" : x, an, y.empty() ? "none" : y, bn));
+  };
+  const auto list = [](const std::vector<std::string>& v) { return fmt::format("{}", fmt::join(v, ", ")); };
+  differ("kind", a.kind, b.kind);
+  differ("seed", std::to_string(a.seed), std::to_string(b.seed));
+  differ("cases per target", std::to_string(a.cases), std::to_string(b.cases));
+  differ("max-k", std::to_string(a.max_k), std::to_string(b.max_k));
+  differ("metamorphic relations", a.metamorphic ? "on" : "off", b.metamorphic ? "on" : "off");
+  differ("GELU epilogues", a.gelu ? "on" : "off", b.gelu ? "on" : "off");
+  if (a.targets != b.targets) {
+    std::vector<std::string> only_a, only_b;
+    for (const auto& t : a.targets)
+      if (std::find(b.targets.begin(), b.targets.end(), t) == b.targets.end()) only_a.push_back(t);
+    for (const auto& t : b.targets)
+      if (std::find(a.targets.begin(), a.targets.end(), t) == a.targets.end()) only_b.push_back(t);
+    if (only_a.empty() && only_b.empty())
+      d.push_back("targets: the same, in another order");
+    else
+      d.push_back(fmt::format("targets: {} only in {}; {} only in {}", only_a.empty() ? "none" : list(only_a), an,
+                              only_b.empty() ? "none" : list(only_b), bn));
+  }
+  const auto plugins = [&](const std::vector<PluginIdentity>& ps) {
+    std::vector<std::string> v;
+    for (const auto& p : ps) v.push_back(p.name + " (" + p.hash + ")");
+    return list(v);
+  };
+  differ("plugins", plugins(a.plugins), plugins(b.plugins));
+  differ("ulpgate version", a.ulpgate_version, b.ulpgate_version);
+  differ("tolerance", a.tolerance, b.tolerance);
+  differ("baseline rule", a.baseline_rule, b.baseline_rule);
+  return d;
 }
 
 Environment capture_environment() {

@@ -17,7 +17,7 @@
 
 namespace ulpgate {
 
-inline constexpr int kRecordSchemaVersion = 1;
+inline constexpr int kRecordSchemaVersion = 2;
 
 /// Where the run happened.
 struct Environment {
@@ -28,11 +28,50 @@ struct Environment {
   bool operator==(const Environment&) const = default;
 };
 
+/// A plugin library as a campaign names it: its file name and a hash of its bytes, so that
+/// a rebuilt plugin is a different campaign input even under the same name.
+struct PluginIdentity {
+  std::string name;  ///< file name, e.g. "example_plugin.so"
+  std::string hash;  ///< "fnv1a64:" and 16 hex digits of the file's contents
+  bool operator==(const PluginIdentity&) const = default;
+};
+
+/// Everything that decides which cases a campaign runs and how they are judged. Two records
+/// with equal definitions ran (or were meant to run) the same cases: the gate compares
+/// only such records unless told otherwise. Where it ran (device, git revision, time budget)
+/// is not part of it: the budget decides only how much of the campaign ran (RunRecord::not_run).
+struct CampaignDefinition {
+  std::string kind;      ///< "fuzz" ("" : a record with no campaign, e.g. replay)
+  std::uint64_t seed = 0;
+  std::int64_t cases = 0;  ///< per target
+  std::int64_t max_k = 0;
+  bool metamorphic = true, gelu = true;
+  std::vector<std::string> targets;       ///< "KERNEL DTYPE OP", in campaign order
+  std::vector<PluginIdentity> plugins;
+  std::string ulpgate_version;
+  std::string tolerance;                  ///< "nominal per case" or the fixed model as JSON
+  std::string baseline_rule;              ///< "" or "MODEL x FACTOR"
+  bool operator==(const CampaignDefinition&) const = default;
+};
+
+/// The fields in which b differs from a, each as "seed: 1 in the baseline, 2 in the run"
+/// (a_name and b_name replace "the baseline" and "the run"); empty when equal.
+std::vector<std::string> campaign_differences(const CampaignDefinition& a, const CampaignDefinition& b,
+                                              const std::string& a_name = "the baseline",
+                                              const std::string& b_name = "the run");
+
+/// The identity of a plugin file (throws InputError when it cannot be read).
+PluginIdentity plugin_identity(const std::string& path);
+
 /// One kernel run on one case.
 struct CaseResult {
   std::string kernel;
   Case spec;                 ///< the complete case, seed included
-  std::string family;        ///< what the gate compares by, e.g. "gemm bf16->fp32 normal(0,1)"
+  std::string id;            ///< case_id(kernel, spec): what the gate matches runs by
+  std::string family;        ///< a description: op, types and distributions, e.g. "gemm bf16->fp32 normal(0,1)"
+  std::string target;        ///< fuzz: "KERNEL DTYPE OP" of the target that generated it ("" otherwise)
+  std::string origin;        ///< generated, shrunk (from a failing generated case), corpus, replay, sweep
+  std::string signature;     ///< failure_signature(verdict): "" when it passed
   Disposition status = Disposition::Ok;
   std::string message;       ///< why, when status is not ok
   RunNotes notes;            ///< algorithm, workspace, library version, ...
@@ -59,11 +98,29 @@ struct SweepSeries {
   double effective_bits = 0;  ///< estimated accumulator precision (see sweep.hpp)
 };
 
+/// The stable id of a kernel run on a case: 16 hex digits of a hash of the kernel's name
+/// and the case's complete JSON (seed included). The same case on the same kernel has the
+/// same id in every run, whatever else the campaign held.
+std::string case_id(const std::string& kernel, const Case& c);
+
+/// Sets r.id and r.signature from r.kernel, r.spec and r.verdict (call after changing them).
+void stamp(CaseResult& r);
+
+/// Part of a campaign that did not run: a target (or the rest of one) the time budget did
+/// not reach.
+struct NotRun {
+  std::string target;    ///< "KERNEL DTYPE OP"
+  std::int64_t planned = 0, run = 0;  ///< cases planned for the target and cases it ran
+  std::string reason;    ///< e.g. "time budget (--time 300) spent"
+};
+
 struct RunRecord {
   int version = kRecordSchemaVersion;
   std::string kind;  ///< "fuzz", "sweep", "replay", "check"
   std::uint64_t seed = 0;
   std::string command;  ///< the command line that produced it
+  CampaignDefinition campaign;  ///< fuzz: what was asked for (kind "" otherwise)
+  std::vector<NotRun> not_run;  ///< what of it did not run; empty: all of it ran
   Environment environment;
   ToleranceModel tolerance;
   BaselineRule baseline;
@@ -79,6 +136,8 @@ nlohmann::json case_result_to_json(const CaseResult& c);
 CaseResult case_result_from_json(const nlohmann::json& j, const std::string& path);
 nlohmann::json tolerance_to_json(const ToleranceModel& t);
 ToleranceModel tolerance_from_json(const nlohmann::json& j, const std::string& path);
+nlohmann::json campaign_to_json(const CampaignDefinition& c);
+CampaignDefinition campaign_from_json(const nlohmann::json& j, const std::string& path);
 nlohmann::json baseline_to_json(const BaselineRule& b);
 BaselineRule baseline_from_json(const nlohmann::json& j, const std::string& path);
 

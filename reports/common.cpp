@@ -190,6 +190,100 @@ std::string counts_line(const RunRecord& r) {
                      r.cases.size(), r.cases.size() == 1 ? "" : "s", n[3], n[1], n[2], n[0], n[0] == 1 ? "" : "s");
 }
 
+std::int64_t not_run_cases(const RunRecord& r) {
+  std::int64_t n = 0;
+  for (const auto& x : r.not_run) n += x.planned - x.run;
+  return n;
+}
+
+std::vector<DistinctFailure> distinct_failures(const RunRecord& r) {
+  std::vector<DistinctFailure> out;
+  for (std::size_t i = 0; i < r.cases.size(); ++i) {
+    const CaseResult& c = r.cases[i];
+    if (c.verdict.passed || c.origin == "shrunk") continue;
+    const std::string sig = c.signature.empty() ? failure_signature(c.verdict) : c.signature;
+    auto it = std::find_if(out.begin(), out.end(),
+                           [&](const DistinctFailure& d) { return d.kernel == c.kernel && same_failure(d.signature, sig); });
+    if (it == out.end()) {
+      out.push_back({c.kernel, sig, {}, i, std::nullopt});
+      it = out.end() - 1;
+    }
+    it->cases.push_back(i);
+  }
+  for (std::size_t i = 0; i < r.cases.size(); ++i) {
+    const CaseResult& c = r.cases[i];
+    const auto from = c.notes.find("shrunk_from");
+    if (c.origin != "shrunk" || from == c.notes.end()) continue;
+    for (auto& d : out)
+      for (std::size_t k : d.cases)
+        if (r.cases[k].id == from->second && !d.shrunk) d.shrunk = i;
+  }
+  return out;
+}
+
+Headline headline(const RunRecord& r) {
+  std::int64_t failed = 0, generated = 0;
+  for (const auto& c : r.cases) failed += !c.verdict.passed, generated += c.origin != "shrunk";
+  const std::int64_t missing = not_run_cases(r);
+  Headline h;
+  std::vector<std::string> parts;
+  if (failed) {
+    const auto distinct = distinct_failures(r).size();
+    parts.push_back(fmt::format("{} of {} cases failed ({} distinct failure{})", failed, r.cases.size(), distinct,
+                                distinct == 1 ? "" : "s"));
+  } else {
+    parts.push_back(fmt::format("{} case{}, none failed", r.cases.size(), r.cases.size() == 1 ? "" : "s"));
+  }
+  if (missing)
+    parts.push_back(fmt::format("{} planned cases not run ({} target{} cut short: {})", missing, r.not_run.size(),
+                                r.not_run.size() == 1 ? "" : "s", r.not_run.front().reason));
+  h.verdict = failed ? "FAIL" : missing ? "PARTIAL" : "PASS";
+  h.text = fmt::format("{}", fmt::join(parts, "; "));
+  return h;
+}
+
+std::vector<TargetSummary> target_summaries(const RunRecord& r) {
+  std::vector<TargetSummary> out;
+  std::vector<std::int64_t> biased;  // cases with metrics, per row
+  const auto row = [&](const std::string& kernel, const std::string& dtype) -> TargetSummary& {
+    for (std::size_t i = 0; i < out.size(); ++i)
+      if (out[i].kernel == kernel && out[i].dtype == dtype) return out[i];
+    out.push_back({kernel, dtype});
+    biased.push_back(0);
+    return out.back();
+  };
+  const auto dtype_of = [](const std::string& target) {
+    const auto a = target.rfind(' ');
+    const auto b = a == std::string::npos ? std::string::npos : target.rfind(' ', a - 1);
+    return b == std::string::npos ? std::string() : target.substr(b + 1, a - b - 1);
+  };
+  for (const auto& t : r.campaign.targets) row(t.substr(0, t.rfind(' ', t.rfind(' ') - 1)), dtype_of(t));
+  for (const auto& c : r.cases) {
+    std::string dtype = dtype_of(c.target);
+    if (dtype.empty()) {
+      const auto t = c.spec.types.find(c.spec.op == Op::Gemm ? "A" : "Q");
+      dtype = t == c.spec.types.end() ? "?" : std::string(name(t->second));
+    }
+    TargetSummary& s = row(c.kernel, dtype);
+    const std::size_t at = static_cast<std::size_t>(&s - out.data());
+    ++s.cases;
+    s.failed += !c.verdict.passed;
+    double bias = 0;
+    for (const auto& m : c.metrics) {
+      if (m.compared == 0) continue;
+      s.worst_normalised = std::max(s.worst_normalised, m.max_normalised);
+      s.worst_ulp = std::max(s.worst_ulp, m.max_ulp);
+      bias += m.bias_ulp / static_cast<double>(c.metrics.size());
+    }
+    if (!c.metrics.empty()) {
+      ++biased[at];
+      s.bias_ulp += (bias - s.bias_ulp) / static_cast<double>(biased[at]);
+    }
+  }
+  for (const auto& n : r.not_run) row(n.target.substr(0, n.target.rfind(' ', n.target.rfind(' ') - 1)), dtype_of(n.target)).not_run += n.planned - n.run;
+  return out;
+}
+
 double unit_roundoff(std::string_view format) {
   const auto f = parse_format(format);
   return f ? std::ldexp(1.0, -(info(*f).frac_bits + 1)) : 0.0;

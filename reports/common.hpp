@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -54,6 +55,38 @@ std::vector<std::size_t> failures_first(const RunRecord& r);
 
 /// "12 cases: 9 passed, 2 failed, 1 skipped, 0 errors".
 std::string counts_line(const RunRecord& r);
+
+/// The answer first: "PASS", "FAIL" or "PARTIAL" (nothing failed, but part of the
+/// campaign did not run), with the counts behind it, e.g.
+/// "FAIL: 3 of 120 cases failed (2 distinct failures); 40 planned cases not run (time budget)".
+struct Headline {
+  std::string verdict;  ///< PASS, FAIL, PARTIAL
+  std::string text;
+};
+Headline headline(const RunRecord& r);
+
+/// Planned cases the run did not run (sum over RunRecord::not_run).
+std::int64_t not_run_cases(const RunRecord& r);
+
+/// One row of the per-kernel x dtype summary. dtype is the target's ("fp16"), or the
+/// input format of the case when it has no target (replay, corpus).
+struct TargetSummary {
+  std::string kernel, dtype;
+  std::int64_t cases = 0, failed = 0, not_run = 0;
+  double worst_normalised = 0, worst_ulp = 0;  ///< over the cases' outputs (overflowed elements excluded)
+  double bias_ulp = 0;  ///< the mean over the cases of their outputs' signed mean ULP error
+};
+std::vector<TargetSummary> target_summaries(const RunRecord& r);
+
+/// A distinct failure: the failing cases of one kernel with the same signature
+/// (same_failure), the first one found, and the minimal case shrunk from one of them.
+struct DistinctFailure {
+  std::string kernel, signature;
+  std::vector<std::size_t> cases;  ///< indices into r.cases (shrunk ones excluded)
+  std::size_t first = 0;           ///< the first of them
+  std::optional<std::size_t> shrunk;  ///< its minimal case, when one was shrunk to
+};
+std::vector<DistinctFailure> distinct_failures(const RunRecord& r);
 
 /// The unit roundoff 2^-(fraction bits + 1) of a format named as in SweepSeries::format;
 /// 0 when the name is not a format.

@@ -105,9 +105,43 @@ void sweeps_table(std::string& out, const RunRecord& r) {
 
 }  // namespace
 
+// The answer first: verdict, what did not run, the per kernel x dtype summary, and each
+// distinct failure once with its reproducers.
+void summary(std::string& out, const RunRecord& r) {
+  const auto h = report::headline(r);
+  out += fmt::format("**{}**: {}\n\n", h.verdict, escape_markdown(h.text));
+  for (const auto& n : r.not_run)
+    out += fmt::format("- not run: {} of {} cases of {} ({})\n", n.planned - n.run, n.planned, markdown_code(n.target, false),
+                       escape_markdown(n.reason));
+  if (!r.not_run.empty()) out += "\n";
+  const auto rows = report::target_summaries(r);
+  if (!rows.empty()) {
+    out += "| kernel | dtype | cases | failed | not run | worst normalised | worst ULP | bias (ULP) |\n";
+    out += "|---|---|---:|---:|---:|---:|---:|---:|\n";
+    for (const auto& t : rows)
+      out += fmt::format("| {} | {} | {} | {} | {} | {} | {} | {} |\n", escape_markdown(t.kernel), escape_markdown(t.dtype),
+                         t.cases, t.failed ? fmt::format("**{}**", t.failed) : "0", t.not_run, number(t.worst_normalised),
+                         number(t.worst_ulp), number(t.bias_ulp));
+    out += "\n";
+  }
+  const auto distinct = report::distinct_failures(r);
+  if (distinct.empty()) return;
+  out += "## Distinct failures\n\n";
+  for (const auto& d : distinct) {
+    const CaseResult& first = r.cases[d.first];
+    out += fmt::format("- {} `{}`: {} case{}; {}\n", escape_markdown(d.kernel), escape_markdown(d.signature), d.cases.size(),
+                       d.cases.size() == 1 ? "" : "s",
+                       escape_markdown(first.verdict.reasons.empty() ? "failed" : first.verdict.reasons.front()));
+    out += fmt::format("  - first: {}\n", markdown_code(first.reproducer, false));
+    if (d.shrunk) out += fmt::format("  - minimal: {}\n", markdown_code(r.cases[*d.shrunk].reproducer, false));
+  }
+  out += "\n";
+}
+
 std::string render_markdown(const RunRecord& r) {
   std::string out = fmt::format("# ulpgate {} run\n\n", escape_markdown(r.kind.empty() ? "unnamed" : r.kind));
-  out += "**" + report::counts_line(r) + "**\n\n";
+  summary(out, r);
+  out += report::counts_line(r) + "\n\n";
   environment(out, r);
   tolerance(out, r);
   const auto order = report::failures_first(r);

@@ -4,6 +4,7 @@
 #include <functional>
 #include <optional>
 
+#include "harness/gate.hpp"
 #include "harness/isolate.hpp"
 
 #include <cstdint>
@@ -56,14 +57,17 @@ struct FuzzArgs {
   double timeout = 300;     ///< per case, in the worker
   bool resume = false;      ///< continue from <out>/journal.jsonl
   bool no_html = false;     ///< skip report.html (it needs gnuplot)
+  bool allow_partial = false;  ///< exit 0 although the time budget cut the campaign short
   std::vector<std::string> plugins;  ///< for the worker
 };
 
 int fuzz_command(const FuzzArgs& a, const LocalRegistry& local, const std::string& command_line);
 /// Replays a case file on its kernel, in a worker process unless isolation is nullopt.
 int replay_command(const std::string& case_path, const LocalRegistry& local, const std::string& out_json,
-                   const std::optional<IsolationOptions>& isolation);
-int gate_command(const std::string& baseline_path, const std::string& run_path, const std::string& junit_path);
-int baseline_update_command(const std::string& run_path, const std::string& out_path, double relative_slack);
+                   const std::optional<IsolationOptions>& isolation, const std::vector<std::string>& plugins);
+int gate_command(const std::string& baseline_path, const std::string& run_path, const std::string& junit_path,
+                 const GateOptions& options);
+int baseline_update_command(const std::string& run_path, const std::string& out_path, double relative_slack,
+                            double absolute_slack_ulp);
 
 }  // namespace ulpgate

@@ -2,6 +2,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -25,6 +26,7 @@ void print_case(const CaseResult& r) {
   std::printf("%s on %s: %s, verdict %s\n", r.kernel.c_str(), r.family.c_str(), std::string(name(r.status)).c_str(),
               r.verdict.passed ? "pass" : "FAIL");
   if (!r.message.empty()) std::printf("  %s\n", r.message.c_str());
+  if (!r.signature.empty()) std::printf("  signature: %s\n", r.signature.c_str());
   for (const auto& why : r.verdict.reasons) std::printf("  - %s\n", why.c_str());
   for (const auto& m : r.metrics) {
     std::printf("  %s (%s): %lld elements, %lld correctly rounded; max |err|/sum|ab| %.4g (mean %.4g); max ULP %.4g "
@@ -52,6 +54,8 @@ int fuzz_command(const FuzzArgs& a, const LocalRegistry& local, const std::strin
   o.max_k = a.max_k;
   o.metamorphic = !a.no_metamorphic;
   o.corpus_dir = a.corpus_dir.empty() ? (std::filesystem::path(a.out_dir) / "corpus").string() : a.corpus_dir;
+  o.cases_dir = (std::filesystem::path(a.out_dir) / "cases").string();
+  o.plugins = a.plugins;
   if (a.cases < 1) throw InputError("--cases must be >= 1");
   if (!(a.timeout > 0)) throw InputError("--timeout must be > 0");
   // Isolated (the default): kernels, their supports() included, run only in the worker.
@@ -126,17 +130,23 @@ int fuzz_command(const FuzzArgs& a, const LocalRegistry& local, const std::strin
   write_text_file_atomically((out / "report.md").string(), render_markdown(r));
   write_text_file_atomically((out / "junit.xml").string(), render_junit(r));
   if (!a.no_html) write_text_file_atomically((out / "report.html").string(), render_html(r));
-  std::int64_t failed = 0, unsupported = 0;
+  std::int64_t failed = 0, unsupported = 0, not_run = 0;
   for (const auto& c : r.cases) failed += !c.verdict.passed, unsupported += c.status == Disposition::NotSupported;
-  std::printf("%zu cases, %lld failed, %lld not supported by their kernel\nrecord %s, reports %s%s, %s\n", r.cases.size(),
-              static_cast<long long>(failed), static_cast<long long>(unsupported), (out / "fuzz.json").c_str(),
+  for (const auto& n : r.not_run) not_run += n.planned - n.run;
+  std::printf("%zu cases, %lld failed, %lld not supported by their kernel\n", r.cases.size(), static_cast<long long>(failed),
+              static_cast<long long>(unsupported));
+  if (not_run)
+    std::printf("PARTIAL: %lld planned cases not run (%zu targets cut short by the time budget)%s\n",
+                static_cast<long long>(not_run), r.not_run.size(),
+                a.allow_partial ? "; allowed by --allow-partial" : "; exit 1 (--allow-partial accepts it)");
+  std::printf("record %s, reports %s%s, %s\n", (out / "fuzz.json").c_str(),
               a.no_html ? "" : ((out / "report.html").string() + ", ").c_str(), (out / "report.md").c_str(),
               (out / "junit.xml").c_str());
-  return failed ? kExitFailed : 0;
+  return failed || (not_run && !a.allow_partial) ? kExitFailed : 0;
 }
 
 int replay_command(const std::string& case_path, const LocalRegistry& local, const std::string& out_json,
-                   const std::optional<IsolationOptions>& isolation) {
+                   const std::optional<IsolationOptions>& isolation, const std::vector<std::string>& plugins) {
   const Case c = read_case_file(case_path);
   if (c.kernel.empty()) throw InputError(case_path + ": case.kernel is empty: name the kernel to replay on");
   std::printf("ulpgate replay %s: kernel %s, seed %llu\n", case_path.c_str(), c.kernel.c_str(),
@@ -150,13 +160,17 @@ int replay_command(const std::string& case_path, const LocalRegistry& local, con
     Registry registry = local();
     r = replay_case(registry, c, EvaluationOptions{});
   }
-  r.reproducer = "ulpgate replay " + case_path;
+  std::string command = "ulpgate";
+  for (const auto& p : plugins) command += " --plugin " + p;
+  command += " replay " + case_path;
+  r.origin = "replay";
+  r.reproducer = command;
   print_case(r);
   if (!out_json.empty()) {
     RunRecord rec;
     rec.kind = "replay";
     rec.seed = c.seed;
-    rec.command = "ulpgate replay " + case_path;
+    rec.command = command;
     rec.environment = capture_environment();
     rec.cases.push_back(r);
     write_record_file(out_json, rec);
@@ -164,21 +178,25 @@ int replay_command(const std::string& case_path, const LocalRegistry& local, con
   return r.verdict.passed ? 0 : kExitFailed;
 }
 
-int gate_command(const std::string& baseline_path, const std::string& run_path, const std::string& junit_path) {
+int gate_command(const std::string& baseline_path, const std::string& run_path, const std::string& junit_path,
+                 const GateOptions& options) {
   const Baseline b = read_baseline_file(baseline_path);
   const RunRecord r = read_record_file(run_path);
-  const GateResult g = gate(b, r);
+  const GateResult g = gate(b, r, options);
   std::fputs(render_gate_table(g).c_str(), stdout);
   if (!junit_path.empty()) write_text_file_atomically(junit_path, render_gate_junit(g));
-  return g.regression ? kExitFailed : 0;
+  return g.failed ? kExitFailed : 0;
 }
 
-int baseline_update_command(const std::string& run_path, const std::string& out_path, double relative_slack) {
-  if (!(relative_slack >= 0)) throw InputError("--slack must be >= 0");
+int baseline_update_command(const std::string& run_path, const std::string& out_path, double relative_slack,
+                            double absolute_slack_ulp) {
+  if (!(relative_slack >= 0) || std::isinf(relative_slack)) throw InputError("--slack must be finite and >= 0");
+  if (!(absolute_slack_ulp >= 0) || std::isinf(absolute_slack_ulp)) throw InputError("--slack-ulp must be finite and >= 0");
   const RunRecord r = read_record_file(run_path);
-  const Baseline b = baseline_from_record(r, relative_slack);
+  const Baseline b = baseline_from_record(r, relative_slack, absolute_slack_ulp);
   write_baseline_file(out_path, b);
-  std::printf("baseline %s: %zu (kernel, family) entries from %s\n", out_path.c_str(), b.entries.size(), run_path.c_str());
+  std::printf("baseline %s: %zu cases of %zu targets from %s\n", out_path.c_str(), b.cases.size(), b.campaign.targets.size(),
+              run_path.c_str());
   return 0;
 }
 

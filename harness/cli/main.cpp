@@ -13,7 +13,7 @@
 #include "core/error.hpp"
 #include "core/format.hpp"
 #include "harness/isolate.hpp"
-#include "harness/record.hpp"
+#include "harness/gate.hpp"
 #include "harness/record.hpp"
 #include "harness/cli/commands.hpp"
 #include "kernels/device.hpp"
@@ -130,6 +130,8 @@ int main(int argc, char** argv) {
   fuzz->add_flag("--in-process", fuzz_args.in_process, "Run kernels in this process (default: a worker process)");
   fuzz->add_option("--timeout", fuzz_args.timeout, "Seconds per case before the worker is killed (default 300)");
   fuzz->add_flag("--resume", fuzz_args.resume, "Continue an interrupted campaign from <out>/journal.jsonl");
+  fuzz->add_flag("--allow-partial", fuzz_args.allow_partial,
+                 "Exit 0 although --time cut the campaign short (what did not run is recorded either way)");
   fuzz->add_flag("--no-html", fuzz_args.no_html,
                  "Write no report.html (it needs gnuplot; `ulpgate report fuzz.json --html F` draws it later)");
 
@@ -147,6 +149,11 @@ int main(int argc, char** argv) {
   gate->add_option("--baseline", gate_baseline, "Baseline file (ulpgate baseline update)")->required();
   gate->add_option("RUN.json", gate_run, "Run record")->required();
   gate->add_option("--junit", gate_junit, "Write the gate's JUnit XML here");
+  ulpgate::GateOptions gate_options;
+  gate->add_flag("--allow-missing", gate_options.allow_missing,
+                 "Baseline cases missing from the run, or not run in its time budget, do not fail the gate");
+  gate->add_flag("--allow-different-campaign", gate_options.allow_different_campaign,
+                 "Compare a run of another campaign definition (seed, cases, kernels, ...) instead of refusing (exit 2)");
 
   std::string base_run, base_out;
   double base_slack = 0.25;
@@ -156,6 +163,9 @@ int main(int argc, char** argv) {
   baseline_update->add_option("RUN.json", base_run, "Run record")->required();
   baseline_update->add_option("--out", base_out, "Baseline file to write")->required();
   baseline_update->add_option("--slack", base_slack, "Allowed relative growth of each error (default 0.25)");
+  double base_slack_ulp = 1.0;
+  baseline_update->add_option("--slack-ulp", base_slack_ulp,
+                              "Absolute floor of the allowed growth, in ULPs of the output (default 1)");
 
   ReportArgs report_args;
   auto* report = app.add_subcommand("report", "Render a run record: Markdown summary (stdout when no file is "
@@ -216,10 +226,11 @@ int main(int argc, char** argv) {
         iso->plugins = plugins;
         iso->timeout_seconds = replay_timeout;
       }
-      return ulpgate::replay_command(replay_case, local, replay_out, iso);
+      return ulpgate::replay_command(replay_case, local, replay_out, iso, plugins);
     }
-    if (gate->parsed()) return ulpgate::gate_command(gate_baseline, gate_run, gate_junit);
-    if (baseline_update->parsed()) return ulpgate::baseline_update_command(base_run, base_out, base_slack);
+    if (gate->parsed()) return ulpgate::gate_command(gate_baseline, gate_run, gate_junit, gate_options);
+    if (baseline_update->parsed())
+      return ulpgate::baseline_update_command(base_run, base_out, base_slack, base_slack_ulp);
     if (sweep->parsed()) {
       sweep_args.plugins = plugins;
       return ulpgate::sweep_command(sweep_args, local, command_line);

@@ -170,3 +170,131 @@ TEST(Cli, FuzzPrintsProgressWithoutATerminal) {
   EXPECT_NE(r.err.find("progress: 1/3 cases, 0 failing"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("progress: 3/3 cases"), std::string::npos) << r.err;
 }
+
+namespace {
+
+// Reads a whole file ("" when it cannot be opened).
+std::string slurp(const std::string& path) {
+  std::string s;
+  if (FILE* f = std::fopen(path.c_str(), "r")) {
+    std::array<char, 4096> buf;
+    while (std::size_t n = std::fread(buf.data(), 1, buf.size(), f)) s.append(buf.data(), n);
+    std::fclose(f);
+  }
+  return s;
+}
+
+std::string tmp_dir(const std::string& what) { return testing::TempDir() + "ulpgate_cli_" + what + "_" + std::to_string(getpid()); }
+
+const std::string kSmallCampaign = "fuzz --kernel cpu.fp32_seq --dtype fp16 --max-k 32 --no-html --time 0";
+
+}  // namespace
+
+// The gate matches cases by id and refuses to compare runs of different campaigns: a run
+// with another seed or case count compared nothing and passed before (issue 13).
+TEST(Cli, GateMatchesCasesAndRefusesADifferentCampaign) {
+  const std::string dir = tmp_dir("gate_campaign");
+  ASSERT_EQ(run(kSmallCampaign + " --cases 5 --seed 1 --out " + dir + "/base").code, 0);
+  ASSERT_EQ(run("baseline update --out " + dir + "/base.json " + dir + "/base/fuzz.json").code, 0);
+  ASSERT_EQ(run(kSmallCampaign + " --cases 5 --seed 1 --out " + dir + "/same").code, 0);
+  const Result same = run("gate --baseline " + dir + "/base.json " + dir + "/same/fuzz.json");
+  EXPECT_EQ(same.code, 0) << same.out << same.err;
+  EXPECT_NE(same.out.find("5 matched"), std::string::npos) << same.out;
+
+  ASSERT_EQ(run(kSmallCampaign + " --cases 5 --seed 2 --out " + dir + "/seed2").code, 0);
+  const Result seed = run("gate --baseline " + dir + "/base.json " + dir + "/seed2/fuzz.json");
+  EXPECT_EQ(seed.code, 2) << seed.out << seed.err;
+  EXPECT_EQ(lines(seed.err), 1) << seed.err;
+  EXPECT_NE(seed.err.find("seed"), std::string::npos) << seed.err;
+
+  // One more case per target: a different campaign (exit 2); told to compare anyway, the
+  // first five cases are the same cases (a target's stream does not depend on --cases).
+  ASSERT_EQ(run(kSmallCampaign + " --cases 6 --seed 1 --out " + dir + "/six").code, 0);
+  EXPECT_EQ(run("gate --baseline " + dir + "/base.json " + dir + "/six/fuzz.json").code, 2);
+  const Result six = run("gate --allow-different-campaign --baseline " + dir + "/base.json " + dir + "/six/fuzz.json");
+  EXPECT_EQ(six.code, 0) << six.out << six.err;
+  EXPECT_NE(six.out.find("5 matched"), std::string::npos) << six.out;
+  EXPECT_NE(six.out.find("1 new"), std::string::npos) << six.out;
+}
+
+// A campaign cut short by --time records what it did not run, says so, and exits 1 unless
+// --allow-partial; the gate fails on baseline cases that were not run unless --allow-missing.
+TEST(Cli, PartialCampaignsAreRecordedAndRefused) {
+  const std::string dir = tmp_dir("partial");
+  const std::string two = " --kernel cpu.fp32_pairwise --cases 4 --seed 3 --out ";
+  ASSERT_EQ(run(kSmallCampaign + two + dir + "/base").code, 0);
+  ASSERT_EQ(run("baseline update --out " + dir + "/base.json " + dir + "/base/fuzz.json").code, 0);
+  const std::string cut = kSmallCampaign.substr(0, kSmallCampaign.size() - 1) + "0.000001" + two + dir + "/cut";
+  const Result partial = run(cut);
+  EXPECT_EQ(partial.code, 1) << partial.out << partial.err;
+  EXPECT_NE(partial.out.find("not run"), std::string::npos) << partial.out;
+  EXPECT_NE(slurp(dir + "/cut/report.md").find("not run"), std::string::npos);
+  EXPECT_NE(slurp(dir + "/cut/fuzz.json").find("\"not_run\""), std::string::npos);
+  const Result gated = run("gate --baseline " + dir + "/base.json " + dir + "/cut/fuzz.json");
+  EXPECT_EQ(gated.code, 1) << gated.out << gated.err;
+  EXPECT_NE(gated.out.find("not run"), std::string::npos) << gated.out;
+  EXPECT_EQ(run("gate --allow-missing --baseline " + dir + "/base.json " + dir + "/cut/fuzz.json").code, 0);
+  EXPECT_EQ(run(cut + "2 --allow-partial").code, 0);
+}
+
+// A failing case fails the gate even where the baseline has nothing to compare it with.
+TEST(Cli, GateFailsOnAnyFailingCase) {
+  const std::string dir = tmp_dir("gate_failing");
+  const std::string plugin = std::string("--plugin ") + PLANTED_PLUGIN;
+  ASSERT_EQ(run(kSmallCampaign + " --cases 2 --out " + dir + "/base").code, 0);
+  ASSERT_EQ(run("baseline update --out " + dir + "/base.json " + dir + "/base/fuzz.json").code, 0);
+  const Result crash = run(plugin + " " + kSmallCampaign + " --kernel planted.segfault --dtype fp32 --cases 2 --timeout 5 --out " +
+                           dir + "/crash");
+  EXPECT_EQ(crash.code, 1) << crash.out << crash.err;
+  const Result g = run("gate --allow-different-campaign --baseline " + dir + "/base.json " + dir + "/crash/fuzz.json");
+  EXPECT_EQ(g.code, 1) << g.out << g.err;
+  EXPECT_NE(g.out.find("planted.segfault"), std::string::npos) << g.out;
+}
+
+// Every failing case is saved, and its reproducer, typed as shown, reruns it (with the
+// plugin it needs); a passing case's reproducer is a fuzz command that regenerates it.
+TEST(Cli, ReproducersReproduce) {
+  const std::string dir = tmp_dir("reproducers");
+  const std::string plugin = std::string("--plugin ") + PLANTED_PLUGIN;
+  const Result f = run(kSmallCampaign + " " + plugin + " --kernel planted.segfault --dtype fp32 --cases 3 --timeout 5 --out " + dir);
+  EXPECT_EQ(f.code, 1) << f.out << f.err;
+  const std::string record = slurp(dir + "/fuzz.json");
+  const std::string prefix = "ulpgate " + plugin + " replay ";
+  int replays = 0;
+  for (std::size_t at = record.find("\"reproducer\": \"" + prefix); at != std::string::npos;
+       at = record.find("\"reproducer\": \"" + prefix, at + 1)) {
+    const std::size_t start = at + std::string("\"reproducer\": \"ulpgate ").size();
+    const std::string cmd = record.substr(start, record.find('"', start) - start);
+    const Result r = run(cmd);
+    EXPECT_EQ(r.code, 1) << cmd << "\n" << r.out << r.err;
+    EXPECT_NE(r.out.find("SIGSEGV"), std::string::npos) << cmd << "\n" << r.out;
+    ++replays;
+  }
+  EXPECT_GE(replays, 3) << record.substr(0, 2000);  // every generated case of the target failed
+  // A passing case: its fuzz command carries every flag that shapes the case stream.
+  const std::string ok = dir + "_ok";
+  ASSERT_EQ(run(kSmallCampaign + " --cases 3 --seed 9 --out " + ok).code, 0);
+  const std::string rec = slurp(ok + "/fuzz.json");
+  const std::size_t at = rec.find("\"reproducer\": \"ulpgate ");
+  ASSERT_NE(at, std::string::npos);
+  const std::size_t start = at + std::string("\"reproducer\": \"ulpgate ").size();
+  std::string cmd = rec.substr(start, rec.find('"', start) - start);
+  EXPECT_NE(cmd.find("--max-k 32"), std::string::npos) << cmd;
+  EXPECT_NE(cmd.find("--seed 9"), std::string::npos) << cmd;
+  const Result again = run(cmd + " --no-html --out " + ok + "_again");
+  EXPECT_EQ(again.code, 0) << cmd << again.out << again.err;
+  const std::size_t id_at = rec.find("\"id\": \"");
+  ASSERT_NE(id_at, std::string::npos);
+  EXPECT_NE(slurp(ok + "_again/fuzz.json").find(rec.substr(id_at, 26)), std::string::npos) << "case not regenerated";
+}
+
+// Global options (--plugin) are accepted before or after the verb.
+TEST(Cli, GlobalOptionsBeforeOrAfterTheVerb) {
+  const std::string plugin = std::string("--plugin ") + EXAMPLE_PLUGIN;
+  const Result before = run(plugin + " list");
+  const Result after = run("list " + plugin);
+  EXPECT_EQ(before.code, 0) << before.err;
+  EXPECT_EQ(after.code, 0) << after.err;
+  EXPECT_EQ(before.out, after.out);
+  EXPECT_NE(before.out.find("example."), std::string::npos) << before.out;
+}

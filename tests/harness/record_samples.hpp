@@ -84,8 +84,11 @@ inline RunRecord record(bool with_invalid_utf8 = false) {
   fail.metrics[0].unexpected_nan = 2;
   fail.metrics[0].missed_nonfinite = 1;
   fail.metrics[0].map.max_normalised[5] = NAN;
-  fail.verdict.passed = false;
-  fail.verdict.reasons = {"3 elements exceed the tolerance (worst 41.2x)", kNasty};
+  fail.verdict.fail("D:tolerance@interior", "3 elements exceed the tolerance (worst 41.2x)");
+  fail.verdict.fail("D:unexpected_nan@edge", kNasty);
+  stamp(fail);
+  fail.target = "cpu.fp32_seq fp16 gemm";
+  fail.origin = "generated";
   fail.reproducer = "ulpgate replay 'cases/fail 1.json'";
   fail.seconds = 0.5;
   r.cases.push_back(fail);

@@ -63,12 +63,13 @@ bool same(const RunRecord& a, const RunRecord& b) {
         a.tolerance.input_bits == b.tolerance.input_bits && a.tolerance.probabilistic == b.tolerance.probabilistic &&
         same(a.tolerance.lambda, b.tolerance.lambda) && a.baseline.model == b.baseline.model &&
         same(a.baseline.factor, b.baseline.factor) && a.cases.size() == b.cases.size() &&
-        a.sweeps.size() == b.sweeps.size()))
+        a.sweeps.size() == b.sweeps.size() && a.campaign == b.campaign && a.not_run.size() == b.not_run.size()))
     return false;
   for (std::size_t i = 0; i < a.cases.size(); ++i) {
     const auto& c = a.cases[i];
     const auto& d = b.cases[i];
-    if (!(c.kernel == d.kernel && c.spec == d.spec && c.family == d.family && c.status == d.status &&
+    if (!(c.kernel == d.kernel && c.spec == d.spec && c.family == d.family && c.status == d.status && c.id == d.id &&
+          c.target == d.target && c.origin == d.origin && c.signature == d.signature && c.verdict.checks == d.verdict.checks &&
           c.message == d.message && c.notes == d.notes && c.metrics.size() == d.metrics.size() &&
           c.verdict.passed == d.verdict.passed && c.verdict.reasons == d.verdict.reasons &&
           c.reproducer == d.reproducer && same(c.seconds, d.seconds)))
@@ -179,10 +180,25 @@ RunRecord any_record() {
     for (int k = 0; k < outputs; ++k) c.metrics.push_back(any_metrics());
     c.verdict.passed = *rc::gen::arbitrary<bool>();
     c.verdict.reasons = *rc::gen::container<std::vector<std::string>>(text());
+    for (std::size_t k = 0; k < c.verdict.reasons.size(); ++k) c.verdict.checks.push_back(*text());
+    c.id = *text(), c.target = *text(), c.origin = *text(), c.signature = *text();
     c.reproducer = *text();
     c.seconds = std::fabs(*positive_finite());
     r.cases.push_back(c);
   }
+  r.campaign.kind = *text();
+  r.campaign.seed = *rc::gen::arbitrary<std::uint64_t>();
+  r.campaign.cases = *rc::gen::inRange<std::int64_t>(0, 1000);
+  r.campaign.max_k = *rc::gen::inRange<std::int64_t>(0, 1 << 20);
+  r.campaign.metamorphic = *rc::gen::arbitrary<bool>();
+  r.campaign.gelu = *rc::gen::arbitrary<bool>();
+  r.campaign.targets = *rc::gen::container<std::vector<std::string>>(text());
+  const int plugins = *rc::gen::inRange(0, 3);
+  for (int i = 0; i < plugins; ++i) r.campaign.plugins.push_back({*text(), *text()});
+  r.campaign.ulpgate_version = *text(), r.campaign.tolerance = *text(), r.campaign.baseline_rule = *text();
+  const int not_run = *rc::gen::inRange(0, 3);
+  for (int i = 0; i < not_run; ++i)
+    r.not_run.push_back({*text(), *rc::gen::inRange<std::int64_t>(0, 100), *rc::gen::inRange<std::int64_t>(0, 100), *text()});
   const int sweeps = *rc::gen::inRange(0, 3);
   for (int i = 0; i < sweeps; ++i) {
     SweepSeries s;
@@ -276,12 +292,12 @@ TEST_F(RecordFiles, DamagedFilesAreInputErrorsNamingFileAndByte) {
 
 TEST_F(RecordFiles, UnknownVersionIsRefusedWithTheVersionFound) {
   json j = to_json(samples::record());
-  j["ulpgate_record"] = 2;
-  const std::string p = file("v2.json", j.dump());
-  EXPECT_EQ(error_of(p), p + ": record.ulpgate_record: unsupported run record version 2 (this build reads 1)");
+  j["ulpgate_record"] = 3;
+  const std::string p = file("v3.json", j.dump());
+  EXPECT_EQ(error_of(p), p + ": record.ulpgate_record: unsupported run record version 3 (this build reads 2)");
   j["ulpgate_record"] = "1";
   EXPECT_EQ(error_of(file("v1s.json", j.dump())),
-            (dir_ / "v1s.json").string() + ": record.ulpgate_record: unsupported run record version \"1\" (this build reads 1)");
+            (dir_ / "v1s.json").string() + ": record.ulpgate_record: unsupported run record version \"1\" (this build reads 2)");
 }
 
 TEST_F(RecordFiles, WriteIntoAMissingFolderIsAnInputError) {

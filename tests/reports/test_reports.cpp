@@ -52,16 +52,21 @@ TEST(Markdown, ShowsTheNumbersFailuresFirstAndEscapesText) {
        })
     EXPECT_NE(md.find(s), std::string::npos) << "missing: " << s << "\n" << md;
   // Failures first: errors (crashed, timed out), then the failed verdict, then skipped, then passed.
-  const auto row = [&](const std::string& what) { return md.find("| " + what); };
+  // The answer first: the verdict line opens the page, before the summary and the tables.
+  EXPECT_EQ(md.find("**FAIL**: "), md.find('\n') + 2) << md.substr(0, 300);
+  EXPECT_LT(md.find("| kernel | dtype | cases | failed | not run |"), md.find("## Distinct failures"));
+  EXPECT_LT(md.find("## Distinct failures"), md.find("## Cases"));
+  const std::size_t cases_at = md.find("## Cases");
+  const auto row = [&](const std::string& what) { return md.find("| " + what, cases_at); };
   EXPECT_LT(row("plugin.bad"), row("cpu.blockfma"));
-  EXPECT_LT(md.find("| **FAIL** |"), md.find("| not_supported |"));
+  EXPECT_LT(md.find("| **FAIL** |", cases_at), md.find("| not_supported |"));
   EXPECT_LT(md.find("| not_supported |"), md.find("| pass |"));
   // Escaping: no raw HTML, no raw control character, every table row with its 10 cells.
   EXPECT_EQ(md.find("<script>"), std::string::npos);
   EXPECT_NE(md.find("\\<script\\>alert('x')\\</script\\>"), std::string::npos);
   EXPECT_EQ(md.find('\x01'), std::string::npos);
   EXPECT_EQ(md.find('\xff'), std::string::npos);
-  std::istringstream lines(md);
+  std::istringstream lines(md.substr(cases_at));
   int rows = 0;
   for (std::string line; std::getline(lines, line);) {
     if (line.rfind("| ", 0) != 0) continue;
