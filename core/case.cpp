@@ -256,6 +256,15 @@ void validate(const Case& c) {
     if (c.op != Op::Gemm || !(op == "A" || op == "B" || op == "C" || op == "D"))
       fail("case.scales." + op, "unknown scale (GEMM scales are A, B, C, D)");
     if (!(std::isfinite(s) && s > 0)) fail("case.scales." + op, fmt::format("must be finite and > 0, got {}", s));
+    // A kernel for a wider format has no scale to apply (cuBLASLt's scale pointers are
+    // FP8-only, the plugin ABI passes 1): a scale there would make the reference and the
+    // kernel compute different products.
+    const auto t = c.types.find(op);
+    if (t == c.types.end())
+      fail("case.scales." + op, fmt::format("scales apply only to FP8 operands (this case has no {})", op));
+    if (!takes_scale(t->second))
+      fail("case.scales." + op,
+           fmt::format("scales apply only to FP8 operands ({} is {})", op, name(t->second)));
   }
   const auto in = c.inputs();
   for (const auto& [op, spec] : c.dist) {

@@ -1,7 +1,9 @@
 // The case model: everything needed to reproduce one kernel run, serialised as JSON.
 //
 // Memory interpretation (the contract every kernel and reference follows):
-//   GEMM   D[b] = epilogue(alpha * op(A[b]) op(B[b]) + beta * C[b] + bias)
+//   GEMM   D[b] = scale_D * epilogue(alpha * scale_A * scale_B * op(A[b]) op(B[b])
+//                                    + beta * scale_C * C[b] + bias)
+//          scales: Case::scales, FP8 operands only (takes_scale); 1 when absent.
 //          op(A) is M x K, op(B) is K x N, C and D are M x N, bias has N entries (one per
 //          output column, broadcast over rows, as cuBLASLt's bias epilogue).
 //          `layout` is the storage order of every matrix. A matrix stored transposed
@@ -75,6 +77,11 @@ struct AttentionShape {
   bool operator==(const AttentionShape&) const = default;
 };
 
+/// Whether an operand of format f may carry a per-tensor scale in Case::scales: FP8 (E4M3,
+/// E5M2) only, as cuBLASLt's A/B/C/D scale pointers. A, B, C: stored x scale = value;
+/// D: stored = scale x result (after the epilogue). validate() refuses any other scale.
+constexpr bool takes_scale(Format f) { return f == Format::E4M3 || f == Format::E5M2; }
+
 /// One reproducible run. Operand names: GEMM A, B, C, D, bias; attention Q, K, V, O.
 /// types also holds "compute" (the accumulation format).
 struct Case {
@@ -85,7 +92,7 @@ struct Case {
   std::map<std::string, Format> types;
   double alpha = 1.0, beta = 0.0;
   Epilogue epilogue = Epilogue::None;
-  std::map<std::string, double> scales;     ///< FP8 per-tensor scales: A, B, C, D
+  std::map<std::string, double> scales;     ///< per-tensor scales of FP8 A, B, C, D (takes_scale)
   std::map<std::string, std::string> dist;  ///< input operand -> distribution spec
   std::uint64_t seed = 0;
   bool operator==(const Case&) const = default;
@@ -147,8 +154,8 @@ nlohmann::json to_json(const Case& c);
 /// Parses and validates; throws InputError naming the offending field
 /// (e.g. "case.gemm.lda: must be 0 (packed) or >= 64, got 10").
 Case case_from_json(const nlohmann::json& j);
-/// Checks a case's consistency (shapes, leading dimensions, operands, scales); throws
-/// InputError. case_from_json calls it.
+/// Checks a case's consistency (shapes, leading dimensions, operands, scales: positive and
+/// on FP8 operands only); throws InputError. case_from_json calls it.
 void validate(const Case& c);
 
 Case read_case_file(const std::string& path);

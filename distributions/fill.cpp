@@ -190,13 +190,14 @@ Tensor fill_operand(Case& c, const Operand& o, const DistSpec& spec) {
   }
   for (std::size_t i = 0; i < vals.size(); ++i)
     vals[i] = sampling::apply_modifiers(sampler, seed, o.stream, i, vals[i]);
-  if (spec.family == "amax") {
+  // amax is FP8's storage step: any other operand holds its base values, unscaled (scales
+  // are FP8-only, takes_scale; a plugin gets 1 there and a kernel would ignore anything else).
+  if (spec.family == "amax" && takes_scale(o.format)) {
     double amax = 0.0;
     for (double v : vals)
       if (std::isfinite(v)) amax = std::max(amax, std::fabs(v));
     // The scale is an FP32 number, as cuBLASLt's scale pointers; kept in FP32's normal range.
-    // Rounded up, so that amax / scale stays at or below frac * max finite: rounded to
-    // nearest, frac = 1 could put the largest value past FP32's or BF16's overflow threshold.
+    // Rounded up, so that amax / scale stays at or below frac * max finite.
     double scale = 1.0;
     if (amax > 0.0)
       scale = std::clamp(round_to(Format::FP32, amax / (spec["frac"] * info(o.format).max_finite()), Rounding::Up),

@@ -23,9 +23,10 @@
 // 2i, 2i+1 for entry i), 255 per-line draws (counter = channel, row, column or batch).
 //
 // Padding elements (leading-dimension gaps) hold padding_poison(format), a NaN, so a
-// kernel that reads padding shows it. FP8 (any format, in fact) amax scaling writes
-// case.scales[operand]: the stored value times the scale is the intended value, as
-// cuBLASLt's A/B scale pointers.
+// kernel that reads padding shows it. amax on an FP8 operand writes case.scales[operand]:
+// the stored value times the scale is the intended value, as cuBLASLt's A/B scale pointers.
+// On any other operand amax stores its base unscaled and writes no scale (scales are
+// FP8-only, core/case.hpp's takes_scale).
 #pragma once
 
 #include <cstdint>
@@ -51,7 +52,7 @@ Code padding_poison(Format f);
 
 /// Generates every input of the case (c.inputs()): each tensor has the operand's full
 /// storage size (batches, leading-dimension padding) in its format. Specs come from c.dist
-/// (kDefaultDist when absent). May write c.scales (amax) and c.attention.kv_lengths
+/// (kDefaultDist when absent). May write c.scales (amax, FP8 operands) and c.attention.kv_lengths
 /// (masked). Throws InputError for a bad spec or one that does not fit the case; the message
 /// names the operand, e.g. `case.dist.A: dist "normal(0,)": empty argument 2`.
 std::map<std::string, Tensor> fill_inputs(Case& c);

@@ -62,8 +62,9 @@ std::vector<FamilyInfo> make_families() {
        "base with a fraction `rate` of elements multiplied by `scale`", true},
       {"amax",
        {P{"frac", 1, 1e-30, 1, false, "target max as a fraction of the format's max finite"}},
-       "FP8-style per-tensor amax scaling of base: stored = value / scale with max |stored| = "
-       "frac x max finite; scale goes to case.scales (stored x scale = value, as cuBLASLt)",
+       "FP8 per-tensor amax scaling of base: stored = value / scale with max |stored| = "
+       "frac x max finite; scale goes to case.scales (stored x scale = value, as cuBLASLt). "
+       "On a non-FP8 operand: base itself, unscaled (scales are FP8-only)",
        true, Scope::GemmABC},
       {"logits", {P{"std", 1, 0, 1e6, false, "std of the scaled logits"}},
        "attention Q and K: normal, scaled so the logits softmax_scale * q.k have std `std` (temperature)",

@@ -55,8 +55,8 @@ rc::Gen<Case> any_valid_case() {
                                      Epilogue::BiasGeluTanh);
       for (const char* op : {"A", "B", "C", "D", "bias"}) c.types[op] = *any_format();
       if (*rc::gen::arbitrary<bool>())
-        for (const char* op : {"A", "B", "D"})
-          c.scales[op] = std::ldexp(1.0, *rc::gen::inRange(-20, 20));
+        for (const char* op : {"A", "B", "C", "D"})
+          if (takes_scale(c.types.at(op))) c.scales[op] = std::ldexp(1.0, *rc::gen::inRange(-20, 20));
     } else {
       auto& a = c.attention;
       a.batch = *rc::gen::inRange<std::int64_t>(1, 5);
@@ -164,6 +164,36 @@ TEST(Case, MalformedInputsNameTheField) {
   j["types"].erase("compute");
   EXPECT_EQ(error_of(j), "case.types.compute: missing");
   EXPECT_EQ(error_of(json::array()), "case: must be a JSON object, got []");
+}
+
+// Scales belong to FP8 operands only (plugin.h, cuBLASLt): on any other operand a kernel
+// would ignore the factor the reference applies.
+TEST(Case, ScalesOnlyOnFp8Operands) {
+  json j = minimal_gemm();  // A, B bf16, D fp32
+  j["scales"]["A"] = 0.5;
+  EXPECT_EQ(error_of(j), "case.scales.A: scales apply only to FP8 operands (A is bf16)");
+  j = minimal_gemm();
+  j["scales"]["D"] = 2.0;
+  EXPECT_EQ(error_of(j), "case.scales.D: scales apply only to FP8 operands (D is fp32)");
+  j = minimal_gemm();
+  j["scales"]["C"] = 1.0;  // beta = 0: no C at all
+  EXPECT_EQ(error_of(j), "case.scales.C: scales apply only to FP8 operands (this case has no C)");
+  j = minimal_gemm();
+  j["beta"] = 1.0;
+  j["types"]["C"] = "fp32";
+  j["scales"]["C"] = 0x1p-126;  // what amax gave an FP32 C before FP8 alone took scales
+  EXPECT_EQ(error_of(j), "case.scales.C: scales apply only to FP8 operands (C is fp32)");
+
+  j = minimal_gemm();
+  j["types"]["A"] = "e4m3";
+  j["types"]["B"] = "e5m2";
+  j["types"]["D"] = "e4m3";
+  j["beta"] = 1.0;
+  j["types"]["C"] = "e4m3";
+  j["scales"] = {{"A", 0.5}, {"B", 4.0}, {"C", 0.25}, {"D", 8.0}};
+  EXPECT_EQ(error_of(j), "(accepted)");
+  EXPECT_FALSE(takes_scale(Format::FP16) || takes_scale(Format::BF16) || takes_scale(Format::TF32) ||
+               takes_scale(Format::FP32) || takes_scale(Format::FP64));
 }
 
 TEST(Case, AttentionValidation) {
