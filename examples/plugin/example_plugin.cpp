@@ -61,6 +61,7 @@ int run_host_sgemm(const ulpgate_problem* p, char* err, size_t err_size) {
           const float x = B[b * g.batch_stride_b + (g.trans_b ? at(g, g.ldb, j, k) : at(g, g.ldb, k, j))];
           acc = std::fma(a, x, acc);
         }
+        // FP32 operands carry no scale (scale_a..scale_d are 1 for non-FP8, plugin.h).
         float v = static_cast<float>(g.alpha) * acc;
         if (g.beta != 0) v = std::fma(static_cast<float>(g.beta), C[b * g.batch_stride_c + at(g, g.ldc, i, j)], v);
         D[b * g.batch_stride_d + at(g, g.ldd, i, j)] = v;

@@ -8,7 +8,9 @@
  * `--plugin path.so` (repeatable) and runs its kernels like built-in ones.
  *
  * Memory contract (the same as ulpgate's Case, see core/case.hpp):
- *   GEMM       D[b] = epilogue(alpha * op(A[b]) op(B[b]) + beta * C[b] + bias)
+ *   GEMM       D[b] = scale_d * epilogue(alpha * scale_a * scale_b * op(A[b]) op(B[b])
+ *                                        + beta * scale_c * C[b] + bias)
+ *              with the scales of ulpgate_gemm_problem (1 unless the operand is FP8).
  *              op(A) is M x K, op(B) K x N, C and D M x N, bias N entries (one per output
  *              column, shared by all batches). `layout` is the storage order of every
  *              matrix; trans_a means A is stored K x M. ld* are leading dimensions (row-major:
@@ -58,7 +60,11 @@ typedef struct {
   int32_t type_a, type_b, type_c, type_d, type_bias, type_compute; /* ulpgate_format; -1: none */
   double alpha, beta;
   int32_t epilogue;           /* ulpgate_epilogue */
-  double scale_a, scale_b, scale_c, scale_d; /* FP8 per-tensor scales, 1 when unused */
+  /* Per-tensor scales of FP8 (E4M3/E5M2) operands, as cuBLASLt's scale pointers; exactly 1
+     for every other operand, so a kernel without FP8 operands may ignore them. A, B, C: the value of an element is its stored value x scale_a / scale_b / scale_c.
+     D: the stored element is scale_d x the epilogue's result, in type_d (bias and
+     activation apply before scale_d). */
+  double scale_a, scale_b, scale_c, scale_d;
   const void* a;
   const void* b;
   const void* c;              /* NULL when beta == 0 */
