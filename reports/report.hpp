@@ -20,18 +20,28 @@ std::string render_markdown(const RunRecord& r);
 std::string render_junit(const RunRecord& r);
 
 /// The cases that get an ULP histogram and an error map in the HTML page: at most this
-/// many, failed ones first, then by error (max ULP error for histograms, max normalised
-/// error for maps).
+/// many, the first case of each distinct failure first, then other failed ones, then by
+/// error (max ULP error for histograms, max normalised error for maps).
 inline constexpr int kHtmlCasePlots = 6;
 
 /// Self-contained HTML (inline CSS, plots as inline SVG; no scripts, fonts or images from
-/// anywhere): everything the Markdown summary shows, plus
-///  - per (kernel, parameter, metric) of the sweeps, one log-log plot: each series' points,
-///    its fitted power law, and the reference lines sqrt(n) u and n u per format
-///    (u = 2^-(fraction bits + 1)) when the parameter is a reduction length (K, seq_kv) and
-///    the metric is not in ULPs;
-///  - the ULP error histogram of up to kHtmlCasePlots cases with compared elements;
-///  - the error map (log10 max normalised error per cell) of up to kHtmlCasePlots cases.
+/// anywhere), the answer first, in this order:
+///  1. the verdict of report::headline (PASS, FAIL, PARTIAL), big and in its colour, with
+///     every RunRecord::not_run entry (target, planned, run, reason) and the counts;
+///  2. the per kernel x dtype summary (report::target_summaries);
+///  3. each distinct failure (report::distinct_failures): kernel, signature, number of cases,
+///     the first case's reasons and worst elements, the reproducers of the first and of the
+///     minimal (shrunk) case as copyable code, and the first case's histogram and map;
+///  4. the sweeps: a table of fits and, per (kernel, parameter, metric), one log-log plot:
+///     each series' points, its fitted power law, and the reference lines sqrt(n) u and n u
+///     per format (u = 2^-(fraction bits + 1)) when the parameter is a reduction length (K,
+///     seq_kv) and the metric is not in ULPs; then the ULP error histograms and error maps
+///     (log10 max normalised error per cell) of the other plotted cases (kHtmlCasePlots);
+///  5. environment and tolerance, then, closed (<details>), every failing case in detail and
+///     the full case table, failures first.
+/// The page fits a 1280 px window without horizontal scrolling: long strings wrap anywhere
+/// and the case table has fixed column widths (tests/reports/test_html_chromium.cpp
+/// measures it in Chromium).
 /// Plots are drawn by gnuplot (svg terminal), run as a subprocess; $ULPGATE_GNUPLOT names
 /// another program. Throws InputError when gnuplot cannot be run.
 std::string render_html(const RunRecord& r);

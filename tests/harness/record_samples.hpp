@@ -143,6 +143,43 @@ inline RunRecord record(bool with_invalid_utf8 = false) {
   return r;
 }
 
+/// record() as a fuzz campaign the time budget cut short, with what the answer-first parts
+/// of a report group and list: campaign targets, a second case of the failure (with a family
+/// and a reproducer far wider than a page, with no space to break at), the minimal case
+/// shrunk from the first one, and a target that did not run in full. Adds no plot (the
+/// second failure and the shrunk case have neither histogram nor map).
+inline RunRecord campaign_record() {
+  RunRecord r = record();
+  r.campaign.kind = "fuzz";
+  r.campaign.seed = 42, r.campaign.cases = 100, r.campaign.max_k = 65536;
+  r.campaign.targets = {"cpu.fp32_seq fp16 gemm", "cpu.fp32_seq fp16 attention"};
+  r.campaign.ulpgate_version = "0.1.0";
+  r.campaign.tolerance = "nominal per case";
+  const CaseResult& first = r.cases[1];
+
+  CaseResult again = first;
+  again.spec.seed = 57;
+  again.family = "gemm bf16->fp32 lognormal(mu=0,sigma=2.5)*scale(" + std::string(160, 'x') + ")";
+  for (auto& m : again.metrics) m.ulp_histogram.assign(m.ulp_histogram.size(), 0), m.map = {};
+  stamp(again);
+  again.reproducer = "ulpgate fuzz --kernel cpu.blockfma:block=16,frac=3,round=rz --dtype fp16 --op gemm --seed 42 "
+                     "--cases 100 --max-k 65536 --only-case=57 --plugin=/opt/ci/plugins/" + std::string(120, 'p') + ".so";
+  r.cases.push_back(again);
+
+  CaseResult minimal = first;
+  minimal.spec = gemm_case(1, 1, 17, 8);
+  minimal.family = "gemm bf16->fp32 normal(0,1)";
+  for (auto& m : minimal.metrics) m.ulp_histogram.assign(m.ulp_histogram.size(), 0), m.map = {};
+  stamp(minimal);
+  minimal.origin = "shrunk";
+  minimal.notes = {{"shrunk_from", first.id}};
+  minimal.reproducer = "ulpgate replay corpus/cpu.blockfma_block=16_frac=3_round=rz-0123456789abcdef.json";
+  r.cases.push_back(minimal);
+
+  r.not_run.push_back({"cpu.fp32_seq fp16 attention", 100, 37, "time budget (--time 300) spent"});
+  return r;
+}
+
 /// The number of plots render_html draws for record(): two sweep groups (mean_normalised
 /// and max_ulp vs K), and a histogram and a map for each of the three cases with metrics.
 inline constexpr int kRecordPlots = 2 + 3 + 3;

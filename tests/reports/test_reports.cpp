@@ -161,13 +161,102 @@ TEST(Html, SelfContainedWithOneSvgPerPlotAndEscapedText) {
   EXPECT_EQ(std::set<std::string>(all.begin(), all.end()).size(), all.size());
   // Sections and the numbers.
   for (const char* s : {"<h2>Sweeps</h2>", "<h2>ULP error histograms</h2>", "<h2>Error maps</h2>",
-                        "<h2>Failures</h2>", "0x3f800001 (0x1.000002p+0)", "0.501 &plusmn; 0.0123",
+                        "<h2>Distinct failures (1)</h2>", "0x3f800001 (0x1.000002p+0)", "0.501 &plusmn; 0.0123",
                         "6 cases: 2 passed, 1 failed", "non-finite mismatch"})
     EXPECT_NE(html.find(s), std::string::npos) << s;
   // The sweep plot draws the reference lines for each format, the ULP one draws none.
   EXPECT_NE(html.find("sqrt(K) u, u = 2^-24 (fp32)"), std::string::npos);
   EXPECT_NE(html.find("sqrt(K) u, u = 2^-8 (bf16)"), std::string::npos);
   EXPECT_EQ(count(html, "sqrt(K) u"), 2u);
+}
+
+// The text of the element that starts at `at` (an opening tag) up to its closing tag
+// (elements of the same name are not nested in the page's sections).
+std::string element_at(const std::string& html, std::size_t at) {
+  if (at == std::string::npos) return "";
+  const std::size_t name_end = html.find_first_of(" >", at);
+  const std::string close = "</" + html.substr(at + 1, name_end - at - 1) + ">";
+  const std::size_t end = html.find(close, at);
+  return end == std::string::npos ? "" : html.substr(at, end + close.size() - at);
+}
+
+// The opening tag of the element with this id.
+std::size_t element_with_id(const std::string& html, const std::string& id) {
+  const std::size_t at = html.find(" id=\"" + id + "\"");
+  return at == std::string::npos ? at : html.rfind('<', at);
+}
+
+TEST(Html, TheAnswerComesFirstAndTheFullCaseTableLastAndClosed) {
+  const RunRecord r = samples::campaign_record();
+  const std::string html = render_html(r);
+  const std::size_t verdict = element_with_id(html, "verdict"), summary = element_with_id(html, "summary"),
+                    failures = element_with_id(html, "failures"), sweeps = element_with_id(html, "sweeps"),
+                    environment = element_with_id(html, "environment"), cases = element_with_id(html, "cases");
+  for (std::size_t at : {verdict, summary, failures, sweeps, environment, cases}) ASSERT_NE(at, std::string::npos);
+  // The verdict opens the page; then the summary, the distinct failures, the sweep plots, the
+  // environment, and the full case table last.
+  EXPECT_EQ(verdict, html.find("<body>") + 7) << html.substr(html.find("<body>"), 200);
+  EXPECT_LT(verdict, summary);
+  EXPECT_LT(summary, failures);
+  EXPECT_LT(failures, sweeps);
+  EXPECT_LT(sweeps, environment);
+  EXPECT_LT(environment, cases);
+  // The verdict: the headline's word and text, big and coloured (a class per verdict).
+  const auto h = report::headline(r);
+  ASSERT_EQ(h.verdict, "FAIL");
+  const std::string head = element_at(html, verdict);
+  EXPECT_EQ(head.rfind("<header id=\"verdict\" class=\"verdict fail\">", 0), 0u) << head;
+  EXPECT_NE(head.find(">FAIL<"), std::string::npos) << head;
+  EXPECT_NE(head.find(report::escape_html(h.text)), std::string::npos) << head;
+  // What did not run is in the verdict's box: target, planned and run, reason.
+  for (const char* s : {"cpu.fp32_seq fp16 attention", ">100<", ">37<", ">63<", "time budget (--time 300) spent"})
+    EXPECT_NE(head.find(s), std::string::npos) << s << "\n" << head;
+  // The summary: one row per kernel x dtype with the worst errors.
+  const std::string sum = html.substr(summary, failures - summary);
+  EXPECT_NE(sum.find("<th>worst normalised</th>"), std::string::npos) << sum;
+  EXPECT_NE(sum.find("<th>bias (ULP)</th>"), std::string::npos) << sum;
+  for (const auto& t : report::target_summaries(r))
+    EXPECT_NE(sum.find("<td>" + report::escape_html(t.kernel) + "</td><td>" + report::escape_html(t.dtype) + "</td>"),
+              std::string::npos)
+        << t.kernel << " " << t.dtype << "\n" << sum;
+  // The distinct failure: kernel, signature, its cases, first reason, both reproducers as
+  // copyable code, and the first case's histogram and map.
+  const std::string fail = html.substr(failures, sweeps - failures);
+  for (const std::string s :
+       {std::string("cpu.blockfma:block=16,frac=3,round=rz"), std::string("D:tolerance@interior + D:unexpected_nan@edge"),
+        std::string("2 cases"), std::string("3 elements exceed the tolerance (worst 41.2x)"),
+        "<pre class=\"repro\"><code>" + report::escape_html(r.cases[1].reproducer) + "</code></pre>",
+        "<pre class=\"repro\"><code>" + report::escape_html(r.cases.back().reproducer) + "</code></pre>",
+        std::string("0x3f800001 (0x1.000002p+0)")})
+    EXPECT_NE(fail.find(s), std::string::npos) << s << "\n" << fail;
+  EXPECT_EQ(count(fail, "<svg"), 2u);
+  EXPECT_EQ(count(html.substr(sweeps, environment - sweeps), "<svg"), 6u);  // 2 sweeps, 4 of other cases
+  EXPECT_EQ(count(html, "<svg"), static_cast<std::size_t>(samples::kRecordPlots));
+  // The full case table: last, in a <details> closed by default, one row per case.
+  const std::string all = element_at(html, cases);
+  EXPECT_EQ(all.rfind("<details id=\"cases\">", 0), 0u) << all.substr(0, 200);
+  EXPECT_EQ(count(all, "<tr class="), r.cases.size());
+  EXPECT_EQ(html.substr(cases + all.size()), "\n</body>\n</html>\n");
+  EXPECT_EQ(count(html, "<details open"), 0u);
+}
+
+TEST(Html, APartialRunSaysSoAtTheTop) {
+  RunRecord r = samples::campaign_record();
+  std::erase_if(r.cases, [](const CaseResult& c) { return !c.verdict.passed; });
+  ASSERT_EQ(report::headline(r).verdict, "PARTIAL");
+  const std::string html = render_html(r);
+  const std::string head = element_at(html, element_with_id(html, "verdict"));
+  EXPECT_EQ(head.rfind("<header id=\"verdict\" class=\"verdict partial\">", 0), 0u) << head;
+  EXPECT_NE(head.find(">PARTIAL<"), std::string::npos) << head;
+  EXPECT_NE(head.find("63 planned cases not run"), std::string::npos) << head;
+  EXPECT_NE(head.find("cpu.fp32_seq fp16 attention"), std::string::npos) << head;
+  EXPECT_EQ(element_with_id(html, "failures"), std::string::npos);  // nothing failed
+  // A complete run has no not-run box, and passes.
+  r.not_run.clear();
+  const std::string pass = render_html(r);
+  const std::string pass_head = element_at(pass, element_with_id(pass, "verdict"));
+  EXPECT_EQ(pass_head.rfind("<header id=\"verdict\" class=\"verdict pass\">", 0), 0u) << pass_head;
+  EXPECT_EQ(pass_head.find("not run"), std::string::npos) << pass_head;
 }
 
 TEST(Html, SeriesWithNothingPositiveStillGetsAPlot) {
