@@ -73,9 +73,14 @@ std::string target_name(const FuzzTarget& t) {
   return fmt::format("{} {} {}", t.kernel, t.dtype, t.op == Op::Gemm ? "gemm" : "attention");
 }
 
-std::vector<FuzzTarget> all_targets(const Registry& registry) {
+std::vector<FuzzTarget> all_targets(Registry& registry, const std::vector<std::string>& kernels) {
+  std::vector<Kernel*> chosen;
+  if (kernels.empty())
+    for (const auto& k : registry.all()) chosen.push_back(k.get());
+  for (const auto& name : kernels)
+    if (Kernel* k = registry.resolve(name); k && std::find(chosen.begin(), chosen.end(), k) == chosen.end()) chosen.push_back(k);
   std::vector<FuzzTarget> out;
-  for (const auto& k : registry.all())
+  for (Kernel* k : chosen)
     for (const OpModule* op : all_op_modules())
       for (const std::string& dt : op->dtypes())
         if (k->supports(op->basic_case(dt))) out.push_back({k->name(), dt, op->op()});

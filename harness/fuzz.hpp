@@ -64,8 +64,9 @@ struct FuzzOptions {
 };
 
 /// Every (kernel, dtype, op) of the registry whose kernel supports the op's basic case of
-/// the dtype.
-std::vector<FuzzTarget> all_targets(const Registry& registry);
+/// the dtype; with `kernels`, of those kernels only, in the order named (resolved through
+/// the registry, so parameterised models count).
+std::vector<FuzzTarget> all_targets(Registry& registry, const std::vector<std::string>& kernels = {});
 
 struct FuzzProgress {
   std::int64_t cases = 0, failures = 0, total = 0;

@@ -170,7 +170,10 @@ GemmCase random_case(std::uint64_t seed) {
   if (c.beta != 0.0) c.types["C"] = kAllFormats[bits.in(0, 6)];
   if (has_bias(c.epilogue)) c.types["bias"] = kAllFormats[bits.in(0, 6)];
   if (bits.chance(0.3))
-    for (const char* op : {"A", "B", "C", "D"}) c.scales[op] = bits.chance(0.5) ? 0.25 : 1.0 / 3.0;
+    for (const char* op : {"A", "B", "C", "D"}) {
+      const double s = bits.chance(0.5) ? 0.25 : 1.0 / 3.0;
+      if (c.types.count(op) && takes_scale(c.types.at(op))) c.scales[op] = s;  // FP8 only (validate)
+    }
   // GELU cases keep the pre-activation moderate so the naive formula stays affordable.
   const double max_abs = gelu ? 1.5 : 1e300;
   const MatrixView av = gemm_view(c, "A"), bv = gemm_view(c, "B"), cv = gemm_view(c, "C");

@@ -7,6 +7,10 @@
 //   planted.noisy            prints garbage to stdout (and a fake protocol line), then
 //                            computes correctly: sequential FMA in FP32, as cpu.fp32_seq
 //   planted.illegal_address  device: a CUDA kernel writing far out of bounds (CUDA builds)
+//   planted.release          a correct kernel whose accuracy can regress: pairwise summation
+//                            of FP32 products, or (PLANTED_REGRESSION=1 in its environment)
+//                            sequential FMA, still within tolerance but with larger errors
+//                            (the release-workflow test gates the one against the other)
 //   planted.supports_segfault  its supports() writes through a null pointer
 //   planted.supports_hang      its supports() sleeps forever
 // Each says on stderr what it is about to do, so the tests can check that a crash message
@@ -68,6 +72,39 @@ void sgemm(const ulpgate_gemm_problem& g) {
         if (g.beta != 0) v = std::fma(static_cast<float>(g.beta), C[b * g.batch_stride_c + at(g, g.ldc, i, j)], v);
         D[b * g.batch_stride_d + at(g, g.ldd, i, j)] = v;
       }
+}
+
+// Pairwise (tree) summation of the rounded products x_k y_k: error growth log2(K).
+float pairwise(const float* p, int64_t n) {
+  if (n == 1) return p[0];
+  const int64_t h = n / 2;
+  return pairwise(p, h) + pairwise(p + h, n - h);
+}
+
+int run_release(const ulpgate_problem* p, char*, size_t) {
+  const ulpgate_gemm_problem& g = p->gemm;
+  const char* regress = std::getenv("PLANTED_REGRESSION");
+  if ((regress && *regress == '1') || g.k == 0) {
+    sgemm(g);
+    return 0;
+  }
+  const float* A = static_cast<const float*>(g.a);
+  const float* B = static_cast<const float*>(g.b);
+  const float* C = static_cast<const float*>(g.c);
+  float* D = static_cast<float*>(g.d);
+  std::string buf(static_cast<std::size_t>(g.k) * sizeof(float), '\0');
+  float* prod = reinterpret_cast<float*>(buf.data());
+  for (int64_t b = 0; b < g.batch; ++b)
+    for (int64_t i = 0; i < g.m; ++i)
+      for (int64_t j = 0; j < g.n; ++j) {
+        for (int64_t k = 0; k < g.k; ++k)
+          prod[k] = A[b * g.batch_stride_a + (g.trans_a ? at(g, g.lda, k, i) : at(g, g.lda, i, k))] *
+                    B[b * g.batch_stride_b + (g.trans_b ? at(g, g.ldb, j, k) : at(g, g.ldb, k, j))];
+        float v = static_cast<float>(g.alpha) * pairwise(prod, g.k);
+        if (g.beta != 0) v = std::fma(static_cast<float>(g.beta), C[b * g.batch_stride_c + at(g, g.ldc, i, j)], v);
+        D[b * g.batch_stride_d + at(g, g.ldd, i, j)] = v;
+      }
+  return 0;
 }
 
 void say(const char* what) {
@@ -137,6 +174,8 @@ const ulpgate_kernel kKernels[] = {
     {"planted.exit", "test equipment: calls _exit(3)", ULPGATE_HOST_MEMORY, 1, supports_fp32_gemm, run_exit},
     {"planted.noisy", "test equipment: prints garbage to stdout, then computes correctly", ULPGATE_HOST_MEMORY, 1,
      supports_fp32_gemm, run_noisy},
+    {"planted.release", "test equipment: pairwise FP32 GEMM; sequential with PLANTED_REGRESSION=1", ULPGATE_HOST_MEMORY, 1,
+     supports_fp32_gemm, run_release},
     {"planted.supports_segfault", "test equipment: supports() segfaults", ULPGATE_HOST_MEMORY, 1, supports_segfault,
      run_noisy},
     {"planted.supports_hang", "test equipment: supports() hangs", ULPGATE_HOST_MEMORY, 1, supports_hang, run_noisy},
