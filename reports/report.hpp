@@ -16,7 +16,8 @@ std::string render_markdown(const RunRecord& r);
 
 /// JUnit XML: one <testsuite> per kernel, one <testcase> per case. A failed verdict is a
 /// <failure>, status not_supported a <skipped/>, status failed/crashed/timed_out an
-/// <error>; times from CaseResult::seconds, timestamp from the environment.
+/// <error>; times from CaseResult::seconds, timestamp from the environment. Targets the time
+/// budget cut short (RunRecord::not_run) are skipped testcases of a suite "not run".
 std::string render_junit(const RunRecord& r);
 
 /// The cases that get an ULP histogram and an error map in the HTML page: at most this

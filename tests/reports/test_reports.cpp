@@ -133,6 +133,23 @@ TEST(Junit, WellFormedWithOneSuitePerKernelAndTheRightElements) {
   EXPECT_EQ(xpath(f, "string(//testcase[skipped]/@time)"), "0.000000");
 }
 
+// A partial campaign says so in JUnit too: each target the time budget cut short is a
+// skipped testcase naming how many cases did not run and why.
+TEST(Junit, CasesNotRunAreSkippedTestcases) {
+  testing::TempDir dir("junit_partial");
+  const std::string f = dir.file("junit.xml");
+  const RunRecord r = samples::campaign_record();
+  ASSERT_FALSE(r.not_run.empty());
+  testing::write_file(f, render_junit(r));
+  ASSERT_EQ(run_command("xmllint --noout " + shell_quote(f) + " 2>&1").exit_code, 0);
+  const std::string suite = "/testsuites/testsuite[@name='not run']";
+  EXPECT_EQ(xpath(f, "count(" + suite + "/testcase/skipped)"), std::to_string(r.not_run.size()));
+  EXPECT_EQ(xpath(f, "string(" + suite + "/testcase/@name)"), r.not_run[0].target);
+  const auto& n = r.not_run[0];
+  EXPECT_EQ(xpath(f, "string(" + suite + "/testcase/skipped/@message)"),
+            fmt::format("{} of {} cases not run: {}", n.planned - n.run, n.planned, n.reason));
+}
+
 // id='...' and id="..." values in a document.
 std::vector<std::string> ids(const std::string& html) {
   std::vector<std::string> out;
