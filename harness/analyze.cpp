@@ -50,6 +50,10 @@ double condition_at(const OutputComparison& cmp, std::size_t e) {
   return e < cmp.condition.size() ? cmp.condition[e] : 0.0;
 }
 
+double input_abs_at(const OutputComparison& cmp, std::size_t e) {
+  return e < cmp.input_abs.size() ? cmp.input_abs[e] : 0.0;
+}
+
 Class classify(const OutputComparison& cmp, std::size_t e, Code r) {
   const Format f = cmp.format;
   const Code g = cmp.got[e];
@@ -217,12 +221,14 @@ double ToleranceModel::gamma(std::int64_t n) const {
   return k * u_acc < 1 ? k * u_acc / (1 - k * u_acc) : INFINITY;
 }
 
-double ToleranceModel::bound(double condition, double exact_abs, Format out, std::int64_t n) const {
+double ToleranceModel::bound(double condition, double exact_abs, Format out, std::int64_t n, double input_abs) const {
   const double u_in = input_bits > 0 ? std::ldexp(1.0, 1 - input_bits) : 0.0;
   const double k = static_cast<double>(n + 4);
   const auto& fo = info(out);
   const double u_out = std::ldexp(1.0, -(fo.frac_bits + 1));
-  return (2 * u_in + u_in * u_in + gamma(n + 4)) * condition + u_out * exact_abs + k * accumulator_eta + fo.min_subnormal() / 2;
+  const double g = gamma(n + 4);
+  return (2 * u_in + u_in * u_in + g) * condition + (input_abs > 0 ? (1 + g) * input_abs : 0.0) + u_out * exact_abs +
+         k * accumulator_eta + fo.min_subnormal() / 2;
 }
 
 Verdict judge(const OutputComparison& cmp, const ErrorMetrics& m, const ToleranceModel& tol, std::int64_t n,
@@ -258,7 +264,7 @@ Verdict judge(const OutputComparison& cmp, const ErrorMetrics& m, const Toleranc
   const double threshold = fi.max_finite() + ulp_of(f, fi.max_finite()) / 2;
   const double u_out = std::ldexp(1.0, -(fi.frac_bits + 1));
   const auto bound = [&](std::size_t e, double exact_abs) {
-    if (cmp.allowed.empty()) return tol.bound(condition_at(cmp, e), exact_abs, f, n);
+    if (cmp.allowed.empty()) return tol.bound(condition_at(cmp, e), exact_abs, f, n, input_abs_at(cmp, e));
     return cmp.allowed[e] + u_out * exact_abs + fi.min_subnormal() / 2;  // as bound()'s output terms
   };
   std::int64_t nan = 0, inf = 0, missed = 0, mismatched = 0, over = 0;

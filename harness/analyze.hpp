@@ -131,6 +131,9 @@ struct OutputComparison {
   /// Per element, the error the op's tolerance model allows before the output's own
   /// rounding (harness/ops: attention fills it); empty: ToleranceModel::bound's GEMM terms.
   std::vector<double> allowed;
+  /// Per element, the absolute part a_e of the kernel's internal input rounding (see
+  /// ToleranceModel: inputs below that precision's normal range); empty: 0 everywhere.
+  std::vector<double> input_abs;
   /// What the tolerance was, for messages ("accumulator 24 bits, n = 512"); empty: from
   /// the ToleranceModel and n.
   std::string tolerance_note;
@@ -139,8 +142,8 @@ struct OutputComparison {
 ErrorMetrics analyze(const OutputComparison& cmp);
 
 /// The dtype- and K-aware tolerance model. An element passes when
-///   |d_e - x_e| <= (2 u_in + u_in^2 + gamma(n + 4, u_acc)) c_e + u_D |x_e|
-///                  + (n + 4) eta_acc + ulp_of(D, 0) / 2
+///   |d_e - x_e| <= (2 u_in + u_in^2 + gamma(n + 4, u_acc)) c_e + (1 + gamma(n + 4, u_acc)) a_e
+///                  + u_D |x_e| + (n + 4) eta_acc + ulp_of(D, 0) / 2
 /// where n is the reduction length (GEMM K; attention seq_kv for the P V product), the
 /// + 4 covers the epilogue's operations (scale, alpha, beta C, bias), u_acc =
 /// 2^(1 - accumulator_bits) is one unit in the last place of the accumulator (so a
@@ -152,6 +155,18 @@ ErrorMetrics analyze(const OutputComparison& cmp);
 /// (Higham's deterministic bound; +inf when n u >= 1), or, with probabilistic = true,
 /// lambda sqrt(n) u with lambda = 4 (Higham & Mary 2019: holds with probability
 /// >= 1 - 2 exp(-lambda^2 / 2) ~ 0.9993 per element, for independent rounding errors).
+///
+/// a_e (OutputComparison::input_abs, GEMM) is the input rounding's absolute part. Rounding
+/// keeps the exponent range: an input below the normal range of input_bits moves by up to
+/// eta_in = 2^(emin + 1 - input_bits) whatever its size (TF32 from FP32: 2^-136, twice the
+/// 2^-137 of rounding to nearest, so truncation is covered), not by u_in times it. With
+/// a' = a + alpha, |alpha| <= u_in |a| (a normal) or <= eta_in (a such a subnormal; 0 if it
+/// is a multiple of eta_in, i.e. exact), and likewise b', a'b' - ab = alpha b + a beta +
+/// alpha beta gives per product
+///   |a'b' - ab| <= (2 u_in + u_in^2) |ab| + eta_in (1 + u_in) (s_a |b| + s_b |a|) + s_a s_b eta_in^2
+/// (s_a = 1 where a is such a subnormal, else 0): c_e = sum |a b| cannot bound the last two
+/// terms (a = 2^-137 + 2^-149, b = 2^100: |a'b' - ab| ~ 2^-37 = 2^9 u_in |ab|). a_e is their
+/// sum over k, scaled as c_e; 1 + gamma since the accumulator sums the rounded products.
 struct ToleranceModel {
   int accumulator_bits = 24;  ///< precision (incl. the implicit bit) of the running sum
   int input_bits = 0;         ///< 0: inputs used as given; else the internal input precision
@@ -161,8 +176,8 @@ struct ToleranceModel {
   double lambda = 4.0;
   /// gamma(n, u_acc) as above (or lambda sqrt(n) u_acc when probabilistic).
   double gamma(std::int64_t n) const;
-  /// The bound for one element.
-  double bound(double condition, double exact_abs, Format out, std::int64_t n) const;
+  /// The bound for one element (input_abs: a_e).
+  double bound(double condition, double exact_abs, Format out, std::int64_t n, double input_abs = 0) const;
 };
 
 /// The baseline-relative rule: the kernel's max normalised error must be at most

@@ -39,19 +39,23 @@ Case transposed(const Case& c) {
 // without subnormals or overflow) must double D exactly. The products are checked with and
 // without the scales and alpha (a kernel may apply them to each product or to the sum);
 // sums of normal numbers that fall below the normal range are exact, so only the top needs
-// a bound: K times the largest product.
+// a bound: K times the largest product. Where the kernel rounds its inputs (TF32 compute),
+// A must be normal too: rounding a subnormal keeps its absolute unit, so round(2a) need
+// not be 2 round(a) (a = 2^-137 + 2^-149 rounds to 2^-136 in TF32, and so does 2a).
 bool scaling_applies(const Case& c, const Inputs& in) {
   if (c.beta != 0 || has_bias(c.epilogue) || !(c.epilogue == Epilogue::None || c.epilogue == Epilogue::Relu)) return false;
+  const bool rounds_inputs = c.types.at("compute") == Format::TF32;
   double lo[2] = {INFINITY, INFINITY}, hi[2] = {0, 0};
   int i = 0;
   for (const char* op : {"A", "B"}) {
     const Tensor& t = in.at(op);
     const MatrixView v = gemm_view(c, op);
     const double max = info(t.format()).max_finite();
+    const double min_a = rounds_inputs && i == 0 ? info(t.format()).min_normal() : 0.0;
     for (std::size_t e = 0; e < t.size(); ++e) {
       if (v.is_padding(static_cast<std::int64_t>(e))) continue;
       const double x = std::fabs(t.value(e));
-      if (!std::isfinite(x) || 2 * x > max) return false;
+      if (!std::isfinite(x) || 2 * x > max || (x != 0 && x < min_a)) return false;
       if (x != 0) lo[i] = std::min(lo[i], x), hi[i] = std::max(hi[i], x);
     }
     ++i;
@@ -91,6 +95,62 @@ void mark_input_rounding_overflow(const Case& c, const Inputs& inputs, int input
       for (std::int64_t j = 0; j < g.n; ++j)
         if (row[i] || col[j]) cmp.accumulated[static_cast<std::size_t>((bi * g.m + i) * g.n + j)] = INFINITY;
   }
+}
+
+// a_e of ToleranceModel (harness/analyze.hpp) for a kernel that rounds its inputs to
+// input_bits: per D element, sum_k eta_in (1 + u_in) (s_a |b| + s_b |a|) + s_a s_b eta_in^2
+// over op(A)[b][i][k] = a and op(B)[b][k][j] = b, where s_v = 1 for an input below the
+// normal range of the rounding (|v| < 2^emin) that is not a multiple of eta_in = 2^(emin +
+// 1 - input_bits), each operand with its format's emin; scaled as the condition term.
+// Empty when no input is such a subnormal (the usual case: no O(M N K) pass).
+std::vector<double> input_rounding_abs(const Case& c, const Inputs& inputs, int input_bits) {
+  const GemmShape& g = c.gemm;
+  const MatrixView av = gemm_view(c, "A"), bv = gemm_view(c, "B");
+  const Tensor &a = inputs.at("A"), &b = inputs.at("B");
+  const auto eta_of = [&](const Tensor& t) { return std::ldexp(1.0, info(t.format()).emin() + 1 - input_bits); };
+  const double eta_a = eta_of(a), eta_b = eta_of(b), u_in = std::ldexp(1.0, 1 - input_bits);
+  const auto rounds_absolutely = [](double v, double eta, double min_normal) {
+    return std::isfinite(v) && std::fabs(v) < min_normal && std::fmod(std::fabs(v), eta) != 0;  // fmod: exact
+  };
+  // op(A) rows and op(B) columns as |value|, and which of them round absolutely.
+  const std::int64_t M = g.m, N = g.n, K = g.k;
+  std::vector<double> ar(M * K), bc(N * K);
+  std::vector<char> as(M * K), bs(N * K);
+  const double sa = c.scales.count("A") ? c.scales.at("A") : 1.0, sb = c.scales.count("B") ? c.scales.at("B") : 1.0;
+  const double sd = c.scales.count("D") ? c.scales.at("D") : 1.0;
+  const double scale = std::fabs(c.alpha * sa * sb * sd);
+  std::vector<double> out;
+  for (std::int64_t bi = 0; bi < g.batch; ++bi) {
+    bool any = false;
+    for (std::int64_t i = 0; i < M; ++i)
+      for (std::int64_t k = 0; k < K; ++k) {
+        const double v = a.value(op_a_offset(c, av, bi, i, k));
+        ar[i * K + k] = std::isfinite(v) ? std::fabs(v) : 0.0;
+        any |= as[i * K + k] = rounds_absolutely(v, eta_a, info(a.format()).min_normal());
+      }
+    for (std::int64_t j = 0; j < N; ++j)
+      for (std::int64_t k = 0; k < K; ++k) {
+        const double v = b.value(op_b_offset(c, bv, bi, k, j));
+        bc[j * K + k] = std::isfinite(v) ? std::fabs(v) : 0.0;
+        any |= bs[j * K + k] = rounds_absolutely(v, eta_b, info(b.format()).min_normal());
+      }
+    if (!any || scale == 0) continue;
+    if (out.empty()) out.assign(static_cast<std::size_t>(g.batch * M * N), 0.0);
+    parallel_for(M, [&](std::int64_t i) {
+      for (std::int64_t j = 0; j < N; ++j) {
+        double s = 0;
+        for (std::int64_t k = 0; k < K; ++k) {
+          const double x = ar[i * K + k], y = bc[j * K + k];
+          const bool ta = as[i * K + k], tb = bs[j * K + k];
+          if (ta) s += eta_a * (1 + u_in) * y;
+          if (tb) s += eta_b * (1 + u_in) * x;
+          if (ta && tb) s += eta_a * eta_b;
+        }
+        out[static_cast<std::size_t>((bi * M + i) * N + j)] = scale * s;
+      }
+    });
+  }
+  return out;
 }
 
 // The calibrator's mean normalised error on the same inputs at `bits`, before any output
@@ -195,7 +255,10 @@ class GemmModule final : public OpModule {
     const Format compute = c.types.at("compute");
     // FP64 too: the intermediate bound is a double, +Inf once the terms pass DBL_MAX.
     cmp.accumulator_max = info(compute == Format::TF32 ? Format::FP32 : compute).max_finite();
-    if (tol.input_bits > 0) mark_input_rounding_overflow(c, inputs, tol.input_bits, cmp);
+    if (tol.input_bits > 0) {
+      mark_input_rounding_overflow(c, inputs, tol.input_bits, cmp);
+      if (c.alpha != 0) cmp.input_abs = input_rounding_abs(c, inputs, tol.input_bits);
+    }
     return cmp;  // allowed: empty, the ToleranceModel's GEMM bound with n = K applies
   }
 

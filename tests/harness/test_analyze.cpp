@@ -225,6 +225,10 @@ TEST(Analyze, ToleranceModelIsKAndFormatAware) {
   t.input_bits = 11;  // TF32 inputs
   const double ui = 0x1p-10;
   EXPECT_DOUBLE_EQ(t.bound(1.0, 0.0, Format::FP32, 4096), 2 * ui + ui * ui + k * u / (1 - k * u) + 0x1p-149 / 2);
+  // The absolute part a_e of rounding subnormal inputs (2^-136 units in TF32), which the
+  // accumulator then sums: (1 + gamma(K + 4)) a_e.
+  EXPECT_DOUBLE_EQ(t.bound(0.0, 0.0, Format::FP32, 1, 0x1p-130),
+                   (1 + 5 * u / (1 - 5 * u)) * 0x1p-130 + 5 * 0x1p-149 + 0x1p-150);
   t = ToleranceModel{};
   t.probabilistic = true;
   EXPECT_DOUBLE_EQ(t.bound(1.0, 0.0, Format::FP32, 4092), 4.0 * 64.0 * u + 0x1p-149 / 2);

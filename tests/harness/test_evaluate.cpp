@@ -5,22 +5,27 @@
 #include <cmath>
 #include <cstring>
 
+#include <fmt/format.h>
+
 #include "harness/check.hpp"
 
 using namespace ulpgate;
 
 namespace {
 
-// A TF32 tensor-core model: FP32 inputs rounded to TF32 (to nearest, as the hardware
-// conversion does), products and sums in FP32. Row-major, no transposes, beta = 0.
+// A TF32 tensor-core model: FP32 inputs rounded to TF32 exactly as core/format defines it
+// (to nearest by default, as the hardware conversion does; ties away as cvt.rna.tf32.f32;
+// or truncated), products and sums in FP32. Row-major, no transposes, beta = 0.
 class Tf32Model final : public Kernel {
  public:
+  explicit Tf32Model(Rounding r = Rounding::NearestEven) : rounding_(r) {}
   std::string name() const override { return "test.tf32"; }
   std::string description() const override { return "inputs rounded to TF32, FP32 FMA"; }
   KernelTraits traits() const override { return {Memory::Host, true}; }
   std::optional<std::string> unsupported(const Case& c) const override {
     if (c.types.at("compute") != Format::TF32 || c.beta != 0.0 || c.gemm.trans_a || c.gemm.trans_b ||
-        c.gemm.layout != Layout::RowMajor || c.gemm.batch != 1)
+        c.gemm.layout != Layout::RowMajor || c.gemm.batch != 1 || c.gemm.lda || c.gemm.ldb || c.gemm.ldd ||
+        c.epilogue != Epilogue::None || c.types.at("D") != Format::FP32)
       return "not this case";
     return std::nullopt;
   }
@@ -29,7 +34,7 @@ class Tf32Model final : public Kernel {
     const auto* b = static_cast<const float*>(io.in.at("B"));
     auto* d = static_cast<float*>(io.out.at("D"));
     const auto& g = c.gemm;
-    const auto tf32 = [](float v) { return static_cast<float>(round_to(Format::TF32, v)); };
+    const auto tf32 = [&](float v) { return static_cast<float>(round_to(Format::TF32, v, rounding_)); };
     for (std::int64_t i = 0; i < g.m; ++i)
       for (std::int64_t j = 0; j < g.n; ++j) {
         float acc = 0.0f;
@@ -37,7 +42,17 @@ class Tf32Model final : public Kernel {
         d[i * g.n + j] = static_cast<float>(c.alpha) * acc;
       }
   }
+
+ private:
+  Rounding rounding_;
 };
+
+Case tf32_case(std::int64_t m, std::int64_t n, std::int64_t k) {
+  Case c = dtype_gemm_case("tf32", m, n, k);
+  c.gemm.trans_b = false;
+  c.kernel = "test.tf32";
+  return c;
+}
 
 }  // namespace
 
@@ -66,4 +81,72 @@ TEST(Evaluate, InputRoundingThatOverflowsIsAnOverflow) {
   const Evaluation strict = evaluate_with_inputs(k, c, in, as_given);
   EXPECT_EQ(strict.metrics[0].unexpected_inf, 1);
   EXPECT_FALSE(strict.verdict.passed);
+}
+
+// TF32 keeps FP32's exponent range with 10 fraction bits, so its subnormals are multiples of
+// 2^-136: rounding an FP32 subnormal to TF32 moves it by up to 2^-137 (half that unit; a
+// whole unit when truncating) whatever its size, an absolute error that 2 u_in sum|a b|
+// cannot cover. Here a = 2^-137 + 2^-149 rounds to 2^-136 (to 0 truncated) and b = 2^100:
+// the correct kernel is 2^-37 away from the exact 2^-37 + 2^-49 (512x the relative bound).
+TEST(Evaluate, Tf32SubnormalInputRoundingIsNoFalseAlarm) {
+  Case c = tf32_case(1, 1, 1);
+  Tensor a(Format::FP32, 1), b(Format::FP32, 1);
+  a.set_value(0, 0x1p-137 + 0x1p-149);
+  b.set_value(0, 0x1p100);
+  const std::map<std::string, Tensor> in{{"A", a}, {"B", b}};
+  for (Rounding r : {Rounding::NearestEven, Rounding::NearestAway, Rounding::TowardZero}) {
+    Tf32Model k(r);
+    const Evaluation ev = evaluate_with_inputs(k, c, in, {});
+    ASSERT_EQ(ev.metrics.size(), 1u);
+    EXPECT_GT(ev.metrics[0].max_abs, 0x1p-38) << name(r);  // the input rounding shows
+    EXPECT_TRUE(ev.verdict.passed) << name(r) << ": " << ev.verdict.reasons.front();
+  }
+  // The same absolute error where the input is exact in TF32 is a bug, still caught.
+  a.set_value(0, 0x1p-136);
+  Tf32Model k;
+  const std::map<std::string, Tensor> exact_in{{"A", a}, {"B", b}};
+  const Evaluation ok = evaluate_with_inputs(k, c, exact_in, {});
+  EXPECT_TRUE(ok.verdict.passed);
+  class Off final : public Kernel {
+   public:
+    std::string name() const override { return "test.off"; }
+    std::string description() const override { return "D + 2^-37"; }
+    KernelTraits traits() const override { return {}; }
+    std::optional<std::string> unsupported(const Case&) const override { return std::nullopt; }
+    void run(const Case& cc, const KernelIo& io, RunNotes& n) override {
+      inner.run(cc, io, n);
+      *static_cast<float*>(io.out.at("D")) += 0x1p-37f;
+    }
+    Tf32Model inner;
+  } off;
+  EXPECT_FALSE(evaluate_with_inputs(off, c, exact_in, {}).verdict.passed);
+}
+
+// Generated FP32 subnormal inputs (subnormal(rate): uniform subnormal codes), the TF32 model
+// rounding them as core/format does, to nearest, ties away and toward zero: no false alarm.
+TEST(Evaluate, Tf32ModelPassesSubnormalInputs) {
+  int runs = 0, failed = 0;
+  double worst_ratio = 0;
+  std::string worst;
+  for (Rounding r : {Rounding::NearestEven, Rounding::NearestAway, Rounding::TowardZero}) {
+    Tf32Model k(r);
+    for (std::int64_t kk : {1, 3, 16, 100})
+      for (const char* bdist : {"normal(0,1)", "subnormal(rate=0.5)", "lognormal(0,8)"})
+        for (std::uint64_t seed = 1; seed <= 12; ++seed) {
+          Case c = tf32_case(4, 6, kk);
+          c.dist = {{"A", "subnormal(rate=0.9)"}, {"B", bdist}};
+          c.seed = seed;
+          const Evaluation ev = evaluate(k, c, {});
+          ++runs;
+          if (!ev.verdict.passed) {
+            ++failed;
+            const std::string& why = ev.verdict.reasons.front();
+            const auto at = why.find("worst ");
+            const double ratio = at == std::string::npos ? 0.0 : std::stod(why.substr(at + 6));
+            if (ratio >= worst_ratio)
+              worst_ratio = ratio, worst = fmt::format("{} K={} B={} seed {}: {}", name(r), kk, bdist, seed, why);
+          }
+        }
+  }
+  EXPECT_EQ(failed, 0) << failed << " of " << runs << " runs failed; worst: " << worst;
 }
