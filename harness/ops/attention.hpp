@@ -14,7 +14,8 @@
 // checked in harness/check):
 //   - V scaling: V scaled by 2 doubles O exactly where nothing can underflow or overflow
 //     (nonzero |v| in [2^-20, max/4], score spread 2S <= 64, O normal, and the visible
-//     v_jd of one sign, so that no partial sum cancels into the subnormals);
+//     v_jd of one sign, so that no partial sum cancels into the subnormals); for a kernel
+//     that declares itself not deterministic, O(2V) within tolerance of its own reference;
 //   - key shift: the same vector added to every key (chosen so the largest score grows by
 //     about 100: exp overflows FP32 without the max subtraction) gives O within tolerance
 //     of its exact reference;

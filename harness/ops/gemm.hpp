@@ -5,7 +5,9 @@
 // checked in harness/check):
 //   - scaling: A scaled by 2 scales the exact result exactly, so a correct floating-point
 //     kernel's D doubles bit for bit (checked where no value can overflow or underflow:
-//     beta = 0, no bias, epilogue none or ReLU, products >= 2^24 x the smallest normal);
+//     beta = 0, no bias, epilogue none or ReLU, products >= 2^24 x the smallest normal, A
+//     normal for TF32). A kernel that declares itself not deterministic cannot promise the
+//     same bits twice, so there D(2A) must pass against its own exact reference instead;
 //   - transposition: D^T = B^T A^T run as the transposed case (other layout, A and B
 //     swapped) on the same memory must pass too (cases without a bias).
 #pragma once

@@ -6,7 +6,9 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <cstring>
 #include <filesystem>
+#include <random>
 
 #include "distributions/fill.hpp"
 #include "harness/check.hpp"
@@ -246,6 +248,59 @@ TEST(AttentionOp, VScalingNoFalseAlarmOnCancellingColumns) {
   auto online = make_emulated_attention(*AttentionModel::parse(c.kernel));
   const Evaluation ev = evaluate(*online, c, EvaluationOptions{});
   EXPECT_TRUE(ev.verdict.passed) << ev.verdict.reasons.front();
+}
+
+namespace {
+
+// A correct attention kernel that is not bitwise repeatable and says so (a split-KV kernel
+// whose split depends on the run): each run takes the online-softmax model with a block
+// size drawn at random.
+class RandomSplit final : public Kernel {
+ public:
+  RandomSplit() {
+    for (int block : {4, 8, 16, 32, 64})
+      models_.push_back(make_emulated_attention(*AttentionModel::parse("cpu.attn_online:block=" + std::to_string(block))));
+  }
+  std::string name() const override { return "test.random_split"; }
+  std::string description() const override { return "online softmax, block size drawn per run"; }
+  KernelTraits traits() const override {
+    KernelTraits t;
+    t.deterministic = false;
+    return t;
+  }
+  std::optional<std::string> unsupported(const Case& c) const override { return models_[0]->unsupported(c); }
+  void run(const Case& c, const KernelIo& io, RunNotes& n) override {
+    models_[rng_() % models_.size()]->run(c, io, n);
+  }
+
+ private:
+  std::vector<std::unique_ptr<Kernel>> models_;
+  std::mt19937 rng_{7};
+};
+
+}  // namespace
+
+// V scaling compares O(2V) with 2 O(V) bit for bit, which a kernel that is not bitwise
+// repeatable cannot promise: there O(2V) is judged against its own exact reference. The
+// random-split kernel passes every relation (and two of its runs do give other bits, or the
+// test would show nothing).
+TEST(AttentionOp, NonDeterministicKernelPassesTheRelations) {
+  RandomSplit k;
+  int differ = 0;
+  for (Format f : {Format::FP32, Format::FP16, Format::BF16})
+    for (std::int64_t kv : {40, 100, 200}) {
+      Case c = small_case(f, kv, 8);
+      c.attention.seq_q = 3;
+      c.dist = {{"Q", "normal(0,1)"}, {"K", "normal(0,1)"}, {"V", "uniform(1,2)"}};
+      c.seed = static_cast<std::uint64_t>(kv);
+      const Evaluation ev = check(k, c);
+      EXPECT_TRUE(ev.verdict.passed) << name(f) << " seq_kv " << kv << ": " << ev.verdict.reasons.front();
+      c.kernel = k.name();
+      const Inputs in = fill_inputs(c);
+      const RunOutcome r1 = run_kernel(k, c, in), r2 = run_kernel(k, c, in);
+      differ += std::memcmp(r1.outputs.at("O").data(), r2.outputs.at("O").data(), r1.outputs.at("O").size_bytes()) != 0;
+    }
+  EXPECT_GT(differ, 0) << "the kernel never gave other bits: the test shows nothing";
 }
 
 namespace {

@@ -1,9 +1,13 @@
 // Evaluation of a kernel on a case: what the kernel's declared precision implies.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cfloat>
 #include <cmath>
 #include <cstring>
+#include <functional>
+#include <numeric>
+#include <random>
 
 #include <fmt/format.h>
 
@@ -149,4 +153,96 @@ TEST(Evaluate, Tf32ModelPassesSubnormalInputs) {
         }
   }
   EXPECT_EQ(failed, 0) << failed << " of " << runs << " runs failed; worst: " << worst;
+}
+
+namespace {
+
+// A correct GEMM that says it is not deterministic (as split-K with atomics is): each run
+// sums the products a_k b_k in FP32 in a fresh random order. Any layout, transposes and
+// leading dimensions, inputs up to FP32, beta = 0, no epilogue, D FP32. `post` (if given)
+// changes D afterwards: a planted bug.
+class PermutedSum final : public Kernel {
+ public:
+  explicit PermutedSum(bool deterministic = false, std::function<float(float)> post = {})
+      : deterministic_(deterministic), post_(std::move(post)) {}
+  std::string name() const override { return "test.permuted_sum"; }
+  std::string description() const override { return "FP32 sum in a random order each run"; }
+  KernelTraits traits() const override {
+    KernelTraits t;
+    t.deterministic = deterministic_;
+    return t;
+  }
+  std::optional<std::string> unsupported(const Case& c) const override {
+    if (c.beta != 0.0 || c.epilogue != Epilogue::None || c.types.at("D") != Format::FP32 ||
+        c.types.at("compute") != Format::FP32 || c.types.at("A") == Format::FP64 || c.types.at("B") == Format::FP64)
+      return "not this case";
+    return std::nullopt;
+  }
+  void run(const Case& c, const KernelIo& io, RunNotes&) override {
+    const auto& g = c.gemm;
+    const MatrixView av = gemm_view(c, "A"), bv = gemm_view(c, "B"), dv = gemm_view(c, "D");
+    const Format fa = c.types.at("A"), fb = c.types.at("B");
+    std::mt19937_64 rng(deterministic_ ? 1 : ++runs_);
+    std::vector<std::int64_t> order(static_cast<std::size_t>(g.k));
+    for (std::int64_t b = 0; b < g.batch; ++b)
+      for (std::int64_t i = 0; i < g.m; ++i)
+        for (std::int64_t j = 0; j < g.n; ++j) {
+          std::iota(order.begin(), order.end(), 0);
+          std::shuffle(order.begin(), order.end(), rng);
+          float acc = 0.0f;
+          for (std::int64_t k : order)
+            acc = std::fma(static_cast<float>(decode(fa, load_code(fa, io.in.at("A"), op_a_offset(c, av, b, i, k)))),
+                           static_cast<float>(decode(fb, load_code(fb, io.in.at("B"), op_b_offset(c, bv, b, k, j)))), acc);
+          float v = static_cast<float>(c.alpha) * acc;
+          if (post_) v = post_(v);
+          store_code(Format::FP32, io.out.at("D"), dv.offset(b, i, j), encode(Format::FP32, v));
+        }
+  }
+
+ private:
+  bool deterministic_;
+  std::function<float(float)> post_;
+  std::uint64_t runs_ = 0;
+};
+
+std::string relation_of(const Evaluation& ev) { return ev.relations.empty() ? "" : ev.relations.front().relation; }
+
+}  // namespace
+
+// The scaling relation compares D(2A) with 2 D(A) bit for bit, which a kernel that is not
+// bitwise repeatable cannot promise: there D(2A) is judged against its own exact reference.
+// A correct kernel that sums in a random order each run passes every relation.
+TEST(Evaluate, NonDeterministicKernelPassesTheGemmRelations) {
+  PermutedSum k;
+  int runs = 0;
+  for (const char* dtype : {"fp32", "bf16", "fp16"})
+    for (std::uint64_t seed = 1; seed <= 4; ++seed) {
+      Case c = dtype_gemm_case(dtype, 9, 7, 200);
+      c.gemm.layout = seed % 2 ? Layout::RowMajor : Layout::ColMajor;
+      c.kernel = k.name();
+      c.seed = seed;
+      const Evaluation ev = evaluate(k, c, {});
+      ++runs;
+      EXPECT_TRUE(ev.verdict.passed) << dtype << " seed " << seed << ": " << ev.verdict.reasons.front();
+    }
+  EXPECT_EQ(runs, 12);
+}
+
+// A deterministic kernel with an absolute offset of 2^-18 (a few ulps for |D| ~ 10, inside
+// the tolerance) cannot double D exactly: the scaling relation still catches it bit for
+// bit. A non-deterministic kernel that breaks on the doubled problem (it clamps |D| to 16,
+// which only the doubled D reaches) fails the relation against its own reference.
+TEST(Evaluate, ScalingRelationStillCatchesBrokenKernels) {
+  Case c = dtype_gemm_case("fp32", 9, 7, 100);
+  c.dist = {{"A", "uniform(0.5,1)"}, {"B", "uniform(0.1,0.2)"}};  // |D| in [5, 20]/... about 11
+  c.seed = 3;
+  PermutedSum offset(true, [](float v) { return v + 0x1p-18f; });
+  c.kernel = offset.name();
+  const Evaluation ev = evaluate(offset, c, {});
+  EXPECT_GT(ev.metrics[0].max_ulp, 1.0);
+  EXPECT_EQ(relation_of(ev), "scaling") << (ev.verdict.reasons.empty() ? "passed" : ev.verdict.reasons.front());
+
+  PermutedSum clamp(false, [](float v) { return std::clamp(v, -16.0f, 16.0f); });
+  const Evaluation cl = evaluate(clamp, c, {});
+  EXPECT_EQ(relation_of(cl), "scaling") << (cl.verdict.reasons.empty() ? "passed" : cl.verdict.reasons.front());
 }
