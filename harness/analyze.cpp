@@ -4,6 +4,7 @@
 #include <cmath>
 #include <map>
 #include <set>
+#include <string_view>
 
 #include <fmt/format.h>
 
@@ -39,7 +40,7 @@ DoubleDouble target(Format f, const RefValue& x) {
 }
 
 // How element e's pair (d_e, r_e) is classified (see the header); r is r_e.
-enum class Class { Compared, Expected, Overflowed, UnexpectedNan, UnexpectedInf, Missed, Mismatched };
+enum class Class { Compared, Expected, Overflowed, UnexpectedNan, UnexpectedInf, Missed, Mismatched, Unwritten };
 
 double accumulated_at(const OutputComparison& cmp, std::size_t e) {
   const auto& acc = cmp.accumulated.empty() ? cmp.condition : cmp.accumulated;
@@ -55,6 +56,7 @@ double input_abs_at(const OutputComparison& cmp, std::size_t e) {
 }
 
 Class classify(const OutputComparison& cmp, std::size_t e, Code r) {
+  if (e < cmp.unwritten.size() && cmp.unwritten[e]) return Class::Unwritten;
   const Format f = cmp.format;
   const Code g = cmp.got[e];
   const bool g_finite = is_finite(f, g), r_finite = is_finite(f, r);
@@ -142,6 +144,7 @@ ErrorMetrics analyze(const OutputComparison& cmp) {
         case Class::UnexpectedInf: m.unexpected_inf++; break;
         case Class::Missed: m.missed_nonfinite++; break;
         case Class::Mismatched: m.mismatched_nonfinite++; break;
+        case Class::Unwritten:  // counted by the runner (ErrorMetrics::unwritten)
         case Class::Compared: break;
       }
       if (k != Class::Expected && k != Class::Overflowed) {
@@ -190,29 +193,35 @@ ErrorMetrics analyze(const OutputComparison& cmp) {
   if (norm_count) m.mean_normalised = sum_norm / norm_count;
   m.normwise = sum_x2 > 0 ? std::sqrt(sum_err2) / std::sqrt(sum_x2) : (sum_err2 > 0 ? INFINITY : 0.0);
 
-  if (worst >= 0) {
-    WorstElement& w = m.worst;
-    std::int64_t rest = worst;
-    w.index.assign(cmp.shape.size(), 0);
-    for (std::size_t k = cmp.shape.size(); k-- > 0;) {
-      w.index[k] = rest % cmp.shape[k];
-      rest /= cmp.shape[k];
-    }
-    const RefValue& x = cmp.exact[worst];
-    const DoubleDouble xd = x.double_double();
-    w.got = show(f, cmp.got[worst]);
-    w.expected = show(f, x.round_to(f, Rounding::NearestEven, output_overflow(f)));
-    w.exact = x.kind == RefValue::Kind::Finite ? fmt::format("{} + {}", hex_float(xd.hi), hex_float(xd.lo)) : to_string(x);
-    w.condition = condition_at(cmp, static_cast<std::size_t>(worst));
-    if (is_finite(f, cmp.got[worst]) && x.kind != RefValue::Kind::NaN && x.kind != RefValue::Kind::Inf) {
-      const double es = signed_error(decode(f, cmp.got[worst]), target(f, x));
-      w.normalised = w.condition > 0 ? std::fabs(es) / w.condition : (es == 0 ? 0.0 : INFINITY);
-      w.ulp = es / ulp_at(f, x);
-    } else {
-      w.normalised = w.ulp = NAN;
-    }
-  }
+  if (worst >= 0) m.worst = describe_element(cmp, worst);
   return m;
+}
+
+WorstElement describe_element(const OutputComparison& cmp, std::int64_t e) {
+  const Format f = cmp.format;
+  WorstElement w;
+  std::int64_t rest = e;
+  w.index.assign(cmp.shape.size(), 0);
+  for (std::size_t k = cmp.shape.size(); k-- > 0;) {
+    w.index[k] = rest % cmp.shape[k];
+    rest /= cmp.shape[k];
+  }
+  const RefValue& x = cmp.exact[e];
+  const DoubleDouble xd = x.double_double();
+  const Code g = cmp.got[e];
+  w.got = show(f, g);
+  w.expected = show(f, x.round_to(f, Rounding::NearestEven, output_overflow(f)));
+  w.exact = x.kind == RefValue::Kind::Finite ? fmt::format("{} + {}", hex_float(xd.hi), hex_float(xd.lo)) : to_string(x);
+  w.condition = condition_at(cmp, static_cast<std::size_t>(e));
+  const bool unwritten = static_cast<std::size_t>(e) < cmp.unwritten.size() && cmp.unwritten[e];
+  if (!unwritten && is_finite(f, g) && x.kind != RefValue::Kind::NaN && x.kind != RefValue::Kind::Inf) {
+    const double es = signed_error(decode(f, g), target(f, x));
+    w.normalised = w.condition > 0 ? std::fabs(es) / w.condition : (es == 0 ? 0.0 : INFINITY);
+    w.ulp = es / ulp_at(f, x);
+  } else {
+    w.normalised = w.ulp = NAN;
+  }
+  return w;
 }
 
 double ToleranceModel::gamma(std::int64_t n) const {
@@ -244,7 +253,9 @@ Verdict judge(const OutputComparison& cmp, const ErrorMetrics& m, const Toleranc
   const std::int64_t rows = cmp.shape.size() >= 2 ? cmp.shape[cmp.shape.size() - 2] : 1;
   const std::int64_t cols = cmp.shape.empty() ? static_cast<std::int64_t>(cmp.got.size()) : cmp.shape.back();
   std::map<std::string, bool> interior;  // check -> some failing element off the edge
+  std::int64_t first_nonfinite = -1, first_unwritten = -1, worst_beyond = -1;  // Verdict::worst_element
   const auto failing = [&](const char* check, std::size_t e) {
+    if (first_nonfinite < 0 && std::string_view(check) != "tolerance") first_nonfinite = static_cast<std::int64_t>(e);
     const std::int64_t col = cols ? static_cast<std::int64_t>(e) % cols : 0;
     const std::int64_t row = cols && rows ? (static_cast<std::int64_t>(e) / cols) % rows : 0;
     bool& in = interior[check];
@@ -273,12 +284,15 @@ Verdict judge(const OutputComparison& cmp, const ErrorMetrics& m, const Toleranc
     const Code g = cmp.got[e];
     const RefValue& x = cmp.exact[e];
     const Class k = classify(cmp, e, x.round_to(f, Rounding::NearestEven, output_overflow(f)));
-    if (k == Class::Compared) {
+    if (k == Class::Unwritten) {  // the write audit's failure (m.unwritten), not a value
+      if (first_unwritten < 0) first_unwritten = static_cast<std::int64_t>(e);
+    } else if (k == Class::Compared) {
       const DoubleDouble xd = target(f, x);
       const double err = std::fabs(signed_error(decode(f, g), xd));
       const double b = bound(e, magnitude_of(xd));
       if (err > b) {
         ++over;
+        if (worst_beyond < 0 || err / b > worst_ratio) worst_beyond = static_cast<std::int64_t>(e);
         worst_ratio = std::max(worst_ratio, err / b);
         failing("tolerance", e);
       }
@@ -299,6 +313,7 @@ Verdict judge(const OutputComparison& cmp, const ErrorMetrics& m, const Toleranc
       }
     }
   }
+  v.worst_element = first_nonfinite >= 0 ? first_nonfinite : worst_beyond >= 0 ? worst_beyond : first_unwritten;
   if (nan) v.fail(token("unexpected_nan"), fmt::format("{} unexpected NaN", nan));
   if (inf) v.fail(token("unexpected_inf"), fmt::format("{} unexpected Inf", inf));
   if (missed) v.fail(token("missed_nonfinite"), fmt::format("{} missed NaN/Inf (the exact result is not finite)", missed));

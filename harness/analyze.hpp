@@ -87,7 +87,9 @@ struct ErrorMap {
                                               ///< a cell holds a non-finite mismatch
 };
 
-/// The element with the largest normalised error (non-finite mismatches rank first).
+/// The element a run is best shown by: where judge() found failing elements, the failing
+/// one (Verdict::worst_element); otherwise the one with the largest normalised error
+/// (non-finite mismatches rank first).
 struct WorstElement {
   std::vector<std::int64_t> index;  ///< GEMM {b, i, j}; attention {b, h, i, d}
   std::string got;                  ///< the kernel's code and value, e.g. "0x3c01 (0x1.004p+0)"
@@ -134,12 +136,18 @@ struct OutputComparison {
   /// Per element, the absolute part a_e of the kernel's internal input rounding (see
   /// ToleranceModel: inputs below that precision's normal range); empty: 0 everywhere.
   std::vector<double> input_abs;
+  /// Per element, 1 where the write audit found it unwritten (RunOutcome::unwritten_at):
+  /// its code is the poison, not a value, so it is counted in ErrorMetrics::unwritten only
+  /// (not as an unexpected NaN, nor in the statistics). Empty: every element written.
+  std::vector<char> unwritten;
   /// What the tolerance was, for messages ("accumulator 24 bits, n = 512"); empty: from
   /// the ToleranceModel and n.
   std::string tolerance_note;
 };
 
 ErrorMetrics analyze(const OutputComparison& cmp);
+/// Element e (logical index) as WorstElement shows it.
+WorstElement describe_element(const OutputComparison& cmp, std::int64_t e);
 
 /// The dtype- and K-aware tolerance model. An element passes when
 ///   |d_e - x_e| <= (2 u_in + u_in^2 + gamma(n + 4, u_acc)) c_e + (1 + gamma(n + 4, u_acc)) a_e
@@ -204,6 +212,11 @@ struct Verdict {
   bool passed = true;
   std::vector<std::string> reasons;  ///< e.g. "3 elements exceed the tolerance (worst 41.2x)"
   std::vector<std::string> checks;   ///< e.g. "D:tolerance@interior", one per reason
+  /// The failing element that shows the failure best (logical index; -1: no element
+  /// failed): the first non-finite failure, else the one furthest beyond its bound (error /
+  /// bound, not the normalised error, which a correctly rounded element can exceed), else
+  /// the first unwritten one.
+  std::int64_t worst_element = -1;
   /// Records a failure: passed = false, the reason and its check token.
   void fail(std::string check, std::string reason) {
     passed = false;

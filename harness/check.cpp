@@ -1,5 +1,6 @@
 #include "harness/check.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 
@@ -18,15 +19,29 @@ struct Judged {
   Verdict verdict;
 };
 
-// The metrics and verdict of a run whose comparison (reference included) is cmp.
+// Per logical output element, whether the run's write audit found it unwritten (empty: none).
+std::vector<char> unwritten_mask(const Case& c, const RunOutcome& run) {
+  const auto it = run.unwritten_at.find(outputs_of(c).front());
+  if (it == run.unwritten_at.end() || it->second.empty()) return {};
+  const std::vector<std::int64_t> offsets = op_module(c.op).output_offsets(c);
+  std::vector<char> mask(offsets.size(), 0);
+  for (std::size_t e = 0; e < offsets.size(); ++e)
+    mask[e] = std::binary_search(it->second.begin(), it->second.end(), offsets[e]);
+  return mask;
+}
+
+// The metrics and verdict of a run whose comparison (reference included) is cmp; the
+// worst element shown is a failing one where any fails.
 void judge_into(Judged& j, const Case& c, const RunOutcome& run, const ToleranceModel& tol,
                 double baseline_max_normalised = -1, const BaselineRule& rule = {}) {
   const OpModule& op = op_module(c.op);
+  j.cmp.unwritten = unwritten_mask(c, run);
   j.metrics = analyze(j.cmp);
   j.metrics.output = outputs_of(c).front();
   j.metrics.unwritten = run.unwritten;
   j.metrics.padding_written = run.padding_written;
   j.verdict = judge(j.cmp, j.metrics, tol, op.reduction_length(c), baseline_max_normalised, rule);
+  if (j.verdict.worst_element >= 0) j.metrics.worst = describe_element(j.cmp, j.verdict.worst_element);
   if (!run.inputs_modified.empty()) {
     j.verdict.fail("inputs_modified", fmt::format("the kernel wrote to its inputs ({})", fmt::join(run.inputs_modified, ", ")));
   }

@@ -1,6 +1,8 @@
 #include "harness/runner.hpp"
 
+#include <algorithm>
 #include <cstring>
+#include <iterator>
 
 #include <fmt/format.h>
 
@@ -33,36 +35,42 @@ Code poison_code(Format f) {
   return 0;
 }
 
+Code alternate_poison_code(Format f) {
+  // The poison with its sign flipped: another NaN no arithmetic produces, except in E4M3,
+  // whose positive NaN 0x7F is the canonical one: there a finite code (-1.25).
+  return f == Format::E4M3 ? Code{0xBA} : poison_code(f) ^ info(f).sign_mask();
+}
+
 std::vector<std::string> outputs_of(const Case& c) {
   return c.op == Op::Gemm ? std::vector<std::string>{"D"} : std::vector<std::string>{"O"};
 }
 
-Tensor make_output(const Case& c, const std::string& operand) {
+Tensor make_output(const Case& c, const std::string& operand, bool alternate) {
   const Format f = c.types.at(operand);
   const std::int64_t n = c.op == Op::Gemm ? gemm_view(c, operand).elements() : attention_view(c, operand).elements();
   Tensor t(f, static_cast<std::size_t>(n));
-  t.fill_code(poison_code(f));
+  t.fill_code(alternate ? alternate_poison_code(f) : poison_code(f));
   return t;
 }
 
 namespace {
 
-// Counts poisoned (unwritten) logical elements and changed padding elements.
-void audit_output(const Case& c, const std::string& operand, const Tensor& t, RunOutcome& out) {
-  const Code poison = poison_code(t.format());
+// Counts changed padding elements, and the logical elements still holding the poison
+// (unwritten, unless a second run says otherwise: see run_kernel), with their offsets.
+void audit_output(const Case& c, const std::string& operand, const Tensor& t, bool alternate, RunOutcome& out) {
+  const Code poison = alternate ? alternate_poison_code(t.format()) : poison_code(t.format());
   const bool gemm = c.op == Op::Gemm;
   const MatrixView v = gemm ? gemm_view(c, operand) : MatrixView{};
   for (std::size_t e = 0; e < t.size(); ++e) {
     const bool pad = gemm && v.is_padding(static_cast<std::int64_t>(e));
     const bool untouched = t.code(e) == poison;
     if (pad && !untouched) ++out.padding_written;
-    if (!pad && untouched) ++out.unwritten;
+    if (!pad && untouched) ++out.unwritten, out.unwritten_at[operand].push_back(static_cast<std::int64_t>(e));
   }
 }
 
-}  // namespace
-
-RunOutcome run_kernel(Kernel& k, const Case& c, const std::map<std::string, Tensor>& inputs) {
+// One run on outputs filled with the poison (or the alternate poison), audited.
+RunOutcome run_poisoned(Kernel& k, const Case& c, const std::map<std::string, Tensor>& inputs, bool alternate) {
   RunOutcome out;
   if (auto why = k.unsupported(c)) {
     out.status = Disposition::NotSupported;
@@ -71,7 +79,7 @@ RunOutcome run_kernel(Kernel& k, const Case& c, const std::map<std::string, Tens
   }
   for (const auto& op : c.inputs())
     if (!inputs.count(op)) throw InputError(fmt::format("run_kernel: input {} missing", op));
-  for (const auto& op : outputs_of(c)) out.outputs[op] = make_output(c, op);
+  for (const auto& op : outputs_of(c)) out.outputs[op] = make_output(c, op, alternate);
   try {
     KernelIo io;
     if (k.traits().memory == Memory::Host) {
@@ -105,7 +113,32 @@ RunOutcome run_kernel(Kernel& k, const Case& c, const std::map<std::string, Tens
     out.message = e.what();
     return out;
   }
-  for (const auto& [op, t] : out.outputs) audit_output(c, op, t, out);
+  for (const auto& [op, t] : out.outputs) audit_output(c, op, t, alternate, out);
+  return out;
+}
+
+}  // namespace
+
+// A kernel may write the poison's bit pattern itself (E4M3's only negative NaN is 0xFF),
+// but no element holds the poison after one run and the alternate poison after another
+// unless nothing wrote it (or a kernel that is not repeatable wrote just these two codes
+// there). So a run that left poison somewhere is run again on the
+// alternate poison, and only elements holding both are unwritten (a second run that fails
+// cannot tell: the first run's count stands). No extra run where everything was written.
+RunOutcome run_kernel(Kernel& k, const Case& c, const std::map<std::string, Tensor>& inputs) {
+  RunOutcome out = run_poisoned(k, c, inputs, false);
+  if (out.status != Disposition::Ok || out.unwritten == 0) return out;
+  const RunOutcome again = run_poisoned(k, c, inputs, true);
+  if (again.status != Disposition::Ok) return out;
+  out.unwritten = 0;
+  for (auto& [op, at] : out.unwritten_at) {
+    const auto it = again.unwritten_at.find(op);
+    std::vector<std::int64_t> both;
+    if (it != again.unwritten_at.end())
+      std::set_intersection(at.begin(), at.end(), it->second.begin(), it->second.end(), std::back_inserter(both));
+    at = std::move(both);
+    out.unwritten += static_cast<std::int64_t>(at.size());
+  }
   return out;
 }
 

@@ -12,6 +12,13 @@ const OpModule& op_module(Op op) { return op == Op::Gemm ? gemm_module() : atten
 
 std::vector<const OpModule*> all_op_modules() { return {&gemm_module(), &attention_module()}; }
 
+std::vector<Code> OpModule::logical_output(const Case& c, const Tensor& output) const {
+  const std::vector<std::int64_t> offsets = output_offsets(c);
+  std::vector<Code> got(offsets.size());
+  for (std::size_t e = 0; e < offsets.size(); ++e) got[e] = output.code(static_cast<std::size_t>(offsets[e]));
+  return got;
+}
+
 ToleranceModel precision_terms(const Case& c, const KernelTraits& traits) {
   ToleranceModel t;
   const Format compute = c.types.at("compute");

@@ -8,10 +8,12 @@
 #include <functional>
 #include <numeric>
 #include <random>
+#include <set>
 
 #include <fmt/format.h>
 
 #include "harness/check.hpp"
+#include "kernels/emulated/gemm_models.hpp"
 
 using namespace ulpgate;
 
@@ -245,4 +247,127 @@ TEST(Evaluate, ScalingRelationStillCatchesBrokenKernels) {
   PermutedSum clamp(false, [](float v) { return std::clamp(v, -16.0f, 16.0f); });
   const Evaluation cl = evaluate(clamp, c, {});
   EXPECT_EQ(relation_of(cl), "scaling") << (cl.verdict.reasons.empty() ? "passed" : cl.verdict.reasons.front());
+}
+
+// The write audit and what a failing case reports: a correct kernel is never "unwritten"
+// because it wrote the poison's bit pattern (E4M3's only negative NaN is the poison
+// 0xFF), an unwritten element is reported once (not also as an unexpected NaN), and the
+// worst element of a failing case is one that fails.
+namespace {
+
+// The FP32 sequential CPU model with one change to what it leaves in D.
+class Changed final : public Kernel {
+ public:
+  /// change(case, D buffer, D's contents before the run) runs after the model.
+  using Change = std::function<void(const Case&, void* d, const std::vector<Code>& before)>;
+  explicit Changed(Change change) : change_(std::move(change)) {}
+  std::string name() const override { return "test.changed"; }
+  std::string description() const override { return "cpu.fp32_seq, changed"; }
+  KernelTraits traits() const override { return {}; }
+  std::optional<std::string> unsupported(const Case& c) const override { return inner_->unsupported(c); }
+  void run(const Case& c, const KernelIo& io, RunNotes& notes) override {
+    const Format f = c.types.at("D");
+    const MatrixView dv = gemm_view(c, "D");
+    std::vector<Code> before(static_cast<std::size_t>(dv.elements()));
+    for (std::size_t e = 0; e < before.size(); ++e) before[e] = load_code(f, io.out.at("D"), static_cast<std::int64_t>(e));
+    inner_->run(c, io, notes);
+    change_(c, io.out.at("D"), before);
+  }
+
+ private:
+  Change change_;
+  std::unique_ptr<Kernel> inner_ = make_emulated_gemm(AccumulationModel{});
+};
+
+// FP32 A (2 x 3, a NaN in row 0) and B (3 x 4): D's row 0 is NaN, row 1 finite.
+std::map<std::string, Tensor> nan_row_inputs(const Case& c) {
+  Tensor a(Format::FP32, 6), b(Format::FP32, 12);
+  for (int e = 0; e < 6; ++e) a.set_value(e, 0.25 * (e + 1));
+  for (int e = 0; e < 12; ++e) b.set_value(e, 0.5 - 0.125 * e);
+  a.set_value(gemm_view(c, "A").offset(0, 0, 1), NAN);
+  return {{"A", a}, {"B", b}};
+}
+
+const Format kOutputs[] = {Format::FP32, Format::FP16, Format::BF16, Format::E4M3, Format::E5M2};
+
+// Where the result is NaN the kernel writes the poison's code: a NaN, so correct (for
+// E4M3 it is the only negative NaN, 0xFF, and a sign-keeping conversion writes it).
+void nan_as_poison(const Case& c, void* d, const std::vector<Code>&) {
+  const Format f = c.types.at("D");
+  const MatrixView dv = gemm_view(c, "D");
+  for (std::int64_t i = 0; i < c.gemm.m; ++i)
+    for (std::int64_t j = 0; j < c.gemm.n; ++j)
+      if (is_nan(f, load_code(f, d, dv.offset(0, i, j)))) store_code(f, d, dv.offset(0, i, j), poison_code(f));
+}
+
+}  // namespace
+
+TEST(WriteAudit, ANaNWrittenAsThePoisonCodeIsWritten) {
+  for (Format f : kOutputs) {
+    Case c = dtype_gemm_case("fp32", 2, 4, 3, f);
+    c.gemm.trans_b = false;
+    const auto in = nan_row_inputs(c);
+    Changed k(nan_as_poison);
+    const Evaluation ev = evaluate_with_inputs(k, c, in, {});
+    ASSERT_EQ(ev.metrics.size(), 1u) << name(f);
+    EXPECT_EQ(ev.metrics[0].unwritten, 0) << name(f);
+    EXPECT_EQ(ev.metrics[0].expected_nonfinite, 4) << name(f);
+    EXPECT_TRUE(ev.verdict.passed) << name(f) << ": " << ev.verdict.reasons.front();
+  }
+}
+
+// An element the kernel never wrote is unwritten, and only that: not also an unexpected
+// NaN, whatever its exact value (finite at (1, 2), NaN at (0, 1)) and whatever the kernel
+// writes elsewhere (the poison's code where the result is NaN).
+TEST(WriteAudit, AnUnwrittenElementIsReportedOnce) {
+  for (Format f : kOutputs) {
+    Case c = dtype_gemm_case("fp32", 2, 4, 3, f);
+    c.gemm.trans_b = false;
+    const auto in = nan_row_inputs(c);
+    Changed k([](const Case& cc, void* d, const std::vector<Code>& before) {
+      nan_as_poison(cc, d, before);
+      const Format fd = cc.types.at("D");
+      const MatrixView dv = gemm_view(cc, "D");
+      for (const auto& [i, j] : {std::pair{1, 2}, std::pair{0, 1}})
+        store_code(fd, d, dv.offset(0, i, j), before[static_cast<std::size_t>(dv.offset(0, i, j))]);
+    });
+    const Evaluation ev = evaluate_with_inputs(k, c, in, {});
+    ASSERT_EQ(ev.metrics.size(), 1u) << name(f);
+    const ErrorMetrics& m = ev.metrics[0];
+    EXPECT_EQ(m.unwritten, 2) << name(f);
+    EXPECT_EQ(m.unexpected_nan, 0) << name(f);
+    EXPECT_EQ(m.expected_nonfinite, 3) << name(f);  // row 0 but (0, 1)
+    EXPECT_EQ(m.compared, 3) << name(f);            // row 1 but (1, 2)
+    EXPECT_EQ(std::set<std::string>(ev.verdict.checks.begin(), ev.verdict.checks.end()), std::set<std::string>{"D:unwritten"})
+        << name(f) << ": " << (ev.verdict.reasons.empty() ? "passed" : ev.verdict.reasons.front());
+  }
+}
+
+// D in FP16 from FP32 inputs, K = 2: D[0][0] = 1 + 2^-12 correctly rounded to 1 (normalised
+// error 2^-12, the largest), D[0][1] = 2^-20 (cancellation, sum|a b| = 2) written as 2^-18:
+// 3 2^-20 off, beyond the bound, with a normalised error of only 1.5 2^-20. The worst
+// element shown is the failing one.
+TEST(WriteAudit, TheWorstElementOfAFailingCaseFails) {
+  Case c = dtype_gemm_case("fp32", 1, 2, 2, Format::FP16);
+  c.gemm.trans_b = false;
+  Tensor a(Format::FP32, 2), b(Format::FP32, 4);
+  a.set_value(0, 1.0), a.set_value(1, 1.0);
+  b.set_value(0, 1.0), b.set_value(1, 1.0);                // k = 0: (1, 1)
+  b.set_value(2, 0x1p-12), b.set_value(3, -1.0 + 0x1p-20);  // k = 1
+  const std::map<std::string, Tensor> in{{"A", a}, {"B", b}};
+  Changed k([](const Case& cc, void* d, const std::vector<Code>&) {
+    store_code(Format::FP16, d, gemm_view(cc, "D").offset(0, 0, 1), encode(Format::FP16, 0x1p-18));
+  });
+  const Evaluation ev = evaluate_with_inputs(k, c, in, {});
+  ASSERT_FALSE(ev.verdict.passed);
+  const ErrorMetrics& m = ev.metrics[0];
+  EXPECT_EQ(m.max_normalised, 0x1p-12 / (1 + 0x1p-12));  // element (0, 0), correctly rounded
+  EXPECT_EQ(m.worst.index, (std::vector<std::int64_t>{0, 0, 1}));
+  EXPECT_EQ(m.worst.got, "0x0040 (0x1p-18)");
+
+  // A passing case shows its largest normalised error.
+  Changed same([](const Case&, void*, const std::vector<Code>&) {});
+  const Evaluation ok = evaluate_with_inputs(same, c, in, {});
+  ASSERT_TRUE(ok.verdict.passed) << ok.verdict.reasons.front();
+  EXPECT_EQ(ok.metrics[0].worst.index, (std::vector<std::int64_t>{0, 0, 0}));
 }
