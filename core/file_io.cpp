@@ -7,7 +7,9 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <sstream>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -32,7 +34,101 @@ struct TempFile {
 
 std::string errno_text(int e) { return std::strerror(e); }
 
+using json = nlohmann::json;
+
+// The byte (1-based, as the parser counts) of the first bracket opening a level deeper
+// than kMaxJsonDepth, or 0. For text the parser accepted: brackets in strings are text.
+std::size_t too_deep_at(std::string_view text) {
+  int depth = 0;
+  bool in_string = false, escaped = false;
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    const char ch = text[i];
+    if (in_string) {
+      if (escaped) escaped = false;
+      else if (ch == '\\') escaped = true;
+      else if (ch == '"') in_string = false;
+    } else if (ch == '"') {
+      in_string = true;
+    } else if (ch == '[' || ch == '{') {
+      if (++depth > kMaxJsonDepth) return i + 1;
+    } else if (ch == ']' || ch == '}') {
+      --depth;
+    }
+  }
+  return 0;
+}
+
+// Where a parse stopped: "gemm.k", "cases[3].y[1]" ("" at the top). The parser's
+// callback reports each key and each finished value; the failing value never finishes,
+// so the path at the throw is the path of that value.
+class PathTracker {
+ public:
+  bool operator()(int, json::parse_event_t event, json& parsed) {
+    switch (event) {
+      case json::parse_event_t::object_start: frames_.push_back({false, 0, ""}); break;
+      case json::parse_event_t::array_start: frames_.push_back({true, 0, ""}); break;
+      case json::parse_event_t::key: frames_.back().key = parsed.get<std::string>(); break;
+      case json::parse_event_t::object_end:
+      case json::parse_event_t::array_end:
+        frames_.pop_back();
+        finished_value();
+        break;
+      case json::parse_event_t::value: finished_value(); break;
+    }
+    return true;
+  }
+  std::string path() const {
+    std::string p;
+    for (const Frame& f : frames_)
+      p += f.array ? fmt::format("[{}]", f.index) : (p.empty() ? "" : ".") + f.key;
+    return p;
+  }
+
+ private:
+  struct Frame {
+    bool array;
+    std::int64_t index;
+    std::string key;
+  };
+  void finished_value() {
+    if (!frames_.empty() && frames_.back().array) ++frames_.back().index;
+  }
+  std::vector<Frame> frames_;
+};
+
 }  // namespace
+
+json parse_json(std::string_view text) {
+  try {
+    json j = json::parse(text);
+    // The parser itself does not recurse, so the depth is checked on accepted text (and a
+    // truncated deep file keeps its "not valid JSON" message).
+    if (const std::size_t at = too_deep_at(text))
+      throw InputError(fmt::format("JSON nested deeper than {} levels at byte {}", kMaxJsonDepth, at));
+    return j;
+  } catch (const json::parse_error& e) {
+    // nlohmann's message starts "[json.exception.parse_error.101] parse error at line L,
+    // column C: ..."; the tag is noise to a user, the rest says what broke.
+    std::string why = e.what();
+    if (const auto p = why.find("] "); p != std::string::npos) why = why.substr(p + 2);
+    throw InputError(fmt::format("not valid JSON at byte {}: {}", e.byte, why));
+  } catch (const json::out_of_range&) {
+    // A number beyond double ("number overflow parsing '1e400'"): parse again, now
+    // following the path, to name the field. Rare, so the common parse stays fast.
+    PathTracker tracker;
+    std::string token;
+    try {
+      [[maybe_unused]] const json partial = json::parse(text, std::ref(tracker));
+    } catch (const json::out_of_range& e) {
+      const std::string what = e.what();
+      const auto open = what.find('\''), close = what.rfind('\'');
+      if (open != std::string::npos && close > open) token = what.substr(open + 1, close - open - 1);
+    }
+    const std::string field = tracker.path();
+    throw InputError(fmt::format("{}number {} is out of range (beyond +-1.8e308)", field.empty() ? "" : field + ": ",
+                                 token.empty() ? "(?)" : token));
+  }
+}
 
 nlohmann::json read_json_file(const std::string& path, std::string_view what) {
   std::error_code ec;
@@ -43,13 +139,9 @@ nlohmann::json read_json_file(const std::string& path, std::string_view what) {
   text << in.rdbuf();
   if (in.bad()) throw InputError(path + ": read failed");
   try {
-    return nlohmann::json::parse(text.str());
-  } catch (const nlohmann::json::parse_error& e) {
-    // nlohmann's message starts "[json.exception.parse_error.101] parse error at line L,
-    // column C: ..."; the tag is noise to a user, the rest says what broke.
-    std::string why = e.what();
-    if (const auto p = why.find("] "); p != std::string::npos) why = why.substr(p + 2);
-    throw InputError(fmt::format("{}: not valid JSON at byte {}: {}", path, e.byte, why));
+    return parse_json(text.str());
+  } catch (const InputError& e) {
+    throw InputError(path + ": " + e.what());
   }
 }
 

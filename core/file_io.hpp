@@ -11,8 +11,17 @@
 
 namespace ulpgate {
 
-/// Parses a JSON file. InputError: "path: cannot open (reason)", "path: is a directory, not
-/// a <what>", "path: not valid JSON at byte N: <parser's message>".
+/// The deepest nesting of arrays and objects any reader accepts: every ulpgate file needs
+/// a handful of levels, and walks over a document (dump, messages) recurse once per level.
+inline constexpr int kMaxJsonDepth = 64;
+
+/// Parses JSON text. InputError, without a source in front: "not valid JSON at byte N:
+/// <parser's message>", "JSON nested deeper than 64 levels at byte N", "FIELD: number 1e400
+/// is out of range (beyond +-1.8e308)" with FIELD a path such as "cases[3].seconds".
+nlohmann::json parse_json(std::string_view text);
+
+/// Parses a JSON file (parse_json, the path in front of its messages). InputError also for
+/// "path: cannot open (reason)", "path: is a directory, not a <what>".
 nlohmann::json read_json_file(const std::string& path, std::string_view what = "JSON file");
 
 /// read_json_file, then convert(json); an InputError from convert gets the path in front.

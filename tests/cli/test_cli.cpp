@@ -4,6 +4,7 @@
 #include <array>
 #include <cstdio>
 #include <string>
+#include <vector>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -297,4 +298,53 @@ TEST(Cli, GlobalOptionsBeforeOrAfterTheVerb) {
   EXPECT_EQ(after.code, 0) << after.err;
   EXPECT_EQ(before.out, after.out);
   EXPECT_NE(before.out.find("example."), std::string::npos) << before.out;
+}
+
+// ---- Issue 14: bad input is exit 2 with one line, never a crash or an internal error ----
+
+namespace {
+
+std::string write_text(const std::string& path, const std::string& text) {
+  if (FILE* f = std::fopen(path.c_str(), "w")) {
+    std::fputs(text.c_str(), f);
+    std::fclose(f);
+  }
+  return path;
+}
+
+// Exit 2, one line "ulpgate: error: ..." holding `what`.
+void expect_input_error(const Result& r, const std::string& what, const std::string& context) {
+  EXPECT_EQ(r.code, 2) << context << "\n" << r.out << r.err;
+  EXPECT_EQ(lines(r.err), 1) << context << "\n" << r.err;
+  EXPECT_EQ(r.err.rfind("ulpgate: error: ", 0), 0u) << context << "\n" << r.err;
+  EXPECT_NE(r.err.find(what), std::string::npos) << context << ": expected '" << what << "' in\n" << r.err;
+}
+
+const std::string kSmallCase =
+    R"({"ulpgate_case": 1, "op": "gemm", "kernel": "cpu.fp32_seq", "gemm": {"m": 10, "n": 7, "k": 5},
+        "types": {"A": "fp32", "B": "fp32", "D": "fp32", "compute": "fp32"}, "seed": 1})";
+
+}  // namespace
+
+// A case file nested 100000 levels deep overflowed the stack while the error was built (139).
+TEST(CliBadInput, DeeplyNestedJsonIsRefused) {
+  const std::string dir = tmp_dir("nested");
+  std::system(("mkdir -p " + dir).c_str());
+  const std::string deep = write_text(dir + "/n.json", std::string(100000, '[') + std::string(100000, ']') + "\n");
+  for (const std::string& verb : std::vector<std::string>{"replay --in-process ", "replay ", "report ",
+                                                          "gate --baseline " + deep + " ",
+                                                          "baseline update --out " + dir + "/b.json "})
+    expect_input_error(run(verb + deep), deep + ": JSON nested deeper than 64 levels at byte 65", verb);
+}
+
+// 1e400 is valid JSON but no double: exit 3 with the JSON library's raw message before.
+TEST(CliBadInput, NumberBeyondDoubleNamesTheField) {
+  const std::string dir = tmp_dir("bignum");
+  std::system(("mkdir -p " + dir).c_str());
+  std::string text = kSmallCase;
+  text.replace(text.find("\"seed\": 1"), 9, "\"alpha\": 1e400");
+  const std::string c = write_text(dir + "/case.json", text);
+  expect_input_error(run("replay " + c), c + ": alpha: number 1e400 is out of range", "case");
+  const std::string r = write_text(dir + "/run.json", R"({"ulpgate_record": 2, "kind": "fuzz", "seed": 1e400})");
+  expect_input_error(run("report " + r), r + ": seed: number 1e400 is out of range", "record");
 }
