@@ -1,5 +1,6 @@
 #include "core/case.hpp"
 
+#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <set>
@@ -119,6 +120,33 @@ std::vector<std::string> operands_of(Op op) {
   return {"Q", "K", "V", "O"};
 }
 
+// Each size at most kMaxCaseSize.
+void check_sizes(const std::string& prefix, std::initializer_list<std::pair<const char*, std::int64_t>> sizes) {
+  for (auto [key, v] : sizes)
+    if (v > kMaxCaseSize) fail(prefix + key, fmt::format("must be at most {}, got {}", kMaxCaseSize, v));
+}
+
+// A buffer of the product of `factors` elements (each in [1, kMaxCaseSize], so the
+// product of two fits in int64) is at most kMaxBufferElements; the message lists them.
+void check_buffer(const std::string& where, const std::string& operand,
+                  std::initializer_list<std::pair<std::string, std::int64_t>> factors) {
+  std::int64_t elements = 1;
+  bool over = false;
+  std::string product;
+  for (const auto& [label, v] : factors) {
+    if (!over && v > kMaxBufferElements / elements) over = true;
+    if (!over) elements *= v;
+    product += fmt::format("{}{}{}", product.empty() ? "" : " x ", label, label.empty() ? fmt::format("{}", v) : fmt::format(" {}", v));
+  }
+  if (!over) return;
+  // Over the cap: the exact count for the message (at most (2^31)^4 < 2^128).
+  unsigned __int128 exact = 1;
+  for (const auto& f : factors) exact *= static_cast<unsigned __int128>(f.second);
+  std::string digits;
+  for (; exact; exact /= 10) digits.insert(digits.begin(), static_cast<char>('0' + static_cast<int>(exact % 10)));
+  fail(where, fmt::format("{} holds {} elements ({}), above the limit of 2^40 per buffer", operand, digits, product));
+}
+
 bool contains(const std::vector<std::string>& v, const std::string& s) {
   return std::find(v.begin(), v.end(), s) != v.end();
 }
@@ -205,6 +233,8 @@ void validate(const Case& c) {
     const auto& g = c.gemm;
     for (auto [key, v] : {std::pair{"m", g.m}, {"n", g.n}, {"k", g.k}, {"batch", g.batch}})
       if (v < 1) fail(std::string("case.gemm.") + key, fmt::format("must be >= 1, got {}", v));
+    check_sizes("case.gemm.", {{"m", g.m}, {"n", g.n}, {"k", g.k}, {"batch", g.batch}, {"lda", g.lda}, {"ldb", g.ldb},
+                               {"ldc", g.ldc}, {"ldd", g.ldd}});
     struct Ld { const char* key; std::int64_t ld, rows, cols; };
     for (const Ld& l : {Ld{"lda", g.lda, g.a_rows(), g.a_cols()},
                         Ld{"ldb", g.ldb, g.b_rows(), g.b_cols()}, Ld{"ldc", g.ldc, g.m, g.n},
@@ -216,6 +246,12 @@ void validate(const Case& c) {
                          name(g.layout) == "row" ? "row-major" : "column-major", l.rows, l.cols,
                          l.ld));
     }
+    // C is allocated only when beta != 0, but its ldc is checked like the others.
+    for (const char* op : {"A", "B", "C", "D"}) {
+      const MatrixView v = gemm_view(c, op);
+      const std::int64_t major = g.layout == Layout::RowMajor ? v.rows : v.cols;
+      check_buffer("case.gemm", op, {{"batch", v.batch}, {"", major}, {fmt::format("ld{}", char(std::tolower(*op))), v.ld}});
+    }
   } else {
     const auto& a = c.attention;
     for (auto [key, v] : {std::pair{"batch", a.batch}, {"heads", a.heads}, {"seq_q", a.seq_q},
@@ -223,6 +259,14 @@ void validate(const Case& c) {
       if (v < 1) fail(std::string("case.attention.") + key, fmt::format("must be >= 1, got {}", v));
     if (a.head_dim_v < 0)
       fail("case.attention.head_dim_v", fmt::format("must be >= 0, got {}", a.head_dim_v));
+    check_sizes("case.attention.", {{"batch", a.batch}, {"heads", a.heads}, {"seq_q", a.seq_q}, {"seq_kv", a.seq_kv},
+                                    {"head_dim", a.head_dim}, {"head_dim_v", a.head_dim_v}});
+    for (const char* op : {"Q", "K", "V", "O"}) {
+      const AttentionView v = attention_view(c, op);
+      check_buffer("case.attention", op, {{"batch", v.batch}, {"heads", v.heads},
+                                          {op[0] == 'Q' || op[0] == 'O' ? "seq_q" : "seq_kv", v.seq},
+                                          {op[0] == 'V' || op[0] == 'O' ? "head_dim_v" : "head_dim", v.dim}});
+    }
     if (a.softmax_scale && !std::isfinite(*a.softmax_scale))
       fail("case.attention.softmax_scale", "must be finite");
     if (!a.kv_lengths.empty()) {

@@ -149,13 +149,21 @@ bool attention_visible(const Case& c, std::int64_t b, std::int64_t i, std::int64
 
 inline constexpr int kCaseSchemaVersion = 1;
 
+/// The largest size (M, N, K, batch, leading dimension, attention extent) a case may have:
+/// what the libraries' 32-bit interfaces take.
+inline constexpr std::int64_t kMaxCaseSize = (std::int64_t{1} << 31) - 1;
+/// The most elements one operand's buffer may hold, padding included (2^40): offsets and
+/// byte counts stay exact in 64 bits. What fits in memory is the runner's check.
+inline constexpr std::int64_t kMaxBufferElements = std::int64_t{1} << 40;
+
 /// Serialises a case. Every field is written, defaults included.
 nlohmann::json to_json(const Case& c);
 /// Parses and validates; throws InputError naming the offending field
 /// (e.g. "case.gemm.lda: must be 0 (packed) or >= 64, got 10").
 Case case_from_json(const nlohmann::json& j);
 /// Checks a case's consistency (shapes, leading dimensions, operands, scales: positive and
-/// on FP8 operands only); throws InputError. case_from_json calls it.
+/// on FP8 operands only) and its caps (kMaxCaseSize, kMaxBufferElements); throws
+/// InputError. case_from_json calls it.
 void validate(const Case& c);
 
 Case read_case_file(const std::string& path);

@@ -216,6 +216,48 @@ TEST(Case, AttentionValidation) {
   EXPECT_NE(error_of(j).find("case.epilogue: attention takes no epilogue"), std::string::npos);
 }
 
+// Sizes had no cap: lda = 2^40 or batch = 1e12 reached the allocator (bad_alloc, exit 3)
+// and products of sizes overflowed int64. Every size is at most 2^31 - 1 (what the
+// libraries' 32-bit interfaces take) and every buffer at most 2^40 elements, padding
+// included, so that offsets and byte counts stay exact; memory beyond that is the
+// runner's --max-memory check (harness/runner.hpp).
+TEST(Case, SizesAndBuffersAreCapped) {
+  struct Big { const char* pointer; json value; const char* expect; };
+  const Big big[] = {
+      {"/gemm/lda", std::int64_t{1} << 40, "case.gemm.lda: must be at most 2147483647, got 1099511627776"},
+      {"/gemm/batch", std::int64_t{1000000000000}, "case.gemm.batch: must be at most 2147483647, got 1000000000000"},
+      {"/gemm/k", std::int64_t{1} << 31, "case.gemm.k: must be at most 2147483647, got 2147483648"},
+      {"/gemm/m", INT64_MAX, "case.gemm.m: must be at most 2147483647"},
+  };
+  for (const auto& b : big) {
+    json j = minimal_gemm();
+    j[json::json_pointer(b.pointer)] = b.value;
+    EXPECT_EQ(error_of(j).rfind(b.expect, 0), 0u) << b.pointer << " -> " << error_of(j);
+  }
+  json j = minimal_gemm();
+  j["gemm"]["m"] = j["gemm"]["n"] = j["gemm"]["k"] = 1000000000;  // each size allowed
+  EXPECT_EQ(error_of(j), "case.gemm: A holds 1000000000000000000 elements (batch 1 x 1000000000 x lda 1000000000), above "
+                         "the limit of 2^40 per buffer");
+  j = minimal_gemm();
+  j["gemm"]["batch"] = 70000;
+  j["gemm"]["ldc"] = 2147483647;
+  j["beta"] = 1;
+  j["types"]["C"] = "fp32";
+  EXPECT_EQ(error_of(j).rfind("case.gemm: C holds 2405181684640000 elements (batch 70000 x 16 x ldc 2147483647)", 0), 0u)
+      << error_of(j);
+  j["gemm"]["batch"] = 7;  // 16 x (2^31 - 1) x 7 < 2^40
+  EXPECT_EQ(error_of(j), "(accepted)");
+  json a = json::parse(R"({"ulpgate_case": 1, "op": "attention",
+    "attention": {"batch": 1000000000000, "heads": 1, "seq_q": 1, "seq_kv": 1, "head_dim": 8},
+    "types": {"Q": "fp16", "K": "fp16", "V": "fp16", "O": "fp16", "compute": "fp32"}})");
+  EXPECT_EQ(error_of(a), "case.attention.batch: must be at most 2147483647, got 1000000000000");
+  a["attention"]["batch"] = 65536;
+  a["attention"]["heads"] = 65536;
+  a["attention"]["seq_kv"] = 1024;
+  EXPECT_EQ(error_of(a), "case.attention: K holds 35184372088832 elements (batch 65536 x heads 65536 x seq_kv 1024 x "
+                         "head_dim 8), above the limit of 2^40 per buffer");
+}
+
 TEST(Case, MemoryViews) {
   Case c = case_from_json(minimal_gemm());  // row-major, A 16x32, B 32x8
   c.gemm.batch = 2;
