@@ -1,6 +1,7 @@
 #include "harness/sweep.hpp"
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstdlib>
 
@@ -126,17 +127,25 @@ SweepVary parse_vary(const std::string& text) {
     const std::size_t colon = std::min(text.find(':', pos), text.size());
     const std::string num = text.substr(pos, colon - pos);
     char* end = nullptr;
+    errno = 0;
     const long long x = std::strtoll(num.c_str(), &end, 10);
-    if (num.empty() || *end || x < 1) throw bad(fmt::format("'{}' is not a positive integer", num));
+    if (num.empty() || *end || x < 1 || errno == ERANGE) throw bad(fmt::format("'{}' is not a positive integer", num));
     parts.push_back(x);
     pos = colon + 1;
   }
   if (parts.size() < 2 || parts.size() > 3) throw bad(fmt::format("expected {}=FROM:TO[:FACTOR]", v.parameter));
   const std::int64_t from = parts[0], to = parts[1], factor = parts.size() == 3 ? parts[2] : 2;
   if (from > to) throw bad("FROM must be <= TO");
+  if (to > kMaxCaseSize) throw bad(fmt::format("TO must be at most {}", kMaxCaseSize));
   if (factor < 2) throw bad("FACTOR must be >= 2");
-  for (std::int64_t k = from; k <= to; k *= factor) v.values.push_back(k);
+  // k <= to / factor before multiplying: no overflow whatever FACTOR is.
+  for (std::int64_t k = from;; k *= factor) {
+    v.values.push_back(k);
+    if (k > to / factor) break;
+  }
   if (v.values.back() != to) v.values.push_back(to);
+  if (v.values.size() > kMaxSweepPoints)
+    throw bad(fmt::format("{} points, at most {} (a larger FACTOR takes fewer)", v.values.size(), kMaxSweepPoints));
   return v;
 }
 

@@ -65,8 +65,12 @@ SweepOutcome run_sweep(const SweepOptions& options, const PointChecker& check,
 /// The same in this process on kernel k (tests).
 SweepOutcome run_sweep(Kernel& k, const SweepOptions& options, const Registry* registry = nullptr);
 
+/// The most points a sweep has (with FACTOR >= 2 and TO a case size, at most 32 arise).
+inline constexpr std::size_t kMaxSweepPoints = 64;
+
 /// Parses "K=256:65536" (doubling), "K=256:65536:4" (factor 4) or "seq_kv=128:65536";
-/// throws InputError naming the problem.
+/// values are case sizes (at most kMaxCaseSize), points at most kMaxSweepPoints; throws
+/// InputError naming the problem.
 SweepVary parse_vary(const std::string& text);
 
 }  // namespace ulpgate

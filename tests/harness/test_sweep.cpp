@@ -46,6 +46,30 @@ TEST(Sweep, ParseVary) {
   EXPECT_EQ(msg("K=1:8:1"), "--vary 'K=1:8:1': FACTOR must be >= 2");
 }
 
+// K=1:9223372036854775807 overflowed the doubling (signed overflow, then values without
+// end: memory grew until bad_alloc). Values are case sizes (at most 2^31 - 1) and the
+// points at most kMaxSweepPoints; a number beyond int64 is not clamped silently.
+TEST(Sweep, ParseVaryBoundsValuesAndPoints) {
+  auto msg = [](const std::string& t) {
+    try {
+      parse_vary(t);
+    } catch (const InputError& e) {
+      return std::string(e.what());
+    }
+    return std::string("(accepted)");
+  };
+  EXPECT_EQ(msg("K=1:9223372036854775807"), "--vary 'K=1:9223372036854775807': TO must be at most 2147483647");
+  EXPECT_EQ(msg("K=1:99999999999999999999"), "--vary 'K=1:99999999999999999999': '99999999999999999999' is not a positive integer");
+  EXPECT_EQ(msg("seq_kv=4294967296:4294967296"), "--vary 'seq_kv=4294967296:4294967296': TO must be at most 2147483647");
+  EXPECT_EQ(parse_vary("K=1:2147483647").values.back(), 2147483647);
+  EXPECT_EQ(parse_vary("K=1:2147483647").values.size(), 32u);
+  // A factor whose product would overflow stops at TO.
+  EXPECT_EQ(parse_vary("K=3:2000000000:9223372036854775807").values, (std::vector<std::int64_t>{3, 2000000000}));
+  EXPECT_EQ(msg("K=1:100:1.5"), "--vary 'K=1:100:1.5': '1.5' is not a positive integer");
+  EXPECT_EQ(msg("K=1:1000000:1000000:1"), "--vary 'K=1:1000000:1000000:1': expected K=FROM:TO[:FACTOR]");
+  EXPECT_LE(parse_vary("K=1:2147483647:2").values.size(), kMaxSweepPoints);
+}
+
 TEST(Sweep, CalibratorRoundsToTheRequestedPrecision) {
   const double a[] = {1.0, 0x1p-12, 0x1p-12}, b[] = {1.0, 1.0, 1.0};
   EXPECT_EQ(calibration_dot(a, b, 3, 12), 1.0);  // each 2^-12 is a tie at 12 bits: to even
