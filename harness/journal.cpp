@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 
 #include "core/error.hpp"
+#include "core/file_io.hpp"
 
 namespace ulpgate {
 namespace {
@@ -40,17 +41,19 @@ std::string read_all(int fd, const std::string& path) {
   }
 }
 
-// A line's JSON, or an InputError naming file and line.
+// A line's JSON, or an InputError naming file and line (with the limits of every JSON
+// reader: nesting depth, numbers beyond double).
 json parse_line(const std::string& text, const std::string& path, std::size_t line_no) {
   if (text.empty()) throw InputError(fmt::format("{}:{}: empty line in a journal", path, line_no));
   try {
-    return json::parse(text);
-  } catch (const json::parse_error& e) {
-    std::string why = e.what();
-    if (const auto p = why.find("] "); p != std::string::npos) why = why.substr(p + 2);  // drop nlohmann's tag
-    throw InputError(fmt::format("{}:{}: not valid JSON: {}", path, line_no, why));
+    return parse_json(text);
+  } catch (const InputError& e) {
+    throw InputError(fmt::format("{}:{}: {}", path, line_no, e.what()));
   }
 }
+
+const json kFinishedLine = {{"finished", true}};
+bool is_finished_line(const json& j) { return j == kFinishedLine; }
 
 JournalEntry entry_from_json(const json& j, const std::string& path, std::size_t line_no) {
   const std::string where = fmt::format("{}:{}", path, line_no);
@@ -80,6 +83,9 @@ struct Parsed {
   std::vector<JournalEntry> entries;
   std::size_t kept = 0;
   std::size_t truncated_bytes = 0;
+  /// The last whole line marks the campaign finished; it starts at finished_at.
+  bool finished = false;
+  std::size_t finished_at = 0;
 };
 
 Parsed parse_journal(const std::string& text, const std::string& path) {
@@ -97,8 +103,12 @@ Parsed parse_journal(const std::string& text, const std::string& path) {
                                      kJournalVersion));
       p.header = true;
       p.campaign = j.value("campaign", json(nullptr));
+    } else if (is_finished_line(j)) {
+      p.finished = true;
+      p.finished_at = start;
     } else {
       p.entries.push_back(entry_from_json(j, path, line_no));
+      p.finished = false;  // a line after the mark: the campaign went on
     }
     p.kept = nl + 1;
   }
@@ -106,6 +116,24 @@ Parsed parse_journal(const std::string& text, const std::string& path) {
   // newline are the part of a line that an interrupted write left behind.
   p.truncated_bytes = text.size() - p.kept;
   return p;
+}
+
+// The case lines of a journal whose campaign did not finish: whole lines after a journal
+// header, unless the last whole line is the finished mark. Entries are not parsed: a
+// damaged journal still holds results worth a --resume (which then says what is wrong).
+std::size_t count_unfinished(const std::string& text) {
+  std::size_t cases = 0, line_no = 0;
+  bool finished = false;
+  for (std::size_t start = 0, nl; (nl = text.find('\n', start)) != std::string::npos; start = nl + 1) {
+    const std::string_view line(text.data() + start, nl - start);
+    if (++line_no == 1) {
+      if (line.find("\"ulpgate_journal\"") == std::string_view::npos) return 0;  // not a journal
+      continue;
+    }
+    finished = line == std::string_view(R"({"finished":true})");
+    if (!finished) ++cases;
+  }
+  return finished ? 0 : cases;
 }
 
 }  // namespace
@@ -131,6 +159,14 @@ Journal::Journal(std::string path, const json& campaign, bool resume, bool sync)
   }
   try {
     Parsed parsed;
+    if (!resume) {
+      // Not O_TRUNC above, and read under the lock: results an interrupted campaign
+      // journaled are never replaced without being asked.
+      if (const std::size_t n = count_unfinished(read_all(fd_, path_)))
+        throw InputError(fmt::format("{} holds an unfinished campaign ({} cases journaled): --resume continues it, "
+                                     "or remove it / choose another --out",
+                                     path_, n));
+    }
     if (resume) {
       parsed = parse_journal(read_all(fd_, path_), path_);
       if (parsed.header && parsed.campaign != campaign)
@@ -145,6 +181,9 @@ Journal::Journal(std::string path, const json& campaign, bool resume, bool sync)
     if (parsed.header) {
       if (parsed.truncated_bytes && ::ftruncate(fd_, static_cast<off_t>(parsed.kept)) != 0)
         throw InputError(fmt::format("{}: cannot drop the truncated last line ({})", path_, errno_text()));
+      // Resumed, the campaign is unfinished again until it marks the journal once more.
+      if (parsed.finished && ::ftruncate(fd_, static_cast<off_t>(parsed.finished_at)) != 0)
+        throw InputError(fmt::format("{}: cannot reopen the finished journal ({})", path_, errno_text()));
       entries_ = std::move(parsed.entries);
       loaded_ = entries_.size();
       for (std::size_t i = 0; i < entries_.size(); ++i)
@@ -240,7 +279,42 @@ JournalContents read_journal(const std::string& path) {
   ::close(fd);
   Parsed p = parse_journal(text, path);
   if (!p.header) throw InputError(fmt::format("{}: empty journal (no header line)", path));
-  return {std::move(p.campaign), std::move(p.entries), p.truncated_bytes > 0};
+  return {std::move(p.campaign), std::move(p.entries), p.truncated_bytes > 0, p.finished};
+}
+
+void mark_journal_finished(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDWR | O_APPEND | O_CLOEXEC);
+  if (fd < 0) throw InputError(fmt::format("{}: cannot open the journal ({})", path, errno_text()));
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0)
+    throw InputError(fmt::format("{}: cannot lock the journal ({})", path,
+                                 errno == EWOULDBLOCK ? "in use by another ulpgate process" : errno_text()));
+  if (!count_unfinished(read_all(fd, path))) return;  // finished already, or nothing to keep
+  const std::string line = dump(kFinishedLine) + "\n";
+  for (std::size_t done = 0; done < line.size();) {
+    const ssize_t n = ::write(fd, line.data() + done, line.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) throw InputError(fmt::format("{}: cannot append to the journal ({})", path, errno_text()));
+    done += static_cast<std::size_t>(n);
+  }
+  if (::fsync(fd) != 0) throw InputError(fmt::format("{}: cannot sync the journal ({})", path, errno_text()));
+}
+
+std::size_t unfinished_journal_cases(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return 0;
+  std::string text;
+  try {
+    text = read_all(fd, path);
+  } catch (...) {
+    ::close(fd);
+    throw;
+  }
+  ::close(fd);
+  return count_unfinished(text);
 }
 
 }  // namespace ulpgate

@@ -5,6 +5,7 @@
 // File format, one JSON object per line:
 //   line 1      {"ulpgate_journal": 1, "campaign": CAMPAIGN}
 //   each case   {"kernel": NAME, "case": REQUESTED_CASE, "result": CASE_RESULT}
+//   last line   {"finished": true}, once the campaign's record is written
 // CAMPAIGN is whatever identifies the campaign to its driver (e.g. the fuzz flags and
 // seed); a resume refuses a journal written by another campaign. REQUESTED_CASE is the case
 // as the driver generated it, before evaluation (which may fill in e.g. FP8 scales): the
@@ -44,8 +45,9 @@ struct JournalEntry {
 /// campaigns cannot interleave lines in one journal. Not thread-safe.
 class Journal {
  public:
-  /// Opens path for appending. resume = false starts a new journal (an existing file is
-  /// replaced). resume = true loads the entries an earlier run of the same campaign wrote:
+  /// Opens path for appending. resume = false starts a new journal: an existing file is
+  /// replaced, unless it holds an unfinished campaign (unfinished_journal_cases() > 0),
+  /// which is an InputError ("--resume continues it"). resume = true loads the entries an earlier run of the same campaign wrote:
   /// a missing or empty file starts a new journal; a truncated last line (the write a
   /// SIGKILL interrupted) is dropped from the file, with a note; a damaged line before it,
   /// or a journal of another campaign, is an InputError naming the file and line.
@@ -103,6 +105,16 @@ class Journal {
   std::vector<std::string> notes_;
 };
 
+/// Marks the campaign of the journal at path finished (its record is written), so that a
+/// new campaign may replace it: appends the line {"finished": true}. A resume drops the
+/// mark again until the resumed campaign finishes. Throws InputError naming the file.
+void mark_journal_finished(const std::string& path);
+
+/// How many cases the journal at path holds for a campaign that did not finish (0: no
+/// file, no case journaled, or finished); what a new campaign must not silently replace.
+/// Reads the file's lines without parsing the entries.
+std::size_t unfinished_journal_cases(const std::string& path);
+
 /// Reads a journal without opening it for writing (a report on an interrupted campaign):
 /// its campaign and entries in file order; a truncated last line is skipped, a damaged one
 /// before it is an InputError naming the file and line.
@@ -110,6 +122,7 @@ struct JournalContents {
   nlohmann::json campaign;
   std::vector<JournalEntry> entries;
   bool truncated_tail = false;
+  bool finished = false;  ///< the last line marks the campaign finished
 };
 JournalContents read_journal(const std::string& path);
 

@@ -232,6 +232,7 @@ TEST(Journal, NewJournalReplacesAndMissingFileStartsOne) {
     Journal j(dir + "/j.jsonl", kCampaign, false);
     run_campaign(j, 3);
   }
+  mark_journal_finished(dir + "/j.jsonl");
   {
     Journal j(dir + "/j.jsonl", kCampaign, false);  // not a resume: starts over
     EXPECT_EQ(j.loaded(), 0u);
@@ -243,6 +244,77 @@ TEST(Journal, NewJournalReplacesAndMissingFileStartsOne) {
   EXPECT_CONTAINS(fresh.notes()[0], "starting a new journal");
   EXPECT_THROW(Journal(dir, kCampaign, true), InputError);  // a directory
   EXPECT_THROW(Journal(dir + "/no/such/dir/j.jsonl", kCampaign, false), InputError);
+}
+
+// Rerunning a campaign without --resume after an interruption truncated the journal, and
+// with it every result so far (issue 14). A finished campaign's journal may be replaced.
+TEST(Journal, AnUnfinishedCampaignIsNotReplacedWithoutResume) {
+  const std::string dir = fresh_dir("unfinished");
+  const std::string path = dir + "/journal.jsonl";
+  {
+    Journal j(path, kCampaign, false);
+    run_campaign(j, 3);  // interrupted after three cases
+  }
+  const std::string before = read_text(path);
+  EXPECT_EQ(unfinished_journal_cases(path), 3u);
+  try {
+    Journal again(path, kCampaign, false);
+    FAIL() << "an unfinished campaign's journal was replaced";
+  } catch (const InputError& e) {
+    EXPECT_EQ(std::string(e.what()), path + " holds an unfinished campaign (3 cases journaled): --resume continues it, "
+                                            "or remove it / choose another --out");
+  }
+  EXPECT_EQ(read_text(path), before);  // untouched
+  {
+    Journal resumed(path, kCampaign, true);  // --resume continues it
+    EXPECT_EQ(resumed.loaded(), 3u);
+    run_campaign(resumed);
+  }
+  mark_journal_finished(path);
+  EXPECT_EQ(unfinished_journal_cases(path), 0u);
+  EXPECT_TRUE(read_journal(path).finished);
+  EXPECT_EQ(read_journal(path).entries.size(), 9u);
+  {
+    // Resuming a finished campaign reuses everything and leaves it unfinished until the
+    // campaign marks it again.
+    Journal j(path, kCampaign, true);
+    EXPECT_EQ(j.loaded(), 9u);
+    EXPECT_EQ(run_campaign(j), 0);
+  }
+  EXPECT_EQ(unfinished_journal_cases(path), 9u);
+  mark_journal_finished(path);
+  {
+    Journal j(path, kCampaign, false);  // finished: replaced
+    EXPECT_EQ(j.loaded(), 0u);
+  }
+  // A journal with a header and no case (a campaign stopped before its first case) holds
+  // nothing to lose.
+  EXPECT_EQ(unfinished_journal_cases(path), 0u);
+  Journal replaced(path, kCampaign, false);
+  EXPECT_EQ(unfinished_journal_cases(dir + "/none.jsonl"), 0u);
+}
+
+// Journal lines get the limits of every JSON reader (core/file_io.hpp): nesting and numbers.
+TEST(Journal, DeepOrHugeLinesAreInputErrorsNamingFileAndLine) {
+  const std::string path = fresh_dir("limits") + "/journal.jsonl";
+  {
+    Journal j(path, kCampaign, false);
+    run_campaign(j, 2);
+  }
+  const std::vector<std::string> lines = lines_of(read_text(path));
+  const auto error_with_line = [&](const std::string& line) {
+    write_text(path, lines[0] + "\n" + lines[1] + "\n" + line + "\n" + lines[2] + "\n");
+    try {
+      Journal j(path, kCampaign, true);
+    } catch (const InputError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_EQ(error_with_line(std::string(100000, '[') + std::string(100000, ']')),
+            path + ":3: JSON nested deeper than 64 levels at byte 65");
+  EXPECT_EQ(error_with_line(R"({"kernel": "k", "case": {"alpha": 1e400}})"),
+            path + ":3: case.alpha: number 1e400 is out of range (beyond +-1.8e308)");
 }
 
 TEST(Journal, RepeatedEvaluationsAreTakenInOrder) {
