@@ -47,8 +47,12 @@ std::vector<Kernel*> Registry::matching(const std::string& prefix) const {
 
 bool cuda_device_available() {
 #if ULPGATE_HAVE_CUDA
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+  // Asked per case by device kernels' unsupported(): the answer does not change.
+  static const bool available = [] {
+    int n = 0;
+    return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+  }();
+  return available;
 #else
   return false;
 #endif

@@ -92,4 +92,7 @@ Registry builtin_registry();
 /// Whether a usable CUDA device exists (false when built without CUDA).
 bool cuda_device_available();
 
+/// Why a kernel with device memory is not supported on a machine without a CUDA device.
+inline constexpr const char* kNeedsCudaDevice = "needs a CUDA device; none here";
+
 }  // namespace ulpgate

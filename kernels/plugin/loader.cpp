@@ -3,7 +3,10 @@
 #include <dlfcn.h>
 
 #include <cmath>
+#include <cstring>
+#include <filesystem>
 #include <stdexcept>
+#include <system_error>
 
 #include <fmt/format.h>
 
@@ -87,24 +90,36 @@ class PluginKernel final : public Kernel {
     return {k_.memory == ULPGATE_DEVICE_MEMORY ? Memory::Device : Memory::Host, k_.deterministic != 0};
   }
   std::optional<std::string> unsupported(const Case& c) const override {
+    // Its buffers would be device memory: without a device every case would fail in
+    // cudaMalloc (or "built without CUDA"), which says nothing about the kernel.
+    if (k_.memory == ULPGATE_DEVICE_MEMORY && !cuda_device_available()) return std::string(kNeedsCudaDevice);
     ulpgate_problem p = to_problem(c, nullptr);
     std::vector<std::int64_t> kv = kv_lengths(c);
     p.attention.kv_lengths = kv.data();
     char why[512] = "";
     if (k_.supports(&p, why, sizeof why)) return std::nullopt;
-    return std::string(why[0] ? why : "not supported by the plugin");
+    const std::string text = message(why, sizeof why);
+    return text.empty() ? std::string("not supported by the plugin") : text;
   }
   void run(const Case& c, const KernelIo& io, RunNotes& notes) override {
     ulpgate_problem p = to_problem(c, &io);
     std::vector<std::int64_t> kv = kv_lengths(c);
     p.attention.kv_lengths = kv.data();
     char err[1024] = "";
-    if (const int rc = k_.run(&p, err, sizeof err); rc != 0)
-      throw KernelError(fmt::format("plugin kernel {} returned {}: {}", k_.name, rc, err[0] ? err : "(no message)"));
+    if (const int rc = k_.run(&p, err, sizeof err); rc != 0) {
+      const std::string text = message(err, sizeof err);
+      throw KernelError(fmt::format("plugin kernel {} returned {}: {}", k_.name, rc, text.empty() ? "(no message)" : text));
+    }
     notes["plugin"] = library_;
   }
 
  private:
+  // A message the plugin wrote into buf: up to its NUL, and never past the buffer (a
+  // plugin that fills it without a NUL gets its last byte cut).
+  static std::string message(char* buf, std::size_t size) {
+    buf[size - 1] = '\0';
+    return std::string(buf, ::strnlen(buf, size));
+  }
   static std::vector<std::int64_t> kv_lengths(const Case& c) {
     if (c.op != Op::Attention) return {};
     if (!c.attention.kv_lengths.empty()) return c.attention.kv_lengths;
@@ -116,8 +131,15 @@ class PluginKernel final : public Kernel {
 
 }  // namespace
 
+std::string resolve_plugin_path(const std::string& path) {
+  if (path.empty()) throw InputError("--plugin: empty path (name a plugin library, e.g. --plugin ./libmykernels.so)");
+  std::error_code ec;
+  if (path.find('/') == std::string::npos && std::filesystem::exists(path, ec)) return "./" + path;
+  return path;
+}
+
 void load_plugin(const std::string& path, Registry& registry) {
-  void* lib = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  void* lib = dlopen(resolve_plugin_path(path).c_str(), RTLD_NOW | RTLD_LOCAL);
   if (!lib) throw InputError(fmt::format("--plugin {}: cannot load: {}", path, dlerror()));
   auto entry = reinterpret_cast<ulpgate_plugin_entry_fn>(dlsym(lib, ULPGATE_PLUGIN_ENTRY));
   if (!entry) throw InputError(fmt::format("--plugin {}: no exported {}()", path, ULPGATE_PLUGIN_ENTRY));
@@ -126,6 +148,11 @@ void load_plugin(const std::string& path, Registry& registry) {
   if (p->abi_version != ULPGATE_PLUGIN_ABI_VERSION)
     throw InputError(fmt::format("--plugin {}: ABI version {}, this ulpgate speaks {}", path, p->abi_version,
                                  ULPGATE_PLUGIN_ABI_VERSION));
+  if (p->kernel_count > 0 && !p->kernels)
+    throw InputError(fmt::format("--plugin {}: reports {} kernels but no kernel list (NULL)", path, p->kernel_count));
+  if (p->kernel_count > kMaxPluginKernels)
+    throw InputError(fmt::format("--plugin {}: reports {} kernels (at most {}): a damaged descriptor?", path,
+                                 p->kernel_count, kMaxPluginKernels));
   for (uint32_t i = 0; i < p->kernel_count; ++i) {
     const ulpgate_kernel& k = p->kernels[i];
     if (!k.name || !k.supports || !k.run)

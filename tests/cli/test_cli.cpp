@@ -348,3 +348,42 @@ TEST(CliBadInput, NumberBeyondDoubleNamesTheField) {
   const std::string r = write_text(dir + "/run.json", R"({"ulpgate_record": 2, "kind": "fuzz", "seed": 1e400})");
   expect_input_error(run("report " + r), r + ": seed: number 1e400 is out of range", "record");
 }
+
+// A plugin reporting five kernels and a NULL list: every verb segfaulted reading it.
+TEST(CliBadInput, PluginWithANullKernelListIsRefusedByName) {
+  const std::string plugin = std::string(" --plugin ") + PLANTED_NULL_LIST;
+  const std::string dir = tmp_dir("null_list");
+  std::system(("mkdir -p " + dir).c_str());
+  const std::string c = write_text(dir + "/case.json", kSmallCase);
+  for (const std::string& verb : std::vector<std::string>{
+           "list", "replay " + c, "replay --in-process " + c, "sweep --kernel cpu.fp32_seq --vary K=4:8 --mn 2",
+        "fuzz --kernel cpu.fp32_seq --dtype fp16 --cases 1 --no-html --out " + dir + "/out"})
+    expect_input_error(run(verb + plugin),
+                       std::string("--plugin ") + PLANTED_NULL_LIST + ": reports 5 kernels but no kernel list (NULL)", verb);
+}
+
+// A plugin's message without a terminating NUL was read past its buffer: at most the
+// buffer is read (1023 characters of run()'s 1024-byte buffer, 511 of supports()' 512).
+TEST(CliBadInput, PluginMessagesWithoutANulAreCutAtTheirBuffer) {
+  const std::string plugin = std::string(" --plugin ") + PLANTED_EDGE_PLUGIN;
+  const std::string dir = tmp_dir("unterminated");
+  std::system(("mkdir -p " + dir).c_str());
+  std::string text = kSmallCase;
+  text.replace(text.find("cpu.fp32_seq"), 12, "planted_edge.unterminated");
+  const std::string c = write_text(dir + "/case.json", text);
+  for (const std::string mode : {"", "--in-process "}) {
+    const Result r = run("replay " + mode + c + plugin);
+    EXPECT_EQ(r.code, 1) << r.out << r.err;
+    const std::string message = "plugin kernel planted_edge.unterminated returned 7: " + std::string(1023, 'E');
+    const std::size_t at = r.out.find(message);
+    ASSERT_NE(at, std::string::npos) << mode << r.out;
+    EXPECT_EQ(r.out[at + message.size()], '\n') << mode << "read past the buffer: " << r.out.substr(at + message.size(), 80);
+  }
+  std::string half = text;
+  half.replace(half.find("\"A\": \"fp32\""), 11, "\"A\": \"fp16\"");
+  half.replace(half.find("\"B\": \"fp32\""), 11, "\"B\": \"fp16\"");
+  const Result r = run("replay --in-process " + write_text(dir + "/half.json", half) + plugin);
+  EXPECT_EQ(r.code, 0) << r.out << r.err;
+  const std::string why = "not_supported, verdict pass\n  " + std::string(511, 'W') + "\n";
+  EXPECT_NE(r.out.find(why), std::string::npos) << r.out;
+}
