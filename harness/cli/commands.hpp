@@ -26,6 +26,7 @@ struct SweepArgs {
   std::uint64_t seed = 1;
   std::string out_dir;
   std::int64_t seq_q = 16;  ///< attention sweeps: queries per case
+  std::uint64_t max_memory = 0;  ///< bytes a point may need (--max-memory; 0: the default)
   std::vector<std::string> plugins;
   bool in_process = false;  ///< run the points in this process (default: a worker process)
   double timeout = 600;     ///< seconds per point before the worker is killed
@@ -59,12 +60,15 @@ struct FuzzArgs {
   bool no_html = false;     ///< skip report.html (it needs gnuplot)
   bool allow_partial = false;  ///< exit 0 although the time budget cut the campaign short
   std::vector<std::string> plugins;  ///< for the worker
+  std::uint64_t max_memory = 0;  ///< bytes a corpus case may need (--max-memory; 0: the default)
 };
 
 int fuzz_command(const FuzzArgs& a, const LocalRegistry& local, const std::string& command_line);
-/// Replays a case file on its kernel, in a worker process unless isolation is nullopt.
+/// Replays a case file on its kernel, in a worker process unless isolation is nullopt;
+/// a case that needs more than max_memory bytes (0: the default) is refused first.
 int replay_command(const std::string& case_path, const LocalRegistry& local, const std::string& out_json,
-                   const std::optional<IsolationOptions>& isolation, const std::vector<std::string>& plugins);
+                   const std::optional<IsolationOptions>& isolation, const std::vector<std::string>& plugins,
+                   std::uint64_t max_memory = 0);
 int gate_command(const std::string& baseline_path, const std::string& run_path, const std::string& junit_path,
                  const GateOptions& options);
 int baseline_update_command(const std::string& run_path, const std::string& out_path, double relative_slack,

@@ -1,10 +1,13 @@
 // `ulpgate fuzz`, `replay`, `gate` and `baseline update`.
+#include <fcntl.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <memory>
 
@@ -12,8 +15,12 @@
 
 #include "harness/cli/commands.hpp"
 #include "core/error.hpp"
+#include "harness/cli/memory.hpp"
+#include "harness/cli/options.hpp"
 #include "harness/fuzz.hpp"
 #include "harness/gate.hpp"
+#include "harness/journal.hpp"
+#include "harness/ops/op.hpp"
 #include "reports/gnuplot.hpp"
 #include "reports/report.hpp"
 
@@ -44,9 +51,148 @@ void print_case(const CaseResult& r) {
   for (const auto& [k, v] : r.notes) std::printf("  %s: %s\n", k.c_str(), v.c_str());
 }
 
+// Ctrl-C (SIGINT) or SIGTERM during a campaign: the worker's process group is killed
+// (a hanging kernel would otherwise keep running, and PR_SET_PDEATHSIG reaches the worker
+// only, not what it started), one line says what the journal holds and how to go on, and
+// the process exits 130. Everything the handler uses is prepared before it is installed,
+// and it calls only async-signal-safe functions.
+namespace interrupt {
+
+char journal_path[4096];
+char children_path[64];  // /proc/self/task/<main thread>/children: the workers forked
+bool tty = false;
+
+void write_all(const char* s, std::size_t n) {
+  while (n > 0) {
+    const ssize_t w = ::write(STDERR_FILENO, s, n);
+    if (w <= 0) return;
+    s += w, n -= static_cast<std::size_t>(w);
+  }
+}
+void write_str(const char* s) { write_all(s, std::strlen(s)); }
+
+// Kills each child's process group (the worker leads its own) and the child.
+void kill_children() {
+  const int fd = ::open(children_path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return;
+  char buf[4096];
+  const ssize_t n = ::read(fd, buf, sizeof buf - 1);
+  ::close(fd);
+  long pid = 0;
+  for (ssize_t i = 0; i <= n; ++i) {
+    if (i < n && buf[i] >= '0' && buf[i] <= '9') {
+      pid = pid * 10 + (buf[i] - '0');
+    } else if (pid > 0) {
+      ::kill(static_cast<pid_t>(-pid), SIGKILL);
+      ::kill(static_cast<pid_t>(pid), SIGKILL);
+      pid = 0;
+    }
+  }
+}
+
+// Whole case lines of the journal: lines after the header, none when the last one is the
+// finished mark (a journal this campaign has not reopened yet).
+long journaled_cases() {
+  const int fd = ::open(journal_path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return 0;
+  static const char kFinished[] = "{\"finished\":true}\n";
+  constexpr std::size_t kTail = sizeof kFinished - 1;
+  char buf[1 << 16], tail[kTail + 1] = {};
+  std::size_t tail_len = 0;
+  long lines = 0;
+  for (ssize_t n; (n = ::read(fd, buf, sizeof buf)) > 0;) {
+    for (ssize_t i = 0; i < n; ++i) {
+      lines += buf[i] == '\n';
+      if (tail_len < kTail) tail[tail_len++] = buf[i];
+      else std::memmove(tail, tail + 1, kTail - 1), tail[kTail - 1] = buf[i];
+    }
+  }
+  ::close(fd);
+  const bool finished = tail_len == kTail && std::memcmp(tail, kFinished, kTail) == 0;
+  return finished || lines < 1 ? 0 : lines - 1;
+}
+
+void on_signal(int) {
+  kill_children();
+  char number[24];
+  long n = journaled_cases();
+  std::size_t len = 0;
+  do number[sizeof number - 1 - len++] = static_cast<char>('0' + n % 10);
+  while ((n /= 10) > 0);
+  if (tty) write_str("\r\033[K");
+  write_str("interrupted: ");
+  write_all(number + sizeof number - len, len);
+  write_str(" cases journaled in ");
+  write_str(journal_path);
+  write_str("; rerun the same command with --resume to continue\n");
+  ::_exit(130);
+}
+
+void install(const std::string& journal) {
+  std::snprintf(journal_path, sizeof journal_path, "%s", journal.c_str());
+  std::snprintf(children_path, sizeof children_path, "/proc/self/task/%d/children", static_cast<int>(::getpid()));
+  tty = isatty(STDERR_FILENO);
+  struct sigaction sa {};
+  sa.sa_handler = on_signal;
+  sigemptyset(&sa.sa_mask);
+  sigaddset(&sa.sa_mask, SIGINT);
+  sigaddset(&sa.sa_mask, SIGTERM);
+  ::sigaction(SIGINT, &sa, nullptr);
+  ::sigaction(SIGTERM, &sa, nullptr);
+}
+
+}  // namespace interrupt
+
+// Every case file of the corpus is read (validated) and held to --max-memory before the
+// campaign starts, so a bad one stops it before anything is written.
+void check_corpus(const std::string& dir, std::uint64_t max_memory) {
+  std::error_code ec;
+  if (!std::filesystem::is_directory(dir, ec)) return;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+    if (e.path().extension() != ".json") continue;
+    const std::string path = e.path().string();
+    const Case c = read_case_file(path);
+    try {
+      check_memory_need(c, max_memory);
+    } catch (const InputError& err) {
+      throw InputError(path + ": " + err.what());
+    }
+  }
+}
+
+// Why the requested kernels give no target: each one's answer for the first op and dtype
+// asked ("planted_edge.device: needs a CUDA device; none here").
+std::string why_no_targets(Registry& registry, const FuzzArgs& a) {
+  std::string why;
+  for (const auto& name : a.kernels) {
+    Kernel* k = registry.resolve(name);
+    if (!k) continue;
+    for (const OpModule* op : all_op_modules()) {
+      const auto dtypes = op->dtypes();
+      const auto dt = std::find_if(dtypes.begin(), dtypes.end(), [&](const std::string& d) {
+        return a.dtypes.empty() || std::count(a.dtypes.begin(), a.dtypes.end(), d);
+      });
+      if (dt == dtypes.end()) continue;
+      if (auto reason = k->unsupported(op->basic_case(*dt))) {
+        why += fmt::format("{}{}: {}", why.empty() ? "" : "; ", name, *reason);
+        break;
+      }
+    }
+  }
+  return why.empty() ? "" : " (" + why + ")";
+}
+
 }  // namespace
 
 int fuzz_command(const FuzzArgs& a, const LocalRegistry& local, const std::string& command_line) {
+  // Every flag, the output directory, the corpus and an earlier journal are checked before
+  // a worker starts or anything is written.
+  check_cases(a.cases);
+  check_budget(a.seconds);
+  check_timeout(a.timeout);
+  for (const auto& d : a.dtypes) check_dtype(d);
+  check_out_dir(a.out_dir);
+  const std::uint64_t max_memory = a.max_memory ? a.max_memory : default_max_memory();
   FuzzOptions o;
   o.cases = a.cases;
   o.seconds = a.seconds;
@@ -56,8 +202,15 @@ int fuzz_command(const FuzzArgs& a, const LocalRegistry& local, const std::strin
   o.corpus_dir = a.corpus_dir.empty() ? (std::filesystem::path(a.out_dir) / "corpus").string() : a.corpus_dir;
   o.cases_dir = (std::filesystem::path(a.out_dir) / "cases").string();
   o.plugins = a.plugins;
-  if (a.cases < 1) throw InputError("--cases must be >= 1");
-  if (!(a.timeout > 0)) throw InputError("--timeout must be > 0");
+  o.journal_path = (std::filesystem::path(a.out_dir) / "journal.jsonl").string();
+  o.resume = a.resume;
+  if (!a.resume)
+    if (const std::size_t n = unfinished_journal_cases(o.journal_path))
+      throw InputError(fmt::format("{} holds an unfinished campaign ({} cases journaled): --resume continues it, "
+                                   "or remove it / choose another --out",
+                                   o.journal_path, n));
+  check_corpus(o.corpus_dir, max_memory);
+  interrupt::install(o.journal_path);
   // Isolated (the default): kernels, their supports() included, run only in the worker.
   std::unique_ptr<IsolatedEvaluator> evaluator;
   Registry registry;
@@ -72,17 +225,16 @@ int fuzz_command(const FuzzArgs& a, const LocalRegistry& local, const std::strin
   } else {
     registry = local();
   }
-  o.journal_path = (std::filesystem::path(a.out_dir) / "journal.jsonl").string();
-  o.resume = a.resume;
-  std::filesystem::create_directories(a.out_dir);
   // Only the kernels asked for are asked what they support: a campaign over one kernel
   // must not depend on (or crash in) another kernel's supports().
   for (const auto& k : a.kernels)
     if (!registry.resolve(k)) throw InputError(fmt::format("--kernel '{}': no such kernel here (see ulpgate list)", k));
   for (const auto& t : all_targets(registry, a.kernels))
     if (a.dtypes.empty() || std::count(a.dtypes.begin(), a.dtypes.end(), t.dtype)) o.targets.push_back(t);
-  if (o.targets.empty()) throw InputError("fuzz: no kernel here supports the requested --kernel/--dtype combination");
+  if (o.targets.empty())
+    throw InputError("fuzz: no kernel here supports the requested --kernel/--dtype combination" + why_no_targets(registry, a));
   if (!a.no_html) report::check_gnuplot();  // before the campaign, not after it
+  create_out_dir(a.out_dir);
   const bool tty = isatty(STDERR_FILENO);
   // Without a terminal (CI logs), a progress line at least every 10 s
   // (ULPGATE_PROGRESS_SECONDS overrides), so a long campaign is never silent.
@@ -116,12 +268,12 @@ int fuzz_command(const FuzzArgs& a, const LocalRegistry& local, const std::strin
       });
   if (tty) std::fprintf(stderr, "\r\033[K");
   r.command = command_line;
-  std::filesystem::create_directories(a.out_dir);
   const auto out = std::filesystem::path(a.out_dir);
   write_record_file((out / "fuzz.json").string(), r);
   write_text_file_atomically((out / "report.md").string(), render_markdown(r));
   write_text_file_atomically((out / "junit.xml").string(), render_junit(r));
   if (!a.no_html) write_text_file_atomically((out / "report.html").string(), render_html(r));
+  mark_journal_finished(o.journal_path);  // the record is written: a new campaign may replace it
   std::int64_t failed = 0, unsupported = 0, not_run = 0;
   for (const auto& c : r.cases) failed += !c.verdict.passed, unsupported += c.status == Disposition::NotSupported;
   for (const auto& n : r.not_run) not_run += n.planned - n.run;
@@ -138,9 +290,15 @@ int fuzz_command(const FuzzArgs& a, const LocalRegistry& local, const std::strin
 }
 
 int replay_command(const std::string& case_path, const LocalRegistry& local, const std::string& out_json,
-                   const std::optional<IsolationOptions>& isolation, const std::vector<std::string>& plugins) {
+                   const std::optional<IsolationOptions>& isolation, const std::vector<std::string>& plugins,
+                   std::uint64_t max_memory) {
   const Case c = read_case_file(case_path);
   if (c.kernel.empty()) throw InputError(case_path + ": case.kernel is empty: name the kernel to replay on");
+  try {
+    check_memory_need(c, max_memory ? max_memory : default_max_memory());
+  } catch (const InputError& e) {
+    throw InputError(case_path + ": " + e.what());
+  }
   std::printf("ulpgate replay %s: kernel %s, seed %llu\n", case_path.c_str(), c.kernel.c_str(),
               static_cast<unsigned long long>(c.seed));
   std::fflush(stdout);

@@ -16,6 +16,8 @@
 #include "harness/gate.hpp"
 #include "harness/record.hpp"
 #include "harness/cli/commands.hpp"
+#include "harness/cli/memory.hpp"
+#include "harness/cli/options.hpp"
 #include "kernels/device.hpp"
 #include "kernels/kernel.hpp"
 #include "kernels/plugin/loader.hpp"
@@ -24,6 +26,8 @@
 namespace {
 
 constexpr int kExitOk = 0, kExitUsage = 2, kExitInternal = 3;
+constexpr const char* kMaxMemoryHelp =
+    "Refuse a case that needs more memory than this, e.g. 12GB or 512MiB (default: half of this machine's memory)";
 
 int usage_error(const std::string& msg) {
   std::fprintf(stderr, "ulpgate: error: %s (see 'ulpgate --help')\n", msg.c_str());
@@ -112,8 +116,10 @@ int main(int argc, char** argv) {
   sweep->add_option("--dist", sweep_args.dists, "Input distribution of A and B (repeatable; default normal(0,1))");
   sweep->add_option("--metric", sweep_args.metric, "mean_normalised (default), max_normalised, mean_ulp, max_ulp, ...");
   sweep->add_option("--mn", sweep_args.mn, "M = N of every case (default 64)")->check(CLI::Range(1, 1 << 20));
-  sweep->add_option("--seed", sweep_args.seed, "Seed (default 1)");
+  std::string sweep_seed = "1", sweep_max_memory;
+  sweep->add_option("--seed", sweep_seed, "Seed (default 1)");
   sweep->add_option("--out", sweep_args.out_dir, "Directory for the run record (sweep.json)");
+  sweep->add_option("--max-memory", sweep_max_memory, kMaxMemoryHelp);
 
   ulpgate::FuzzArgs fuzz_args;
   auto* fuzz = app.add_subcommand("fuzz", "Fuzz kernels x input types with generated cases (RapidCheck), shrink "
@@ -122,7 +128,9 @@ int main(int argc, char** argv) {
   fuzz->add_option("--dtype", fuzz_args.dtypes, "Input type (repeatable; default: every one each kernel supports)");
   fuzz->add_option("--cases", fuzz_args.cases, "Cases per (kernel, dtype) (default 10)");
   fuzz->add_option("--time", fuzz_args.seconds, "Budget in seconds for the whole campaign (default 300; 0: none)");
-  fuzz->add_option("--seed", fuzz_args.seed, "Campaign seed (default 1)");
+  std::string fuzz_seed = "1", fuzz_max_memory;
+  fuzz->add_option("--seed", fuzz_seed, "Campaign seed (default 1)");
+  fuzz->add_option("--max-memory", fuzz_max_memory, kMaxMemoryHelp);
   fuzz->add_option("--max-k", fuzz_args.max_k, "Largest K generated (default 1024)")->check(CLI::Range(1, 1 << 20));
   fuzz->add_option("--out", fuzz_args.out_dir, "Output directory (default ulpgate-out)");
   fuzz->add_option("--corpus", fuzz_args.corpus_dir, "Corpus of saved failures, replayed first (default <out>/corpus)");
@@ -143,6 +151,8 @@ int main(int argc, char** argv) {
   double replay_timeout = 600;
   replay->add_flag("--in-process", replay_in_process, "Run the kernel in this process (default: a worker process)");
   replay->add_option("--timeout", replay_timeout, "Seconds before the worker is killed (default 600)");
+  std::string replay_max_memory;
+  replay->add_option("--max-memory", replay_max_memory, kMaxMemoryHelp);
 
   std::string gate_baseline, gate_run, gate_junit;
   auto* gate = app.add_subcommand("gate", "Compare a run record with a baseline: exit 0 pass, 1 regression");
@@ -194,6 +204,10 @@ int main(int argc, char** argv) {
 
   try {
     if (report->parsed()) return report_command(report_args);  // needs no kernels
+    plugins = ulpgate::resolve_plugins(plugins);  // "" refused, "foo.so" here found
+    const auto max_memory = [](const std::string& text) {
+      return text.empty() ? ulpgate::default_max_memory() : ulpgate::parse_memory_size(text);
+    };
     // Kernels are loaded into this process only by `list`, `worker` and --in-process runs;
     // fuzz, sweep and replay otherwise leave every kernel call to a worker process.
     const ulpgate::LocalRegistry local = [&] {
@@ -216,23 +230,29 @@ int main(int argc, char** argv) {
     for (int i = 0; i < argc; ++i) command_line += (i ? " " : "") + std::string(argv[i]);
     if (fuzz->parsed()) {
       fuzz_args.plugins = plugins;
+      fuzz_args.seed = ulpgate::parse_seed(fuzz_seed);
+      fuzz_args.max_memory = max_memory(fuzz_max_memory);
       return ulpgate::fuzz_command(fuzz_args, local, command_line);
     }
     if (replay->parsed()) {
+      const std::uint64_t limit = max_memory(replay_max_memory);
+      ulpgate::check_timeout(replay_timeout);
+      if (!replay_out.empty()) ulpgate::check_output_file("--out", replay_out);
       std::optional<ulpgate::IsolationOptions> iso;
       if (!replay_in_process) {
-        if (!(replay_timeout > 0)) throw ulpgate::InputError("--timeout must be > 0");
         iso.emplace();
         iso->plugins = plugins;
         iso->timeout_seconds = replay_timeout;
       }
-      return ulpgate::replay_command(replay_case, local, replay_out, iso, plugins);
+      return ulpgate::replay_command(replay_case, local, replay_out, iso, plugins, limit);
     }
     if (gate->parsed()) return ulpgate::gate_command(gate_baseline, gate_run, gate_junit, gate_options);
     if (baseline_update->parsed())
       return ulpgate::baseline_update_command(base_run, base_out, base_slack, base_slack_ulp);
     if (sweep->parsed()) {
       sweep_args.plugins = plugins;
+      sweep_args.seed = ulpgate::parse_seed(sweep_seed);
+      sweep_args.max_memory = max_memory(sweep_max_memory);
       return ulpgate::sweep_command(sweep_args, local, command_line);
     }
   } catch (const ulpgate::InputError& e) {

@@ -14,6 +14,8 @@
 
 #include "core/error.hpp"
 #include "distributions/spec.hpp"
+#include "harness/cli/memory.hpp"
+#include "harness/cli/options.hpp"
 #include "harness/isolate.hpp"
 #include "harness/ops/attention.hpp"
 #include "harness/sweep.hpp"
@@ -24,12 +26,15 @@ int sweep_command(const SweepArgs& a, const LocalRegistry& local, const std::str
   if (a.kernels.empty()) throw InputError("sweep: --kernel is required");
   const SweepVary vary = parse_vary(a.vary);
   const bool gemm = vary.parameter == "K";
+  if (!a.dtype.empty()) check_dtype(a.dtype);
+  check_timeout(a.timeout);
+  if (!a.out_dir.empty()) check_out_dir(a.out_dir);
+  const std::uint64_t max_memory = a.max_memory ? a.max_memory : default_max_memory();
   std::optional<Format> out;
   if (!a.out_dtype.empty()) {
     out = parse_format(a.out_dtype);
     if (!out) throw InputError(fmt::format("--out-dtype '{}': unknown format (see ulpgate list)", a.out_dtype));
   }
-  if (!(a.timeout > 0)) throw InputError("--timeout must be > 0");
   // Isolated (the default): the points and every supports() query run in a worker.
   std::unique_ptr<IsolatedEvaluator> isolated;
   Registry registry;
@@ -48,17 +53,14 @@ int sweep_command(const SweepArgs& a, const LocalRegistry& local, const std::str
     if (!k) throw InputError(fmt::format("--kernel '{}': no such kernel here (see ulpgate list)", name));
     kernels.push_back(k);
   }
-  const bool tty = isatty(STDERR_FILENO);
-  RunRecord record;
-  record.kind = "sweep";
-  record.seed = a.seed;
-  record.command = command_line;
-  record.environment = capture_environment();
-  std::printf("ulpgate sweep: seed %llu, %s, %s, %s = %lld..%lld\n", static_cast<unsigned long long>(a.seed),
-              record.environment.device.c_str(),
-              gemm ? fmt::format("M = N = {}", a.mn).c_str() : fmt::format("seq_q = {}, head_dim 64", a.seq_q).c_str(),
-              vary.parameter.c_str(), static_cast<long long>(vary.values.front()), static_cast<long long>(vary.values.back()));
-  std::int64_t failed_points = 0, series_run = 0;
+  // Every series is planned, and its largest point held to the case caps and to
+  // --max-memory, before the first point runs.
+  struct Series {
+    Kernel* kernel;
+    std::string dtype, dist;
+    SweepOptions options;
+  };
+  std::vector<Series> plan;
   for (Kernel* k : kernels)
     for (const auto& dist : a.dists) {
       const std::string dtype = a.dtype.empty() ? default_dtype(k->name()) : a.dtype;
@@ -80,40 +82,66 @@ int sweep_command(const SweepArgs& a, const LocalRegistry& local, const std::str
       o.parameter = vary.parameter;
       o.values = vary.values;
       o.metric = a.metric;
-      if (auto why = k->unsupported(o.base)) {
-        std::printf("  %s %s: not supported (%s)\n", k->name().c_str(), dtype.c_str(), why->c_str());
-        continue;
+      Case largest = o.base;
+      (gemm ? largest.gemm.k : largest.attention.seq_kv) = vary.values.back();
+      try {
+        validate(largest);
+        check_memory_need(largest, max_memory);
+      } catch (const InputError& e) {
+        throw InputError(fmt::format("sweep point {} = {}: {}", vary.parameter, vary.values.back(), e.what()));
       }
-      const PointChecker check = [&](const Case& c, const EvaluationOptions& eo) {
-        return isolated ? isolated->evaluate(c.kernel, c, eo) : check_case(*k, c, eo, &registry);
-      };
-      const SweepOutcome s = run_sweep(o, check, [&](std::size_t i, std::size_t n) {
-        if (tty) std::fprintf(stderr, "\r  %s %s %s: %zu/%zu points", k->name().c_str(), dtype.c_str(), dist.c_str(), i, n);
-      });
-      if (tty) std::fprintf(stderr, "\r\033[K");
-      std::printf("\n  %s  %s  %s  (%s)\n  %8s  %16s  %14s\n", k->name().c_str(), dtype.c_str(), dist.c_str(),
-                  a.metric.c_str(), vary.parameter.c_str(), a.metric.c_str(), "effective bits");
-      for (std::size_t i = 0; i < s.series.x.size(); ++i)
-        std::printf("  %8.0f  %16.4g  %14.2f\n", s.series.x[i], s.series.y[i], s.effective_bits_per_point[i]);
-      ++series_run;
-      for (const auto& r : s.cases)  // every point is judged like any case
-        if (!r.verdict.passed) {
-          ++failed_points;
-          std::printf("  FAIL %s=%lld: %s\n", vary.parameter.c_str(),
-                      static_cast<long long>(gemm ? r.spec.gemm.k : r.spec.attention.seq_kv),
-                      r.verdict.reasons.empty() ? std::string(name(r.status)).c_str() : r.verdict.reasons.front().c_str());
-        }
-      if (gemm)
-        std::printf("  growth exponent %.3f +- %.3f, effective accumulator precision %.2f bits\n", s.series.fit.exponent,
-                    s.series.fit.exponent_stderr, s.series.effective_bits);
-      else
-        std::printf("  growth exponent %.3f +- %.3f (error ~ seq_kv^exponent)\n", s.series.fit.exponent,
-                    s.series.fit.exponent_stderr);
-      record.sweeps.push_back(s.series);
-      for (const auto& r : s.cases) record.cases.push_back(r);
+      plan.push_back({k, dtype, dist, std::move(o)});
     }
+  const bool tty = isatty(STDERR_FILENO);
+  RunRecord record;
+  record.kind = "sweep";
+  record.seed = a.seed;
+  record.command = command_line;
+  record.environment = capture_environment();
+  std::printf("ulpgate sweep: seed %llu, %s, %s, %s = %lld..%lld\n", static_cast<unsigned long long>(a.seed),
+              record.environment.device.c_str(),
+              gemm ? fmt::format("M = N = {}", a.mn).c_str() : fmt::format("seq_q = {}, head_dim 64", a.seq_q).c_str(),
+              vary.parameter.c_str(), static_cast<long long>(vary.values.front()), static_cast<long long>(vary.values.back()));
+  std::int64_t failed_points = 0, series_run = 0;
+  for (const Series& series : plan) {
+    Kernel* k = series.kernel;
+    const std::string& dtype = series.dtype;
+    const std::string& dist = series.dist;
+    const SweepOptions& o = series.options;
+    if (auto why = k->unsupported(o.base)) {
+      std::printf("  %s %s: not supported (%s)\n", k->name().c_str(), dtype.c_str(), why->c_str());
+      continue;
+    }
+    const PointChecker check = [&](const Case& c, const EvaluationOptions& eo) {
+      return isolated ? isolated->evaluate(c.kernel, c, eo) : check_case(*k, c, eo, &registry);
+    };
+    const SweepOutcome s = run_sweep(o, check, [&](std::size_t i, std::size_t n) {
+      if (tty) std::fprintf(stderr, "\r  %s %s %s: %zu/%zu points", k->name().c_str(), dtype.c_str(), dist.c_str(), i, n);
+    });
+    if (tty) std::fprintf(stderr, "\r\033[K");
+    std::printf("\n  %s  %s  %s  (%s)\n  %8s  %16s  %14s\n", k->name().c_str(), dtype.c_str(), dist.c_str(),
+                a.metric.c_str(), vary.parameter.c_str(), a.metric.c_str(), "effective bits");
+    for (std::size_t i = 0; i < s.series.x.size(); ++i)
+      std::printf("  %8.0f  %16.4g  %14.2f\n", s.series.x[i], s.series.y[i], s.effective_bits_per_point[i]);
+    ++series_run;
+    for (const auto& r : s.cases)  // every point is judged like any case
+      if (!r.verdict.passed) {
+        ++failed_points;
+        std::printf("  FAIL %s=%lld: %s\n", vary.parameter.c_str(),
+                    static_cast<long long>(gemm ? r.spec.gemm.k : r.spec.attention.seq_kv),
+                    r.verdict.reasons.empty() ? std::string(name(r.status)).c_str() : r.verdict.reasons.front().c_str());
+      }
+    if (gemm)
+      std::printf("  growth exponent %.3f +- %.3f, effective accumulator precision %.2f bits\n", s.series.fit.exponent,
+                  s.series.fit.exponent_stderr, s.series.effective_bits);
+    else
+      std::printf("  growth exponent %.3f +- %.3f (error ~ seq_kv^exponent)\n", s.series.fit.exponent,
+                  s.series.fit.exponent_stderr);
+    record.sweeps.push_back(s.series);
+    for (const auto& r : s.cases) record.cases.push_back(r);
+  }
   if (!a.out_dir.empty()) {
-    std::filesystem::create_directories(a.out_dir);
+    create_out_dir(a.out_dir);
     const std::string path = (std::filesystem::path(a.out_dir) / "sweep.json").string();
     write_record_file(path, record);
     std::printf("\nrun record: %s (render with: ulpgate report %s --html report.html)\n", path.c_str(), path.c_str());

@@ -387,3 +387,227 @@ TEST(CliBadInput, PluginMessagesWithoutANulAreCutAtTheirBuffer) {
   const std::string why = "not_supported, verdict pass\n  " + std::string(511, 'W') + "\n";
   EXPECT_NE(r.out.find(why), std::string::npos) << r.out;
 }
+
+// A device-memory plugin kernel on a machine without a CUDA device failed every case
+// ("cudaMalloc ... driver version is insufficient", or "built without CUDA"): it is not
+// runnable here, and says why.
+TEST(CliBadInput, DeviceKernelsWithoutADeviceAreNotSupported) {
+  if (run("list").out.find("(device: NVIDIA") != std::string::npos) GTEST_SKIP() << "a CUDA device is here";
+  const std::string plugin = std::string(" --plugin ") + PLANTED_EDGE_PLUGIN;
+  const std::string dir = tmp_dir("device");
+  std::system(("mkdir -p " + dir).c_str());
+  std::string text = kSmallCase;
+  text.replace(text.find("cpu.fp32_seq"), 12, "planted_edge.device");
+  const std::string c = write_text(dir + "/case.json", text);
+  for (const std::string mode : {"", "--in-process "}) {
+    const Result r = run("replay " + mode + c + plugin);
+    EXPECT_EQ(r.code, 0) << mode << r.out << r.err;
+    EXPECT_NE(r.out.find("not_supported, verdict pass\n  needs a CUDA device; none here"), std::string::npos) << mode << r.out;
+  }
+  const Result f = run("fuzz --kernel planted_edge.device --dtype fp32 --cases 1 --no-html --out " + dir + "/out" + plugin);
+  expect_input_error(f, "planted_edge.device: needs a CUDA device; none here", "fuzz");
+  const Result s = run("sweep --kernel planted_edge.device --vary K=4:8 --mn 2" + plugin);
+  EXPECT_EQ(s.code, 2) << s.out << s.err;
+  EXPECT_NE(s.out.find("planted_edge.device fp32: not supported (needs a CUDA device; none here)"), std::string::npos) << s.out;
+}
+
+// --out naming a file, an unwritable directory or "" was "internal error: filesystem error"
+// (exit 3), some of it after the campaign had run.
+TEST(CliBadInput, UnusableOutDirectoryIsRefusedBeforeTheCampaign) {
+  const std::string dir = tmp_dir("badout");
+  std::system(("mkdir -p " + dir + "/locked && chmod 500 " + dir + "/locked").c_str());
+  const std::string file = write_text(dir + "/file", "x");
+  const std::string campaign = "fuzz --kernel cpu.fp32_seq --dtype fp16 --cases 1 --no-html --out ";
+  expect_input_error(run(campaign + file), "--out " + file + ": not a directory", "file");
+  expect_input_error(run(campaign + file + "/sub"), "--out " + file + "/sub: cannot create the directory", "under a file");
+  expect_input_error(run(campaign + "''"), "--out: empty path", "empty");
+  expect_input_error(run("sweep --kernel cpu.fp32_seq --vary K=4:8 --mn 2 --out " + file), "--out " + file + ": not a directory",
+                     "sweep");
+  if (::geteuid() != 0) {  // root writes anywhere
+    expect_input_error(run(campaign + dir + "/locked"), "--out " + dir + "/locked: cannot write there", "unwritable");
+    expect_input_error(run(campaign + dir + "/locked/sub"), "--out " + dir + "/locked/sub: cannot create the directory",
+                       "under an unwritable directory");
+  }
+  EXPECT_EQ(slurp(file), "x");
+}
+
+namespace {
+
+// Starts ulpgate with args (a vector, no shell), stdout and stderr to files; returns its pid.
+pid_t spawn_ulpgate(const std::vector<std::string>& args, const std::string& out, const std::string& err,
+                    const std::vector<std::string>& env = {}) {
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    for (const auto& e : env) ::putenv(const_cast<char*>(e.c_str()));
+    if (std::freopen(out.c_str(), "w", stdout) == nullptr || std::freopen(err.c_str(), "w", stderr) == nullptr) ::_exit(120);
+    std::vector<char*> argv{const_cast<char*>(ULPGATE_BIN)};
+    for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    ::execv(ULPGATE_BIN, argv.data());
+    ::_exit(127);
+  }
+  return pid;
+}
+
+// The exit code, or 128 + the signal that ended it.
+int wait_code(pid_t pid) {
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0) {
+  }
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+// Whether pid runs (a zombie does not).
+bool running(pid_t pid) {
+  if (::kill(pid, 0) != 0) return false;
+  const std::string stat = slurp("/proc/" + std::to_string(pid) + "/stat");
+  const auto paren = stat.rfind(')');
+  return paren == std::string::npos || paren + 2 >= stat.size() || stat[paren + 2] != 'Z';
+}
+
+// Waits up to `seconds` for cond().
+template <class Cond>
+bool wait_for(Cond cond, double seconds) {
+  for (int i = 0; i < seconds * 50; ++i) {
+    if (cond()) return true;
+    ::usleep(20000);
+  }
+  return cond();
+}
+
+}  // namespace
+
+// Ctrl-C during fuzz: exit 130 with one line saying what was kept and how to go on; the
+// worker and what it started are gone. Rerun without --resume, the journal was truncated.
+TEST(CliBadInput, InterruptedCampaignSaysHowToResumeAndKeepsItsJournal) {
+  const std::string dir = tmp_dir("interrupt");
+  std::system(("rm -rf " + dir + " && mkdir -p " + dir).c_str());
+  const std::string out = dir + "/out", pid_file = dir + "/child.pid";
+  const std::vector<std::string> args = {"--plugin", PLANTED_EDGE_PLUGIN, "fuzz", "--kernel", "cpu.fp32_seq", "--kernel",
+                                         "planted_edge.forks_and_hangs", "--dtype", "fp32", "--cases", "3", "--max-k", "16",
+                                         "--timeout", "60", "--time", "0", "--no-html", "--out", out};
+  for (int signal : {SIGINT, SIGTERM}) {
+    std::system(("rm -rf " + out + " " + pid_file).c_str());
+    const pid_t pid = spawn_ulpgate(args, dir + "/stdout", dir + "/stderr", {"PLANTED_CHILD_PID_FILE=" + pid_file});
+    ASSERT_TRUE(wait_for([&] { return !slurp(pid_file).empty(); }, 60)) << slurp(dir + "/stderr");
+    const pid_t child = std::stoi(slurp(pid_file));
+    const std::string stat = slurp("/proc/" + std::to_string(child) + "/stat");
+    int worker = 0;
+    ASSERT_EQ(std::sscanf(stat.c_str() + stat.rfind(')') + 2, "%*c %d", &worker), 1) << stat;
+    ASSERT_EQ(::kill(pid, signal), 0);
+    EXPECT_EQ(wait_code(pid), 130) << signal;
+    const std::string err = slurp(dir + "/stderr");
+    EXPECT_NE(err.find("interrupted: 3 cases journaled in " + out +
+                       "/journal.jsonl; rerun the same command with --resume to continue\n"),
+              std::string::npos)
+        << err;
+    EXPECT_TRUE(wait_for([&] { return !running(worker) && !running(child); }, 10))
+        << "worker " << worker << " or its child " << child << " outlived the campaign";
+  }
+  // The same campaign again without --resume: refused, the journal untouched.
+  const std::string journal = slurp(out + "/journal.jsonl");
+  std::string rerun = "--plugin " + std::string(PLANTED_EDGE_PLUGIN);
+  for (std::size_t i = 2; i < args.size(); ++i) rerun += " " + args[i];
+  expect_input_error(run(rerun), out + "/journal.jsonl holds an unfinished campaign (3 cases journaled): --resume continues it, "
+                                       "or remove it / choose another --out", "rerun");
+  EXPECT_EQ(slurp(out + "/journal.jsonl"), journal);
+  // A finished campaign's journal may be replaced.
+  const std::string done = dir + "/done";
+  ASSERT_EQ(run(kSmallCampaign + " --cases 2 --out " + done).code, 0);
+  const Result again = run(kSmallCampaign + " --cases 2 --out " + done);
+  EXPECT_EQ(again.code, 0) << again.out << again.err;
+}
+
+// Sizes had no cap and padding is really allocated: K = 1e9 and the like ended in
+// bad_alloc ("evaluation threw", exit 1 or 3), a 10 x 7 GEMM with ldc = 2^24 took 2 GB.
+// Now each size is capped (case validation) and a case is refused before anything is
+// allocated when it needs more than --max-memory (default: half the machine's memory).
+TEST(CliBadInput, CasesTooLargeForMemoryAreRefusedBeforeAllocating) {
+  const std::string dir = tmp_dir("memory");
+  std::system(("mkdir -p " + dir).c_str());
+  const auto with = [&](const std::string& name, const std::string& gemm_fields, const std::string& extra = "") {
+    std::string text = kSmallCase;
+    text.replace(text.find("\"k\": 5}"), 7, "\"k\": 5, " + gemm_fields + "}");
+    if (!extra.empty()) text.replace(text.find("\"seed\": 1"), 9, extra + ", \"seed\": 1");
+    return write_text(dir + "/" + name + ".json", text);
+  };
+  const std::string k = with("k", R"("k": 1000000000)");
+  const std::string huge = with("mnk", R"("m": 1000000000, "n": 1000000000, "k": 1000000000)");
+  const std::string lda = with("lda", R"("lda": 1099511627776)");
+  const std::string batch = with("batch", R"("batch": 1000000000000)");
+  const std::string ldc = with("ldc", R"("ldc": 16777216)", R"("beta": 1, "types": {"A": "fp32", "B": "fp32", "C": "fp32", "D": "fp32", "compute": "fp32"})");
+  // the duplicate "types" key: nlohmann keeps the last one
+  for (const std::string mode : {"", "--in-process "}) {
+    expect_input_error(run("replay " + mode + k), k + ": case needs ", mode + "K = 1e9");
+    EXPECT_NE(run("replay " + mode + k).err.find("(A is 10 x 1000000000 fp32), above --max-memory "), std::string::npos)
+        << run("replay " + mode + k).err;
+    expect_input_error(run("replay " + mode + huge), "case.gemm: A holds 1000000000000000000 elements", mode + "M = N = K = 1e9");
+    expect_input_error(run("replay " + mode + lda), "case.gemm.lda: must be at most 2147483647, got 1099511627776", mode + "lda");
+    expect_input_error(run("replay " + mode + batch), "case.gemm.batch: must be at most 2147483647", mode + "batch");
+    expect_input_error(run("replay " + mode + ldc + " --max-memory 1GB"),
+                       ldc + ": case needs 2 GB (ldc = 16777216 pads C), above --max-memory 1 GB", mode + "ldc");
+  }
+  const std::string small_ldc =
+      with("small_ldc", R"("ldc": 1048576)", R"("beta": 1, "types": {"A": "fp32", "B": "fp32", "C": "fp32", "D": "fp32", "compute": "fp32"})");
+  const Result fits = run("replay " + small_ldc + " --max-memory 256MB");  // 126 MB: runs
+  EXPECT_EQ(fits.code, 0) << fits.out << fits.err;
+  // sweep: every point is checked before the first runs.
+  const Result s = run("sweep --kernel cpu.fp32_seq --mn 64 --vary K=64:100000000 --max-memory 1G");
+  expect_input_error(s, "sweep point K = 100000000: case needs ", "sweep");
+  EXPECT_EQ(s.out.find("growth exponent"), std::string::npos) << "a series ran: " << s.out;
+  // --max-memory itself
+  expect_input_error(run("replay " + k + " --max-memory lots"), "--max-memory 'lots': expected a size such as 12GB, 512MiB or 1e9",
+                     "bad size");
+  expect_input_error(run("replay " + k + " --max-memory 1k"), "--max-memory 1k: below the least a case needs here (256 MB)",
+                     "tiny");
+  // fuzz: the corpus is checked before the campaign starts.
+  const std::string out = dir + "/fuzz";
+  std::system(("mkdir -p " + out + "/corpus && cp " + ldc + " " + out + "/corpus/").c_str());
+  const Result f = run(kSmallCampaign + " --kernel cpu.fp32_seq --dtype fp32 --cases 1 --max-memory 1GB --out " + out);
+  expect_input_error(f, out + "/corpus/ldc.json: case needs 2 GB", "fuzz corpus");
+  EXPECT_EQ(slurp(out + "/journal.jsonl"), "") << "the campaign started";
+  // --cases 3000000000 reserved memory for every case (std::length_error, exit 3).
+  expect_input_error(run("fuzz --kernel cpu.fp32_seq --dtype fp16 --no-html --time 20 --cases 3000000000 --out " + dir + "/many"),
+                     "--cases 3000000000: at most 1000000000 cases per target", "cases");
+}
+
+// Flags that were silently reinterpreted: --seed -1 and an overflowing seed became
+// 18446744073709551615, --time -5 or nan became "no budget", --dtype fp8 said no kernel
+// supports it, --plugin foo.so in the current directory was not found (dlopen searches the
+// library path), --plugin '' loaded the program itself.
+TEST(CliBadInput, FlagsAreCheckedNotReinterpreted) {
+  const std::string dir = tmp_dir("flags");
+  std::system(("rm -rf " + dir + " && mkdir -p " + dir).c_str());
+  const std::string fuzz = "fuzz --kernel cpu.fp32_seq --dtype fp16 --cases 1 --no-html --out " + dir + "/out ";
+  const std::string sweep = "sweep --kernel cpu.fp32_seq --vary K=4:8 --mn 2 ";
+  for (const std::string& verb : {fuzz, sweep}) {
+    expect_input_error(run(verb + "--seed -1"), "--seed -1: expected an integer from 0 to 18446744073709551615", verb);
+    expect_input_error(run(verb + "--seed 18446744073709551616"), "--seed 18446744073709551616: expected an integer", verb);
+    expect_input_error(run(verb + "--seed 1x"), "--seed 1x: expected an integer", verb);
+    expect_input_error(run(verb + "--timeout nan"), "--timeout nan: must be a finite number of seconds > 0", verb);
+  }
+  EXPECT_NE(run(fuzz + "--seed 18446744073709551615").out.find("seed 18446744073709551615"), std::string::npos);
+  expect_input_error(run(fuzz + "--time -5"), "--time -5: must be a finite number of seconds >= 0 (0: no budget)", "time");
+  expect_input_error(run(fuzz + "--time nan"), "--time nan: must be a finite number of seconds >= 0", "time nan");
+  expect_input_error(run(fuzz + "--time inf"), "--time inf: must be a finite number of seconds >= 0", "time inf");
+  expect_input_error(run(fuzz + "--dtype fp8"), "unknown dtype 'fp8' (one of fp64, fp32, tf32, fp16, bf16, e4m3, e5m2)", "dtype");
+  expect_input_error(run(sweep + "--dtype fp8"), "unknown dtype 'fp8' (one of fp64, fp32, tf32, fp16, bf16, e4m3, e5m2)", "sweep");
+  expect_input_error(run("replay x.json --timeout -1"), "--timeout -1: must be a finite number of seconds > 0", "replay");
+  expect_input_error(run("list --plugin ''"), "--plugin: empty path", "plugin ''");
+  // A plugin named without '/' that exists here is loaded from here, in the worker too,
+  // and reproducers name it so.
+  std::system(("cp " + std::string(EXAMPLE_PLUGIN) + " " + dir + "/example_plugin.so").c_str());
+  const std::string here = "cd " + dir + " && ";
+  const std::string bin = std::string(ULPGATE_BIN);
+  const auto run_here = [&](const std::string& args) {
+    const int code = std::system((here + bin + " " + args + " >" + dir + "/here.out 2>" + dir + "/here.err").c_str());
+    return Result{WIFEXITED(code) ? WEXITSTATUS(code) : -1, slurp(dir + "/here.out"), slurp(dir + "/here.err")};
+  };
+  const Result list = run_here("list --plugin example_plugin.so");
+  EXPECT_EQ(list.code, 0) << list.err;
+  EXPECT_NE(list.out.find("example.host_sgemm"), std::string::npos) << list.out;
+  const Result f = run_here("--plugin example_plugin.so fuzz --kernel example.host_sgemm --dtype fp32 --cases 1 --max-k 16 "
+                            "--no-html --out fuzz-here");
+  EXPECT_EQ(f.code, 0) << f.out << f.err;
+  EXPECT_NE(slurp(dir + "/fuzz-here/fuzz.json").find("--plugin ./example_plugin.so"), std::string::npos);
+}
