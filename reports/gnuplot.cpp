@@ -143,19 +143,27 @@ std::vector<std::string> render_svgs(const std::vector<Plot>& plots) {
   while (::waitpid(pid, &status, 0) < 0)
     if (errno != EINTR) throw std::runtime_error(fmt::format("waitpid(gnuplot): {}", std::strerror(errno)));
   const std::string log = read_all(log_path);
-  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-    std::string first = log.substr(0, log.find_last_not_of("\n") + 1);
-    for (char& c : first)
-      if (c == '\n') c = ' ';
-    throw std::runtime_error(fmt::format("gnuplot failed ({}): {}",
-                                         WIFEXITED(status) ? fmt::format("exit {}", WEXITSTATUS(status))
-                                                           : fmt::format("signal {}", WTERMSIG(status)),
-                                         first.substr(0, 400)));
-  }
+  // A gnuplot that fails here is this machine's gnuplot (no svg terminal, a broken
+  // install): bad input to ulpgate (exit 2), named with what it printed, on one line.
+  std::string printed = log.substr(0, log.find_last_not_of(" \n") + 1);
+  for (char& c : printed)
+    if (c == '\n' || c == '\r') c = ' ';
+  if (printed.size() > 400) printed = printed.substr(0, 400) + "...";
+  printed = valid_utf8(printed);
+  const std::string said = printed.empty() ? " and printed nothing" : ": " + printed;
+  const std::string advice = "; the HTML report needs a working gnuplot with the svg terminal (ULPGATE_GNUPLOT names "
+                             "another; fuzz --no-html skips the report)";
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+    throw InputError(fmt::format("gnuplot '{}' failed ({}){}{}", program,
+                                 WIFEXITED(status) ? fmt::format("exit {}", WEXITSTATUS(status))
+                                                   : fmt::format("signal {}", WTERMSIG(status)),
+                                 said, advice));
   std::vector<std::string> svgs;
   for (std::size_t i = 0; i < plots.size(); ++i) {
     const fs::path p = dir.path() / fmt::format("{}.svg", i);
-    if (!fs::exists(p)) throw std::runtime_error(fmt::format("gnuplot wrote no plot {}: {}", i, log.substr(0, 400)));
+    if (!fs::exists(p))
+      throw InputError(fmt::format("gnuplot '{}' wrote no plot{}{}", program, printed.empty() ? " (printed nothing)" : said,
+                                   advice));
     svgs.push_back(prefix_ids(strip_prolog(read_all(p)), fmt::format("p{}_", i)));
   }
   return svgs;

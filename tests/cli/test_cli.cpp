@@ -611,3 +611,26 @@ TEST(CliBadInput, FlagsAreCheckedNotReinterpreted) {
   EXPECT_EQ(f.code, 0) << f.out << f.err;
   EXPECT_NE(slurp(dir + "/fuzz-here/fuzz.json").find("--plugin ./example_plugin.so"), std::string::npos);
 }
+
+// A gnuplot that fails (no svg terminal, a broken install) was an internal error with an
+// empty message (exit 3): it is this machine's gnuplot, named with what it printed.
+TEST(CliBadInput, FailingGnuplotIsNamedWithWhatItPrinted) {
+  const std::string dir = tmp_dir("gnuplot");
+  std::system(("rm -rf " + dir + " && mkdir -p " + dir).c_str());
+  ASSERT_EQ(run(kSmallCampaign + " --cases 1 --out " + dir + "/run").code, 0);
+  const std::string record = dir + "/run/fuzz.json";
+  const std::string noisy = write_text(dir + "/noisy-gnuplot", "#!/bin/sh\necho 'line 3: unknown terminal type' >&2\nexit 1\n");
+  std::system(("chmod +x " + noisy).c_str());
+  const std::string html = " --html " + dir + "/report.html";
+  expect_input_error(run("report " + record + html, "ULPGATE_GNUPLOT=/bin/false"),
+                     "gnuplot '/bin/false' failed (exit 1) and printed nothing", "false");
+  expect_input_error(run("report " + record + html, "ULPGATE_GNUPLOT=" + noisy),
+                     "gnuplot '" + noisy + "' failed (exit 1): line 3: unknown terminal type", "noisy");
+  expect_input_error(run("report " + record + html, "ULPGATE_GNUPLOT=/bin/true"),
+                     "gnuplot '/bin/true' wrote no plot (printed nothing)", "true");
+  EXPECT_EQ(slurp(dir + "/report.html"), "");
+  // A campaign checks gnuplot before it starts (kSmallCampaign has --no-html).
+  const std::string with_html = "fuzz --kernel cpu.fp32_seq --dtype fp16 --max-k 32 --time 0 --cases 1 --out " + dir + "/html";
+  expect_input_error(run(with_html, "ULPGATE_GNUPLOT=/bin/false"), "gnuplot '/bin/false' failed (exit 1)", "fuzz with html");
+  EXPECT_EQ(slurp(dir + "/html/journal.jsonl"), "");
+}
