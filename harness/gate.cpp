@@ -102,7 +102,10 @@ Baseline baseline_from_json(const json& j) {
   if (!j.is_object()) bad("baseline", "must be a JSON object");
   auto v = j.find("ulpgate_baseline");
   if (v == j.end()) bad("baseline.ulpgate_baseline", "missing (not a baseline file?)");
-  if (!v->is_number_integer() || v->get<int>() != kBaselineSchemaVersion)
+  // Compared as the 64-bit integer it is: read through an int, 2^32 + 2 was version 2.
+  const bool current = v->is_number_integer() && v->get<std::int64_t>() == kBaselineSchemaVersion &&
+                       !(v->is_number_unsigned() && v->get<std::uint64_t>() > INT64_MAX);
+  if (!current)
     bad("baseline.ulpgate_baseline", fmt::format("unsupported version {} (this build reads {}; regenerate it with "
                                                  "'ulpgate baseline update')", v->dump(), kBaselineSchemaVersion));
   Baseline b;

@@ -634,3 +634,21 @@ TEST(CliBadInput, FailingGnuplotIsNamedWithWhatItPrinted) {
   expect_input_error(run(with_html, "ULPGATE_GNUPLOT=/bin/false"), "gnuplot '/bin/false' failed (exit 1)", "fuzz with html");
   EXPECT_EQ(slurp(dir + "/html/journal.jsonl"), "");
 }
+
+// A baseline version of 2^32 + 2 was read through an int (wrapping to 2, the current one) and
+// accepted.
+TEST(CliBadInput, BaselineVersionIsReadWithoutWrapping) {
+  const std::string dir = tmp_dir("baseline_version");
+  std::system(("rm -rf " + dir + " && mkdir -p " + dir).c_str());
+  ASSERT_EQ(run(kSmallCampaign + " --cases 1 --out " + dir + "/run").code, 0);
+  ASSERT_EQ(run("baseline update --out " + dir + "/b.json " + dir + "/run/fuzz.json").code, 0);
+  std::string text = slurp(dir + "/b.json");
+  const std::size_t at = text.find("\"ulpgate_baseline\": ");
+  ASSERT_NE(at, std::string::npos) << text.substr(0, 200);
+  const std::size_t end = text.find_first_of(",\n}", at);
+  const std::string version = text.substr(at + 20, end - at - 20);  // 2 today: 2^32 + 2 wraps to it
+  text.replace(at, end - at, "\"ulpgate_baseline\": " + std::to_string((std::uint64_t{1} << 32) + std::stoull(version)));
+  const std::string b = write_text(dir + "/wrapped.json", text);
+  expect_input_error(run("gate --baseline " + b + " " + dir + "/run/fuzz.json"),
+                     b + ": baseline.ulpgate_baseline: unsupported version 429496729", "version");
+}
