@@ -190,8 +190,10 @@ class GemmModule final : public OpModule {
         if (k && k->unsupported(c)) revert();
       };
       auto& g = c.gemm;
+      const bool fp8 = dtype == "e4m3" || dtype == "e5m2";
       g.k = *gen::dim(limits.max_reduction);
-      if (dtype == "e4m3" || dtype == "e5m2") g.k = std::max<std::int64_t>(16, (g.k + 15) / 16 * 16);
+      // FP8 K that is not a multiple of 16 only where the kernel takes it (cuBLASLt does not).
+      if (fp8 && k && k->unsupported(c)) g.k = std::max<std::int64_t>(16, (g.k + 15) / 16 * 16);
       const std::int64_t side = std::max<std::int64_t>(1, std::min<std::int64_t>(96, gen::kElementBudget / g.k));
       g.m = *gen::dim(side);
       g.n = *gen::dim(side);
@@ -206,7 +208,7 @@ class GemmModule final : public OpModule {
         if (c.types["compute"] == Format::TF32) c.types["compute"] = Format::FP32;
       }
       const std::vector<std::int64_t> pads{0, 1, 3, 16, 64};
-      const std::int64_t pa = *gen::pick(pads), pb = *gen::pick(pads), pd = *gen::pick(pads);
+      const std::int64_t pa = *gen::pick(pads), pb = *gen::pick(pads), pc = *gen::pick(pads), pd = *gen::pick(pads);
       keep_if_supported([&] { g.lda = pa ? g.packed_ld(g.a_rows(), g.a_cols()) + pa : 0; }, [&] { g.lda = 0; });
       keep_if_supported([&] { g.ldb = pb ? g.packed_ld(g.b_rows(), g.b_cols()) + pb : 0; }, [&] { g.ldb = 0; });
       keep_if_supported([&] { g.ldd = pd ? g.packed_ld(g.m, g.n) + pd : 0; }, [&] { g.ldd = 0; });
@@ -219,11 +221,11 @@ class GemmModule final : public OpModule {
       keep_if_supported([&] { c.beta = beta, c.types["C"] = c.types.at("D"); },
                         [&] { c.beta = 0, c.types.erase("C"); });
       if (c.beta == 0) c.types.erase("C");
+      if (c.beta != 0) keep_if_supported([&] { g.ldc = pc ? g.packed_ld(g.m, g.n) + pc : 0; }, [&] { g.ldc = 0; });
       std::vector<Epilogue> epilogues{Epilogue::None, Epilogue::Relu, Epilogue::Bias, Epilogue::BiasRelu};
       if (limits.gelu)
         epilogues.insert(epilogues.end(), {Epilogue::GeluTanh, Epilogue::Gelu, Epilogue::BiasGeluTanh, Epilogue::BiasGelu});
       const Epilogue e = *gen::pick(epilogues);
-      const bool fp8 = dtype == "e4m3" || dtype == "e5m2";
       const Format bias_type = fp8 ? (c.types.at("D") == Format::FP16 ? Format::FP16 : Format::BF16) : c.types.at("D");
       keep_if_supported([&] { c.epilogue = e; if (has_bias(e)) c.types["bias"] = bias_type; },
                         [&] { c.epilogue = Epilogue::None, c.types.erase("bias"); });

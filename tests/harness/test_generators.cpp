@@ -5,11 +5,15 @@
 #include <rapidcheck.h>
 #include <rapidcheck/gtest.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <set>
 
+#include <fmt/format.h>
+
 #include "distributions/fill.hpp"
 #include "harness/ops/op.hpp"
+#include "kernels/emulated/gemm_models.hpp"
 
 using namespace ulpgate;
 
@@ -138,4 +142,62 @@ TEST(CaseGen, AttentionFailureShrinksToTheBoundary) {
   EXPECT_EQ(a.heads, 1);
   EXPECT_TRUE(a.kv_lengths.empty());
   EXPECT_EQ(last_failure.dist.at("Q"), "normal(0,1)");
+}
+
+namespace {
+
+// The CPU model, or the CPU model with cuBLASLt's FP8 rule (K a multiple of 16).
+class Fp8K16 final : public Kernel {
+ public:
+  std::string name() const override { return "test.fp8_k16"; }
+  std::string description() const override { return "cpu.fp32_seq, FP8 needs K % 16 == 0"; }
+  KernelTraits traits() const override { return inner_->traits(); }
+  std::optional<std::string> unsupported(const Case& c) const override {
+    const Format a = c.types.at("A");
+    if ((a == Format::E4M3 || a == Format::E5M2) && c.gemm.k % 16 != 0) return std::string("fp8 needs K % 16 == 0");
+    return inner_->unsupported(c);
+  }
+  void run(const Case& c, const KernelIo& io, RunNotes& n) override { inner_->run(c, io, n); }
+
+ private:
+  std::unique_ptr<Kernel> inner_ = make_emulated_gemm(AccumulationModel{});
+};
+
+struct LdCounts {
+  int cases = 0, with_c = 0, padded_c = 0, padded_d = 0, k_not_16 = 0;
+};
+
+LdCounts count_generated(const Kernel& k, const char* dtype) {
+  LdCounts n;
+  const bool ok = rc::check(fmt::format("{} {} cases (ldc, ldd, K)", k.name(), dtype), [&] {
+    const Case c = *op_module(Op::Gemm).generate(dtype, &k, GenLimits{512, false});
+    RC_ASSERT(k.supports(c));
+    const std::int64_t packed_ld = c.gemm.layout == Layout::RowMajor ? c.gemm.n : c.gemm.m;
+    ++n.cases;
+    if (c.beta != 0) ++n.with_c, n.padded_c += c.gemm.eff_ldc() > packed_ld;
+    n.padded_d += c.gemm.eff_ldd() > packed_ld;
+    n.k_not_16 += c.gemm.k % 16 != 0;
+  });
+  EXPECT_TRUE(ok);
+  return n;
+}
+
+}  // namespace
+
+// The GEMM generator pads C's leading dimension too (as it does A's, B's and D's), and
+// draws FP8 K that are not multiples of 16 for a kernel that takes them (the CPU models),
+// never for one that does not (cuBLASLt's FP8 rule).
+TEST(CaseGen, GemmPadsCAndDrawsAnyFp8K) {
+  const auto model = make_emulated_gemm(AccumulationModel{});
+  for (const char* dtype : {"fp32", "e4m3", "e5m2"}) {
+    const LdCounts n = count_generated(*model, dtype);
+    std::printf("[ %s ] %d cases, %d with C (%d of them ldc padded), %d ldd padded, %d K %% 16 != 0\n", dtype, n.cases,
+                n.with_c, n.padded_c, n.padded_d, n.k_not_16);
+    EXPECT_GT(n.padded_c, n.with_c / 5) << dtype;
+    EXPECT_GT(n.padded_d, n.cases / 5) << dtype;
+    EXPECT_GT(n.k_not_16, n.cases / 2) << dtype;
+  }
+  Fp8K16 strict;
+  EXPECT_EQ(count_generated(strict, "e4m3").k_not_16, 0);
+  EXPECT_GT(count_generated(strict, "fp32").k_not_16, 0);  // the rule is FP8's only
 }
