@@ -110,8 +110,12 @@ class Parser {
     while (pos_ < full_.size() && std::isspace(static_cast<unsigned char>(full_[pos_]))) ++pos_;
   }
 
+  // Levels 0..kMaxDepth, default bases included: a spec's canonical text (which spells the
+  // default base out) must parse back, so a wrapper may not sit at the deepest level.
+  static constexpr int kMaxDepth = 4;
+
   DistSpec parse_spec(int depth) {
-    if (depth > 4) bad(full_, "specs nested too deeply");
+    if (depth > kMaxDepth) bad(full_, "specs nested too deeply");
     skip_ws();
     const std::size_t start = pos_;
     while (pos_ < full_.size() && is_name_char(full_[pos_])) ++pos_;
@@ -160,6 +164,9 @@ class Parser {
       spec.params[std::string(p.name)] = v;
     }
     check_relations(spec);
+    if (fam->takes_base && !spec.base && depth == kMaxDepth)
+      bad(full_, fmt::format("specs nested too deeply ({} at level {} needs a base at level {}; at most {})",
+                             name, depth + 1, depth + 2, kMaxDepth + 1));
     if (fam->takes_base && !spec.base)
       spec.base = std::make_shared<const DistSpec>(parse_dist(kDefaultDist));
     return spec;
@@ -201,7 +208,7 @@ class Parser {
     char* stop = nullptr;
     errno = 0;
     const double v = std::strtod(value.c_str(), &stop);
-    if (*stop != '\0' || !std::isfinite(v) || errno == ERANGE) {
+    if (stop != value.c_str() + value.size() || !std::isfinite(v) || errno == ERANGE) {
       if (key.empty()) bad(full_, fmt::format("argument {} \"{}\" is not a finite number", arg, value));
       bad(full_, fmt::format("{} \"{}\" is not a finite number", key, value));
     }
@@ -256,6 +263,13 @@ const FamilyInfo* find_family(std::string_view name) {
 }
 
 DistSpec parse_dist(std::string_view text) {
+  // A control character (NUL included) is never part of a spec; the message shows it
+  // escaped rather than writing it raw into a one-line error.
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    const auto ch = static_cast<unsigned char>(text[i]);
+    if ((ch < 0x20 && ch != '\t') || ch == 0x7f)
+      throw InputError(fmt::format("dist: control character 0x{:02x} at offset {}", ch, i));
+  }
   DistSpec s = Parser(text).parse_top();
   s.text = std::string(text);
   return s;

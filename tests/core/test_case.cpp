@@ -145,6 +145,9 @@ TEST(Case, MalformedInputsNameTheField) {
       {"/scales/Q", 1.0, "case.scales.Q: unknown scale"},
       {"/dist/C", "normal(0,1)", "case.dist.C: not an input operand of this case (A, B)"},
       {"/dist/A", 3, "case.dist.A: must be a distribution spec string"},
+      // Fuzz finding F3: a NUL inside a spec was accepted and the number read up to it.
+      {"/dist/A", std::string("normal(\0garbage,1)", 18), "case.dist.A: control character 0x00 at offset 7"},
+      {"/dist/B", "normal(0,\n1)", "case.dist.B: control character 0x0a at offset 9"},
       {"/seed", -1, "case.seed: must be an unsigned 64-bit integer"},
       {"/ulpgate_case", 2, "case.ulpgate_case: unsupported case version 2"},
       {"/attention", json::object(), "case.attention: not allowed when op is gemm"},

@@ -95,3 +95,42 @@ TEST(Spec, EveryFamilyParsesWithDefaultsAndIsDescribed) {
   }
   EXPECT_NE(table.find("outliers(rate=0.001, scale=100, base=normal(0,1))"), std::string::npos) << table;
 }
+
+// Fuzz finding F2 (docs/results/fuzzers.md): a wrapper at the deepest level got its default
+// base one level deeper than the parser allows, so its own canonical text was refused.
+// Every accepted spec's canonical text must parse back to the same spec.
+TEST(Spec, CanonicalTextOfEveryAcceptedNestingParsesBack) {
+  std::string nested = "normal";
+  for (int levels = 1; levels <= 7; ++levels) {
+    std::string canonical;
+    try {
+      canonical = parse_dist(nested).canonical();
+    } catch (const InputError& e) {
+      EXPECT_NE(std::string(e.what()).find("nested too deeply"), std::string::npos) << e.what();
+      nested = "specials(base=" + nested + ")";
+      continue;
+    }
+    EXPECT_EQ(parse_dist(canonical).canonical(), canonical) << levels << " levels: " << nested;
+    nested = "specials(base=" + nested + ")";
+  }
+  // Five levels, the innermost a wrapper without a base: its default base is a sixth level.
+  EXPECT_NE(error_of("specials(base=specials(base=specials(base=specials(base=specials))))")
+                .find("nested too deeply"),
+            std::string::npos);
+  EXPECT_NO_THROW(parse_dist("specials(base=specials(base=specials(base=specials(base=normal))))"));
+}
+
+// Fuzz finding F3: a NUL (or any control character) inside a spec was accepted, the number
+// read up to the NUL ("normal(\0garbage,1)" was normal(0,1)). Now refused, and the one-line
+// message shows the byte escaped instead of writing it raw.
+TEST(Spec, ControlCharactersAreRefusedAndShownEscaped) {
+  using namespace std::string_literals;
+  for (const std::string text : {"normal(\0garbage,1)"s, "normal(0,1\0)"s, "normal(0,\n1)"s, "normal\x1b(0,1)"s,
+                                 "normal(0,1)\0"s, "normal(0,\x7f" "1)"s}) {
+    const std::string e = error_of(text);
+    EXPECT_NE(e.find("control character"), std::string::npos) << e;
+    EXPECT_EQ(e.find('\0'), std::string::npos);
+    EXPECT_EQ(e.find('\n'), std::string::npos) << e;
+  }
+  EXPECT_NO_THROW(parse_dist("normal(0,\t1)"));
+}
