@@ -14,6 +14,14 @@ namespace ulpgate {
 /// Threads to use by default: ULPGATE_THREADS if set, else the hardware concurrency.
 unsigned default_threads();
 
+/// The threads worth starting for `work` units when one thread should get at least
+/// `min_per_thread` of them (starting a thread costs tens of microseconds: a small case is
+/// faster on one), at most `threads`.
+inline unsigned threads_for(double work, double min_per_thread, unsigned threads = default_threads()) {
+  const double useful = work / min_per_thread;
+  return useful >= threads ? threads : static_cast<unsigned>(std::max(1.0, useful));
+}
+
 /// Calls fn(i) for every i in [0, n) on up to `threads` threads, in chunks of `grain`
 /// items handed out dynamically. The first exception thrown by fn is rethrown here.
 template <class Fn>

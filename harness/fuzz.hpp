@@ -16,6 +16,10 @@
 // in the corpus, which later campaigns replay first.
 //
 // Budget: cases the time budget did not reach are listed in RunRecord::not_run.
+//
+// Throughput: with jobs > 1, a target's cases go in windows of 4 x jobs: generated in
+// order, checked concurrently by that many workers, then taken in order (journal,
+// failures, shrinking with the first worker) exactly as one worker would.
 #pragma once
 
 #include <cstdint>
@@ -54,6 +58,11 @@ struct FuzzOptions {
   /// Kernel calls in a worker process with a timeout (crashes and hangs become results);
   /// nullopt: in this process.
   std::optional<IsolationOptions> isolation;
+  /// Workers checking generated cases at once (isolated campaigns only; in process: 1).
+  /// Cases are generated and their results taken in case order, so the record, the
+  /// journal's entries and the failures found do not depend on it; workers after the
+  /// first start from `isolation`.
+  int jobs = 1;
   /// The worker to use (the one whose stand-ins the registry holds); nullptr: run_fuzz
   /// starts its own from `isolation`. Its supports() failures join the record.
   IsolatedEvaluator* evaluator = nullptr;

@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <climits>
@@ -323,7 +324,34 @@ std::string resolve_binary(const std::string& given) {
   return path;
 }
 
+// The pids of the running workers of this process, for kill_all_workers() in a signal
+// handler: plain atomics, no locks or allocation.
+constexpr int kWorkerSlots = 1024;
+std::atomic<pid_t> worker_pids[kWorkerSlots];
+
+void register_worker(pid_t pid) {
+  for (auto& slot : worker_pids) {
+    pid_t none = 0;
+    if (slot.compare_exchange_strong(none, pid)) return;
+  }
+}
+
+void unregister_worker(pid_t pid) {
+  for (auto& slot : worker_pids) {
+    pid_t mine = pid;
+    if (slot.compare_exchange_strong(mine, 0)) return;
+  }
+}
+
 }  // namespace
+
+void kill_all_workers() {
+  for (auto& slot : worker_pids)
+    if (const pid_t pid = slot.load(); pid > 0) {
+      ::kill(-pid, SIGKILL);
+      ::kill(pid, SIGKILL);
+    }
+}
 
 /// A running worker process and the parent's ends of its pipes. Destruction kills the
 /// worker's process group if the worker has not been reaped, then reaps it: no zombies.
@@ -344,7 +372,12 @@ struct IsolatedEvaluator::Worker {
     ::kill(pid, SIGKILL);   // in case the child had not reached setpgid yet
     while (::waitpid(pid, &wait_status, 0) < 0 && errno == EINTR) {
     }
+    set_reaped();
+  }
+
+  void set_reaped() {
     reaped = true;
+    unregister_worker(pid);
   }
 
   /// Reads whatever stderr holds now, keeping the last tail_limit bytes.
@@ -408,7 +441,7 @@ struct IsolatedEvaluator::Worker {
     while (!reaped) {
       const pid_t w = ::waitpid(pid, &wait_status, WNOHANG);
       if (w == pid) {
-        reaped = true;
+        set_reaped();
         break;
       }
       if (w < 0 && errno != EINTR) break;
@@ -452,6 +485,7 @@ void IsolatedEvaluator::start_worker() {
   // Everything the child needs is built before fork: after fork only async-signal-safe
   // calls are allowed (the parent may have threads).
   std::vector<std::string> args = {binary_, "worker"};
+  if (options_.reference_threads > 0) args.insert(args.end(), {"--threads", std::to_string(options_.reference_threads)});
   for (const auto& p : options_.plugins) args.insert(args.end(), {"--plugin", p});
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
@@ -492,6 +526,7 @@ void IsolatedEvaluator::start_worker() {
   ::setpgid(pid, pid);  // both sides set it, so it holds before either side relies on it
   auto w = std::make_unique<Worker>();
   w->pid = pid;
+  register_worker(pid);
   w->tail_limit = options_.stderr_tail_bytes;
   w->request = std::move(pipes.request_parent);
   w->result = std::move(pipes.result_parent);

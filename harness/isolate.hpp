@@ -55,6 +55,10 @@ struct IsolationOptions {
   double timeout_seconds = 120;
   /// From starting a worker to its ready line (registry, plugins, CUDA initialisation).
   double startup_timeout_seconds = 120;
+  /// Threads the worker's exact references may use (`ulpgate worker --threads N`, which
+  /// sets ULPGATE_THREADS there); 0: the worker's default (every core). Campaigns that run
+  /// several workers at once give each its share of the cores.
+  unsigned reference_threads = 0;
   /// How much of the worker's stderr (written during the failing case) a crash message keeps.
   std::size_t stderr_tail_bytes = 2048;
 };
@@ -123,6 +127,10 @@ class IsolatedEvaluator {
 /// resolved there): names, descriptions and traits for planning; unsupported() asks the
 /// worker (once per kernel and case); run() throws (kernels run only in the worker).
 Registry worker_registry(IsolatedEvaluator& evaluator, const std::vector<std::string>& names = {});
+
+/// Kills every worker this process runs (each one's process group), from any thread or a
+/// signal handler (async-signal-safe): what Ctrl-C does before the campaign exits.
+void kill_all_workers();
 
 /// Worker side, `ulpgate worker`: serves requests on stdin until it closes, with the
 /// kernels of `registry` (builtin_registry() + the --plugin libraries; CPU model names are

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 
 #include <fmt/format.h>
@@ -199,7 +200,9 @@ Journal::Journal(std::string path, const json& campaign, bool resume, bool sync)
 }
 
 Journal::~Journal() {
-  if (fd_ >= 0) ::close(fd_);  // releases the lock
+  if (fd_ < 0) return;
+  if (sync_ && unsynced_) ::fsync(fd_);
+  ::close(fd_);  // releases the lock
 }
 
 void Journal::write_line(const std::string& line) {
@@ -211,8 +214,18 @@ void Journal::write_line(const std::string& line) {
     if (n < 0) throw InputError(fmt::format("{}: cannot append to the journal ({})", path_, errno_text()));
     done += static_cast<std::size_t>(n);
   }
-  if (sync_ && ::fsync(fd_) != 0)
-    throw InputError(fmt::format("{}: cannot sync the journal ({})", path_, errno_text()));
+  // Written lines survive the process (a crash, SIGKILL) at once; against the machine
+  // failing, fsync at most every kSyncSeconds (one per line would cap a campaign near a
+  // few thousand cases/s) and when the journal closes.
+  unsynced_ = true;
+  if (sync_ && std::chrono::steady_clock::now() - last_sync_ >= std::chrono::duration<double>(kSyncSeconds)) sync_now();
+}
+
+void Journal::sync_now() {
+  if (!unsynced_) return;
+  if (::fsync(fd_) != 0) throw InputError(fmt::format("{}: cannot sync the journal ({})", path_, errno_text()));
+  unsynced_ = false;
+  last_sync_ = std::chrono::steady_clock::now();
 }
 
 const CaseResult* Journal::find(const std::string& kernel, const Case& requested) const {

@@ -1,6 +1,7 @@
 // The campaign journal (DESIGN.md, "Fuzz, sweep, gate"): every evaluated case is appended
-// to a JSONL file as soon as it is known, flushed and fsync'd, so that an interrupted
-// campaign (Ctrl-C, SIGKILL, a lost node) resumes where it stopped and loses nothing.
+// to a JSONL file as soon as it is known (written at once: a crash, Ctrl-C or SIGKILL of
+// the campaign loses nothing), fsync'd with the first line written kSyncSeconds after
+// the last fsync and on close (a lost node loses the lines since), so that an interrupted campaign resumes where it stopped.
 //
 // File format, one JSON object per line:
 //   line 1      {"ulpgate_journal": 1, "campaign": CAMPAIGN}
@@ -19,6 +20,7 @@
 //   record.cases = journal.campaign_cases();
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <functional>
 #include <map>
@@ -33,6 +35,8 @@
 namespace ulpgate {
 
 inline constexpr int kJournalVersion = 1;
+/// At most this long between a journal line's write and its fsync (Journal::append).
+inline constexpr double kSyncSeconds = 0.25;
 
 /// One journaled evaluation.
 struct JournalEntry {
@@ -51,7 +55,7 @@ class Journal {
   /// a missing or empty file starts a new journal; a truncated last line (the write a
   /// SIGKILL interrupted) is dropped from the file, with a note; a damaged line before it,
   /// or a journal of another campaign, is an InputError naming the file and line.
-  /// sync = false skips the fsync after each line (tests; data still reaches the kernel).
+  /// sync = false skips the fsyncs (tests; data still reaches the kernel).
   Journal(std::string path, const nlohmann::json& campaign, bool resume, bool sync = true);
   ~Journal();
   Journal(const Journal&) = delete;
@@ -65,7 +69,7 @@ class Journal {
   /// find(), counting the case as visited in this run when found.
   std::optional<CaseResult> take(const std::string& kernel, const Case& requested);
 
-  /// Appends one evaluation (one line, written in one call, flushed and fsync'd) and
+  /// Appends one evaluation (one line, written in one call; fsync'd as above) and
   /// counts it as visited. Throws InputError when the file cannot be written.
   void append(const std::string& kernel, const Case& requested, const CaseResult& result);
 
@@ -92,9 +96,12 @@ class Journal {
  private:
   static std::string key(const std::string& kernel, const Case& requested);
   void write_line(const std::string& line);
+  void sync_now();
 
   std::string path_;
   bool sync_;
+  bool unsynced_ = false;
+  std::chrono::steady_clock::time_point last_sync_{};
   int fd_ = -1;
   std::vector<JournalEntry> entries_;
   /// Entry indices per key in file order, and how many of them this run has taken.

@@ -170,6 +170,10 @@ AttentionReference attention_reference(const Case& c, const std::map<std::string
   out.magnitude.resize(static_cast<std::size_t>(rows * dv));
   out.lse.resize(static_cast<std::size_t>(rows));
 
+  // A thread per 2^15 terms at least (each row also rounds its exp with MPFR): small
+  // cases run on the calling thread.
+  threads = threads_for(static_cast<double>(rows) * static_cast<double>(a.seq_kv) * static_cast<double>(hd + dv), 0x1p15,
+                        threads);
   parallel_for(rows, [&](std::int64_t row) {
     const std::int64_t i = row % a.seq_q, h = (row / a.seq_q) % a.heads, b = row / (a.seq_q * a.heads);
     std::vector<std::int64_t> keys;

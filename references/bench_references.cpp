@@ -61,8 +61,9 @@ void BM_FastDot(benchmark::State& state) {
 }
 BENCHMARK(BM_FastDot)->Arg(256)->Arg(4096)->Arg(65536)->Unit(benchmark::kMicrosecond);
 
-// A full 1024^3 FP32 GEMM reference (every element exact, with its condition term) on
-// all cores (ULPGATE_THREADS to change); ns_per_term is per core: wall time * cores / K M N.
+// A full size^3 FP32 GEMM reference (every element exact, with its condition term) on
+// range(1) threads (0: all cores, ULPGATE_THREADS to change); ns_per_term is per core:
+// wall time * threads / K M N, so parallel efficiency = the 1-thread figure / this one.
 void BM_GemmReference(benchmark::State& state) {
   const std::int64_t size = state.range(0);
   Case c;
@@ -75,7 +76,7 @@ void BM_GemmReference(benchmark::State& state) {
     for (std::size_t i = 0; i < v.size(); ++i) t.set_value(i, v[i]);
     in.emplace(op, std::move(t));
   }
-  const unsigned threads = default_threads();
+  const unsigned threads = state.range(1) > 0 ? static_cast<unsigned>(state.range(1)) : default_threads();
   for (auto _ : state) {
     const GemmReference r = gemm_reference(c, in, threads);
     benchmark::DoNotOptimize(r.values.data());
@@ -83,7 +84,8 @@ void BM_GemmReference(benchmark::State& state) {
   state.counters["threads"] = threads;
   set_ns_per_term(state, static_cast<double>(size) * size * size, threads);
 }
-BENCHMARK(BM_GemmReference)->Arg(1024)->Unit(benchmark::kMillisecond)->UseRealTime()->Iterations(3);
+BENCHMARK(BM_GemmReference)->Args({1024, 1})->Args({1024, 0})->Unit(benchmark::kMillisecond)->UseRealTime()->Iterations(3);
+BENCHMARK(BM_GemmReference)->Args({4096, 0})->Args({8192, 0})->Unit(benchmark::kMillisecond)->UseRealTime()->Iterations(1);
 
 }  // namespace
 

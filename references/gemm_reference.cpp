@@ -1,5 +1,6 @@
 #include "references/gemm_reference.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <stdexcept>
@@ -245,6 +246,8 @@ GemmReference gemm_reference(const Case& c, const std::map<std::string, Tensor>&
     a_rows64.resize(static_cast<std::size_t>(g.batch * g.m * k));
     b_cols64.resize(static_cast<std::size_t>(g.batch * g.n * k));
   }
+  // A thread per 2^17 product terms at least: small cases run on the calling thread.
+  threads = threads_for(static_cast<double>(g.batch) * g.m * g.n * static_cast<double>(k), 0x1p17, threads);
   parallel_for(g.batch * (g.m + g.n), [&](std::int64_t row) {
     const bool is_a = row < g.batch * g.m;
     const std::int64_t r2 = is_a ? row : row - g.batch * g.m;
@@ -262,12 +265,19 @@ GemmReference gemm_reference(const Case& c, const std::map<std::string, Tensor>&
     }
   }, threads);
 
-  parallel_for(g.batch * g.m, [&](std::int64_t row) {
-    const std::int64_t bi = row / g.m, i = row % g.m;
+  // Tiles of 8 rows x col_block columns, so that a tile's B columns (about 256 KB) stay in
+  // the core's L2 while its rows use them; consecutive tiles share their columns, which the
+  // threads taking them in turn then find in L3.
+  const std::int64_t row_block = 8, m_blocks = (g.m + row_block - 1) / row_block;
+  const std::int64_t col_block = std::clamp<std::int64_t>((std::int64_t{1} << 16) / std::max<std::int64_t>(k, 1), 8, 256);
+  const std::int64_t n_blocks = (g.n + col_block - 1) / col_block, tiles_per_batch = m_blocks * n_blocks;
+  parallel_for(g.batch * tiles_per_batch, [&](std::int64_t tile) {
+    const std::int64_t bi = tile / tiles_per_batch, jb = tile % tiles_per_batch / m_blocks, ib = tile % m_blocks;
     ExactAccumulator acc;
     MpfrOracle oracle;
     Mpfr dot(2), t(2), scaled(2), beta_term(3 * 53), bias_term(53);
-    for (std::int64_t j = 0; j < g.n; ++j) {
+    for (std::int64_t i = ib * row_block; i < std::min(g.m, (ib + 1) * row_block); ++i)
+    for (std::int64_t j = jb * col_block; j < std::min(g.n, (jb + 1) * col_block); ++j) {
       const std::int64_t idx = r.index(bi, i, j);
       const auto ai = static_cast<std::size_t>(bi * g.m + i), bj = static_cast<std::size_t>(bi * g.n + j);
       const double cval = with_c ? ct->value(cv.offset(bi, i, j)) : 0.0;

@@ -55,6 +55,7 @@ struct FuzzArgs {
   std::string corpus_dir;            ///< empty: <out>/corpus
   bool no_metamorphic = false;
   bool in_process = false;  ///< no worker isolation
+  int jobs = 0;             ///< workers at once (0: one per core, at most 16; in process: 1)
   double timeout = 300;     ///< per case, in the worker
   bool resume = false;      ///< continue from <out>/journal.jsonl
   bool no_html = false;     ///< skip report.html (it needs gnuplot)

@@ -14,6 +14,7 @@
 #include <fmt/format.h>
 
 #include "harness/cli/commands.hpp"
+#include "core/parallel.hpp"
 #include "core/error.hpp"
 #include "harness/cli/memory.hpp"
 #include "harness/cli/options.hpp"
@@ -114,6 +115,7 @@ long journaled_cases() {
 
 void on_signal(int) {
   kill_children();
+  kill_all_workers();  // workers the campaign's other threads started
   char number[24];
   long n = journaled_cases();
   std::size_t len = 0;
@@ -214,10 +216,15 @@ int fuzz_command(const FuzzArgs& a, const LocalRegistry& local, const std::strin
   // Isolated (the default): kernels, their supports() included, run only in the worker.
   std::unique_ptr<IsolatedEvaluator> evaluator;
   Registry registry;
+  if (a.in_process && a.jobs > 1)
+    throw InputError("--jobs needs worker processes: kernels in this process run one case at a time (drop --in-process)");
+  o.jobs = a.in_process ? 1 : a.jobs > 0 ? a.jobs : static_cast<int>(std::min(16u, default_threads()));
   if (!a.in_process) {
     IsolationOptions iso;
     iso.plugins = a.plugins;
     iso.timeout_seconds = a.timeout;
+    // Each worker's references get its share of the cores.
+    iso.reference_threads = std::max(1u, default_threads() / static_cast<unsigned>(o.jobs));
     o.isolation = iso;
     evaluator = std::make_unique<IsolatedEvaluator>(iso);
     o.evaluator = evaluator.get();

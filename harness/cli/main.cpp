@@ -1,6 +1,7 @@
 // ulpgate command-line tool. Exit codes (DESIGN.md): 0 ok, 1 a check failed / regression,
 // 2 bad usage or bad input (one line on stderr), 3 internal error.
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <string>
 #include <utility>
@@ -99,6 +100,8 @@ int main(int argc, char** argv) {
   auto* list = app.add_subcommand("list", "Kernels, formats and distributions available here");
   // Hidden (no group): the isolation worker that runs kernels for fuzz (harness/isolate.hpp).
   auto* worker = app.add_subcommand("worker", "Evaluate cases sent as JSON lines on stdin")->group("");
+  unsigned worker_threads = 0;
+  worker->add_option("--threads", worker_threads, "Threads for the exact references (sets ULPGATE_THREADS)");
 
   ulpgate::SweepArgs sweep_args;
   auto* sweep = app.add_subcommand("sweep", "Error against K (GEMM) or seq_kv (attention) for kernels x input "
@@ -137,6 +140,9 @@ int main(int argc, char** argv) {
   fuzz->add_flag("--no-metamorphic", fuzz_args.no_metamorphic, "Skip the repeatability, scaling and transpose checks");
   fuzz->add_flag("--in-process", fuzz_args.in_process, "Run kernels in this process (default: a worker process)");
   fuzz->add_option("--timeout", fuzz_args.timeout, "Seconds per case before the worker is killed (default 300)");
+  fuzz->add_option("--jobs", fuzz_args.jobs, "Workers checking cases at once (default: one per core, at most 16; "
+                                             "results do not depend on it)")
+      ->check(CLI::Range(1, 256));
   fuzz->add_flag("--resume", fuzz_args.resume, "Continue an interrupted campaign from <out>/journal.jsonl");
   fuzz->add_flag("--allow-partial", fuzz_args.allow_partial,
                  "Exit 0 although --time cut the campaign short (what did not run is recorded either way)");
@@ -216,6 +222,7 @@ int main(int argc, char** argv) {
       return r;
     };
     if (worker->parsed()) {
+      if (worker_threads > 0) ::setenv("ULPGATE_THREADS", std::to_string(worker_threads).c_str(), 1);
       ulpgate::Registry registry = local();
       return ulpgate::serve_worker(registry);
     }

@@ -6,9 +6,12 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <filesystem>
 #include <string>
 
 #include "core/error.hpp"
+#include "harness/fuzz.hpp"
+#include "harness/journal.hpp"
 #include "isolate_test_util.hpp"
 
 namespace ulpgate {
@@ -260,6 +263,47 @@ TEST(Isolate, SupportsCrashOrHangIsReportedAndTheWorkerReplaced) {
   expect_good_case_passes(ev);
   EXPECT_EQ(ev.workers_started(), before + 2);
   EXPECT_THROW(stand_ins.find("cpu.fp32_seq")->run(c, KernelIo{}, *std::make_unique<RunNotes>()), KernelError);
+}
+
+// Several workers check a window of cases at once (fuzz --jobs); the record, the journal
+// and the failures are those of one worker, case for case, in the same order.
+TEST(Isolate, FuzzWithSeveralWorkersEqualsOneWorker) {
+  const auto dir = std::filesystem::temp_directory_path() / ("ulpgate-jobs-" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const auto campaign = [&](int jobs) {
+    FuzzOptions o;
+    o.targets = {{"cpu.fp32_seq", "fp16"}, {"planted.noisy", "fp32"}, {"cpu.blockfma:block=16,frac=13,round=rz", "bf16"}};
+    o.cases = 23;  // not a multiple of the window
+    o.seed = 5;
+    o.max_k = 64;
+    o.gelu = false;
+    o.isolation = planted_isolation();
+    o.plugins = o.isolation->plugins;
+    o.jobs = jobs;
+    // Failures to shrink: at most 0.5 x the error of pairwise summation (which sequential
+    // summation often exceeds).
+    o.evaluation.baseline = BaselineRule{"cpu.fp32_pairwise", 0.5};
+    o.journal_path = (dir / ("journal" + std::to_string(jobs) + ".jsonl")).string();
+    IsolatedEvaluator first(*o.isolation);
+    o.evaluator = &first;
+    Registry reg = worker_registry(first, {"cpu.blockfma:block=16,frac=13,round=rz", "cpu.fp32_pairwise"});
+    return run_fuzz(reg, o);
+  };
+  const RunRecord one = campaign(1), three = campaign(3);
+  ASSERT_EQ(one.cases.size(), three.cases.size());
+  int failed = 0;
+  for (std::size_t i = 0; i < one.cases.size(); ++i) {
+    EXPECT_EQ(one.cases[i].id, three.cases[i].id) << i;
+    EXPECT_EQ(timeless(one.cases[i]), timeless(three.cases[i])) << i;
+    failed += !one.cases[i].verdict.passed;
+  }
+  EXPECT_GT(failed, 0) << "the baseline rule should fail some cases";
+  const JournalContents j1 = read_journal((dir / "journal1.jsonl").string()),
+                        j3 = read_journal((dir / "journal3.jsonl").string());
+  ASSERT_EQ(j1.entries.size(), j3.entries.size());
+  for (std::size_t i = 0; i < j1.entries.size(); ++i) EXPECT_EQ(j1.entries[i].requested, j3.entries[i].requested) << i;
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace
