@@ -17,7 +17,7 @@ for h in ${FUZZERS:-case spec record baseline journal}; do
   mkdir -p "$build/fuzz-corpus/$h" "$build/fuzz-artifacts/$h" "$build/fuzz-logs"
   log="$build/fuzz-logs/$h.log"
   start=$(date +%s)
-  "$build/fuzz/fuzz_$h" "$build/fuzz-corpus/$h" "${seeds[@]}" -max_len=4096 -timeout=10 -rss_limit_mb=2048 \
+  "$build/fuzz/fuzz_$h" "$build/fuzz-corpus/$h" "${seeds[@]}" -max_len=4096 -timeout=60 -rss_limit_mb=2048 \
     -print_final_stats=1 -artifact_prefix="$build/fuzz-artifacts/$h/" "$@" >"$log" 2>&1
   rc=$?
   runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log")
