@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.hpp"
+#include "core/file_io.hpp"
 
 namespace ulpgate {
 namespace {
@@ -316,11 +317,7 @@ void validate(const Case& c) {
       fail("case.dist." + op, fmt::format("not an input operand of this case ({})",
                                           fmt::join(in, ", ")));
     if (spec.empty()) fail("case.dist." + op, "empty distribution spec");
-    for (std::size_t i = 0; i < spec.size(); ++i) {
-      const auto ch = static_cast<unsigned char>(spec[i]);
-      if ((ch < 0x20 && ch != '\t') || ch == 0x7f)
-        fail("case.dist." + op, fmt::format("control character 0x{:02x} at offset {}", ch, i));
-    }
+    if (const std::string problem = control_character_problem(spec); !problem.empty()) fail("case.dist." + op, problem);
   }
 }
 

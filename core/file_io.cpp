@@ -14,6 +14,14 @@
 #include <fmt/format.h>
 
 namespace ulpgate {
+
+std::string control_character_problem(std::string_view text) {
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    const auto ch = static_cast<unsigned char>(text[i]);
+    if ((ch < 0x20 && ch != '\t') || ch == 0x7f) return fmt::format("control character 0x{:02x} at offset {}", ch, i);
+  }
+  return {};
+}
 namespace {
 
 struct Fd {

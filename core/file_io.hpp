@@ -15,6 +15,11 @@ namespace ulpgate {
 /// a handful of levels, and walks over a document (dump, messages) recurse once per level.
 inline constexpr int kMaxJsonDepth = 64;
 
+/// The first control character of untrusted one-line text (a byte below 0x20 other than
+/// tab, or 0x7f; NUL included) as an error message tells it, "control character 0x00 at
+/// offset 7", never writing the byte raw; empty when there is none.
+std::string control_character_problem(std::string_view text);
+
 /// Parses JSON text. InputError, without a source in front: "not valid JSON at byte N:
 /// <parser's message>", "JSON nested deeper than 64 levels at byte N", "FIELD: number 1e400
 /// is out of range (beyond +-1.8e308)" with FIELD a path such as "cases[3].seconds".

@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include "core/error.hpp"
+#include "core/file_io.hpp"
 
 namespace ulpgate {
 namespace {
@@ -265,11 +266,8 @@ const FamilyInfo* find_family(std::string_view name) {
 DistSpec parse_dist(std::string_view text) {
   // A control character (NUL included) is never part of a spec; the message shows it
   // escaped rather than writing it raw into a one-line error.
-  for (std::size_t i = 0; i < text.size(); ++i) {
-    const auto ch = static_cast<unsigned char>(text[i]);
-    if ((ch < 0x20 && ch != '\t') || ch == 0x7f)
-      throw InputError(fmt::format("dist: control character 0x{:02x} at offset {}", ch, i));
-  }
+  if (const std::string problem = control_character_problem(text); !problem.empty())
+    throw InputError("dist: " + problem);
   DistSpec s = Parser(text).parse_top();
   s.text = std::string(text);
   return s;

@@ -1,7 +1,8 @@
 // The campaign journal (DESIGN.md, "Fuzz, sweep, gate"): every evaluated case is appended
 // to a JSONL file as soon as it is known (written at once: a crash, Ctrl-C or SIGKILL of
-// the campaign loses nothing), fsync'd with the first line written kSyncSeconds after
-// the last fsync and on close (a lost node loses the lines since), so that an interrupted campaign resumes where it stopped.
+// the campaign loses nothing), fsync'd with the first line written kSyncSeconds or more
+// after the last fsync and on close (a lost node loses the lines since), so that an
+// interrupted campaign resumes where it stopped.
 //
 // File format, one JSON object per line:
 //   line 1      {"ulpgate_journal": 1, "campaign": CAMPAIGN}
@@ -35,7 +36,7 @@
 namespace ulpgate {
 
 inline constexpr int kJournalVersion = 1;
-/// At most this long between a journal line's write and its fsync (Journal::append).
+/// The least time between two fsyncs of a journal (Journal::append).
 inline constexpr double kSyncSeconds = 0.25;
 
 /// One journaled evaluation.
