@@ -288,13 +288,15 @@ class GemmModule final : public OpModule {
       const MatrixView dv = gemm_view(c, "D");
       const Format fd = c.types.at("D");
       std::int64_t off = 0;
-      if (s.status == Disposition::Ok && !ctx.kernel.traits().deterministic) {
+      if (s.status != Disposition::Ok) {
+        out.push_back({"scaling", fmt::format("A scaled by 2: {}: {}", name(s.status), s.message)});
+      } else if (!ctx.kernel.traits().deterministic) {
         // Two runs of a kernel that is not bitwise repeatable (split-K with atomics) may
         // differ in every bit that the tolerance allows: D(2A) is judged against its own
         // exact reference, 2x that of D(A), instead of against 2 D(A).
         if (const std::string why = ctx.judge(c, scaled, s); !why.empty())
           out.push_back({"scaling", "A scaled by 2 fails against its own reference: " + why});
-      } else if (s.status == Disposition::Ok)
+      } else {
         for (std::int64_t b = 0; b < c.gemm.batch; ++b)
           for (std::int64_t i = 0; i < c.gemm.m; ++i)
             for (std::int64_t j = 0; j < c.gemm.n; ++j) {
@@ -306,6 +308,7 @@ class GemmModule final : public OpModule {
                   y != 2 * x)
                 ++off;
             }
+      }
       if (off) out.push_back({"scaling", fmt::format("scaling A by 2 did not double D exactly in {} elements", off)});
     }
     // (A bias runs along D's columns, which transposition turns into rows: no relation then.)
@@ -315,9 +318,13 @@ class GemmModule final : public OpModule {
         Inputs tin{{"A", inputs.at("B")}, {"B", inputs.at("A")}};
         if (c.beta != 0) tin.emplace("C", inputs.at("C"));
         const RunOutcome t = ctx.run(tc, tin);
-        if (t.status == Disposition::Ok)
-          if (const std::string why = ctx.judge(tc, tin, t); !why.empty())
-            out.push_back({"transposition", "the transposed problem (other layout, A and B swapped) fails: " + why});
+        // A kernel may find out only when it runs that it lacks the other layout (no
+        // algorithm for it): not supported then is no finding; a failure or crash is.
+        const std::string why = t.status == Disposition::NotSupported ? std::string()
+                              : t.status == Disposition::Ok ? ctx.judge(tc, tin, t)
+                                                            : fmt::format("{}: {}", name(t.status), t.message);
+        if (!why.empty())
+          out.push_back({"transposition", "the transposed problem (other layout, A and B swapped) fails: " + why});
       }
     }
     return out;

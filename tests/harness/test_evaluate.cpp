@@ -249,6 +249,50 @@ TEST(Evaluate, ScalingRelationStillCatchesBrokenKernels) {
   EXPECT_EQ(relation_of(cl), "scaling") << (cl.verdict.reasons.empty() ? "passed" : cl.verdict.reasons.front());
 }
 
+// A relation's extra run that fails (the kernel throws, crashes, times out) fails the
+// relation, naming the status: the doubled or transposed problem is one the kernel said
+// it supports, so a run that gives nothing is a finding, not a relation skipped.
+TEST(Evaluate, AGemmRelationRunThatFailsFailsTheRelation) {
+  Case c = dtype_gemm_case("fp32", 9, 7, 100);
+  c.dist = {{"A", "uniform(0.5,1)"}, {"B", "uniform(0.1,0.2)"}};  // |D| about 11; doubled about 22
+  c.seed = 3;
+  for (const bool deterministic : {true, false}) {
+    PermutedSum breaks_doubled(deterministic, [](float v) {
+      if (std::fabs(v) > 16) throw KernelError("planted: |D| above 16");
+      return v;
+    });
+    c.kernel = breaks_doubled.name();
+    const Evaluation ev = evaluate(breaks_doubled, c, {});
+    EXPECT_EQ(relation_of(ev), "scaling") << "deterministic " << deterministic << ": "
+                                          << (ev.verdict.reasons.empty() ? "passed" : ev.verdict.reasons.front());
+    if (!ev.relations.empty()) {
+      EXPECT_NE(ev.relations.front().problem.find("failed: planted"), std::string::npos) << ev.relations.front().problem;
+    }
+  }
+  // The transposed problem is column-major where c is row-major.
+  class BreaksColumnMajor final : public Kernel {
+   public:
+    std::string name() const override { return "test.breaks_col_major"; }
+    std::string description() const override { return "FP32 sequential; throws on column-major problems"; }
+    KernelTraits traits() const override { return {Memory::Host, true}; }
+    std::optional<std::string> unsupported(const Case& cc) const override { return inner_.unsupported(cc); }
+    void run(const Case& cc, const KernelIo& io, RunNotes& notes) override {
+      if (cc.gemm.layout == Layout::ColMajor) throw KernelError("planted: column-major");
+      inner_.run(cc, io, notes);
+    }
+
+   private:
+    PermutedSum inner_{true};
+  } breaks_transposed;
+  c.kernel = breaks_transposed.name();
+  c.gemm.layout = Layout::RowMajor;
+  const Evaluation ev = evaluate(breaks_transposed, c, {});
+  EXPECT_EQ(relation_of(ev), "transposition") << (ev.verdict.reasons.empty() ? "passed" : ev.verdict.reasons.front());
+  if (!ev.relations.empty()) {
+    EXPECT_NE(ev.relations.front().problem.find("failed: planted"), std::string::npos) << ev.relations.front().problem;
+  }
+}
+
 // The write audit and what a failing case reports: a correct kernel is never "unwritten"
 // because it wrote the poison's bit pattern (E4M3's only negative NaN is the poison
 // 0xFF), an unwritten element is reported once (not also as an unexpected NaN), and the
