@@ -28,6 +28,8 @@ namespace ulpgate {
 namespace {
 
 constexpr int kMaxShrinkSteps = 400;
+// How far (in multiples of jobs) drawing runs ahead of the oldest case not yet taken.
+constexpr std::int64_t kLookahead = 32;
 
 std::uint64_t fnv1a(const std::string& s) {
   std::uint64_t h = 1469598103934665603ull;
@@ -70,60 +72,6 @@ CaseResult check_generated(Registry& registry, Kernel& k, const Case& c, const E
     return failed_result(k.name(), c, Disposition::Failed, std::string("harness error: ") + e.what());
   }
 }
-
-// One thread per worker, for the whole campaign: a worker process dies with the thread
-// that started it (PR_SET_PDEATHSIG), so these threads outlive every window.
-class WorkerThreads {
- public:
-  explicit WorkerThreads(const std::vector<IsolatedEvaluator*>& workers) {
-    for (IsolatedEvaluator* w : workers) threads_.emplace_back([this, w] { serve(w); });
-  }
-  ~WorkerThreads() {
-    {
-      std::lock_guard lock(mu_);
-      stop_ = true;
-    }
-    wake_.notify_all();
-    for (auto& t : threads_) t.join();
-  }
-  WorkerThreads(const WorkerThreads&) = delete;
-  WorkerThreads& operator=(const WorkerThreads&) = delete;
-
-  /// Runs job(worker) on every thread at once; returns when all have returned.
-  void run(const std::function<void(IsolatedEvaluator*)>& job) {
-    std::unique_lock lock(mu_);
-    job_ = &job;
-    running_ = threads_.size();
-    ++generation_;
-    wake_.notify_all();
-    done_.wait(lock, [&] { return running_ == 0; });
-    job_ = nullptr;
-  }
-
- private:
-  void serve(IsolatedEvaluator* worker) {
-    std::uint64_t seen = 0;
-    for (;;) {
-      std::unique_lock lock(mu_);
-      wake_.wait(lock, [&] { return stop_ || generation_ != seen; });
-      if (stop_) return;
-      seen = generation_;
-      const auto* job = job_;
-      lock.unlock();
-      (*job)(worker);  // does not throw: check_generated turns errors into results
-      lock.lock();
-      if (--running_ == 0) done_.notify_one();
-    }
-  }
-
-  std::mutex mu_;
-  std::condition_variable wake_, done_;
-  const std::function<void(IsolatedEvaluator*)>* job_ = nullptr;
-  std::uint64_t generation_ = 0;
-  std::size_t running_ = 0;
-  bool stop_ = false;
-  std::vector<std::thread> threads_;
-};
 
 }  // namespace
 
@@ -201,16 +149,16 @@ RunRecord run_fuzz(Registry& registry, const FuzzOptions& o, const std::function
   std::unique_ptr<IsolatedEvaluator> own;
   IsolatedEvaluator* isolated = o.evaluator;
   if (!isolated && o.isolation) isolated = (own = std::make_unique<IsolatedEvaluator>(*o.isolation)).get();
-  // The workers that check generated cases: the first (which also answers the stand-ins'
-  // supports() and runs the corpus and the shrinking) and jobs - 1 more, each started on
-  // its first case. In process: this thread alone (nullptr).
-  std::vector<std::unique_ptr<IsolatedEvaluator>> more;
-  if (isolated && o.isolation)
-    for (int j = 1; j < o.jobs; ++j) more.push_back(std::make_unique<IsolatedEvaluator>(*o.isolation));
-  std::vector<IsolatedEvaluator*> pool = {isolated};
-  for (const auto& e : more) pool.push_back(e.get());
-  std::optional<WorkerThreads> threads;
-  if (pool.size() > 1) threads.emplace(pool);
+  // Generated cases go to a pool of worker threads when jobs > 1 (a worker of their own,
+  // so that `isolated` stays free for the stand-ins' supports() queries while cases are
+  // drawn, for the corpus and for shrinking); otherwise to `isolated` or this process.
+  std::unique_ptr<IsolatedEvaluator> pool;
+  if (isolated && o.isolation && o.jobs > 1) {
+    IsolationOptions po = *o.isolation;
+    po.jobs = static_cast<unsigned>(o.jobs);
+    pool = std::make_unique<IsolatedEvaluator>(po);
+  }
+  std::uint64_t next_pool_id = 0;
   const std::string replay_cmd = "ulpgate" + plugin_flags(o.plugins) + " replay ";
   std::size_t support_failures_seen = 0;
   // A supports() query that crashed or hung the worker: recorded as a failed result (the
@@ -301,8 +249,9 @@ RunRecord run_fuzz(Registry& registry, const FuzzOptions& o, const std::function
       return best;
     };
     std::vector<std::string> shrunk_signatures;
-    // One window of cases at a time: drawn (and looked up in the journal) in order here,
-    // checked by the pool at once, then taken in order.
+    // Cases are drawn (and looked up in the journal) in order here, checked as they come
+    // (concurrently: at most 2 x jobs in the pool's threads at once, up to kLookahead x
+    // jobs cases ahead of the oldest unfinished one), and taken in order.
     struct Slot {
       std::optional<rc::Shrinkable<Case>> drawn;
       Case value;  // drawn->value(), taken here: RapidCheck recomputes it on each call, in this thread only
@@ -310,77 +259,90 @@ RunRecord run_fuzz(Registry& registry, const FuzzOptions& o, const std::function
       bool done = false;     // generation failed, or the journal had it, or it was checked
       bool checked = false;  // checked now: to be journaled
     };
-    const std::int64_t window = pool.size() > 1 ? 4 * static_cast<std::int64_t>(pool.size()) : 1;
-    std::int64_t i = 0;
-    bool out_of_time = false;
-    while (i < o.cases && !out_of_time && !budget_spent()) {
-      std::vector<Slot> slots(static_cast<std::size_t>(std::min(window, o.cases - i)));
-      for (std::size_t q = 0; q < slots.size(); ++q) {
-        const auto index = static_cast<std::uint64_t>(i) + q;
-        const rc::Random random(low64(random_block(target_seed, 0xF023u, index)));
-        const int size = static_cast<int>((37 * index) % 101);
-        Slot& s = slots[q];
-        try {
-          s.drawn = gen(random, size);
-          s.value = s.drawn->value();
-          if (journal)
-            if (auto earlier = journal->take(k->name(), s.value)) s.result = std::move(*earlier), s.done = true;
-        } catch (const std::exception& e) {
-          s.drawn.reset();
-          s.result = failed_result(k->name(), op_module(t.op).basic_case(t.dtype), Disposition::Failed,
-                                   std::string("harness error: case generation failed: ") + e.what());
-          s.done = true;
-        }
+    std::map<std::int64_t, Slot> slots;  // drawn and not taken yet, by case index
+    std::map<std::uint64_t, std::int64_t> index_of;  // pool id -> case index
+    const auto draw = [&](std::int64_t index) {
+      Slot s;
+      const rc::Random random(low64(random_block(target_seed, 0xF023u, static_cast<std::uint64_t>(index))));
+      const int size = static_cast<int>((37 * static_cast<std::uint64_t>(index)) % 101);
+      try {
+        s.drawn = gen(random, size);
+        s.value = s.drawn->value();
+        if (journal)
+          if (auto earlier = journal->take(k->name(), s.value)) s.result = std::move(*earlier), s.done = true;
+      } catch (const std::exception& e) {
+        s.drawn.reset();
+        s.result = failed_result(k->name(), op_module(t.op).basic_case(t.dtype), Disposition::Failed,
+                                 std::string("harness error: case generation failed: ") + e.what());
+        s.done = true;
       }
-      std::atomic<std::size_t> next{0};
-      const std::function<void(IsolatedEvaluator*)> check_slots = [&](IsolatedEvaluator* worker) {
-        for (std::size_t q; (q = next.fetch_add(1)) < slots.size();) {
-          Slot& s = slots[q];
-          if (s.done || budget_spent()) continue;  // over budget: left unchecked, not run
-          s.result = check_generated(registry, *k, s.value, options, worker);
+      return s;
+    };
+    const auto collect = [&] {  // one finished case from the pool
+      auto [id, result] = pool->next_result();
+      Slot& s = slots.at(index_of.at(id));
+      index_of.erase(id);
+      s.result = std::move(result);
+      s.done = s.checked = true;
+    };
+    const std::int64_t lookahead = pool ? kLookahead * static_cast<std::int64_t>(o.jobs) : 1;
+    std::int64_t i = 0, next_draw = 0;
+    while (i < o.cases) {
+      while (next_draw < o.cases && next_draw - i < lookahead && (!pool || pool->in_flight() < 2 * std::size_t(o.jobs)) &&
+             !budget_spent()) {
+        Slot s = draw(next_draw);
+        if (!s.done && pool) {
+          index_of[next_pool_id] = next_draw;
+          pool->submit(next_pool_id++, k->name(), s.value, options);
+        } else if (!s.done) {
+          s.result = check_generated(registry, *k, s.value, options, isolated);
           s.done = s.checked = true;
         }
-      };
-      if (threads) threads->run(check_slots);
-      else check_slots(pool.front());
-      for (std::size_t q = 0; q < slots.size(); ++q, ++i) {
-        Slot& s = slots[q];
-        if (!s.done) {
-          out_of_time = true;
-          break;
-        }
-        if (s.checked && journal) journal->append(k->name(), s.value, s.result);
-        CaseResult r = std::move(s.result);
-        r.target = target_name(t);
-        r.origin = "generated";
-        r.reproducer = fuzz_reproducer(o, t, i);
-        ++p.cases;
-        p.elapsed = elapsed();
-        if (!r.verdict.passed) {
-          ++p.failures;
-          if (!o.cases_dir.empty()) r.reproducer = replay_cmd + shell_word(save_case(o.cases_dir, r));
-          say(fmt::format("FAIL {} {} case {} [{}]: {} ({})", t.kernel, t.dtype, i, r.signature, r.verdict.reasons.front(),
-                          r.reproducer));
-        }
-        if (progress) progress(p);
-        const bool shrink_it = !r.verdict.passed && s.drawn &&
-                               std::none_of(shrunk_signatures.begin(), shrunk_signatures.end(),
-                                            [&](const std::string& sig) { return same_failure(sig, r.signature); });
-        const CaseResult first = r;
-        record.cases.push_back(std::move(r));
-        if (!shrink_it) continue;
-        shrunk_signatures.push_back(first.signature);
-        CaseResult m = shrink(*s.drawn, first);
-        if (!o.corpus_dir.empty()) {
-          const std::string path = save_case(o.corpus_dir, m);
-          say(fmt::format("  shrunk to {}{}", path, m.id == first.id ? " (no smaller case fails the same way)" : ""));
-          m.reproducer = replay_cmd + shell_word(path);
-        }
-        if (m.id != first.id) {
-          m.origin = "shrunk";
-          m.notes["shrunk_from"] = first.id;
-          record.cases.push_back(std::move(m));
-        }
+        slots.emplace(next_draw++, std::move(s));
+      }
+      const auto it = slots.find(i);
+      if (it == slots.end()) break;  // the time budget ended the drawing before case i
+      if (!it->second.done) {
+        collect();
+        continue;
+      }
+      Slot s = std::move(it->second);
+      slots.erase(it);
+      if (s.checked && journal) journal->append(k->name(), s.value, s.result);
+      CaseResult r = std::move(s.result);
+      r.target = target_name(t);
+      r.origin = "generated";
+      r.reproducer = fuzz_reproducer(o, t, i);
+      ++p.cases;
+      p.elapsed = elapsed();
+      if (!r.verdict.passed) {
+        ++p.failures;
+        if (!o.cases_dir.empty()) r.reproducer = replay_cmd + shell_word(save_case(o.cases_dir, r));
+        say(fmt::format("FAIL {} {} case {} [{}]: {} ({})", t.kernel, t.dtype, i, r.signature, r.verdict.reasons.front(),
+                        r.reproducer));
+      }
+      if (progress) progress(p);
+      const bool shrink_it = !r.verdict.passed && s.drawn &&
+                             std::none_of(shrunk_signatures.begin(), shrunk_signatures.end(),
+                                          [&](const std::string& sig) { return same_failure(sig, r.signature); });
+      const CaseResult first = r;
+      record.cases.push_back(std::move(r));
+      ++i;
+      if (!shrink_it) continue;
+      // Shrinking checks one case at a time with the planning worker; the pool's cases in
+      // flight finish first, so no case waits on it past its timeout.
+      while (pool && pool->in_flight()) collect();
+      shrunk_signatures.push_back(first.signature);
+      CaseResult m = shrink(*s.drawn, first);
+      if (!o.corpus_dir.empty()) {
+        const std::string path = save_case(o.corpus_dir, m);
+        say(fmt::format("  shrunk to {}{}", path, m.id == first.id ? " (no smaller case fails the same way)" : ""));
+        m.reproducer = replay_cmd + shell_word(path);
+      }
+      if (m.id != first.id) {
+        m.origin = "shrunk";
+        m.notes["shrunk_from"] = first.id;
+        record.cases.push_back(std::move(m));
       }
     }
     if (i < o.cases) {

@@ -17,9 +17,10 @@
 //
 // Budget: cases the time budget did not reach are listed in RunRecord::not_run.
 //
-// Throughput: with jobs > 1, a target's cases go in windows of 4 x jobs: generated in
-// order, checked concurrently by that many workers, then taken in order (journal,
-// failures, shrinking with the first worker) exactly as one worker would.
+// Throughput: with jobs > 1, a target's cases are drawn in order, checked as they come by
+// `jobs` threads of one worker process (IsolatedEvaluator::submit; kernels that are not
+// thread-safe run one call at a time there) and taken in order (journal, failures,
+// shrinking with the planning worker), so the record is the one a single worker gives.
 #pragma once
 
 #include <cstdint>
@@ -58,10 +59,10 @@ struct FuzzOptions {
   /// Kernel calls in a worker process with a timeout (crashes and hangs become results);
   /// nullopt: in this process.
   std::optional<IsolationOptions> isolation;
-  /// Workers checking generated cases at once (isolated campaigns only; in process: 1).
-  /// Cases are generated and their results taken in case order, so the record, the
-  /// journal's entries and the failures found do not depend on it; workers after the
-  /// first start from `isolation`.
+  /// Generated cases checked at once (isolated campaigns only; in process: 1), by that
+  /// many threads of a second worker started from `isolation`. Cases are generated and
+  /// their results taken in case order, so the record, the journal's entries and the
+  /// failures found do not depend on it.
   int jobs = 1;
   /// The worker to use (the one whose stand-ins the registry holds); nullptr: run_fuzz
   /// starts its own from `isolation`. Its supports() failures join the record.

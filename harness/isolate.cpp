@@ -16,8 +16,14 @@
 #include <cerrno>
 #include <chrono>
 #include <climits>
+#include <cmath>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <thread>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <optional>
 #include <tuple>
 #include <map>
@@ -234,14 +240,24 @@ json describe_kernels(Registry& registry, const json& names) {
   return {{"kernels", out}};
 }
 
+struct ParsedCheck {
+  Kernel* kernel = nullptr;
+  Case c;
+  EvaluationOptions options;
+};
+ParsedCheck parse_check(Registry& registry, const json& request);
+std::pair<CaseResult, bool> run_check(Registry& registry, Kernel& kernel, const Case& c, const EvaluationOptions& options);
+
 // One request: the reply's JSON, and whether the worker must exit after sending it.
-std::pair<json, bool> serve_request(Registry& registry, const std::string& line) {
-  json request;
+json parse_request(const std::string& line) {
   try {
-    request = json::parse(line);
+    return json::parse(line);
   } catch (const json::parse_error& e) {
     throw InputError(fmt::format("worker request: not valid JSON: {}", e.what()));
   }
+}
+
+std::pair<json, bool> serve_request(Registry& registry, const json& request) {
   if (request.is_object() && request.contains("describe")) return {describe_kernels(registry, request["describe"]), false};
   if (request.is_object() && request.contains("supports")) {
     const json& q = request["supports"];
@@ -252,22 +268,34 @@ std::pair<json, bool> serve_request(Registry& registry, const std::string& line)
     const auto why = k->unsupported(case_from_json(q["case"]));
     return {json{{"supports", {{"ok", !why}, {"why", why.value_or("")}}}}, false};
   }
+  const ParsedCheck p = parse_check(registry, request);
+  auto [result, restart] = run_check(registry, *p.kernel, p.c, p.options);
+  return {json{{"result", case_result_to_json(result)}, {"restart", restart}}, restart};
+}
+
+// A check request's kernel (resolved), case and options.
+ParsedCheck parse_check(Registry& registry, const json& request) {
   if (!request.is_object() || !request.contains("kernel") || !request["kernel"].is_string() ||
       !request.contains("case"))
     throw InputError("worker request: must be {\"kernel\": NAME, \"case\": CASE, \"options\": {...}}");
   const std::string kernel_name = request["kernel"].get<std::string>();
-  Kernel* kernel = registry.resolve(kernel_name);
-  if (!kernel) throw InputError(fmt::format("unknown kernel '{}' (see ulpgate list)", kernel_name));
-  Case c = case_from_json(request["case"]);
-  const EvaluationOptions options = options_from_json(request.value("options", json(nullptr)));
+  ParsedCheck p;
+  p.kernel = registry.resolve(kernel_name);
+  if (!p.kernel) throw InputError(fmt::format("unknown kernel '{}' (see ulpgate list)", kernel_name));
+  p.c = case_from_json(request["case"]);
+  p.options = options_from_json(request.value("options", json(nullptr)));
   // evaluate() looks the baseline model up with find(); a parameterised CPU model exists
   // only once resolved.
-  if (options.baseline && !registry.resolve(options.baseline->model))
-    throw InputError(fmt::format("baseline model '{}' is not a kernel here", options.baseline->model));
+  if (p.options.baseline && !registry.resolve(p.options.baseline->model))
+    throw InputError(fmt::format("baseline model '{}' is not a kernel here", p.options.baseline->model));
+  return p;
+}
 
-  CaseResult result = check_case(*kernel, c, options, &registry);
+// Checks a parsed case; "restart" when the kernel lost this process's CUDA context.
+std::pair<CaseResult, bool> run_check(Registry& registry, Kernel& kernel, const Case& c, const EvaluationOptions& options) {
+  CaseResult result = check_case(kernel, c, options, &registry);
   bool restart = false;
-  if (kernel->traits().memory == Memory::Device) {
+  if (kernel.traits().memory == Memory::Device) {
     if (auto lost = lost_cuda_context()) {
       restart = true;
       result.notes["worker"] = fmt::format("CUDA context lost ({}); the next case runs in a fresh worker", *lost);
@@ -281,7 +309,7 @@ std::pair<json, bool> serve_request(Registry& registry, const std::string& line)
       }
     }
   }
-  return {json{{"result", case_result_to_json(result)}, {"restart", restart}}, restart};
+  return {std::move(result), restart};
 }
 
 // --- Parent side -------------------------------------------------------------------------
@@ -486,6 +514,7 @@ void IsolatedEvaluator::start_worker() {
   // calls are allowed (the parent may have threads).
   std::vector<std::string> args = {binary_, "worker"};
   if (options_.reference_threads > 0) args.insert(args.end(), {"--threads", std::to_string(options_.reference_threads)});
+  if (options_.jobs > 1) args.insert(args.end(), {"--jobs", std::to_string(options_.jobs)});
   for (const auto& p : options_.plugins) args.insert(args.end(), {"--plugin", p});
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
@@ -571,6 +600,7 @@ void IsolatedEvaluator::stop_worker() {
 }
 
 IsolatedEvaluator::Exchange IsolatedEvaluator::exchange(const json& request, const char* doing) {
+  if (!pending_.empty()) throw std::logic_error("IsolatedEvaluator: a request while submitted cases are in flight");
   if (!worker_) start_worker();
   Worker& w = *worker_;
   const auto deadline = after(options_.timeout_seconds);
@@ -645,6 +675,103 @@ CaseResult IsolatedEvaluator::evaluate(const std::string& kernel, const Case& c,
   }
   if (x.reply.value("restart", false)) stop_worker();
   return result;
+}
+
+namespace {
+double now_seconds() { return std::chrono::duration<double>(Clock::now().time_since_epoch()).count(); }
+}  // namespace
+
+void IsolatedEvaluator::lose_pool() {
+  if (worker_) worker_->kill_and_reap();
+  worker_.reset();
+  for (auto& [id, p] : pending_) redo_.push_back(std::move(p));
+  pending_.clear();
+}
+
+void IsolatedEvaluator::submit(std::uint64_t id, const std::string& kernel, const Case& c, const EvaluationOptions& options) {
+  Pending p{id, kernel, c, options, -1, now_seconds()};
+  if (!redo_.empty()) {
+    // A pool lost earlier is being checked again alone: this case waits its turn there.
+    redo_.push_back(std::move(p));
+    return;
+  }
+  if (!worker_) start_worker();
+  const json request = {{"submit", {{"id", id}, {"kernel", kernel}, {"case", to_json(c)}, {"options", options_to_json(options)}}}};
+  const bool sent = write_all(worker_->request.get(), request.dump(-1, ' ', false, json::error_handler_t::replace) + "\n", true,
+                              after(options_.timeout_seconds));
+  pending_.emplace(id, std::move(p));
+  if (!sent) lose_pool();
+}
+
+std::pair<std::uint64_t, CaseResult> IsolatedEvaluator::next_result() {
+  for (;;) {
+    if (pending_.empty()) {
+      if (redo_.empty()) throw std::logic_error("IsolatedEvaluator::next_result: no case in flight");
+      Pending p = std::move(redo_.front());
+      redo_.pop_front();
+      return {p.id, evaluate(p.kernel, p.c, p.options)};
+    }
+    // The earliest deadline of a case a thread has taken; while none has been taken, of
+    // the oldest case sent (a worker that takes nothing is stuck).
+    double deadline = INFINITY, oldest_sent = INFINITY;
+    for (const auto& [id, p] : pending_) {
+      if (p.started >= 0) deadline = std::min(deadline, p.started + options_.timeout_seconds);
+      oldest_sent = std::min(oldest_sent, p.sent);
+    }
+    if (std::isinf(deadline)) deadline = oldest_sent + options_.timeout_seconds;
+    Worker& w = *worker_;
+    std::string line;
+    const auto wait = w.next_line(after(std::max(0.0, deadline - now_seconds())), line);
+    if (wait != Worker::Wait::Line) {
+      lose_pool();  // crashed or hung: each case again alone says which
+      continue;
+    }
+    json reply;
+    try {
+      reply = json::parse(line);
+    } catch (const json::parse_error&) {
+      lose_pool();
+      continue;
+    }
+    const auto id_of = [&]() -> std::optional<std::uint64_t> {
+      if (!reply.is_object()) return std::nullopt;
+      for (const char* key : {"started", "id"})
+        if (auto it = reply.find(key); it != reply.end() && it->is_number_unsigned() && pending_.count(it->get<std::uint64_t>()))
+          return it->get<std::uint64_t>();
+      return std::nullopt;
+    };
+    const auto id = id_of();
+    if (!id) {
+      lose_pool();  // not a reply to anything in flight: the stream cannot be trusted
+      continue;
+    }
+    if (reply.contains("started")) {
+      pending_.at(*id).started = now_seconds();
+      continue;
+    }
+    Pending p = std::move(pending_.at(*id));
+    pending_.erase(*id);
+    if (reply.contains("error") && reply["error"].is_string())
+      return {p.id, failed_result(p.kernel, p.c, Disposition::Failed, "harness error: " + reply["error"].get<std::string>())};
+    CaseResult result;
+    try {
+      if (!reply.contains("result")) throw InputError("no \"result\"");
+      result = case_result_from_json(reply["result"], "result");
+    } catch (const InputError&) {
+      redo_.push_back(std::move(p));
+      lose_pool();
+      continue;
+    }
+    if (reply.value("restart", false)) {
+      // The CUDA context was lost: the other cases' results are suspect, and this one's
+      // could be another case's doing; all of them again, alone.
+      redo_.push_back(std::move(p));
+      lose_pool();
+      std::sort(redo_.begin(), redo_.end(), [](const Pending& a, const Pending& b) { return a.id < b.id; });
+      continue;
+    }
+    return {p.id, std::move(result)};
+  }
 }
 
 IsolatedEvaluator::SupportAnswer IsolatedEvaluator::supports(const std::string& kernel, const Case& c) {
@@ -735,7 +862,113 @@ Registry worker_registry(IsolatedEvaluator& evaluator, const std::vector<std::st
   return r;
 }
 
-int serve_worker(Registry& registry) {
+namespace {
+
+// A kernel that is not thread-safe as the pool's threads see it: one call at a time.
+class SerializedKernel final : public Kernel {
+ public:
+  explicit SerializedKernel(Kernel& k) : k_(k) {}
+  std::string name() const override { return k_.name(); }
+  std::string description() const override { return k_.description(); }
+  KernelTraits traits() const override { return k_.traits(); }
+  std::optional<std::string> unsupported(const Case& c) const override {
+    std::lock_guard lock(mu_);
+    return k_.unsupported(c);
+  }
+  void run(const Case& c, const KernelIo& io, RunNotes& notes) override {
+    std::lock_guard lock(mu_);
+    k_.run(c, io, notes);
+  }
+
+ private:
+  Kernel& k_;
+  mutable std::mutex mu_;
+};
+
+// The worker's threads for submitted cases: each takes the oldest waiting case, says it
+// started, checks it and sends the result, tagged with the case's id. A result that lost
+// the CUDA context ends the process once sent: every other case in flight is suspect, and
+// the parent checks them again, one at a time.
+class CheckPool {
+ public:
+  using Send = std::function<void(const json&)>;
+  CheckPool(Registry& registry, unsigned threads, Send send) : registry_(registry), send_(std::move(send)) {
+    for (unsigned t = 0; t < std::max(1u, threads); ++t) threads_.emplace_back([this] { serve(); });
+  }
+  ~CheckPool() {
+    {
+      std::lock_guard lock(mu_);
+      stop_ = true;
+    }
+    wake_.notify_all();
+    for (auto& t : threads_) t.join();
+  }
+  CheckPool(const CheckPool&) = delete;
+  CheckPool& operator=(const CheckPool&) = delete;
+
+  /// Queues a parsed case; kernels that are not thread-safe run through one proxy each.
+  void add(std::uint64_t id, ParsedCheck p) {
+    if (!p.kernel->traits().thread_safe) {
+      auto& proxy = proxies_[p.kernel];
+      if (!proxy) proxy = std::make_unique<SerializedKernel>(*p.kernel);
+      p.kernel = proxy.get();
+    }
+    {
+      std::lock_guard lock(mu_);
+      queue_.emplace_back(id, std::move(p));
+    }
+    wake_.notify_one();
+  }
+  /// Whether any case is queued or being checked.
+  bool busy() {
+    std::lock_guard lock(mu_);
+    return !queue_.empty() || running_ > 0;
+  }
+
+ private:
+  void serve() {
+    for (;;) {
+      std::unique_lock lock(mu_);
+      wake_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+      if (queue_.empty()) return;
+      auto [id, p] = std::move(queue_.front());
+      queue_.pop_front();
+      ++running_;
+      lock.unlock();
+      send_({{"started", id}});
+      json reply;
+      bool restart = false;
+      try {
+        CaseResult result;
+        std::tie(result, restart) = run_check(registry_, *p.kernel, p.c, p.options);
+        reply = {{"result", case_result_to_json(result)}, {"id", id}, {"restart", restart}};
+      } catch (const InputError& e) {
+        reply = {{"error", e.what()}, {"id", id}};
+      }
+      // Not busy before the reply leaves: a parent that has every result may send any
+      // request next.
+      lock.lock();
+      --running_;
+      lock.unlock();
+      send_(reply);
+      if (restart) std::_Exit(0);
+    }
+  }
+
+  Registry& registry_;
+  Send send_;
+  std::map<Kernel*, std::unique_ptr<SerializedKernel>> proxies_;  // the reading thread's alone
+  std::mutex mu_;
+  std::condition_variable wake_;
+  std::deque<std::pair<std::uint64_t, ParsedCheck>> queue_;
+  unsigned running_ = 0;
+  bool stop_ = false;
+  std::vector<std::thread> threads_;
+};
+
+}  // namespace
+
+int serve_worker(Registry& registry, unsigned jobs) {
   // The protocol keeps the real stdout; fd 1 becomes a second stderr and fd 0 /dev/null,
   // so that a kernel that prints or reads cannot corrupt or steal a line.
   std::fflush(stdout);
@@ -750,21 +983,46 @@ int serve_worker(Registry& registry) {
 
   const json ready = {{"ready", {{"pid", ::getpid()}, {"kernels", registry.all().size()}}}};
   if (!write_all(results.get(), protocol_line(ready), false)) return 3;
+  std::mutex send_mu;
+  // Whatever a kernel printed through stdio reaches stderr before the reply, so the
+  // parent's stderr tail is complete when the result arrives. A parent that is gone ends
+  // the worker, pool threads included.
+  const auto send = [&](const json& reply) {
+    std::lock_guard lock(send_mu);
+    std::fflush(stdout);
+    if (!write_all(results.get(), protocol_line(reply), false)) std::_Exit(3);
+  };
+  std::unique_ptr<CheckPool> pool;
   LineReader reader(requests.get());
   for (std::string line; reader.next(line);) {
     json reply;
     bool restart = false;
     try {
-      std::tie(reply, restart) = serve_request(registry, line);
+      json request = parse_request(line);
+      if (request.is_object() && request.contains("submit")) {
+        const json& q = request["submit"];
+        if (!q.is_object() || !q.contains("id") || !q["id"].is_number_unsigned())
+          throw InputError("worker request: submit must be {\"id\": N, \"kernel\": NAME, \"case\": CASE, ...}");
+        const auto id = q["id"].get<std::uint64_t>();
+        try {
+          ParsedCheck p = parse_check(registry, q);
+          if (!pool) pool = std::make_unique<CheckPool>(registry, jobs, send);
+          pool->add(id, std::move(p));
+        } catch (const InputError& e) {
+          send({{"error", e.what()}, {"id", id}});
+        }
+        continue;
+      }
+      if (pool && pool->busy()) throw InputError("worker request: submitted cases are still being checked");
+      std::tie(reply, restart) = serve_request(registry, request);
     } catch (const InputError& e) {
       reply = {{"error", e.what()}};
     }
-    // Whatever a kernel printed through stdio reaches stderr before the reply, so the
-    // parent's stderr tail is complete when the result arrives.
-    std::fflush(stdout);
-    if (!write_all(results.get(), protocol_line(reply), false)) return 3;
+    send(reply);
     if (restart) return 0;
   }
+  // The parent is done: results of cases still being checked have no reader.
+  if (pool && pool->busy()) std::_Exit(0);
   return 0;
 }
 

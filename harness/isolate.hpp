@@ -10,6 +10,8 @@
 //                                 "effective_bits": BOOL}}                     check a case
 //                               {"supports": {"kernel": NAME, "case": CASE}}  ask the kernel
 //                               {"describe": [NAME...] | null}                 kernels (null: all)
+//                               {"submit": {"id": N, "kernel": ..., "case": ..., "options": ...}}
+//                                                            check concurrently (no reply now)
 //   worker -> parent (stdout):  kWorkerLinePrefix followed by one of
 //                                {"ready": {"pid": N, "kernels": N}}           once, at start
 //                                {"result": CASE_RESULT, "restart": BOOL}       a check
@@ -17,17 +19,27 @@
 //                                {"kernels": [{"name", "description", "memory",
 //                                  "deterministic", "accumulator_bits", "p_bits"}]}
 //                                {"error": MESSAGE}                             bad request
+//                              for submitted cases, in the order they happen:
+//                                {"started": N}                                 a thread took case N
+//                                {"result": CASE_RESULT, "id": N, "restart": BOOL}
+//                                {"error": MESSAGE, "id": N}                    case N refused
 // So the parent runs no kernel code at all: it plans with stand-ins (worker_registry)
 // whose supports() is asked of the worker, where a crash or hang is reported, not fatal.
 // The worker keeps the protocol's stdout to itself: file descriptor 1 is pointed at stderr
 // and 0 at /dev/null before any kernel runs, so a kernel that prints (or reads) cannot
 // break a line; the prefix lets the parent skip anything else that reaches the pipe.
 // "restart": true means the worker exits after this reply (its CUDA context is lost).
+// Submitted cases are checked by `ulpgate worker --jobs N` threads; kernels that are not
+// thread-safe (KernelTraits::thread_safe) are called by one thread at a time. The other
+// requests wait until no submitted case is in flight.
 #pragma once
 
 #include <sys/types.h>
 
 #include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <map>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -59,6 +71,8 @@ struct IsolationOptions {
   /// sets ULPGATE_THREADS there); 0: the worker's default (every core). Campaigns that run
   /// several workers at once give each its share of the cores.
   unsigned reference_threads = 0;
+  /// Cases the worker checks at once for submit() (`ulpgate worker --jobs N`: its threads).
+  unsigned jobs = 1;
   /// How much of the worker's stderr (written during the failing case) a crash message keeps.
   std::size_t stderr_tail_bytes = 2048;
 };
@@ -82,6 +96,17 @@ class IsolatedEvaluator {
   /// what would fail in process too (unknown kernel, malformed case) and when no worker
   /// can be started (binary missing, bad plugin).
   CaseResult evaluate(const std::string& kernel, const Case& c, const EvaluationOptions& options = {});
+
+  /// Concurrent checks (IsolationOptions::jobs of them in the worker's threads): submit()
+  /// sends a case and returns at once; next_result() waits for any submitted case to
+  /// finish and returns its id and the result evaluate() would give. Cases in flight when
+  /// the worker dies, a case passes the timeout (counted from when a thread took it) or
+  /// the CUDA context is lost are evaluated again, one at a time, by evaluate() in a fresh
+  /// worker: a crash or hang is then the result of the case that causes it alone.
+  /// evaluate(), supports() and describe() need in_flight() == 0.
+  void submit(std::uint64_t id, const std::string& kernel, const Case& c, const EvaluationOptions& options = {});
+  std::size_t in_flight() const { return pending_.size() + redo_.size(); }
+  std::pair<std::uint64_t, CaseResult> next_result();
 
   /// What the kernel says of case c, asked in the worker. A kernel whose supports() crashes
   /// or hangs the worker is unsupported with that as the reason (status Crashed or
@@ -114,6 +139,17 @@ class IsolatedEvaluator {
     std::string message;
   };
   Exchange exchange(const nlohmann::json& request, const char* doing);
+  /// A submitted case not yet returned.
+  struct Pending {
+    std::uint64_t id = 0;
+    std::string kernel;
+    Case c;
+    EvaluationOptions options;
+    double started = -1;  ///< seconds on the steady clock when a worker thread took it
+    double sent = 0;
+  };
+  /// The worker is killed; every pending case goes to redo_, to be evaluated alone.
+  void lose_pool();
   void start_worker();
   void stop_worker();
   IsolationOptions options_;
@@ -121,6 +157,8 @@ class IsolatedEvaluator {
   std::string binary_;
   int workers_started_ = 0;
   std::unique_ptr<Worker> worker_;  // null when none runs
+  std::map<std::uint64_t, Pending> pending_;  // submitted to the running worker
+  std::deque<Pending> redo_;                  // lost with a worker, to check alone
 };
 
 /// A registry of stand-ins for the worker's kernels (every kernel it has, plus `names`
@@ -132,10 +170,10 @@ Registry worker_registry(IsolatedEvaluator& evaluator, const std::vector<std::st
 /// signal handler (async-signal-safe): what Ctrl-C does before the campaign exits.
 void kill_all_workers();
 
-/// Worker side, `ulpgate worker`: serves requests on stdin until it closes, with the
+/// Worker side, `ulpgate worker [--jobs N]`: serves requests on stdin until it closes, with the
 /// kernels of `registry` (builtin_registry() + the --plugin libraries; CPU model names are
 /// resolved on demand). Returns the process exit code: 0 at the end of input, 0 after a
 /// reply with "restart" (lost CUDA context), 3 if the protocol pipe breaks.
-int serve_worker(Registry& registry);
+int serve_worker(Registry& registry, unsigned jobs = 1);
 
 }  // namespace ulpgate

@@ -27,6 +27,10 @@ struct KernelTraits {
   /// Attention: the precision (bits) P is rounded to before P V (flash kernels: FP16 11,
   /// BF16 8); 0: P is used at the compute precision. The tolerance model uses it.
   int p_bits = 0;
+  /// unsupported() and run() may be called from several threads at once (the CPU models:
+  /// pure functions of their inputs). Otherwise a worker checking cases concurrently
+  /// calls them one at a time (harness/isolate.hpp).
+  bool thread_safe = false;
 };
 
 /// Operand buffers, in the kernel's memory space. Inputs: A, B[, C][, bias] or Q, K, V;

@@ -102,6 +102,8 @@ int main(int argc, char** argv) {
   auto* worker = app.add_subcommand("worker", "Evaluate cases sent as JSON lines on stdin")->group("");
   unsigned worker_threads = 0;
   worker->add_option("--threads", worker_threads, "Threads for the exact references (sets ULPGATE_THREADS)");
+  unsigned worker_jobs = 1;
+  worker->add_option("--jobs", worker_jobs, "Submitted cases checked at once")->check(CLI::Range(1u, 1024u));
 
   ulpgate::SweepArgs sweep_args;
   auto* sweep = app.add_subcommand("sweep", "Error against K (GEMM) or seq_kv (attention) for kernels x input "
@@ -224,7 +226,7 @@ int main(int argc, char** argv) {
     if (worker->parsed()) {
       if (worker_threads > 0) ::setenv("ULPGATE_THREADS", std::to_string(worker_threads).c_str(), 1);
       ulpgate::Registry registry = local();
-      return ulpgate::serve_worker(registry);
+      return ulpgate::serve_worker(registry, worker_jobs);
     }
     if (list->parsed()) {
       const ulpgate::Registry registry = local();

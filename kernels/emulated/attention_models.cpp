@@ -38,6 +38,7 @@ class EmulatedAttention final : public Kernel {
   }
   KernelTraits traits() const override {
     KernelTraits t;
+    t.thread_safe = true;
     if (m_.variant == AttentionModel::Variant::Flash) t.p_bits = info(m_.p_format).precision();
     return t;
   }

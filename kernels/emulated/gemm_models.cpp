@@ -86,7 +86,9 @@ class EmulatedGemm final : public Kernel {
   KernelTraits traits() const override {
     // A block-FMA model keeps frac_bits fraction bits (frac_bits + 1 of precision) at most.
     const int bits = m_.order == AccumulationModel::Order::BlockFma ? std::min(24, m_.frac_bits + 1) : 24;
-    return {Memory::Host, true, bits};
+    KernelTraits t{Memory::Host, true, bits};
+    t.thread_safe = true;
+    return t;
   }
   std::optional<std::string> unsupported(const Case& c) const override {
     if (c.op != Op::Gemm) return "CPU models cover GEMM only";

@@ -7,7 +7,9 @@
 
 #include <chrono>
 #include <filesystem>
+#include <map>
 #include <string>
+#include <vector>
 
 #include "core/error.hpp"
 #include "harness/fuzz.hpp"
@@ -267,6 +269,45 @@ TEST(Isolate, SupportsCrashOrHangIsReportedAndTheWorkerReplaced) {
 
 // Several workers check a window of cases at once (fuzz --jobs); the record, the journal
 // and the failures are those of one worker, case for case, in the same order.
+// Concurrent checks in one worker's threads: every submitted case comes back once, with
+// the result evaluate() gives it alone, also when some of them crash or hang the worker
+// (the cases in flight then are checked again one at a time, so the crash or the hang is
+// the result of its own case and the others pass).
+TEST(Isolate, SubmittedCasesEqualEvaluatedOnesThroughCrashesAndHangs) {
+  IsolationOptions o = planted_isolation(2.0);
+  o.jobs = 3;
+  IsolatedEvaluator pool(o), alone(planted_isolation(2.0));
+  std::vector<std::pair<std::string, Case>> cases;
+  for (int i = 0; i < 24; ++i) {
+    const char* kernel = i == 5 ? "planted.segfault" : i == 11 ? "planted.hang" : i == 17 ? "planted.abort"
+                         : i % 2 ? "planted.noisy" : "cpu.fp32_seq";
+    cases.emplace_back(kernel, tiny_case(static_cast<std::uint64_t>(100 + i)));
+  }
+  std::map<std::uint64_t, CaseResult> got;
+  std::size_t next = 0;
+  while (got.size() < cases.size()) {
+    while (next < cases.size() && pool.in_flight() < 6) {
+      pool.submit(next, cases[next].first, cases[next].second);
+      ++next;
+    }
+    auto [id, r] = pool.next_result();
+    EXPECT_TRUE(got.emplace(id, std::move(r)).second) << "case " << id << " came back twice";
+  }
+  EXPECT_EQ(pool.in_flight(), 0u);
+  for (std::size_t i = 0; i < cases.size(); ++i) {
+    const CaseResult& r = got.at(i);
+    const CaseResult want = alone.evaluate(cases[i].first, cases[i].second);
+    EXPECT_EQ(r.status, want.status) << i << " " << cases[i].first << ": " << r.message;
+    if (want.status == Disposition::Ok) EXPECT_EQ(timeless(r), timeless(want)) << i;
+    else EXPECT_EQ(r.verdict.reasons.at(0).substr(0, 12), want.verdict.reasons.at(0).substr(0, 12)) << i;
+  }
+  EXPECT_CONTAINS(got.at(5).message, "SIGSEGV");
+  EXPECT_CONTAINS(got.at(11).message, "no result after 2 s");
+  EXPECT_CONTAINS(got.at(17).message, "SIGABRT");
+  // After the pool's cases, the ordinary requests work on the same evaluator.
+  expect_good_case_passes(pool);
+}
+
 TEST(Isolate, FuzzWithSeveralWorkersEqualsOneWorker) {
   const auto dir = std::filesystem::temp_directory_path() / ("ulpgate-jobs-" + std::to_string(::getpid()));
   std::filesystem::remove_all(dir);
