@@ -75,6 +75,14 @@ CaseResult check_generated(Registry& registry, Kernel& k, const Case& c, const E
 
 }  // namespace
 
+std::uint64_t target_seed(std::uint64_t campaign_seed, const FuzzTarget& t) {
+  return low64(random_block(campaign_seed, 0xF022u, fnv1a(target_name(t))));
+}
+
+rc::Shrinkable<Case> draw_case(const rc::Gen<Case>& gen, std::uint64_t target_seed, std::uint64_t index) {
+  return gen(rc::Random(low64(random_block(target_seed, 0xF023u, index))), static_cast<int>((37 * index) % 101));
+}
+
 std::string target_name(const FuzzTarget& t) {
   return fmt::format("{} {} {}", t.kernel, t.dtype, t.op == Op::Gemm ? "gemm" : "attention");
 }
@@ -213,7 +221,7 @@ RunRecord run_fuzz(Registry& registry, const FuzzOptions& o, const std::function
     Kernel* k = registry.resolve(t.kernel);
     if (!k) throw InputError(fmt::format("--kernel '{}': no such kernel here (see ulpgate list)", t.kernel));
     const rc::Gen<Case> gen = op_module(t.op).generate(t.dtype, k, GenLimits{o.max_k, o.gelu});
-    const std::uint64_t target_seed = low64(random_block(o.seed, 0xF022u, fnv1a(target_name(t))));
+    const std::uint64_t seed_of_target = target_seed(o.seed, t);
     const auto evaluate = [&](const Case& c) {
       CaseResult r = journal ? journal->resume_or_run(k->name(), c, [&] { return check_generated(registry, *k, c, options, isolated); })
                              : check_generated(registry, *k, c, options, isolated);
@@ -263,10 +271,8 @@ RunRecord run_fuzz(Registry& registry, const FuzzOptions& o, const std::function
     std::map<std::uint64_t, std::int64_t> index_of;  // pool id -> case index
     const auto draw = [&](std::int64_t index) {
       Slot s;
-      const rc::Random random(low64(random_block(target_seed, 0xF023u, static_cast<std::uint64_t>(index))));
-      const int size = static_cast<int>((37 * static_cast<std::uint64_t>(index)) % 101);
       try {
-        s.drawn = gen(random, size);
+        s.drawn = draw_case(gen, seed_of_target, static_cast<std::uint64_t>(index));
         s.value = s.drawn->value();
         if (journal)
           if (auto earlier = journal->take(k->name(), s.value)) s.result = std::move(*earlier), s.done = true;
@@ -278,11 +284,18 @@ RunRecord run_fuzz(Registry& registry, const FuzzOptions& o, const std::function
       }
       return s;
     };
+    // The pool's worker draws the cases itself (its kernel answers the generator's
+    // supports() questions without a round trip each), unless a journal is resumed: its
+    // results are found by the case, so this thread draws them first.
+    const bool worker_draws = pool && !(journal && journal->loaded());
     const auto collect = [&] {  // one finished case from the pool
-      auto [id, result] = pool->next_result();
-      Slot& s = slots.at(index_of.at(id));
-      index_of.erase(id);
-      s.result = std::move(result);
+      const auto wait_start = std::chrono::steady_clock::now();
+      IsolatedEvaluator::Finished f = pool->next_result();
+      p.waiting += std::chrono::duration<double>(std::chrono::steady_clock::now() - wait_start).count();
+      Slot& s = slots.at(index_of.at(f.id));
+      index_of.erase(f.id);
+      s.result = std::move(f.result);
+      if (worker_draws) s.value = std::move(f.requested);
       s.done = s.checked = true;
     };
     const std::int64_t lookahead = pool ? kLookahead * static_cast<std::int64_t>(o.jobs) : 1;
@@ -290,6 +303,14 @@ RunRecord run_fuzz(Registry& registry, const FuzzOptions& o, const std::function
     while (i < o.cases) {
       while (next_draw < o.cases && next_draw - i < lookahead && (!pool || pool->in_flight() < 2 * std::size_t(o.jobs)) &&
              !budget_spent()) {
+        if (worker_draws) {
+          index_of[next_pool_id] = next_draw;
+          pool->submit(next_pool_id++, k->name(),
+                       DrawSpec{t.op, t.dtype, seed_of_target, static_cast<std::uint64_t>(next_draw), GenLimits{o.max_k, o.gelu}},
+                       options);
+          slots.emplace(next_draw++, Slot{});
+          continue;
+        }
         Slot s = draw(next_draw);
         if (!s.done && pool) {
           index_of[next_pool_id] = next_draw;
@@ -322,6 +343,16 @@ RunRecord run_fuzz(Registry& registry, const FuzzOptions& o, const std::function
                         r.reproducer));
       }
       if (progress) progress(p);
+      if (!r.verdict.passed && worker_draws && r.status != Disposition::Failed) {
+        // To shrink it this thread needs the case's shrinks: drawn again here, the same
+        // case (the same generator and supports() answers), or not shrunk if it is not.
+        try {
+          s.drawn = draw_case(gen, seed_of_target, static_cast<std::uint64_t>(i));
+          if (to_json(s.drawn->value()) != to_json(s.value)) s.drawn.reset();
+        } catch (const std::exception&) {
+          s.drawn.reset();
+        }
+      }
       const bool shrink_it = !r.verdict.passed && s.drawn &&
                              std::none_of(shrunk_signatures.begin(), shrunk_signatures.end(),
                                           [&](const std::string& sig) { return same_failure(sig, r.signature); });

@@ -29,6 +29,8 @@
 #include <string>
 #include <vector>
 
+#include <rapidcheck.h>
+
 #include "harness/check.hpp"
 #include "harness/isolate.hpp"
 #include "harness/record.hpp"
@@ -81,10 +83,21 @@ std::vector<FuzzTarget> all_targets(Registry& registry, const std::vector<std::s
 struct FuzzProgress {
   std::int64_t cases = 0, failures = 0, total = 0;
   double elapsed = 0;
+  /// Of elapsed, the seconds this thread waited for the pool's results: near elapsed, the
+  /// pool is the bottleneck; far below, drawing and taking results here are.
+  double waiting = 0;
 };
 
 /// The campaign definition these options make (RunRecord::campaign).
 CampaignDefinition campaign_definition(const FuzzOptions& o, const std::vector<FuzzTarget>& targets);
+
+/// The random-state seed of a target's case stream (from the campaign seed and the target).
+std::uint64_t target_seed(std::uint64_t campaign_seed, const FuzzTarget& t);
+
+/// Case `index` of a target's stream: `gen` (the op's generator for the target) at
+/// RapidCheck size (37 index) mod 101 from a random state of (target_seed, index).
+/// RapidCheck's generators share global state: call from one thread at a time.
+rc::Shrinkable<Case> draw_case(const rc::Gen<Case>& gen, std::uint64_t target_seed, std::uint64_t index);
 
 /// "KERNEL DTYPE OP": how records name a target.
 std::string target_name(const FuzzTarget& t);

@@ -33,6 +33,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.hpp"
+#include "harness/fuzz.hpp"
 
 #if ULPGATE_HAVE_CUDA
 #include <cuda_runtime.h>
@@ -243,8 +244,51 @@ json describe_kernels(Registry& registry, const json& names) {
 struct ParsedCheck {
   Kernel* kernel = nullptr;
   Case c;
+  std::optional<DrawSpec> draw;  ///< c is to be drawn first
   EvaluationOptions options;
 };
+
+json draw_to_json(const DrawSpec& d) {
+  return {{"op", d.op == Op::Gemm ? "gemm" : "attention"}, {"dtype", d.dtype}, {"target_seed", d.target_seed},
+          {"index", d.index}, {"max_reduction", d.limits.max_reduction}, {"gelu", d.limits.gelu}};
+}
+
+DrawSpec draw_from_json(const json& j) {
+  const auto bad = [] { return InputError("worker request: draw must be {\"op\", \"dtype\", \"target_seed\", \"index\", "
+                                          "\"max_reduction\", \"gelu\"}"); };
+  if (!j.is_object()) throw bad();
+  DrawSpec d;
+  try {
+    const std::string op = j.at("op").get<std::string>();
+    if (op != "gemm" && op != "attention") throw bad();
+    d.op = op == "gemm" ? Op::Gemm : Op::Attention;
+    d.dtype = j.at("dtype").get<std::string>();
+    d.target_seed = j.at("target_seed").get<std::uint64_t>();
+    d.index = j.at("index").get<std::uint64_t>();
+    d.limits.max_reduction = j.at("max_reduction").get<std::int64_t>();
+    d.limits.gelu = j.at("gelu").get<bool>();
+  } catch (const json::exception&) {
+    throw bad();
+  }
+  return d;
+}
+
+// Draws case d.index of a target's stream with kernel k (its supports() answers shape the
+// case). RapidCheck's generators share global state, so one thread draws at a time; the
+// generators are kept per target.
+Case draw_in_worker(Kernel& k, const DrawSpec& d) {
+  static std::mutex mu;
+  static std::map<std::tuple<const Kernel*, Op, std::string, std::int64_t, bool>, rc::Gen<Case>> gens;
+  std::lock_guard lock(mu);
+  const auto key = std::make_tuple(&k, d.op, d.dtype, d.limits.max_reduction, d.limits.gelu);
+  auto it = gens.find(key);
+  if (it == gens.end()) it = gens.emplace(key, op_module(d.op).generate(d.dtype, &k, d.limits)).first;
+  try {
+    return draw_case(it->second, d.target_seed, d.index).value();
+  } catch (const std::exception& e) {
+    throw InputError(std::string("case generation failed: ") + e.what());
+  }
+}
 ParsedCheck parse_check(Registry& registry, const json& request);
 std::pair<CaseResult, bool> run_check(Registry& registry, Kernel& kernel, const Case& c, const EvaluationOptions& options);
 
@@ -259,6 +303,14 @@ json parse_request(const std::string& line) {
 
 std::pair<json, bool> serve_request(Registry& registry, const json& request) {
   if (request.is_object() && request.contains("describe")) return {describe_kernels(registry, request["describe"]), false};
+  if (request.is_object() && request.contains("draw_case")) {
+    const json& q = request["draw_case"];
+    if (!q.is_object() || !q.contains("kernel") || !q["kernel"].is_string() || !q.contains("draw"))
+      throw InputError("worker request: draw_case must be {\"kernel\": NAME, \"draw\": DRAW}");
+    Kernel* k = registry.resolve(q["kernel"].get<std::string>());
+    if (!k) throw InputError(fmt::format("unknown kernel '{}' (see ulpgate list)", q["kernel"].get<std::string>()));
+    return {json{{"case", to_json(draw_in_worker(*k, draw_from_json(q["draw"])))}}, false};
+  }
   if (request.is_object() && request.contains("supports")) {
     const json& q = request["supports"];
     if (!q.is_object() || !q.contains("kernel") || !q["kernel"].is_string() || !q.contains("case"))
@@ -269,6 +321,7 @@ std::pair<json, bool> serve_request(Registry& registry, const json& request) {
     return {json{{"supports", {{"ok", !why}, {"why", why.value_or("")}}}}, false};
   }
   const ParsedCheck p = parse_check(registry, request);
+  if (p.draw) throw InputError("worker request: a case to draw is submitted ({\"submit\": ...}) or drawn alone ({\"draw_case\": ...})");
   auto [result, restart] = run_check(registry, *p.kernel, p.c, p.options);
   return {json{{"result", case_result_to_json(result)}, {"restart", restart}}, restart};
 }
@@ -276,13 +329,14 @@ std::pair<json, bool> serve_request(Registry& registry, const json& request) {
 // A check request's kernel (resolved), case and options.
 ParsedCheck parse_check(Registry& registry, const json& request) {
   if (!request.is_object() || !request.contains("kernel") || !request["kernel"].is_string() ||
-      !request.contains("case"))
-    throw InputError("worker request: must be {\"kernel\": NAME, \"case\": CASE, \"options\": {...}}");
+      (!request.contains("case") && !request.contains("draw")))
+    throw InputError("worker request: must be {\"kernel\": NAME, \"case\": CASE | \"draw\": DRAW, \"options\": {...}}");
   const std::string kernel_name = request["kernel"].get<std::string>();
   ParsedCheck p;
   p.kernel = registry.resolve(kernel_name);
   if (!p.kernel) throw InputError(fmt::format("unknown kernel '{}' (see ulpgate list)", kernel_name));
-  p.c = case_from_json(request["case"]);
+  if (request.contains("draw")) p.draw = draw_from_json(request["draw"]);
+  else p.c = case_from_json(request["case"]);
   p.options = options_from_json(request.value("options", json(nullptr)));
   // evaluate() looks the baseline model up with find(); a parameterised CPU model exists
   // only once resolved.
@@ -689,27 +743,56 @@ void IsolatedEvaluator::lose_pool() {
 }
 
 void IsolatedEvaluator::submit(std::uint64_t id, const std::string& kernel, const Case& c, const EvaluationOptions& options) {
-  Pending p{id, kernel, c, options, -1, now_seconds()};
+  submit(Pending{id, kernel, c, options, std::nullopt, -1, now_seconds()});
+}
+
+void IsolatedEvaluator::submit(std::uint64_t id, const std::string& kernel, const DrawSpec& draw,
+                               const EvaluationOptions& options) {
+  submit(Pending{id, kernel, Case{}, options, draw, -1, now_seconds()});
+}
+
+void IsolatedEvaluator::submit(Pending p) {
+  const std::uint64_t id = p.id;
   if (!redo_.empty()) {
     // A pool lost earlier is being checked again alone: this case waits its turn there.
     redo_.push_back(std::move(p));
     return;
   }
   if (!worker_) start_worker();
-  const json request = {{"submit", {{"id", id}, {"kernel", kernel}, {"case", to_json(c)}, {"options", options_to_json(options)}}}};
+  json request = {{"submit", {{"id", id}, {"kernel", p.kernel}, {"options", options_to_json(p.options)}}}};
+  if (p.draw) request["submit"]["draw"] = draw_to_json(*p.draw);
+  else request["submit"]["case"] = to_json(p.c);
   const bool sent = write_all(worker_->request.get(), request.dump(-1, ' ', false, json::error_handler_t::replace) + "\n", true,
                               after(options_.timeout_seconds));
   pending_.emplace(id, std::move(p));
   if (!sent) lose_pool();
 }
 
-std::pair<std::uint64_t, CaseResult> IsolatedEvaluator::next_result() {
+IsolatedEvaluator::Finished IsolatedEvaluator::evaluate_alone(const Pending& p) {
+  if (!p.draw) return {p.id, evaluate(p.kernel, p.c, p.options), p.c};
+  // The worker draws it (so that a crash or hang is recorded with the case that caused
+  // it), then it is checked as any other. A draw that fails (the generator threw, or the
+  // kernel's supports() took the worker down) names the op's basic case.
+  const Case basic = op_module(p.draw->op).basic_case(p.draw->dtype);
+  Case c;
+  try {
+    Exchange x = exchange({{"draw_case", {{"kernel", p.kernel}, {"draw", draw_to_json(*p.draw)}}}}, "drawing the case");
+    if (x.status != Disposition::Ok) return {p.id, failed_result(p.kernel, basic, x.status, x.message), basic};
+    if (!x.reply.is_object() || !x.reply.contains("case")) throw InputError("worker sent a malformed reply");
+    c = case_from_json(x.reply["case"]);
+  } catch (const InputError& e) {
+    return {p.id, failed_result(p.kernel, basic, Disposition::Failed, std::string("harness error: ") + e.what()), basic};
+  }
+  return {p.id, evaluate(p.kernel, c, p.options), c};
+}
+
+IsolatedEvaluator::Finished IsolatedEvaluator::next_result() {
   for (;;) {
     if (pending_.empty()) {
       if (redo_.empty()) throw std::logic_error("IsolatedEvaluator::next_result: no case in flight");
       Pending p = std::move(redo_.front());
       redo_.pop_front();
-      return {p.id, evaluate(p.kernel, p.c, p.options)};
+      return evaluate_alone(p);
     }
     // The earliest deadline of a case a thread has taken; while none has been taken, of
     // the oldest case sent (a worker that takes nothing is stuck).
@@ -751,13 +834,16 @@ std::pair<std::uint64_t, CaseResult> IsolatedEvaluator::next_result() {
     }
     Pending p = std::move(pending_.at(*id));
     pending_.erase(*id);
-    if (reply.contains("error") && reply["error"].is_string())
-      return {p.id, failed_result(p.kernel, p.c, Disposition::Failed, "harness error: " + reply["error"].get<std::string>())};
-    CaseResult result;
+    if (reply.contains("error") && reply["error"].is_string()) {
+      const Case c = p.draw ? op_module(p.draw->op).basic_case(p.draw->dtype) : p.c;
+      return {p.id, failed_result(p.kernel, c, Disposition::Failed, "harness error: " + reply["error"].get<std::string>()), c};
+    }
+    Finished f{p.id, {}, p.c};
     try {
       if (!reply.contains("result")) throw InputError("no \"result\"");
-      result = case_result_from_json(reply["result"], "result");
-    } catch (const InputError&) {
+      f.result = case_result_from_json(reply["result"], "result");
+      if (p.draw) f.requested = case_from_json(reply.at("case"));
+    } catch (const std::exception&) {
       redo_.push_back(std::move(p));
       lose_pool();
       continue;
@@ -770,7 +856,7 @@ std::pair<std::uint64_t, CaseResult> IsolatedEvaluator::next_result() {
       std::sort(redo_.begin(), redo_.end(), [](const Pending& a, const Pending& b) { return a.id < b.id; });
       continue;
     }
-    return {p.id, std::move(result)};
+    return f;
   }
 }
 
@@ -939,9 +1025,11 @@ class CheckPool {
       json reply;
       bool restart = false;
       try {
+        if (p.draw) p.c = draw_in_worker(*p.kernel, *p.draw);
         CaseResult result;
         std::tie(result, restart) = run_check(registry_, *p.kernel, p.c, p.options);
         reply = {{"result", case_result_to_json(result)}, {"id", id}, {"restart", restart}};
+        if (p.draw) reply["case"] = to_json(p.c);
       } catch (const InputError& e) {
         reply = {{"error", e.what()}, {"id", id}};
       }

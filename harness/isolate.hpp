@@ -10,18 +10,20 @@
 //                                 "effective_bits": BOOL}}                     check a case
 //                               {"supports": {"kernel": NAME, "case": CASE}}  ask the kernel
 //                               {"describe": [NAME...] | null}                 kernels (null: all)
-//                               {"submit": {"id": N, "kernel": ..., "case": ..., "options": ...}}
+//                               {"draw_case": {"kernel": NAME, "draw": DRAW}}   draw a generated case
+//                               {"submit": {"id": N, "kernel": ..., "case": CASE | "draw": DRAW, "options": ...}}
 //                                                            check concurrently (no reply now)
 //   worker -> parent (stdout):  kWorkerLinePrefix followed by one of
 //                                {"ready": {"pid": N, "kernels": N}}           once, at start
 //                                {"result": CASE_RESULT, "restart": BOOL}       a check
 //                                {"supports": {"ok": BOOL, "why": STR}}         supports
+//                                {"case": CASE}                                 draw_case
 //                                {"kernels": [{"name", "description", "memory",
 //                                  "deterministic", "accumulator_bits", "p_bits"}]}
 //                                {"error": MESSAGE}                             bad request
 //                              for submitted cases, in the order they happen:
 //                                {"started": N}                                 a thread took case N
-//                                {"result": CASE_RESULT, "id": N, "restart": BOOL}
+//                                {"result": CASE_RESULT, "id": N, "restart": BOOL[, "case": DRAWN]}
 //                                {"error": MESSAGE, "id": N}                    case N refused
 // So the parent runs no kernel code at all: it plans with stand-ins (worker_registry)
 // whose supports() is asked of the worker, where a crash or hang is reported, not fatal.
@@ -41,6 +43,7 @@
 #include <deque>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -77,6 +80,15 @@ struct IsolationOptions {
   std::size_t stderr_tail_bytes = 2048;
 };
 
+/// A generated case named by how it is drawn (fuzz.hpp, draw_case): the worker draws it
+/// with its own kernel, so that the generator's supports() questions cost no round trip.
+struct DrawSpec {
+  Op op = Op::Gemm;
+  std::string dtype;
+  std::uint64_t target_seed = 0, index = 0;
+  GenLimits limits;
+};
+
 /// Parent side: runs evaluations in a worker process, one at a time. The worker starts on
 /// the first evaluation and again, lazily, on the first evaluation after one died. Not
 /// thread-safe; one evaluator per thread of a campaign.
@@ -105,8 +117,16 @@ class IsolatedEvaluator {
   /// worker: a crash or hang is then the result of the case that causes it alone.
   /// evaluate(), supports() and describe() need in_flight() == 0.
   void submit(std::uint64_t id, const std::string& kernel, const Case& c, const EvaluationOptions& options = {});
+  /// The same for a case the worker draws; a case it cannot draw is a failed result on
+  /// the op's basic case ("harness error: case generation failed: ...").
+  void submit(std::uint64_t id, const std::string& kernel, const DrawSpec& draw, const EvaluationOptions& options = {});
   std::size_t in_flight() const { return pending_.size() + redo_.size(); }
-  std::pair<std::uint64_t, CaseResult> next_result();
+  struct Finished {
+    std::uint64_t id = 0;
+    CaseResult result;
+    Case requested;  ///< the case as submitted or drawn (result.spec is it after filling)
+  };
+  Finished next_result();
 
   /// What the kernel says of case c, asked in the worker. A kernel whose supports() crashes
   /// or hangs the worker is unsupported with that as the reason (status Crashed or
@@ -145,11 +165,15 @@ class IsolatedEvaluator {
     std::string kernel;
     Case c;
     EvaluationOptions options;
+    std::optional<DrawSpec> draw;  ///< c is unknown until the worker drew it
     double started = -1;  ///< seconds on the steady clock when a worker thread took it
     double sent = 0;
   };
   /// The worker is killed; every pending case goes to redo_, to be evaluated alone.
   void lose_pool();
+  void submit(Pending p);
+  /// A pending case checked alone (evaluate(), or the worker draws it first).
+  Finished evaluate_alone(const Pending& p);
   void start_worker();
   void stop_worker();
   IsolationOptions options_;

@@ -252,9 +252,11 @@ int fuzz_command(const FuzzArgs& a, const LocalRegistry& local, const std::strin
               static_cast<unsigned long long>(a.seed), o.targets.size(), static_cast<long long>(a.cases),
               static_cast<long long>(a.max_k), a.seconds > 0 ? fmt::format("{:.0f} s", a.seconds).c_str() : "none");
   std::fflush(stdout);
+  FuzzProgress last;
   RunRecord r = run_fuzz(
       registry, o,
       [&](const FuzzProgress& p) {
+        last = p;
         const double rate = p.elapsed > 0 ? p.cases / p.elapsed : 0;
         const double eta = rate > 0 ? (p.total - p.cases) / rate : 0;
         if (tty) {
@@ -274,6 +276,10 @@ int fuzz_command(const FuzzArgs& a, const LocalRegistry& local, const std::strin
         std::fflush(stdout);
       });
   if (tty) std::fprintf(stderr, "\r\033[K");
+  if (last.elapsed > 0)
+    std::printf("throughput: %lld cases in %.2f s, %.0f cases/s (%d at once; results awaited %.0f%% of the time)\n",
+                static_cast<long long>(last.cases), last.elapsed, last.cases / last.elapsed, o.jobs,
+                100 * last.waiting / last.elapsed);
   r.command = command_line;
   const auto out = std::filesystem::path(a.out_dir);
   write_record_file((out / "fuzz.json").string(), r);

@@ -88,6 +88,24 @@ void BM_Generate(benchmark::State& state) {
   });
 }
 
+// Drawing with the stand-ins an isolated campaign plans with: every supports() question
+// the generator asks is a round trip to the planning worker.
+void BM_GenerateWithStandIns(benchmark::State& state) {
+  IsolationOptions io;
+  io.worker_binary = ULPGATE_BIN;
+  IsolatedEvaluator planner(io);
+  const std::string name = env_or("ULPGATE_BENCH_KERNEL", "cpu.fp32_seq");
+  Registry stand_ins = worker_registry(planner, {name});
+  Kernel* k = stand_ins.resolve(name);
+  const rc::Gen<Case> gen = op_module(Op::Gemm).generate(env_or("ULPGATE_BENCH_DTYPE", "bf16"), k, GenLimits{256, true});
+  std::uint64_t i = 0;
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(gen(rc::Random(low64(random_block(1, 0xF023u, i))), static_cast<int>((37 * i) % 101)).value());
+    ++i;
+  }
+  state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations()));
+}
+
 void BM_FillInputs(benchmark::State& state) {
   over_cases(state, [](Target& t, std::size_t i) {
     Case c = t.cases[i];
@@ -152,6 +170,7 @@ void BM_Isolated(benchmark::State& state) {
 }
 
 BENCHMARK(BM_Generate)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_GenerateWithStandIns)->Unit(benchmark::kMicrosecond)->UseRealTime();
 BENCHMARK(BM_FillInputs)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_RunKernel)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_ReferenceAndCompare)->Unit(benchmark::kMillisecond)->UseRealTime();

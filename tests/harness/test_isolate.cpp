@@ -290,8 +290,9 @@ TEST(Isolate, SubmittedCasesEqualEvaluatedOnesThroughCrashesAndHangs) {
       pool.submit(next, cases[next].first, cases[next].second);
       ++next;
     }
-    auto [id, r] = pool.next_result();
-    EXPECT_TRUE(got.emplace(id, std::move(r)).second) << "case " << id << " came back twice";
+    IsolatedEvaluator::Finished f = pool.next_result();
+    EXPECT_EQ(to_json(f.requested), to_json(cases.at(f.id).second));
+    EXPECT_TRUE(got.emplace(f.id, std::move(f.result)).second) << "case " << f.id << " came back twice";
   }
   EXPECT_EQ(pool.in_flight(), 0u);
   for (std::size_t i = 0; i < cases.size(); ++i) {
@@ -314,7 +315,10 @@ TEST(Isolate, FuzzWithSeveralWorkersEqualsOneWorker) {
   std::filesystem::create_directories(dir);
   const auto campaign = [&](int jobs) {
     FuzzOptions o;
-    o.targets = {{"cpu.fp32_seq", "fp16"}, {"planted.noisy", "fp32"}, {"cpu.blockfma:block=16,frac=13,round=rz", "bf16"}};
+    // planted.segfault: every case crashes the worker, whose other cases in flight are then
+    // checked alone; each crash is recorded with its own case all the same.
+    o.targets = {{"cpu.fp32_seq", "fp16"}, {"planted.noisy", "fp32"}, {"cpu.blockfma:block=16,frac=13,round=rz", "bf16"},
+                 {"planted.segfault", "fp32"}};
     o.cases = 23;  // not a multiple of the window
     o.seed = 5;
     o.max_k = 64;
@@ -339,7 +343,10 @@ TEST(Isolate, FuzzWithSeveralWorkersEqualsOneWorker) {
     EXPECT_EQ(timeless(one.cases[i]), timeless(three.cases[i])) << i;
     failed += !one.cases[i].verdict.passed;
   }
-  EXPECT_GT(failed, 0) << "the baseline rule should fail some cases";
+  EXPECT_GT(failed, 23) << "the baseline rule should fail some cases, and every planted.segfault case crashes";
+  EXPECT_EQ(std::count_if(three.cases.begin(), three.cases.end(),
+                          [](const CaseResult& r) { return r.origin == "generated" && r.status == Disposition::Crashed; }),
+            23);
   const JournalContents j1 = read_journal((dir / "journal1.jsonl").string()),
                         j3 = read_journal((dir / "journal3.jsonl").string());
   ASSERT_EQ(j1.entries.size(), j3.entries.size());
