@@ -10,6 +10,7 @@
 #include "distributions/gendot.hpp"
 #include "distributions/sampling.hpp"
 #include "core/error.hpp"
+#include "core/parallel.hpp"
 #include "core/rng.hpp"
 
 namespace ulpgate {
@@ -23,6 +24,12 @@ using sampling::Sampler;
 }
 
 // The logical shape of an input and where each logical element lives in its buffer.
+// Elements of an operand worth a thread of their own when filling (a few ms of sampling),
+// handed out in chunks of kFillGrain.
+constexpr double kFillPerThread = 0x1p15;
+constexpr std::int64_t kFillGrain = 4096;
+constexpr int kMaxDims = 8;
+
 struct Operand {
   std::string name;
   Format format;
@@ -41,6 +48,21 @@ struct Operand {
     std::int64_t s = 1;
     for (int a = static_cast<int>(dims.size()) - 1; a > axis; --a) s *= dims[a];
     return s;
+  }
+  /// The coordinates of logical index idx.
+  void coordinates(std::int64_t idx, std::int64_t* x) const {
+    for (int a = static_cast<int>(dims.size()) - 1; a >= 0; --a) {
+      x[a] = idx % dims[a];
+      idx /= dims[a];
+    }
+  }
+  /// Calls fn(logical index) for every logical element, on several threads when there are
+  /// enough of them (each element is a pure function of its index: any order gives the
+  /// same bits).
+  template <class Fn>
+  void for_each_parallel(Fn&& fn) const {
+    const std::int64_t n = count();
+    parallel_for(n, fn, threads_for(static_cast<double>(n), kFillPerThread), kFillGrain);
   }
   /// Calls fn(logical index, coordinates) for every logical element, in index order.
   template <class Fn>
@@ -163,7 +185,9 @@ void check_scope(const DistSpec& s, const Case& c, const std::string& op) {
 Tensor store(const Operand& o, const std::vector<double>& vals) {
   Tensor t(o.format, static_cast<std::size_t>(o.storage));
   t.fill_code(padding_poison(o.format));
-  o.for_each([&](std::int64_t idx, const std::int64_t* x) {
+  o.for_each_parallel([&](std::int64_t idx) {
+    std::int64_t x[kMaxDims];
+    o.coordinates(idx, x);
     t.set_value(static_cast<std::size_t>(o.offset(x)), vals[static_cast<std::size_t>(idx)]);
   });
   return t;
@@ -174,9 +198,10 @@ Tensor fill_operand(Case& c, const Operand& o, const DistSpec& spec) {
   const Sampler sampler = resolve(spec, c, o);
   const std::uint64_t seed = c.seed;
   std::vector<double> vals(static_cast<std::size_t>(o.count()));
-  o.for_each([&](std::int64_t idx, const std::int64_t* x) {
-    vals[static_cast<std::size_t>(idx)] = sampling::sample_core(
-        sampler, seed, o.stream, static_cast<std::uint64_t>(idx), static_cast<std::uint64_t>(x[o.channel_axis]));
+  const std::int64_t channel_stride = o.stride(o.channel_axis), channels = o.dims[o.channel_axis];
+  o.for_each_parallel([&](std::int64_t idx) {
+    vals[static_cast<std::size_t>(idx)] = sampling::sample_core(sampler, seed, o.stream, static_cast<std::uint64_t>(idx),
+                                                                static_cast<std::uint64_t>((idx / channel_stride) % channels));
   });
   if (sampler.kind == Kind::SoftmaxWeight) {
     // Normalise each line along the reduction axis, summing in coordinate order.
@@ -188,8 +213,10 @@ Tensor fill_operand(Case& c, const Operand& o, const DistSpec& spec) {
       for (std::int64_t r = 0; r < len; ++r) vals[static_cast<std::size_t>(idx + r * stride)] /= sum;
     });
   }
-  for (std::size_t i = 0; i < vals.size(); ++i)
-    vals[i] = sampling::apply_modifiers(sampler, seed, o.stream, i, vals[i]);
+  o.for_each_parallel([&](std::int64_t i) {
+    const auto e = static_cast<std::size_t>(i);
+    vals[e] = sampling::apply_modifiers(sampler, seed, o.stream, e, vals[e]);
+  });
   // amax is FP8's storage step: any other operand holds its base values, unscaled (scales
   // are FP8-only, takes_scale; a plugin gets 1 there and a kernel would ignore anything else).
   if (spec.family == "amax" && takes_scale(o.format)) {

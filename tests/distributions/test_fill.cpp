@@ -1,6 +1,9 @@
 // fill_inputs: values depend on logical coordinates only, padding is poisoned, joint
 // constructions (gendot, amax, attention logits / sink / masking, exact) do what they say.
 #include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <cstring>
 #include <rapidcheck.h>
 #include <rapidcheck/gtest.h>
 
@@ -341,4 +344,25 @@ TEST(Fill, CaseLevelErrorsNameTheOperand) {
   Case mixed = gemm_case(4, 4, 64, Format::E4M3, "gendot(cond=100)");
   mixed.types["B"] = Format::E5M2;
   EXPECT_EQ(fill_error(mixed), "case.dist.A: gendot needs A and B formats where one contains the other, got e4m3 and e5m2");
+}
+
+// Large operands are filled on several threads: the same bits as on one, for every
+// per-element family, modifiers and a padded, transposed layout.
+TEST(Fill, SeveralThreadsGiveTheBitsOfOne) {
+  for (const char* dist : {"normal(0,1)", "student_t(3)", "specials(nan=0.01,inf=0.01,negzero=0.1,base=lognormal(0,1))",
+                           "outliers(rate=0.01,scale=1000,base=uniform(-1,1))", "softmax(std=2)"}) {
+    Case c = gemm_case(300, 70, 450, Format::BF16, dist, dist);
+    c.gemm.trans_a = true;
+    c.gemm.lda = 300 + 5;
+    Case one = c, many = c;
+    ::setenv("ULPGATE_THREADS", "1", 1);
+    const auto a = fill_inputs(one);
+    ::setenv("ULPGATE_THREADS", "4", 1);
+    const auto b = fill_inputs(many);
+    ::unsetenv("ULPGATE_THREADS");
+    for (const char* op : {"A", "B"}) {
+      ASSERT_EQ(a.at(op).size_bytes(), b.at(op).size_bytes()) << dist;
+      EXPECT_EQ(std::memcmp(a.at(op).data(), b.at(op).data(), a.at(op).size_bytes()), 0) << dist << " " << op;
+    }
+  }
 }
