@@ -1,6 +1,7 @@
 #include "harness/ops/gemm.hpp"
 
 #include <cmath>
+#include <cstring>
 
 #include <fmt/format.h>
 
@@ -339,10 +340,13 @@ class GemmModule final : public OpModule {
     const MatrixView av = gemm_view(c, "A"), bv = gemm_view(c, "B");
     const std::int64_t M = c.gemm.m, N = c.gemm.n, K = c.gemm.k;
     std::vector<double> arows(M * K), bcols(N * K);
-    for (std::int64_t i = 0; i < M; ++i)
-      for (std::int64_t k = 0; k < K; ++k) arows[i * K + k] = inputs.at("A").value(op_a_offset(c, av, 0, i, k));
-    for (std::int64_t j = 0; j < N; ++j)
-      for (std::int64_t k = 0; k < K; ++k) bcols[j * K + k] = inputs.at("B").value(op_b_offset(c, bv, 0, k, j));
+    const Tensor &a = inputs.at("A"), &b = inputs.at("B");
+    parallel_for(M, [&](std::int64_t i) {
+      for (std::int64_t k = 0; k < K; ++k) arows[i * K + k] = a.value(op_a_offset(c, av, 0, i, k));
+    });
+    parallel_for(N, [&](std::int64_t j) {
+      for (std::int64_t k = 0; k < K; ++k) bcols[j * K + k] = b.value(op_b_offset(c, bv, 0, k, j));
+    });
     for (int bits = kCalibrationBits; bits >= 12; bits -= 4) {
       if (std::ldexp(static_cast<double>(K), -bits) > 1.0 / 16) break;
       const double cal = calibration_mean_normalised(arows, bcols, M, N, K, cmp, bits);
@@ -380,14 +384,29 @@ const OpModule& gemm_module() {
   return m;
 }
 
-double calibration_dot(const double* a, const double* b, std::int64_t k, int bits) {
-  auto round_bits = [bits](double v) {
-    if (v == 0 || !std::isfinite(v)) return v;
+double round_to_bits(double v, int bits) {
+  std::uint64_t u;
+  std::memcpy(&u, &v, sizeof u);
+  const std::uint64_t biased = (u >> 52) & 0x7ff;
+  if (biased == 0 || biased == 0x7ff || bits >= 53 || bits < 2) {
+    // zero, subnormal, Inf, NaN, one bit (its last kept bit is the implicit one): by the
+    // definition (the sweeps' sums are normal)
+    if (v == 0 || !std::isfinite(v) || bits >= 53) return v;
     const int e = std::ilogb(v);
     return std::ldexp(std::nearbyint(std::ldexp(v, bits - 1 - e)), e - bits + 1);  // RNE (default mode)
-  };
+  }
+  // A normal double: RNE on the magnitude's bits, dropping 53 - bits of the significand;
+  // a carry out of it steps the exponent (to Inf past the largest finite), as it should.
+  const int drop = 53 - bits;
+  const std::uint64_t mask = (std::uint64_t{1} << drop) - 1, lsb = (u >> drop) & 1;
+  u = (u + (mask >> 1) + lsb) & ~mask;
+  std::memcpy(&v, &u, sizeof v);
+  return v;
+}
+
+double calibration_dot(const double* a, const double* b, std::int64_t k, int bits) {
   double acc = 0;
-  for (std::int64_t i = 0; i < k; ++i) acc = round_bits(acc + a[i] * b[i]);
+  for (std::int64_t i = 0; i < k; ++i) acc = round_to_bits(acc + a[i] * b[i], bits);
   return acc;
 }
 

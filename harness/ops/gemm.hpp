@@ -33,6 +33,11 @@ const OpModule& gemm_module();
 
 inline constexpr int kCalibrationBits = 32;  // n 2^-32 << 1 for every K we sweep
 
+/// v rounded to nearest (ties to even) at `bits` significant bits (1..52; 53 and more: v),
+/// relative to v's own exponent, with no exponent range below (a subnormal keeps `bits`
+/// bits): ldexp(nearbyint(ldexp(v, bits - 1 - ilogb(v))), ilogb(v) - bits + 1).
+double round_to_bits(double v, int bits);
+
 /// sum_k a[k] b[k] accumulated sequentially, each partial sum rounded to nearest (ties to
 /// even) at `bits` bits of precision (2..52): the sweep's calibrator (harness/sweep.hpp).
 double calibration_dot(const double* a, const double* b, std::int64_t k, int bits);

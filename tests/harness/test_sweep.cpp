@@ -1,6 +1,9 @@
 // Sweeps: the power fit, --vary parsing, and the effective-precision estimate on CPU models
 // whose precision is known.
 #include <gtest/gtest.h>
+#include <cstdint>
+#include <cstring>
+#include <random>
 
 #include <cmath>
 
@@ -108,4 +111,44 @@ TEST(Sweep, EffectiveBitsOfKnownModels) {
   EXPECT_EQ(seq.series.x.size(), 4u);
   EXPECT_EQ(seq.cases.size(), 4u);
   for (const auto& r : seq.cases) EXPECT_TRUE(r.verdict.passed) << r.verdict.reasons.front();
+}
+
+// The calibrator's rounding (fast for normal numbers) is its definition, bit for bit, on
+// random doubles of every exponent, subnormals, ties at every precision and their
+// neighbours, and values that round up to the next binade or to Inf.
+TEST(Sweep, RoundToBitsIsRoundToNearestEvenAtThatPrecision) {
+  const auto definition = [](double v, int bits) {
+    if (v == 0 || !std::isfinite(v) || bits >= 53) return v;
+    const int e = std::ilogb(v);
+    return std::ldexp(std::nearbyint(std::ldexp(v, bits - 1 - e)), e - bits + 1);
+  };
+  std::mt19937_64 rng(20261201);
+  std::int64_t checked = 0, ties = 0;
+  for (int i = 0; i < 2000000; ++i) {
+    std::uint64_t u = rng();
+    const int bits = 1 + static_cast<int>(rng() % 53);
+    if (bits < 53 && i % 4 == 0) {  // a tie: the first dropped bit 1, the rest 0 (and its neighbours)
+      const int drop = 53 - bits;
+      u = (u | (std::uint64_t{1} << (drop - 1))) & ~((std::uint64_t{1} << (drop - 1)) - 1);
+      u += static_cast<std::uint64_t>(static_cast<int>(rng() % 3) - 1);
+      ++ties;
+    }
+    if (i % 7 == 0) u |= 0x000fffffffffffffull;  // all ones: rounds up into the next binade
+    double v;
+    std::memcpy(&v, &u, sizeof v);
+    const double want = definition(v, bits), got = round_to_bits(v, bits);
+    if (std::isnan(want)) {
+      EXPECT_TRUE(std::isnan(got));
+      continue;
+    }
+    ASSERT_EQ(std::memcmp(&want, &got, sizeof want), 0) << std::hexfloat << v << " at " << bits << " bits: " << got
+                                                        << " instead of " << want;
+    ++checked;
+  }
+  EXPECT_GT(checked, 1900000);
+  EXPECT_GT(ties, 400000);
+  EXPECT_EQ(round_to_bits(0x1.fffffffffffffp1023, 20), INFINITY);
+  EXPECT_EQ(round_to_bits(-0x1.fffffp0, 20), -2.0);
+  EXPECT_EQ(round_to_bits(0x1.00008p0, 17), 1.0);           // a tie to even
+  EXPECT_EQ(round_to_bits(0x1.00018p0, 17), 0x1.0002p0);    // a tie to even, upwards
 }
