@@ -59,6 +59,8 @@ struct FormatInfo {
   double min_subnormal() const;
   double epsilon() const;  ///< 2^-frac_bits: the gap between 1 and the next value
   std::uint64_t sign_mask() const { return std::uint64_t{1} << (bits - 1); }
+  /// Every bit of a code (FP64: all 64; a shift by 64 would be undefined).
+  std::uint64_t code_mask() const { return bits >= 64 ? ~std::uint64_t{0} : (std::uint64_t{1} << bits) - 1; }
 };
 
 const FormatInfo& info(Format f);

@@ -108,7 +108,7 @@ inline DotInput make_dot(Family fam, std::uint64_t seed, std::uint64_t index,
       const Format f = fs[b.in(0, 5)], g = fs[b.in(0, 5)];
       auto code_value = [&](Format fmt) {
         for (;;) {
-          const Code c = b.next() & ((Code{1} << info(fmt).bits) - 1);
+          const Code c = b.next() & info(fmt).code_mask();
           if (is_finite(fmt, c)) return static_cast<float>(decode(fmt, c));
         }
       };

@@ -41,7 +41,7 @@ Tensor random_tensor(Format f, std::int64_t n, Bits& bits, bool small) {
   for (std::int64_t e = 0; e < n; ++e) {
     double v;
     if (small) v = static_cast<double>(bits.in(-2, 2));
-    else do v = decode(f, bits.next() & ((Code{1} << info(f).bits) - 1));
+    else do v = decode(f, bits.next() & info(f).code_mask());
          while (!std::isfinite(v) || std::fabs(v) > 6.0);
     t.set_value(static_cast<std::size_t>(e), v);
   }

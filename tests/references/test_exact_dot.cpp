@@ -231,7 +231,7 @@ RC_GTEST_PROP(RefValue, RoundingMatchesEncodeExact, ()) {
   for (int i = 0; i < 200; ++i) {
     const Format f = kAllFormats[b.in(0, 6)];
     Code c;
-    do c = b.next() & ((Code{1} << info(f).bits) - 1);
+    do c = b.next() & info(f).code_mask();
     while (!is_finite(f, c) || !is_finite(f, next_up(f, c)));
     const double lo = decode(f, c), hi = decode(f, next_up(f, c));
     mpfr_set_d(x, lo, MPFR_RNDN);

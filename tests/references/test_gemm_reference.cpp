@@ -130,7 +130,7 @@ Tensor random_tensor(Format f, std::int64_t n, Bits& bits, bool small_integers, 
     if (small_integers) {
       v = static_cast<double>(bits.in(-8, 8));
     } else {
-      do v = decode(f, bits.next() & ((Code{1} << info(f).bits) - 1));
+      do v = decode(f, bits.next() & info(f).code_mask());
       while (!std::isfinite(v) || std::fabs(v) > max_abs);
     }
     t.set_value(static_cast<std::size_t>(e), v);
