@@ -301,23 +301,25 @@ json parse_request(const std::string& line) {
   }
 }
 
+// The kernel a {"kernel": NAME, FIELD: ...} request names, resolved here.
+Kernel& requested_kernel(Registry& registry, const json& q, const char* verb, const char* field, const char* value) {
+  if (!q.is_object() || !q.contains("kernel") || !q["kernel"].is_string() || !q.contains(field))
+    throw InputError(fmt::format("worker request: {} must be {{\"kernel\": NAME, \"{}\": {}}}", verb, field, value));
+  Kernel* k = registry.resolve(q["kernel"].get<std::string>());
+  if (!k) throw InputError(fmt::format("unknown kernel '{}' (see ulpgate list)", q["kernel"].get<std::string>()));
+  return *k;
+}
+
 std::pair<json, bool> serve_request(Registry& registry, const json& request) {
   if (request.is_object() && request.contains("describe")) return {describe_kernels(registry, request["describe"]), false};
   if (request.is_object() && request.contains("draw_case")) {
     const json& q = request["draw_case"];
-    if (!q.is_object() || !q.contains("kernel") || !q["kernel"].is_string() || !q.contains("draw"))
-      throw InputError("worker request: draw_case must be {\"kernel\": NAME, \"draw\": DRAW}");
-    Kernel* k = registry.resolve(q["kernel"].get<std::string>());
-    if (!k) throw InputError(fmt::format("unknown kernel '{}' (see ulpgate list)", q["kernel"].get<std::string>()));
-    return {json{{"case", to_json(draw_in_worker(*k, draw_from_json(q["draw"])))}}, false};
+    Kernel& k = requested_kernel(registry, q, "draw_case", "draw", "DRAW");
+    return {json{{"case", to_json(draw_in_worker(k, draw_from_json(q["draw"])))}}, false};
   }
   if (request.is_object() && request.contains("supports")) {
     const json& q = request["supports"];
-    if (!q.is_object() || !q.contains("kernel") || !q["kernel"].is_string() || !q.contains("case"))
-      throw InputError("worker request: supports must be {\"kernel\": NAME, \"case\": CASE}");
-    Kernel* k = registry.resolve(q["kernel"].get<std::string>());
-    if (!k) throw InputError(fmt::format("unknown kernel '{}' (see ulpgate list)", q["kernel"].get<std::string>()));
-    const auto why = k->unsupported(case_from_json(q["case"]));
+    const auto why = requested_kernel(registry, q, "supports", "case", "CASE").unsupported(case_from_json(q["case"]));
     return {json{{"supports", {{"ok", !why}, {"why", why.value_or("")}}}}, false};
   }
   const ParsedCheck p = parse_check(registry, request);
