@@ -71,8 +71,8 @@ struct IsolationOptions {
   /// From starting a worker to its ready line (registry, plugins, CUDA initialisation).
   double startup_timeout_seconds = 120;
   /// Threads the worker's exact references may use (`ulpgate worker --threads N`, which
-  /// sets ULPGATE_THREADS there); 0: the worker's default (every core). Campaigns that run
-  /// several workers at once give each its share of the cores.
+  /// sets ULPGATE_THREADS there); 0: the worker's default (every core). Campaigns that
+  /// check several cases at once give each its share of the cores.
   unsigned reference_threads = 0;
   /// Cases the worker checks at once for submit() (`ulpgate worker --jobs N`: its threads).
   unsigned jobs = 1;
@@ -89,9 +89,10 @@ struct DrawSpec {
   GenLimits limits;
 };
 
-/// Parent side: runs evaluations in a worker process, one at a time. The worker starts on
-/// the first evaluation and again, lazily, on the first evaluation after one died. Not
-/// thread-safe; one evaluator per thread of a campaign.
+/// Parent side: runs evaluations in a worker process, one at a time (evaluate) or several
+/// at once in its threads (submit, next_result). The worker starts on the first
+/// evaluation and again, lazily, on the first evaluation after one died. Not thread-safe;
+/// one evaluator per thread of a campaign.
 class IsolatedEvaluator {
  public:
   explicit IsolatedEvaluator(IsolationOptions options);

@@ -267,8 +267,6 @@ TEST(Isolate, SupportsCrashOrHangIsReportedAndTheWorkerReplaced) {
   EXPECT_THROW(stand_ins.find("cpu.fp32_seq")->run(c, KernelIo{}, *std::make_unique<RunNotes>()), KernelError);
 }
 
-// Several workers check a window of cases at once (fuzz --jobs); the record, the journal
-// and the failures are those of one worker, case for case, in the same order.
 // Concurrent checks in one worker's threads: every submitted case comes back once, with
 // the result evaluate() gives it alone, also when some of them crash or hang the worker
 // (the cases in flight then are checked again one at a time, so the crash or the hang is
@@ -309,6 +307,8 @@ TEST(Isolate, SubmittedCasesEqualEvaluatedOnesThroughCrashesAndHangs) {
   expect_good_case_passes(pool);
 }
 
+// Several cases checked at once (fuzz --jobs, the worker drawing them); the record, the
+// journal and the failures are those of one worker, case for case, in the same order.
 TEST(Isolate, FuzzWithSeveralWorkersEqualsOneWorker) {
   const auto dir = std::filesystem::temp_directory_path() / ("ulpgate-jobs-" + std::to_string(::getpid()));
   std::filesystem::remove_all(dir);
@@ -319,7 +319,7 @@ TEST(Isolate, FuzzWithSeveralWorkersEqualsOneWorker) {
     // checked alone; each crash is recorded with its own case all the same.
     o.targets = {{"cpu.fp32_seq", "fp16"}, {"planted.noisy", "fp32"}, {"cpu.blockfma:block=16,frac=13,round=rz", "bf16"},
                  {"planted.segfault", "fp32"}};
-    o.cases = 23;  // not a multiple of the window
+    o.cases = 23;  // not a multiple of the jobs or of the cases in flight
     o.seed = 5;
     o.max_k = 64;
     o.gelu = false;
