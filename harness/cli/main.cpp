@@ -142,8 +142,8 @@ int main(int argc, char** argv) {
   fuzz->add_flag("--no-metamorphic", fuzz_args.no_metamorphic, "Skip the repeatability, scaling and transpose checks");
   fuzz->add_flag("--in-process", fuzz_args.in_process, "Run kernels in this process (default: a worker process)");
   fuzz->add_option("--timeout", fuzz_args.timeout, "Seconds per case before the worker is killed (default 300)");
-  fuzz->add_option("--jobs", fuzz_args.jobs, "Workers checking cases at once (default: one per core, at most 16; "
-                                             "results do not depend on it)")
+  fuzz->add_option("--jobs", fuzz_args.jobs, "Cases checked at once, by threads of one worker process (default: one per "
+                                             "core, at most 16; results do not depend on it)")
       ->check(CLI::Range(1, 256));
   fuzz->add_flag("--resume", fuzz_args.resume, "Continue an interrupted campaign from <out>/journal.jsonl");
   fuzz->add_flag("--allow-partial", fuzz_args.allow_partial,
