@@ -47,7 +47,8 @@ if has modes; then
     t1=$(now)
     summary=$(grep -m1 -E '^[0-9]+ cases, [0-9]+ failed' "$out/fuzz$i.log")
     rate=$(awk -v c="$cases" -v a="$t0" -v b="$t1" 'BEGIN { printf "%.0f", c / (b - a) }')
-    row "| ulpgate fuzz $kernel bf16 ${mode:-(default: isolated, relations, --jobs per core)} | $rate cases/s | exit $rc; $summary |"
+    campaign=$(sed -n 's/^throughput: .*s, \([0-9]*\) cases\/s (.*awaited \([0-9]*%\).*/\1 cases\/s in the campaign, results awaited \2/p' "$out/fuzz$i.log")
+    row "| ulpgate fuzz $kernel bf16 ${mode:-(default: isolated, relations, --jobs per core)} | $rate cases/s | exit $rc; $summary; $campaign |"
   done
 fi
 
