@@ -343,7 +343,7 @@ RunRecord run_fuzz(Registry& registry, const FuzzOptions& o, const std::function
                         r.reproducer));
       }
       if (progress) progress(p);
-      if (!r.verdict.passed && worker_draws && r.status != Disposition::Failed) {
+      if (!r.verdict.passed && worker_draws) {
         // To shrink it this thread needs the case's shrinks: drawn again here, the same
         // case (the same generator and supports() answers), or not shrunk if it is not.
         try {

@@ -317,8 +317,9 @@ TEST(Isolate, FuzzWithSeveralWorkersEqualsOneWorker) {
     FuzzOptions o;
     // planted.segfault: every case crashes the worker, whose other cases in flight are then
     // checked alone; each crash is recorded with its own case all the same.
+    // planted.error_above_k8: failed runs (the kernel's error), shrunk like any failure.
     o.targets = {{"cpu.fp32_seq", "fp16"}, {"planted.noisy", "fp32"}, {"cpu.blockfma:block=16,frac=13,round=rz", "bf16"},
-                 {"planted.segfault", "fp32"}};
+                 {"planted.segfault", "fp32"}, {"planted.error_above_k8", "fp32"}};
     o.cases = 23;  // not a multiple of the jobs or of the cases in flight
     o.seed = 5;
     o.max_k = 64;
@@ -347,6 +348,9 @@ TEST(Isolate, FuzzWithSeveralWorkersEqualsOneWorker) {
   EXPECT_EQ(std::count_if(three.cases.begin(), three.cases.end(),
                           [](const CaseResult& r) { return r.origin == "generated" && r.status == Disposition::Crashed; }),
             23);
+  EXPECT_TRUE(std::any_of(three.cases.begin(), three.cases.end(), [](const CaseResult& r) {
+    return r.origin == "shrunk" && r.status == Disposition::Failed && r.spec.gemm.k == 9;
+  })) << "a failed run is shrunk to K = 9";
   const JournalContents j1 = read_journal((dir / "journal1.jsonl").string()),
                         j3 = read_journal((dir / "journal3.jsonl").string());
   ASSERT_EQ(j1.entries.size(), j3.entries.size());

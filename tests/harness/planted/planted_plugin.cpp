@@ -149,6 +149,15 @@ int run_noisy(const ulpgate_problem* p, char*, size_t) {
   return 0;
 }
 
+int run_error_above_k8(const ulpgate_problem* p, char* err, size_t err_size) {
+  if (p->gemm.k > 8) {
+    std::snprintf(err, err_size, "planted.error_above_k8: K = %lld is above 8", static_cast<long long>(p->gemm.k));
+    return 5;
+  }
+  sgemm(p->gemm);
+  return 0;
+}
+
 int supports_segfault(const ulpgate_problem*, char*, size_t) {
   say("planted.supports_segfault: supports() writing through a null pointer\n");
   *g_null_target = 1;
@@ -176,6 +185,8 @@ const ulpgate_kernel kKernels[] = {
      supports_fp32_gemm, run_noisy},
     {"planted.release", "test equipment: pairwise FP32 GEMM; sequential with PLANTED_REGRESSION=1", ULPGATE_HOST_MEMORY, 1,
      supports_fp32_gemm, run_release},
+    {"planted.error_above_k8", "test equipment: returns an error when K > 8, else pairwise FP32 GEMM",
+     ULPGATE_HOST_MEMORY, 1, supports_fp32_gemm, run_error_above_k8},
     {"planted.supports_segfault", "test equipment: supports() segfaults", ULPGATE_HOST_MEMORY, 1, supports_segfault,
      run_noisy},
     {"planted.supports_hang", "test equipment: supports() hangs", ULPGATE_HOST_MEMORY, 1, supports_hang, run_noisy},
