@@ -166,7 +166,6 @@ RunRecord run_fuzz(Registry& registry, const FuzzOptions& o, const std::function
     po.jobs = static_cast<unsigned>(o.jobs);
     pool = std::make_unique<IsolatedEvaluator>(po);
   }
-  std::uint64_t next_pool_id = 0;
   const std::string replay_cmd = "ulpgate" + plugin_flags(o.plugins) + " replay ";
   std::size_t support_failures_seen = 0;
   // A supports() query that crashed or hung the worker: recorded as a failed result (the
@@ -267,8 +266,9 @@ RunRecord run_fuzz(Registry& registry, const FuzzOptions& o, const std::function
       bool done = false;     // generation failed, or the journal had it, or it was checked
       bool checked = false;  // checked now: to be journaled
     };
-    std::map<std::int64_t, Slot> slots;  // drawn and not taken yet, by case index
-    std::map<std::uint64_t, std::int64_t> index_of;  // pool id -> case index
+    // Drawn and not taken yet, by case index (also the case's id in the pool: a target's
+    // cases are all taken before the next target's are drawn, so ids never meet).
+    std::map<std::int64_t, Slot> slots;
     const auto draw = [&](std::int64_t index) {
       Slot s;
       try {
@@ -292,8 +292,7 @@ RunRecord run_fuzz(Registry& registry, const FuzzOptions& o, const std::function
       const auto wait_start = std::chrono::steady_clock::now();
       IsolatedEvaluator::Finished f = pool->next_result();
       p.waiting += std::chrono::duration<double>(std::chrono::steady_clock::now() - wait_start).count();
-      Slot& s = slots.at(index_of.at(f.id));
-      index_of.erase(f.id);
+      Slot& s = slots.at(static_cast<std::int64_t>(f.id));
       s.result = std::move(f.result);
       if (worker_draws) s.value = std::move(f.requested);
       s.done = s.checked = true;
@@ -303,9 +302,9 @@ RunRecord run_fuzz(Registry& registry, const FuzzOptions& o, const std::function
     while (i < o.cases) {
       while (next_draw < o.cases && next_draw - i < lookahead && (!pool || pool->in_flight() < 2 * std::size_t(o.jobs)) &&
              !budget_spent()) {
+        const auto id = static_cast<std::uint64_t>(next_draw);
         if (worker_draws) {
-          index_of[next_pool_id] = next_draw;
-          pool->submit(next_pool_id++, k->name(),
+          pool->submit(id, k->name(),
                        DrawSpec{t.op, t.dtype, seed_of_target, static_cast<std::uint64_t>(next_draw), GenLimits{o.max_k, o.gelu}},
                        options);
           slots.emplace(next_draw++, Slot{});
@@ -313,8 +312,7 @@ RunRecord run_fuzz(Registry& registry, const FuzzOptions& o, const std::function
         }
         Slot s = draw(next_draw);
         if (!s.done && pool) {
-          index_of[next_pool_id] = next_draw;
-          pool->submit(next_pool_id++, k->name(), s.value, options);
+          pool->submit(id, k->name(), s.value, options);
         } else if (!s.done) {
           s.result = check_generated(registry, *k, s.value, options, isolated);
           s.done = s.checked = true;

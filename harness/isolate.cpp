@@ -834,30 +834,29 @@ IsolatedEvaluator::Finished IsolatedEvaluator::next_result() {
       pending_.at(*id).started = now_seconds();
       continue;
     }
-    Pending p = std::move(pending_.at(*id));
-    pending_.erase(*id);
-    if (reply.contains("error") && reply["error"].is_string()) {
-      const Case c = p.draw ? op_module(p.draw->op).basic_case(p.draw->dtype) : p.c;
-      return {p.id, failed_result(p.kernel, c, Disposition::Failed, "harness error: " + reply["error"].get<std::string>()), c};
-    }
+    const Pending& p = pending_.at(*id);
     Finished f{p.id, {}, p.c};
+    if (reply.contains("error") && reply["error"].is_string()) {
+      if (p.draw) f.requested = op_module(p.draw->op).basic_case(p.draw->dtype);
+      f.result = failed_result(p.kernel, f.requested, Disposition::Failed, "harness error: " + reply["error"].get<std::string>());
+      pending_.erase(*id);
+      return f;
+    }
     try {
       if (!reply.contains("result")) throw InputError("no \"result\"");
       f.result = case_result_from_json(reply["result"], "result");
       if (p.draw) f.requested = case_from_json(reply.at("case"));
     } catch (const std::exception&) {
-      redo_.push_back(std::move(p));
-      lose_pool();
+      lose_pool();  // a garbled reply: this case too, again alone
       continue;
     }
+    // A lost CUDA context: the other cases' results are suspect, and this one's could be
+    // another case's doing; all of them again, alone.
     if (reply.value("restart", false)) {
-      // The CUDA context was lost: the other cases' results are suspect, and this one's
-      // could be another case's doing; all of them again, alone.
-      redo_.push_back(std::move(p));
       lose_pool();
-      std::sort(redo_.begin(), redo_.end(), [](const Pending& a, const Pending& b) { return a.id < b.id; });
       continue;
     }
+    pending_.erase(*id);
     return f;
   }
 }
