@@ -94,19 +94,27 @@ Code canonical_nan(Format f) { return info(f).sign_mask() - 1; }
 
 double decode(Format f, Code c) {
   if (f == Format::FP64) return std::bit_cast<double>(c);
+  // Every code of a narrower format is 0 or a normal double: its bits are built with
+  // integer operations (no ldexp, and no dependence on FTZ/DAZ or the rounding mode).
   const auto& fi = info(f);
-  const bool neg = is_negative(f, c);
-  if (is_nan(f, c)) return neg ? -NAN : NAN;
-  if (is_inf(f, c)) return neg ? -INFINITY : INFINITY;
+  const std::uint64_t sign = (c & fi.sign_mask()) ? std::uint64_t{1} << 63 : 0;
   const Code mag = magnitude(fi, c);
-  const int bexp = static_cast<int>(mag >> fi.frac_bits);
-  const Code frac = mag & ((Code{1} << fi.frac_bits) - 1);
-  // Every code is a small integer times a power of two: exact in double.
-  const double v = bexp == 0
-                       ? std::ldexp(static_cast<double>(frac), fi.emin() - fi.frac_bits)
-                       : std::ldexp(static_cast<double>(frac | (Code{1} << fi.frac_bits)),
-                                    bexp - fi.bias - fi.frac_bits);
-  return neg ? -v : v;
+  const int frac_bits = fi.frac_bits;
+  const Code frac = mag & ((Code{1} << frac_bits) - 1);
+  const int bexp = static_cast<int>(mag >> frac_bits);
+  if (fi.ieee_specials ? bexp == (1 << fi.exp_bits) - 1 : mag == fi.sign_mask() - 1) {
+    if (fi.has_inf && frac == 0) return std::bit_cast<double>(sign | 0x7FF0000000000000ull);  // +-Inf
+    return sign ? -NAN : NAN;
+  }
+  if (bexp == 0) {
+    if (frac == 0) return std::bit_cast<double>(sign);  // +-0
+    // frac * 2^(emin - frac_bits): the leading bit of frac becomes the implicit one.
+    const int top = 63 - std::countl_zero(frac);
+    const std::uint64_t e = static_cast<std::uint64_t>(fi.emin() - frac_bits + top + 1023);
+    return std::bit_cast<double>(sign | (e << 52) | ((frac << (52 - top)) & ((std::uint64_t{1} << 52) - 1)));
+  }
+  const std::uint64_t e = static_cast<std::uint64_t>(bexp - fi.bias + 1023);
+  return std::bit_cast<double>(sign | (e << 52) | (frac << (52 - frac_bits)));
 }
 
 Code encode(Format f, double x, Rounding r, Overflow o) {

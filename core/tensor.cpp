@@ -24,16 +24,25 @@ Code storage_to_code(Format f, std::uint64_t word) {
 }
 
 Code load_code(Format f, const void* base, std::int64_t index) {
-  const std::size_t w = storage_bytes(f);
-  std::uint64_t word = 0;
-  std::memcpy(&word, static_cast<const std::byte*>(base) + index * w, w);  // little-endian hosts
-  return storage_to_code(f, word);
+  // Fixed-size loads (little-endian hosts): a memcpy of a variable size is a library call.
+  const auto* p = static_cast<const std::byte*>(base);
+  switch (storage_bytes(f)) {
+    case 8: { std::uint64_t w; std::memcpy(&w, p + index * 8, 8); return w; }
+    case 4: { std::uint32_t w; std::memcpy(&w, p + index * 4, 4); return storage_to_code(f, w); }
+    case 2: { std::uint16_t w; std::memcpy(&w, p + index * 2, 2); return w; }
+    default: return static_cast<Code>(p[index]);
+  }
 }
 
 void store_code(Format f, void* base, std::int64_t index, Code c) {
-  const std::size_t w = storage_bytes(f);
+  auto* p = static_cast<std::byte*>(base);
   const std::uint64_t word = code_to_storage(f, c);
-  std::memcpy(static_cast<std::byte*>(base) + index * w, &word, w);
+  switch (storage_bytes(f)) {
+    case 8: std::memcpy(p + index * 8, &word, 8); break;
+    case 4: { const auto w = static_cast<std::uint32_t>(word); std::memcpy(p + index * 4, &w, 4); break; }
+    case 2: { const auto w = static_cast<std::uint16_t>(word); std::memcpy(p + index * 2, &w, 2); break; }
+    default: p[index] = static_cast<std::byte>(word);
+  }
 }
 
 Code Tensor::code(std::size_t i) const { return load_code(format_, bytes_.data(), i); }

@@ -54,13 +54,18 @@ Judged judge_run(const Case& c, const Inputs& inputs, const RunOutcome& run, con
   return j;
 }
 
-// Another run of the same case against j's reference (same exact output and tolerance).
-Judged rejudge(const Judged& j, const Case& c, const RunOutcome& run, const ToleranceModel& tol) {
+// A run of case c against a given reference (its got codes and write audit replaced).
+Judged judge_against(OutputComparison reference, const Case& c, const RunOutcome& run, const ToleranceModel& tol) {
   Judged r;
-  r.cmp = j.cmp;
+  r.cmp = std::move(reference);
   r.cmp.got = op_module(c.op).logical_output(c, run.outputs.at(outputs_of(c).front()));
   judge_into(r, c, run, tol);
   return r;
+}
+
+// Another run of the same case against j's reference (same exact output and tolerance).
+Judged rejudge(const Judged& j, const Case& c, const RunOutcome& run, const ToleranceModel& tol) {
+  return judge_against(j.cmp, c, run, tol);
 }
 
 }  // namespace
@@ -120,6 +125,11 @@ Evaluation evaluate_with_inputs(Kernel& k, const Case& c, const Inputs& inputs, 
           },
           [&](const RunOutcome& run) {
             const Judged r = rejudge(j, c, run, ev.tolerance);
+            return r.verdict.passed ? std::string() : r.verdict.reasons.front();
+          },
+          j.cmp,
+          [&](const Case& cc, const RunOutcome& run, OutputComparison reference) {
+            const Judged r = judge_against(std::move(reference), cc, run, options.tolerance.value_or(op.tolerance(cc, k.traits())));
             return r.verdict.passed ? std::string() : r.verdict.reasons.front();
           }};
       // Repeatability holds for every op: a deterministic kernel gives the same bits twice.

@@ -15,9 +15,9 @@ namespace {
 
 const std::vector<std::string> kGemmDtypes = {"fp32", "tf32", "fp16", "bf16", "e4m3", "e5m2", "fp64"};
 
-// The transposed problem on the same memory: D^T = op(B)^T op(A)^T in the other layout
-// (for cases without a bias).
-Case transposed(const Case& c) {
+}  // namespace
+
+Case transposed_gemm_case(const Case& c) {
   Case t = c;
   auto& g = t.gemm;
   g.layout = c.gemm.layout == Layout::RowMajor ? Layout::ColMajor : Layout::RowMajor;
@@ -34,6 +34,8 @@ Case transposed(const Case& c) {
   t.dist.clear();  // the inputs are given, not drawn
   return t;
 }
+
+namespace {
 
 // Whether doubling A keeps every value, product and sum away from underflow and overflow,
 // so that a kernel whose operations all round the same way at any scale (floating point
@@ -171,6 +173,37 @@ double calibration_mean_normalised(const std::vector<double>& arows, const std::
   for (double e : err) sum += e;
   return sum / static_cast<double>(err.size());
 }
+
+}  // namespace
+
+OutputComparison transposed_reference(const OutputComparison& cmp) {
+  // D^T = op(B)^T op(A)^T sums the same products (and beta C^T, no bias): every exact
+  // value, condition term and per-element bound moves from (b, i, j) to (b, j, i).
+  const std::int64_t batch = cmp.shape.at(0), m = cmp.shape.at(1), n = cmp.shape.at(2);
+  OutputComparison t;
+  t.format = cmp.format;
+  t.shape = {batch, n, m};
+  t.accumulator_max = cmp.accumulator_max;
+  t.tolerance_note = cmp.tolerance_note;
+  const auto permute = [&](const auto& v) {
+    std::decay_t<decltype(v)> out(v.size());
+    if (v.empty()) return out;
+    for (std::int64_t b = 0; b < batch; ++b)
+      for (std::int64_t i = 0; i < m; ++i)
+        for (std::int64_t j = 0; j < n; ++j) out[(b * n + j) * m + i] = v[(b * m + i) * n + j];
+    return out;
+  };
+  t.got = permute(cmp.got);
+  t.exact = permute(cmp.exact);
+  t.condition = permute(cmp.condition);
+  t.accumulated = permute(cmp.accumulated);
+  t.allowed = permute(cmp.allowed);
+  t.input_abs = permute(cmp.input_abs);
+  t.unwritten = permute(cmp.unwritten);
+  return t;
+}
+
+namespace {
 
 class GemmModule final : public OpModule {
  public:
@@ -314,7 +347,7 @@ class GemmModule final : public OpModule {
     }
     // (A bias runs along D's columns, which transposition turns into rows: no relation then.)
     if (!has_bias(c.epilogue)) {
-      const Case tc = transposed(c);
+      const Case tc = transposed_gemm_case(c);
       if (ctx.kernel.supports(tc)) {
         Inputs tin{{"A", inputs.at("B")}, {"B", inputs.at("A")}};
         if (c.beta != 0) tin.emplace("C", inputs.at("C"));
@@ -322,7 +355,7 @@ class GemmModule final : public OpModule {
         // A kernel may find out only when it runs that it lacks the other layout (no
         // algorithm for it): not supported then is no finding; a failure or crash is.
         const std::string why = t.status == Disposition::NotSupported ? std::string()
-                              : t.status == Disposition::Ok ? ctx.judge(tc, tin, t)
+                              : t.status == Disposition::Ok ? ctx.judge_against(tc, t, transposed_reference(ctx.first))
                                                             : fmt::format("{}: {}", name(t.status), t.message);
         if (!why.empty())
           out.push_back({"transposition", "the transposed problem (other layout, A and B swapped) fails: " + why});

@@ -31,6 +31,17 @@ Case dtype_gemm_case(std::string_view dtype, std::int64_t m, std::int64_t n, std
 /// The GEMM module (op_module(Op::Gemm)).
 const OpModule& gemm_module();
 
+/// The transposed problem on the same memory: D^T = op(B)^T op(A)^T in the other layout,
+/// A and B (types, scales, leading dimensions) swapped, no distributions (the inputs are
+/// given: B's tensor as A, A's as B). For cases without a bias (it runs along D's columns).
+Case transposed_gemm_case(const Case& c);
+
+/// The comparison of a GEMM case's transposed problem (harness/ops/gemm.cpp: other layout,
+/// A and B swapped, no bias) built from the case's own: every per-element vector moved from
+/// (b, i, j) to (b, j, i), shape {batch, N, M}. The transposition relation judges against it
+/// instead of computing the same exact sums again.
+OutputComparison transposed_reference(const OutputComparison& cmp);
+
 inline constexpr int kCalibrationBits = 32;  // n 2^-32 << 1 for every K we sweep
 
 /// v rounded to nearest (ties to even) at `bits` significant bits (1..52; 53 and more: v),

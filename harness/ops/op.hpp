@@ -42,6 +42,13 @@ struct RelationContext {
   /// The same for a run of the first case on inputs with the same exact output and the
   /// same tolerance (a permutation, say): the first run's reference is reused.
   std::function<std::string(const RunOutcome& run)> judge_same;
+  /// The first run's comparison: its reference (exact values, condition terms, bounds).
+  const OutputComparison& first;
+  /// The verdict's first reason for a run of case c judged against a given reference
+  /// (c's tolerance; the got codes and the write audit from the run): for a related case
+  /// whose exact output is a rearrangement of the first one's, computed without a new
+  /// reference.
+  std::function<std::string(const Case& c, const RunOutcome& run, OutputComparison reference)> judge_against;
 };
 
 class OpModule {

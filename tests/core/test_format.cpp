@@ -102,6 +102,26 @@ TEST(Format, EveryCodeRoundTrips) {
   }
 }
 
+// decode builds the double's bits with integer operations: for FP32 it must equal the
+// hardware's float -> double widening (exact) on every exponent, subnormals included.
+TEST(Format, Fp32DecodeMatchesHardwareWidening) {
+  std::uint64_t n = 0;
+  for (std::uint32_t sign = 0; sign < 2; ++sign)
+    for (std::uint32_t e = 0; e < 256; ++e)
+      for (std::uint32_t f = 0; f < (1u << 23); f += (f < 64 || f > (1u << 23) - 64) ? 1 : 4093) {
+        const std::uint32_t w = sign << 31 | e << 23 | f;
+        const double hw = static_cast<double>(std::bit_cast<float>(w)), ours = decode(Format::FP32, w);
+        if (std::isnan(hw)) {
+          ASSERT_TRUE(std::isnan(ours)) << std::hex << w;
+          ASSERT_EQ(std::signbit(ours), sign != 0) << std::hex << w;
+        } else {
+          ASSERT_EQ(std::bit_cast<std::uint64_t>(ours), std::bit_cast<std::uint64_t>(hw)) << std::hex << w;
+        }
+        ++n;
+      }
+  EXPECT_GT(n, 1000000u);
+}
+
 // Codes are ordered like their values, and next_up moves exactly one ULP.
 TEST(Format, OrderAndNeighbours) {
   for (Format f : kSmall) {

@@ -3,7 +3,8 @@
 // and distributions is the campaign's), plus the isolated round trip and the journal.
 //   build/tests/harness/bench_check --benchmark_repetitions=5 --benchmark_report_aggregates_only=true
 // ULPGATE_BENCH_KERNEL (default cpu.fp32_seq) and ULPGATE_BENCH_DTYPE (default bf16) pick
-// the target, ULPGATE_BENCH_MAX_K (default 256) the largest K. items_per_second is cases/s
+// the target, ULPGATE_BENCH_MAX_K (default 256) the largest K; ULPGATE_BENCH_EPILOGUES=0 keeps
+// only cases without an epilogue (the mix a cuBLAS target gets, for a CPU model here). items_per_second is cases/s
 // of that phase alone; the phases of one case add up to BM_EvaluateWithRelations + the
 // rest (generation, record, journal) in process, or BM_Isolated through the worker.
 #include <benchmark/benchmark.h>
@@ -49,6 +50,7 @@ struct Target {
       const rc::Random random(low64(random_block(1, 0xF023u, i)));
       Case c = gen(random, static_cast<int>((37 * i) % 101)).value();
       if (!kernel->supports(c)) continue;
+      if (env_or("ULPGATE_BENCH_EPILOGUES", "1") == "0" && c.epilogue != Epilogue::None) continue;
       cases.push_back(c);
       filled.push_back(c);
       inputs.push_back(fill_inputs(filled.back()));

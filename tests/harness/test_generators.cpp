@@ -5,6 +5,8 @@
 #include <rapidcheck.h>
 #include <rapidcheck/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <set>
@@ -12,6 +14,8 @@
 #include <fmt/format.h>
 
 #include "distributions/fill.hpp"
+#include "harness/check.hpp"
+#include "harness/ops/gemm.hpp"
 #include "harness/ops/op.hpp"
 #include "kernels/emulated/gemm_models.hpp"
 
@@ -91,6 +95,33 @@ RC_GTEST_PROP(CaseGen, GeneratedCasesFill, ()) {
   const auto tensors = fill_inputs(c);
   for (const std::string& op : c.inputs()) RC_ASSERT(tensors.count(op) == 1u);
   validate(c);  // still valid after fill wrote scales / kv_lengths
+}
+
+// The transposition relation judges the transposed problem against the first run's
+// reference moved from (b, i, j) to (b, j, i): it must equal that problem's own reference in
+// every exact value, condition term and bound (TF32 cases have the input-rounding terms).
+RC_GTEST_PROP(CaseGen, TransposedReferenceIsTheTransposedProblemsReference, ()) {
+  Case c = *op_module(Op::Gemm).generate("", nullptr, GenLimits{512, false});
+  RC_PRE(!has_bias(c.epilogue));
+  const Inputs in = fill_inputs(c);
+  const Case tc = transposed_gemm_case(c);
+  Inputs tin{{"A", in.at("B")}, {"B", in.at("A")}};
+  if (c.beta != 0) tin.emplace("C", in.at("C"));
+  const OpModule& op = op_module(Op::Gemm);
+  const Tensor d = make_output(c, "D", false), td = make_output(tc, "D", false);
+  const OutputComparison moved = transposed_reference(op.compare(c, in, d, nominal_tolerance(c)));
+  const OutputComparison own = op.compare(tc, tin, td, nominal_tolerance(tc));
+  RC_ASSERT(moved.shape == own.shape);
+  RC_ASSERT(moved.exact == own.exact);
+  const auto same = [](const std::vector<double>& x, const std::vector<double>& y) {  // NaN equals NaN
+    return std::equal(x.begin(), x.end(), y.begin(), y.end(),
+                      [](double a, double b) { return a == b || (std::isnan(a) && std::isnan(b)); });
+  };
+  RC_ASSERT(same(moved.condition, own.condition));
+  RC_ASSERT(same(moved.accumulated, own.accumulated));
+  RC_ASSERT(same(moved.input_abs, own.input_abs));
+  RC_ASSERT(moved.accumulator_max == own.accumulator_max);
+  RC_TAG(c.types.at("compute") == Format::TF32 ? "tf32" : "other", c.beta != 0 ? "beta" : "no beta");
 }
 
 TEST(CaseGen, GemmFailureShrinksToTheBoundaryAndSimpleValues) {
