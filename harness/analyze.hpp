@@ -114,7 +114,7 @@ struct ErrorMetrics {
                mismatched_nonfinite = 0, overflowed = 0;
   std::int64_t unwritten = 0, padding_written = 0;  ///< copied from the runner
   WorstElement worst;
-  ErrorMap map;
+  ErrorMap map;  ///< empty in a passing case's record entry (harness/check.hpp to_case_result)
 };
 
 /// What the metrics are computed from: per logical output element, the kernel's code, the

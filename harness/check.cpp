@@ -165,6 +165,10 @@ CaseResult to_case_result(const Kernel& k, const Case& c, const Evaluation& ev, 
   if (!std::isnan(ev.effective_bits)) r.notes["effective_bits"] = fmt::format("{:.17g}", ev.effective_bits);
   r.metrics = ev.metrics;
   r.verdict = ev.verdict;
+  // The error map localises a failure (a tile or boundary pattern); a passing case keeps its
+  // statistics and histogram only: the map was most of its record and journal bytes.
+  if (r.verdict.passed)
+    for (ErrorMetrics& m : r.metrics) m.map = ErrorMap{};
   r.seconds = ev.seconds;
   stamp(r);
   return r;

@@ -65,7 +65,8 @@ Evaluation evaluate_with_inputs(Kernel& k, const Case& c, const Inputs& inputs, 
                                 const Registry* registry = nullptr);
 
 /// The run-record entry of an evaluation (reproducer left empty for the caller to set);
-/// a relation that failed is named in notes["relation"].
+/// a relation that failed is named in notes["relation"]. A passing case's metrics carry no
+/// error map (ErrorMetrics::map empty): maps are kept for failing cases.
 CaseResult to_case_result(const Kernel& k, const Case& c, const Evaluation& ev, std::string family);
 
 /// The record of a case that gave no outputs (it threw, crashed, hung): status, message,

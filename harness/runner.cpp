@@ -92,15 +92,20 @@ RunOutcome run_poisoned(Kernel& k, const Case& c, const std::map<std::string, Te
         if (t.size_bytes() && std::memcmp(t.data(), inputs.at(op).data(), t.size_bytes()) != 0)
           out.inputs_modified.push_back(op);
     } else {
+      // A thread-safe device kernel does all its work on the stream it is given: this
+      // thread's own, so that threads checking cases at once overlap on the GPU. Others
+      // (plugins) get the legacy default stream and a device-wide synchronisation.
+      void* stream = k.traits().thread_safe ? thread_stream() : nullptr;
+      io.stream = stream;
       std::map<std::string, DeviceBuffer> din, dout;
-      for (const auto& [op, t] : inputs) io.in[op] = (din[op] = to_device(t)).get();
-      for (auto& [op, t] : out.outputs) io.out[op] = (dout[op] = to_device(t)).get();
+      for (const auto& [op, t] : inputs) io.in[op] = (din[op] = to_device(t, stream)).get();
+      for (auto& [op, t] : out.outputs) io.out[op] = (dout[op] = to_device(t, stream)).get();
       k.run(c, io, out.notes);
-      device_synchronize();
-      for (auto& [op, t] : out.outputs) to_host(t, dout.at(op));
+      device_synchronize(stream);
+      for (auto& [op, t] : out.outputs) to_host(t, dout.at(op), stream);
       for (const auto& [op, t] : inputs) {
         Tensor back(t.format(), t.size());
-        to_host(back, din.at(op));
+        to_host(back, din.at(op), stream);
         if (t.size_bytes() && std::memcmp(back.data(), t.data(), t.size_bytes()) != 0) out.inputs_modified.push_back(op);
       }
     }

@@ -1,5 +1,7 @@
 #include "kernels/device.hpp"
 
+#include <mutex>
+
 #include <fmt/format.h>
 
 #include "kernels/kernel.hpp"
@@ -18,35 +20,80 @@ void throw_call_failed(const char* call, const std::string& status, const char* 
   throw KernelError(fmt::format("{} failed: {} ({}:{})", call, status, file, line));
 }
 
-DeviceBuffer::DeviceBuffer(std::size_t bytes) : bytes_(bytes) {
-  if (bytes) ULPGATE_CHECK(cudaMalloc(&p_, bytes));
+namespace {
+
+// The device's default memory pool keeps up to this much freed memory for reuse instead of
+// giving it back at every synchronisation (its default threshold is 0).
+constexpr std::uint64_t kPoolKeepBytes = std::uint64_t{4} << 30;
+
+void keep_pool_memory() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    int dev = 0;
+    cudaMemPool_t pool;
+    if (cudaGetDevice(&dev) == cudaSuccess && cudaDeviceGetDefaultMemPool(&pool, dev) == cudaSuccess) {
+      std::uint64_t keep = kPoolKeepBytes;
+      cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep);
+    }
+  });
 }
-DeviceBuffer::~DeviceBuffer() {
-  if (p_) cudaFree(p_);
+
+}  // namespace
+
+DeviceBuffer::DeviceBuffer(std::size_t bytes, void* stream) : bytes_(bytes), stream_(stream), pooled_(stream != nullptr) {
+  if (!bytes) return;
+  if (pooled_) {
+    keep_pool_memory();
+    ULPGATE_CHECK(cudaMallocAsync(&p_, bytes, static_cast<cudaStream_t>(stream)));
+  } else {
+    ULPGATE_CHECK(cudaMalloc(&p_, bytes));
+  }
 }
+void DeviceBuffer::release() noexcept {
+  if (!p_) return;
+  if (pooled_) cudaFreeAsync(p_, static_cast<cudaStream_t>(stream_));
+  else cudaFree(p_);
+  p_ = nullptr;
+}
+DeviceBuffer::~DeviceBuffer() { release(); }
 DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& o) noexcept {
   if (this != &o) {
-    if (p_) cudaFree(p_);
-    p_ = o.p_, bytes_ = o.bytes_;
+    release();
+    p_ = o.p_, bytes_ = o.bytes_, stream_ = o.stream_, pooled_ = o.pooled_;
     o.p_ = nullptr, o.bytes_ = 0;
   }
   return *this;
 }
 
-DeviceBuffer to_device(const Tensor& t) {
-  DeviceBuffer d(t.size_bytes());
-  if (t.size_bytes()) ULPGATE_CHECK(cudaMemcpy(d.get(), t.data(), t.size_bytes(), cudaMemcpyHostToDevice));
+void* thread_stream() {
+  // Never destroyed: a thread's stream lives as long as the process may still use it
+  // (thread-exit destructors can run after the CUDA runtime has shut down).
+  thread_local cudaStream_t stream = [] {
+    cudaStream_t s = nullptr;
+    ULPGATE_CHECK(cudaStreamCreate(&s));
+    return s;
+  }();
+  return stream;
+}
+
+DeviceBuffer to_device(const Tensor& t, void* stream) {
+  DeviceBuffer d(t.size_bytes(), stream);
+  if (t.size_bytes())
+    ULPGATE_CHECK(cudaMemcpyAsync(d.get(), t.data(), t.size_bytes(), cudaMemcpyHostToDevice, static_cast<cudaStream_t>(stream)));
   return d;
 }
 
-void to_host(Tensor& t, const DeviceBuffer& d) {
+void to_host(Tensor& t, const DeviceBuffer& d, void* stream) {
   if (t.size_bytes() != d.size()) throw KernelError("to_host: size mismatch");
-  if (d.size()) ULPGATE_CHECK(cudaMemcpy(t.data(), d.get(), d.size(), cudaMemcpyDeviceToHost));
+  if (!d.size()) return;
+  ULPGATE_CHECK(cudaMemcpyAsync(t.data(), d.get(), d.size(), cudaMemcpyDeviceToHost, static_cast<cudaStream_t>(stream)));
+  ULPGATE_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)));
 }
 
-void device_synchronize() {
+void device_synchronize(void* stream) {
   ULPGATE_CHECK(cudaGetLastError());
-  ULPGATE_CHECK(cudaDeviceSynchronize());
+  if (stream) ULPGATE_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)));
+  else ULPGATE_CHECK(cudaDeviceSynchronize());
 }
 
 std::string device_description() {
@@ -162,12 +209,14 @@ DeviceInfo device_info() {
 namespace {
 [[noreturn]] void no_cuda() { throw KernelError("ulpgate was built without CUDA"); }
 }  // namespace
-DeviceBuffer::DeviceBuffer(std::size_t) { no_cuda(); }
+DeviceBuffer::DeviceBuffer(std::size_t, void*) { no_cuda(); }
 DeviceBuffer::~DeviceBuffer() = default;
+void DeviceBuffer::release() noexcept {}
 DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&&) noexcept { return *this; }
-DeviceBuffer to_device(const Tensor&) { no_cuda(); }
-void to_host(Tensor&, const DeviceBuffer&) { no_cuda(); }
-void device_synchronize() { no_cuda(); }
+void* thread_stream() { no_cuda(); }
+DeviceBuffer to_device(const Tensor&, void*) { no_cuda(); }
+void to_host(Tensor&, const DeviceBuffer&, void*) { no_cuda(); }
+void device_synchronize(void*) { no_cuda(); }
 std::string device_description() { return "built without CUDA"; }
 DeviceInfo device_info() {
   DeviceInfo info;

@@ -10,12 +10,17 @@
 
 namespace ulpgate {
 
+/// Device memory. With a stream, allocated and freed in that stream's order from the
+/// device's memory pool (cudaMallocAsync / cudaFreeAsync: no device-wide synchronisation,
+/// memory reused across cases); without one (nullptr), cudaMalloc / cudaFree.
 class DeviceBuffer {
  public:
   DeviceBuffer() = default;
-  explicit DeviceBuffer(std::size_t bytes);
+  explicit DeviceBuffer(std::size_t bytes, void* stream = nullptr);
   ~DeviceBuffer();
-  DeviceBuffer(DeviceBuffer&& o) noexcept : p_(o.p_), bytes_(o.bytes_) { o.p_ = nullptr, o.bytes_ = 0; }
+  DeviceBuffer(DeviceBuffer&& o) noexcept : p_(o.p_), bytes_(o.bytes_), stream_(o.stream_), pooled_(o.pooled_) {
+    o.p_ = nullptr, o.bytes_ = 0;
+  }
   DeviceBuffer& operator=(DeviceBuffer&& o) noexcept;
   DeviceBuffer(const DeviceBuffer&) = delete;
   DeviceBuffer& operator=(const DeviceBuffer&) = delete;
@@ -23,16 +28,28 @@ class DeviceBuffer {
   std::size_t size() const { return bytes_; }
 
  private:
+  void release() noexcept;
   void* p_ = nullptr;
   std::size_t bytes_ = 0;
+  void* stream_ = nullptr;
+  bool pooled_ = false;
 };
 
-/// A device copy of a host tensor.
-DeviceBuffer to_device(const Tensor& t);
-/// Copies a device buffer back into a host tensor of the same size.
-void to_host(Tensor& t, const DeviceBuffer& d);
-/// Waits for the device and throws KernelError if a kernel failed (e.g. illegal address).
-void device_synchronize();
+/// This thread's own CUDA stream (created on first use, kept for the thread's life): a
+/// device kernel that is thread-safe (KernelTraits::thread_safe) runs on it, so that cases
+/// checked by several threads at once overlap on the GPU. It is a blocking stream, so work
+/// on the legacy default stream still orders with it.
+void* thread_stream();
+
+/// A device copy of a host tensor (stream: nullptr, or the stream every later use of the
+/// buffer is ordered on).
+DeviceBuffer to_device(const Tensor& t, void* stream = nullptr);
+/// Copies a device buffer back into a host tensor of the same size; returns once the
+/// copy (and the stream's work before it) is done.
+void to_host(Tensor& t, const DeviceBuffer& d, void* stream = nullptr);
+/// Waits for the device (stream nullptr) or for one stream, and throws KernelError if a
+/// kernel failed (e.g. illegal address).
+void device_synchronize(void* stream = nullptr);
 /// "NVIDIA H200, driver 13.0, CUDA runtime 13.0, cuBLAS 13.0.0" (or why there is none).
 std::string device_description();
 

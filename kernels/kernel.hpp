@@ -28,8 +28,10 @@ struct KernelTraits {
   /// BF16 8); 0: P is used at the compute precision. The tolerance model uses it.
   int p_bits = 0;
   /// unsupported() and run() may be called from several threads at once (the CPU models:
-  /// pure functions of their inputs). Otherwise a worker checking cases concurrently
-  /// calls them one at a time (harness/isolate.hpp).
+  /// pure functions of their inputs; cuBLAS and cuBLASLt: a handle per thread). A device
+  /// kernel that says so must also do all its device work on KernelIo::stream (each
+  /// thread's own stream, harness/runner). Otherwise a worker checking cases concurrently
+  /// calls them one at a time (harness/isolate.hpp), on the legacy default stream.
   bool thread_safe = false;
 };
 

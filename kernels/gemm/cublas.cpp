@@ -79,7 +79,11 @@ class CublasGemm final : public Kernel {
   explicit CublasGemm(CublasVariant v) : v_(std::move(v)) {}
   std::string name() const override { return v_.name; }
   std::string description() const override { return v_.description; }
-  KernelTraits traits() const override { return {Memory::Device, true}; }
+  KernelTraits traits() const override {
+    KernelTraits t{Memory::Device, true};
+    t.thread_safe = true;  // a handle per thread; all work on io.stream
+    return t;
+  }
 
   std::optional<std::string> unsupported(const Case& c) const override {
     if (c.op != Op::Gemm) return std::string("GEMM only");
@@ -98,15 +102,15 @@ class CublasGemm final : public Kernel {
   }
 
   void run(const Case& c, const KernelIo& io, RunNotes& notes) override {
-    if (!handle_) {
+    cublasHandle_t handle = handles_.get([] {
       cublasHandle_t h;
       ULPGATE_CHECK(cublasCreate(&h));
-      handle_.reset(h);
-    }
+      return Handle(h);
+    }).get();
     const ColumnMajorGemm g = to_column_major(c);
     const Format fa = c.types.at("A"), fd = c.types.at("D");
     auto stream = static_cast<cudaStream_t>(io.stream);
-    ULPGATE_CHECK(cublasSetStream(handle_.get(), stream));
+    ULPGATE_CHECK(cublasSetStream(handle, stream));
     void* d = io.out.at("D");
     if (c.beta != 0.0) {  // cuBLAS updates C in place: start D as a copy of C
       const std::int64_t bytes = gemm_view(c, "D").elements() * static_cast<std::int64_t>(storage_bytes(fd));
@@ -127,7 +131,7 @@ class CublasGemm final : public Kernel {
                        : compute == CUBLAS_COMPUTE_16F ? static_cast<const void*>(&beta16)
                                                        : static_cast<const void*>(&beta32);
     ULPGATE_CHECK(cublasGemmStridedBatchedEx(
-        handle_.get(), g.op1, g.op2, static_cast<int>(g.m), static_cast<int>(g.n), static_cast<int>(g.k), alpha,
+        handle, g.op1, g.op2, static_cast<int>(g.m), static_cast<int>(g.n), static_cast<int>(g.k), alpha,
         io.in.at(g.x), cuda_data_type(fa), static_cast<int>(g.ld_x), g.stride_x, io.in.at(g.y), cuda_data_type(fa),
         static_cast<int>(g.ld_y), g.stride_y, beta, d, cuda_data_type(fd), static_cast<int>(g.ld_d), g.stride_d,
         static_cast<int>(g.batch), compute, CUBLAS_GEMM_DEFAULT));
@@ -163,8 +167,9 @@ class CublasGemm final : public Kernel {
       default: return false;
     }
   }
+  using Handle = std::unique_ptr<cublasContext, HandleDeleter>;
   CublasVariant v_;
-  std::unique_ptr<cublasContext, HandleDeleter> handle_;
+  PerThread<Handle> handles_;
 };
 
 }  // namespace

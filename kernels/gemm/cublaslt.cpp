@@ -61,7 +61,11 @@ class CublasLtGemm final : public Kernel {
   explicit CublasLtGemm(LtVariant v) : v_(std::move(v)) {}
   std::string name() const override { return v_.name; }
   std::string description() const override { return v_.description; }
-  KernelTraits traits() const override { return {Memory::Device, true}; }
+  KernelTraits traits() const override {
+    KernelTraits t{Memory::Device, true};
+    t.thread_safe = true;  // a handle and workspace per thread; all work on io.stream
+    return t;
+  }
 
   std::optional<std::string> unsupported(const Case& c) const override {
     if (c.op != Op::Gemm) return std::string("GEMM only");
@@ -101,12 +105,16 @@ class CublasLtGemm final : public Kernel {
   }
 
   void run(const Case& c, const KernelIo& io, RunNotes& notes) override {
-    if (!handle_) {
+    ThreadState& state = states_.get([] {
       cublasLtHandle_t h;
       ULPGATE_CHECK(cublasLtCreate(&h));
-      handle_.reset(h);
-      workspace_ = DeviceBuffer(kWorkspaceBytes);
-    }
+      ThreadState s;
+      s.handle.reset(h);
+      s.workspace = DeviceBuffer(kWorkspaceBytes);
+      return s;
+    });
+    cublasLtHandle_t handle = state.handle.get();
+    const DeviceBuffer& workspace = state.workspace;
     const ColumnMajorGemm g = to_column_major(c);
     const Format fx = c.types.at(g.x), fy = c.types.at(g.y), fd = c.types.at("D");
     const Format fc = c.beta != 0.0 ? c.types.at("C") : fd;
@@ -126,8 +134,9 @@ class CublasLtGemm final : public Kernel {
       float host_scales[128] = {};
       host_scales[0] = static_cast<float>(scale_of(c, g.x));
       host_scales[64] = static_cast<float>(scale_of(c, g.y));
-      scales = DeviceBuffer(sizeof host_scales);
-      ULPGATE_CHECK(cudaMemcpy(scales.get(), host_scales, sizeof host_scales, cudaMemcpyHostToDevice));
+      scales = DeviceBuffer(sizeof host_scales, io.stream);
+      ULPGATE_CHECK(cudaMemcpyAsync(scales.get(), host_scales, sizeof host_scales, cudaMemcpyHostToDevice,
+                                    static_cast<cudaStream_t>(io.stream)));
       const void* sx = scales.get();
       const void* sy = static_cast<const float*>(scales.get()) + 64;
       set_desc(desc_raw, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, sx);
@@ -162,7 +171,7 @@ class CublasLtGemm final : public Kernel {
     constexpr int kTry = 8;
     cublasLtMatmulHeuristicResult_t heur[kTry] = {};
     int found = 0;
-    const cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(handle_.get(), desc_raw, lx.get(), ly.get(), lc.get(),
+    const cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(handle, desc_raw, lx.get(), ly.get(), lc.get(),
                                                              ld.get(), pref_raw, kTry, heur, &found);
     // cuBLASLt's own word that it does not do this configuration (FP8 with some layouts
     // and shapes, for one): the case is not supported, not a failure.
@@ -179,8 +188,8 @@ class CublasLtGemm final : public Kernel {
     cublasStatus_t last = CUBLAS_STATUS_SUCCESS;
     for (int a = 0; a < found && used < 0; ++a) {
       if (heur[a].state != CUBLAS_STATUS_SUCCESS) continue;
-      last = cublasLtMatmul(handle_.get(), desc_raw, &alpha, io.in.at(g.x), lx.get(), io.in.at(g.y), ly.get(), &beta,
-                            cptr, lc.get(), d, ld.get(), &heur[a].algo, workspace_.get(), ws,
+      last = cublasLtMatmul(handle, desc_raw, &alpha, io.in.at(g.x), lx.get(), io.in.at(g.y), ly.get(), &beta,
+                            cptr, lc.get(), d, ld.get(), &heur[a].algo, workspace.get(), ws,
                             static_cast<cudaStream_t>(io.stream));
       if (last == CUBLAS_STATUS_SUCCESS) used = a;
       else if (last != CUBLAS_STATUS_NOT_SUPPORTED) ULPGATE_CHECK(last);
@@ -224,9 +233,12 @@ class CublasLtGemm final : public Kernel {
                        get(CUBLASLT_ALGO_CONFIG_SPLITK_NUM), get(CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME),
                        get(CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING));
   }
+  struct ThreadState {
+    LtHandle handle;
+    DeviceBuffer workspace;
+  };
   LtVariant v_;
-  LtHandle handle_;
-  DeviceBuffer workspace_;
+  PerThread<ThreadState> states_;
 };
 
 }  // namespace

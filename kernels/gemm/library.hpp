@@ -14,13 +14,35 @@
 #include <cublasLt.h>
 #include <cublas_v2.h>
 
+#include <map>
 #include <memory>
+#include <mutex>
+#include <thread>
 #include <vector>
 
 #include "core/case.hpp"
 #include "kernels/kernel.hpp"
 
 namespace ulpgate {
+
+/// One T per calling thread (a cuBLAS handle and what belongs to it): the library kernels
+/// are called by several threads at once (KernelTraits::thread_safe), and a handle must not
+/// be shared by threads that set its stream. make() creates a thread's T on its first call.
+template <class T>
+class PerThread {
+ public:
+  template <class Make>
+  T& get(Make&& make) {
+    std::lock_guard lock(mu_);
+    std::unique_ptr<T>& t = by_thread_[std::this_thread::get_id()];
+    if (!t) t = std::make_unique<T>(make());
+    return *t;
+  }
+
+ private:
+  std::mutex mu_;
+  std::map<std::thread::id, std::unique_ptr<T>> by_thread_;
+};
 
 /// The case as cuBLAS sees it (see the comment above).
 struct ColumnMajorGemm {
