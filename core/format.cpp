@@ -121,6 +121,20 @@ Code encode(Format f, double x, Rounding r, Overflow o) {
   if (f == Format::FP64 && !(std::isinf(x) && o == Overflow::Saturate)) return bits_of(x);
   const auto& fi = info(f);
   const std::uint64_t u = bits_of(x);
+  if (r == Rounding::NearestEven) {
+    // The common case: x lands in the format's normal range. Rounding to nearest even on
+    // the bits keeps the double's exponent field, a carry out of the fraction steps it (as
+    // it should); rebiased, the magnitude is the code unless it passes the largest finite
+    // one (overflow, and E4M3's NaN code), which the general path below handles.
+    const int field = static_cast<int>((u >> 52) & 0x7FF);
+    if (field != 0x7FF && field - 1023 >= fi.emin()) {
+      const int drop = 52 - fi.frac_bits;
+      const std::uint64_t m = u & ~(std::uint64_t{1} << 63);
+      const std::uint64_t rounded = (m + ((std::uint64_t{1} << (drop - 1)) - 1) + ((m >> drop) & 1)) >> drop;
+      const Code mag = rounded - (static_cast<Code>(1023 - fi.bias) << fi.frac_bits);
+      if (mag <= fi.max_finite_code) return ((u >> 63) ? fi.sign_mask() : 0) | mag;
+    }
+  }
   const bool neg = (u >> 63) != 0;
   const Code sign = neg ? fi.sign_mask() : 0;
   if (!std::isfinite(x)) return detail::special_code(f, neg, std::isnan(x), o);

@@ -48,8 +48,22 @@ void store_code(Format f, void* base, std::int64_t index, Code c) {
 Code Tensor::code(std::size_t i) const { return load_code(format_, bytes_.data(), i); }
 void Tensor::set_code(std::size_t i, Code c) { store_code(format_, bytes_.data(), i, c); }
 
+namespace {
+template <class Word>
+void fill_words(std::vector<std::byte>& bytes, std::uint64_t word) {
+  const auto w = static_cast<Word>(word);
+  for (std::size_t i = 0, n = bytes.size() / sizeof(Word); i < n; ++i) std::memcpy(bytes.data() + i * sizeof(Word), &w, sizeof w);
+}
+}  // namespace
+
 void Tensor::fill_code(Code c) {
-  for (std::size_t i = 0, n = size(); i < n; ++i) set_code(i, c);
+  const std::uint64_t word = code_to_storage(format_, c);
+  switch (storage_bytes(format_)) {
+    case 8: fill_words<std::uint64_t>(bytes_, word); break;
+    case 4: fill_words<std::uint32_t>(bytes_, word); break;
+    case 2: fill_words<std::uint16_t>(bytes_, word); break;
+    default: std::memset(bytes_.data(), static_cast<int>(word & 0xFF), bytes_.size());
+  }
 }
 
 }  // namespace ulpgate

@@ -122,6 +122,33 @@ TEST(Format, Fp32DecodeMatchesHardwareWidening) {
   EXPECT_GT(n, 1000000u);
 }
 
+// encode's round-to-nearest-even fast path (a value in the target's normal range, rounded
+// on its bits) and the general path (encode_scaled on the exact significand) agree, over
+// values drawn around every binade of every format: ties, carries into the next binade,
+// the largest finite value and just past it, the smallest normal and just below it.
+RC_GTEST_PROP(Format, EncodeFastPathMatchesTheGeneralPath, ()) {
+  const Format f = *rc::gen::element(Format::FP32, Format::TF32, Format::FP16, Format::BF16, Format::E4M3, Format::E5M2);
+  const auto& fi = info(f);
+  const int e = *rc::gen::inRange(fi.emin() - 3, fi.emax() + 3);
+  const int frac = fi.frac_bits;
+  // Significand bits just beyond the format's: a tie, just above or below one, or random.
+  const std::uint64_t low = *rc::gen::oneOf(rc::gen::just<std::uint64_t>(0), rc::gen::just<std::uint64_t>(1),
+                                            rc::gen::just(std::uint64_t{1} << (51 - frac)),
+                                            rc::gen::just((std::uint64_t{1} << (51 - frac)) - 1),
+                                            rc::gen::just((std::uint64_t{1} << (51 - frac)) + 1),
+                                            rc::gen::just((std::uint64_t{1} << (52 - frac)) - 1),
+                                            rc::gen::inRange<std::uint64_t>(0, std::uint64_t{1} << (52 - frac)));
+  const std::uint64_t top = *rc::gen::oneOf(rc::gen::just<std::uint64_t>(0),
+                                            rc::gen::just((std::uint64_t{1} << frac) - 1),
+                                            rc::gen::inRange<std::uint64_t>(0, std::uint64_t{1} << frac));
+  const bool neg = *rc::gen::arbitrary<bool>();
+  const std::uint64_t sig = (std::uint64_t{1} << 52) | (top << (52 - frac)) | low;
+  const double x = (neg ? -1.0 : 1.0) * std::ldexp(static_cast<double>(sig), e - 52);
+  for (Overflow o : {Overflow::NoSaturate, Overflow::Saturate}) {
+    RC_ASSERT(encode(f, x, Rounding::NearestEven, o) == encode_scaled(f, neg, sig, e - 52, Rounding::NearestEven, o));
+  }
+}
+
 // Codes are ordered like their values, and next_up moves exactly one ULP.
 TEST(Format, OrderAndNeighbours) {
   for (Format f : kSmall) {
