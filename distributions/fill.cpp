@@ -200,7 +200,7 @@ Tensor store(const Operand& o, const std::vector<double>& vals) {
   return t;
 }
 
-// vals[i] = the core sample of logical element i, for i in [begin, end). Built twice: for
+// vals[i - begin] = the core sample of logical element i, for i in [begin, end). Built twice: for
 // the baseline x86-64 and, where the CPU has it, with FMA instructions, so that the
 // samplers' std::fma is one instruction instead of a library call. Both give the same bits:
 // an FMA is correctly rounded either way, and nothing is contracted (-ffp-contract=off).
@@ -208,7 +208,7 @@ template <class = void>
 void sample_range(const Sampler& s, std::uint64_t seed, std::uint32_t stream, std::int64_t begin, std::int64_t end,
                   std::int64_t channel_stride, std::int64_t channels, double* vals) {
   for (std::int64_t idx = begin; idx < end; ++idx)
-    vals[idx] = sampling::sample_core(s, seed, stream, static_cast<std::uint64_t>(idx),
+    vals[idx - begin] = sampling::sample_core(s, seed, stream, static_cast<std::uint64_t>(idx),
                                       static_cast<std::uint64_t>((idx / channel_stride) % channels));
 }
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -216,18 +216,23 @@ __attribute__((target("fma"), flatten)) void sample_range_fma(const Sampler& s, 
                                                      std::int64_t begin, std::int64_t end, std::int64_t channel_stride,
                                                      std::int64_t channels, double* vals) {
   for (std::int64_t idx = begin; idx < end; ++idx)
-    vals[idx] = sampling::sample_core(s, seed, stream, static_cast<std::uint64_t>(idx),
+    vals[idx - begin] = sampling::sample_core(s, seed, stream, static_cast<std::uint64_t>(idx),
                                       static_cast<std::uint64_t>((idx / channel_stride) % channels));
 }
 const bool kHaveFma = __builtin_cpu_supports("fma");
 #endif
+
+}  // namespace
+
 void sample_core_range(const Sampler& s, std::uint64_t seed, std::uint32_t stream, std::int64_t begin, std::int64_t end,
-                       std::int64_t channel_stride, std::int64_t channels, double* vals) {
+                       std::int64_t channel_stride, std::int64_t channels, double* out, bool allow_fma) {
 #if defined(__x86_64__) && defined(__GNUC__)
-  if (kHaveFma) return sample_range_fma(s, seed, stream, begin, end, channel_stride, channels, vals);
+  if (allow_fma && kHaveFma) return sample_range_fma(s, seed, stream, begin, end, channel_stride, channels, out);
 #endif
-  sample_range(s, seed, stream, begin, end, channel_stride, channels, vals);
+  sample_range(s, seed, stream, begin, end, channel_stride, channels, out);
 }
+
+namespace {
 
 // Per-element families, softmax normalisation, modifiers and amax scaling.
 Tensor fill_operand(Case& c, const Operand& o, const DistSpec& spec) {
@@ -238,7 +243,8 @@ Tensor fill_operand(Case& c, const Operand& o, const DistSpec& spec) {
   const std::int64_t n = o.count(), chunks = (n + kFillGrain - 1) / kFillGrain;
   parallel_for(chunks, [&](std::int64_t chunk) {
     const std::int64_t begin = chunk * kFillGrain;
-    sample_core_range(sampler, seed, o.stream, begin, std::min(n, begin + kFillGrain), channel_stride, channels, vals.data());
+    sample_core_range(sampler, seed, o.stream, begin, std::min(n, begin + kFillGrain), channel_stride, channels,
+                      vals.data() + begin);
   }, threads_for(static_cast<double>(n), kFillPerThread));
   if (sampler.kind == Kind::SoftmaxWeight) {
     // Normalise each line along the reduction axis, summing in coordinate order.

@@ -34,6 +34,7 @@
 #include <string>
 #include <string_view>
 
+#include "distributions/sampling.hpp"
 #include "distributions/spec.hpp"
 #include "core/case.hpp"
 #include "core/tensor.hpp"
@@ -63,5 +64,13 @@ std::map<std::string, Tensor> fill_inputs(Case& c);
 /// so every partial sum of products is an integer below 2^p: exact in the accumulator and
 /// the output. At least 1 (then exactness needs reduction_length <= 2^p).
 double exact_auto_max(const Case& c, std::string_view operand);
+
+/// out[i - begin] = sampling::sample_core(s, seed, stream, i, (i / channel_stride) % channels)
+/// for i in [begin, end): the loop fill_inputs draws with. Where the CPU has FMA instructions it
+/// runs a copy built with them (std::fma inline instead of a library call) unless allow_fma
+/// is false; the bits are the same either way (tests/distributions/test_fill.cpp).
+void sample_core_range(const sampling::Sampler& s, std::uint64_t seed, std::uint32_t stream, std::int64_t begin,
+                       std::int64_t end, std::int64_t channel_stride, std::int64_t channels, double* out,
+                       bool allow_fma = true);
 
 }  // namespace ulpgate

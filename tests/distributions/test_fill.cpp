@@ -2,6 +2,8 @@
 // constructions (gendot, amax, attention logits / sink / masking, exact) do what they say.
 #include <gtest/gtest.h>
 
+#include <bit>
+
 #include <cstdlib>
 #include <cstring>
 #include <rapidcheck.h>
@@ -364,5 +366,38 @@ TEST(Fill, SeveralThreadsGiveTheBitsOfOne) {
       ASSERT_EQ(a.at(op).size_bytes(), b.at(op).size_bytes()) << dist;
       EXPECT_EQ(std::memcmp(a.at(op).data(), b.at(op).data(), a.at(op).size_bytes()), 0) << dist << " " << op;
     }
+  }
+}
+
+// The loop fill_inputs draws with runs a copy built with FMA instructions where the CPU has
+// them: it must give the bits of the plain build (and of sampling::sample_core compiled
+// here, with std::fma a library call) for every family and the modifiers' draws.
+TEST(Fill, FmaBuildOfTheSamplersGivesTheSameBits) {
+  using sampling::Kind;
+  const auto make = [](Kind k, double a, double b, double c = 0, double d = 0) {
+    sampling::Sampler s;
+    s.kind = k, s.a = a, s.b = b, s.c = c, s.d = d;
+    return s;
+  };
+  const sampling::Sampler families[] = {
+      make(Kind::Uniform, -9, 9), make(Kind::Normal, 0.5, 3), make(Kind::LogNormal, 0, 2),
+      make(Kind::StudentT, 3, 1), make(Kind::StudentT, 0.7, 2), make(Kind::Cauchy, 1, 0.5),
+      make(Kind::Activations, 1, 0.05, 20), make(Kind::SoftmaxWeight, 2, 0), make(Kind::Sparse, 0.1, 1),
+      make(Kind::Relu, 0, 1), make(Kind::Positive, 0, 1), make(Kind::NearOverflow, 0.25 * 448, 448),
+      make(Kind::Subnormal, 0.5, 0x1p-24, 1024, 0x1p-14), make(Kind::Subnormal, 0.5, 0x1p-1074, 0x1p52, 0x1p-1022),
+      make(Kind::Exact, 8, 0.25)};
+  const std::int64_t n = 1 << 17, first = (std::int64_t{1} << 32) - 4096;  // crosses the 32-bit counter boundary
+  std::vector<double> fast(n), plain(n);
+  int kind = 0;
+  for (const sampling::Sampler& s : families) {
+    sample_core_range(s, 1234, 1, first, first + n, 1, 7, fast.data());
+    sample_core_range(s, 1234, 1, first, first + n, 1, 7, plain.data(), false);
+    for (std::int64_t i = 0; i < n; ++i) {
+      const double here = sampling::sample_core(s, 1234, 1, static_cast<std::uint64_t>(first + i),
+                                                static_cast<std::uint64_t>((first + i) % 7));
+      ASSERT_EQ(std::bit_cast<std::uint64_t>(fast[i]), std::bit_cast<std::uint64_t>(plain[i])) << "family " << kind << " index " << i;
+      ASSERT_EQ(std::bit_cast<std::uint64_t>(plain[i]), std::bit_cast<std::uint64_t>(here)) << "family " << kind << " index " << i;
+    }
+    ++kind;
   }
 }
