@@ -1,6 +1,7 @@
 #include "references/gemm_reference.hpp"
 
 #include <algorithm>
+#include <cfloat>
 #include <cmath>
 #include <limits>
 #include <stdexcept>
@@ -213,11 +214,18 @@ GemmReference gemm_reference(const Case& c, const std::map<std::string, Tensor>&
   const double scale_d = scale_of(c, "D");
   const double beta_c_double = mpfr_get_d(beta_c, MPFR_RNDN);
   const bool beta_c_exact = mpfr_cmp_d(beta_c, beta_c_double) == 0;
-  // When the dot product enters unscaled and unactivated (or only through ReLU), C and
-  // bias can join the exact sum: no MPFR per element.
-  const bool fold_epilogue = mpfr_cmp_ui(alpha_ab, 1) == 0 && scale_d == 1.0 &&
-                             (act == Act::None || act == Act::Relu) && beta_c_exact;
-  const double alpha_abs = std::fabs(mpfr_get_d(alpha_ab, MPFR_RNDN));
+  // When the dot product enters scaled by a power of two (alpha sA sB = +-2^e: alpha 1, 0.5,
+  // -1, 2 ...) and unactivated (or only through ReLU), C and bias divided by that power can
+  // join the exact sum, which is then scaled: no MPFR per element. A zero sum takes the
+  // MPFR path when the power is not 1 (the sign rules of a zero are the terms' there).
+  const double alpha_double = mpfr_get_d(alpha_ab, MPFR_RNDN);
+  int alpha_exp = 0;
+  const bool alpha_pow2 = mpfr_cmp_d(alpha_ab, alpha_double) == 0 && alpha_double != 0.0 &&
+                          std::fabs(std::frexp(alpha_double, &alpha_exp)) == 0.5;
+  --alpha_exp;  // |alpha sA sB| = 2^alpha_exp
+  const bool alpha_one = alpha_double == 1.0 && mpfr_cmp_ui(alpha_ab, 1) == 0;
+  const bool fold_epilogue = alpha_pow2 && scale_d == 1.0 && (act == Act::None || act == Act::Relu) && beta_c_exact;
+  const double alpha_abs = std::fabs(alpha_double);
   // BLAS semantics: alpha = 0 does not reference A and B (D = beta C + bias), even where
   // their product is NaN or Inf.
   const bool drop_product = c.alpha == 0.0;
@@ -291,16 +299,33 @@ GemmReference gemm_reference(const Case& c, const std::map<std::string, Tensor>&
         condition = acc.magnitude().to_double();
         if (fold_epilogue) {
           // beta sC c joins the sum only if it is an exact double (FMA residual zero, and
-          // far enough from underflow that the residual itself is exact).
+          // far enough from underflow that the residual itself is exact), and it and the
+          // bias only if dividing them by the power of two is exact (a normal result).
           const double bc = beta_c_double * cval;
           const bool bc_exact = !with_c || (std::isfinite(bc) && (bc == 0.0 ? (beta_c_double == 0.0 || cval == 0.0)
                                                          : std::fabs(bc) >= 0x1p-969 &&
                                                                std::fma(beta_c_double, cval, -bc) == 0.0));
-          if (bc_exact) {
-            if (with_c) acc.add(bc);
-            if (with_bias) acc.add(bval);
-            r.values[idx] = act == Act::Relu ? relu(acc.value()) : acc.value();
-            done = true;
+          const auto unscaled = [&](double v, double& out) {
+            out = alpha_one ? v : std::ldexp(v, -alpha_exp) * (alpha_double < 0 ? -1.0 : 1.0);
+            // exact unless the quotient leaves the normal range (rounded there, or Inf)
+            return alpha_one || !std::isfinite(v) || v == 0.0 || (std::isfinite(out) && std::fabs(out) >= DBL_MIN);
+          };
+          double tc = 0.0, tb = 0.0;
+          if (bc_exact && (!with_c || unscaled(bc, tc)) && (!with_bias || unscaled(bval, tb))) {
+            if (with_c) acc.add(tc);
+            if (with_bias) acc.add(tb);
+            RefValue v = acc.value();
+            if (!alpha_one) {
+              if (v.kind == RefValue::Kind::Finite) v.exponent += alpha_exp;
+              if (alpha_double < 0 && (v.kind == RefValue::Kind::Finite || v.kind == RefValue::Kind::Inf)) v.negative = !v.negative;
+            }
+            if (alpha_one || v.kind != RefValue::Kind::Zero) {
+              r.values[idx] = act == Act::Relu ? relu(v) : v;
+              done = true;
+            } else {  // a zero: the MPFR path below, on the dot product alone
+              acc.clear();
+              acc.add_products(a_ops[ai], b_ops[bj]);
+            }
           }
         }
         if (!done) {
