@@ -3,6 +3,7 @@
 #include <gmp.h>
 
 #include <algorithm>
+#include <cfenv>
 #include <cmath>
 #include <cstdio>
 #include <string>
@@ -99,6 +100,21 @@ DoubleDouble RefValue::double_double() const {
   // is zero. (Computing it would need a precision of -exponent bits: 10^9 for the tiny
   // tails a certified GELU can return.)
   if (exponent < -1021) return {hi, 0.0};
+  if (exponent >= -900 && std::fegetround() == FE_TONEAREST) {
+    // x (the window's midpoint when inexact) = s1 + s2 + s3 exactly: the window's top 53
+    // bits, the next 53, and the last 22 with the midpoint's half unit, each a double (all
+    // normal from 2^-900 up). |hi| = RN(|x|) is s1 or s1 + ulp(s1), so d = s1 - |hi| is 0 or
+    // -ulp(s1), exactly, and d + s2 is exact too (0 <= s2 < ulp(s1)); one IEEE addition then
+    // rounds (d + s2) + s3 = |x| - |hi| correctly: lo = RN(x - hi), as the MPFR path.
+    const u128 sig = (static_cast<u128>(sig_hi) << 64) | sig_lo;
+    const auto m53 = (std::uint64_t{1} << 53) - 1;
+    const double s1 = std::ldexp(static_cast<double>(static_cast<std::uint64_t>(sig >> 75)), exponent - 52);
+    const double s2 = std::ldexp(static_cast<double>(static_cast<std::uint64_t>(sig >> 22) & m53), exponent - 105);
+    const double s3 = std::ldexp(static_cast<double>((static_cast<std::uint64_t>(sig) & 0x3FFFFF) * 2 + (inexact ? 1 : 0)),
+                                 exponent - 128);
+    const double lo = ((s1 - std::fabs(hi)) + s2) + s3;
+    return {hi, lo == 0.0 ? 0.0 : negative ? -lo : lo};  // an exact zero difference is +0, as in MPFR
+  }
   // Otherwise x and hi are both multiples of 2^(exponent - 129) and of 2^-1074, and the
   // difference is below 2^(exponent + 1): 134 bits hold it exactly.
   Mpfr d(134);

@@ -1,6 +1,8 @@
 // The superaccumulator against the MPFR oracle, bit for bit: the exact sum (all of it,
 // not only its rounding), the 128-bit window, every format's rounding, the condition term.
 #include <gtest/gtest.h>
+
+#include <bit>
 #include <rapidcheck/gtest.h>
 
 #include <cmath>
@@ -255,6 +257,13 @@ RC_GTEST_PROP(RefValue, RoundingMatchesEncodeExact, ()) {
         RC_ASSERT(v.round_to(f, r, o) == encode_exact(f, x, r, o));
     const DoubleDouble dd = v.double_double();
     RC_ASSERT(dd.hi == v.to_double());
+    if (v.kind == RefValue::Kind::Finite && std::isfinite(dd.hi) && v.exponent >= -1021) {
+      // lo is RN(x' - hi) for the window's value x' (its midpoint when inexact), bit for bit
+      Mpfr window(130), diff(134);
+      v.to_mpfr(window);
+      mpfr_sub_d(diff, window, dd.hi, MPFR_RNDN);
+      RC_ASSERT(std::bit_cast<std::uint64_t>(dd.lo) == std::bit_cast<std::uint64_t>(mpfr_get_d(diff, MPFR_RNDN)));
+    }
     if (std::isfinite(dd.hi) && std::fabs(dd.hi) >= 0x1p-900) {
       Mpfr err(800);
       mpfr_sub_d(err, x, dd.hi, MPFR_RNDN);
