@@ -8,19 +8,6 @@
 namespace ulpgate {
 namespace {
 
-// name, bits, exp, frac, bias, has_inf, ieee_specials, max finite code, description
-constexpr FormatInfo kInfo[] = {
-    {Format::FP64, "fp64", 64, 11, 52, 1023, true, true, 0x7FEFFFFFFFFFFFFFull,
-     "IEEE binary64"},
-    {Format::FP32, "fp32", 32, 8, 23, 127, true, true, 0x7F7FFFFFull, "IEEE binary32"},
-    {Format::TF32, "tf32", 19, 8, 10, 127, true, true, 0x3FBFFull,
-     "NVIDIA TensorFloat-32: FP32 range, 10 fraction bits (stored as FP32, low 13 bits 0)"},
-    {Format::FP16, "fp16", 16, 5, 10, 15, true, true, 0x7BFFull, "IEEE binary16"},
-    {Format::BF16, "bf16", 16, 8, 7, 127, true, true, 0x7F7Full, "bfloat16: FP32 range, 7 fraction bits"},
-    {Format::E4M3, "e4m3", 8, 4, 3, 7, false, false, 0x7Eull,
-     "OCP FP8 E4M3 (\"fn\"): no Inf, NaN only S.1111.111, max 448"},
-    {Format::E5M2, "e5m2", 8, 5, 2, 15, true, true, 0x7Bull, "OCP FP8 E5M2: IEEE-like, max 57344"},
-};
 
 std::uint64_t bits_of(double x) { return std::bit_cast<std::uint64_t>(x); }
 
@@ -41,11 +28,10 @@ double FormatInfo::min_normal() const { return std::ldexp(1.0, emin()); }
 double FormatInfo::min_subnormal() const { return std::ldexp(1.0, emin() - frac_bits); }
 double FormatInfo::epsilon() const { return std::ldexp(1.0, -frac_bits); }
 
-const FormatInfo& info(Format f) { return kInfo[static_cast<int>(f)]; }
 std::string_view name(Format f) { return info(f).name; }
 
 std::optional<Format> parse_format(std::string_view t) {
-  for (const auto& fi : kInfo)
+  for (const auto& fi : detail::kFormatInfo)
     if (t == fi.name) return fi.format;
   struct Alias { std::string_view text; Format f; };
   static constexpr Alias kAliases[] = {

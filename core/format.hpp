@@ -63,7 +63,23 @@ struct FormatInfo {
   std::uint64_t code_mask() const { return bits >= 64 ? ~std::uint64_t{0} : (std::uint64_t{1} << bits) - 1; }
 };
 
-const FormatInfo& info(Format f);
+namespace detail {
+// name, bits, exp, frac, bias, has_inf, ieee_specials, max finite code, description
+inline constexpr FormatInfo kFormatInfo[] = {
+    {Format::FP64, "fp64", 64, 11, 52, 1023, true, true, 0x7FEFFFFFFFFFFFFFull,
+     "IEEE binary64"},
+    {Format::FP32, "fp32", 32, 8, 23, 127, true, true, 0x7F7FFFFFull, "IEEE binary32"},
+    {Format::TF32, "tf32", 19, 8, 10, 127, true, true, 0x3FBFFull,
+     "NVIDIA TensorFloat-32: FP32 range, 10 fraction bits (stored as FP32, low 13 bits 0)"},
+    {Format::FP16, "fp16", 16, 5, 10, 15, true, true, 0x7BFFull, "IEEE binary16"},
+    {Format::BF16, "bf16", 16, 8, 7, 127, true, true, 0x7F7Full, "bfloat16: FP32 range, 7 fraction bits"},
+    {Format::E4M3, "e4m3", 8, 4, 3, 7, false, false, 0x7Eull,
+     "OCP FP8 E4M3 (\"fn\"): no Inf, NaN only S.1111.111, max 448"},
+    {Format::E5M2, "e5m2", 8, 5, 2, 15, true, true, 0x7Bull, "OCP FP8 E5M2: IEEE-like, max 57344"},
+};
+}  // namespace detail
+
+inline const FormatInfo& info(Format f) { return detail::kFormatInfo[static_cast<int>(f)]; }
 std::string_view name(Format f);
 /// Parses "fp32", "bf16", "e4m3", ... (also "float32", "half", "bfloat16", "fp8e4m3", ...).
 std::optional<Format> parse_format(std::string_view text);

@@ -107,13 +107,18 @@ class EmulatedGemm final : public Kernel {
     const bool with_c = c.beta != 0.0, with_bias = has_bias(c.epilogue);
     const MatrixView cv = with_c ? gemm_view(c, "C") : MatrixView{};
     const MatrixView biasv = with_bias ? gemm_view(c, "bias") : MatrixView{};
+    // op(B)'s columns decoded once (not once per row of A).
+    std::vector<double> bcols(static_cast<std::size_t>(g.batch * g.n * g.k));
+    parallel_for(g.batch * g.n, [&](std::int64_t col) {
+      const std::int64_t b = col / g.n, j = col % g.n;
+      for (std::int64_t k = 0; k < g.k; ++k) bcols[col * g.k + k] = decode(fb, load_code(fb, B, op_b_offset(c, bv, b, k, j)));
+    });
     parallel_for(g.batch * g.m, [&](std::int64_t row) {
       const std::int64_t b = row / g.m, i = row % g.m;
-      std::vector<double> arow(g.k), bcol(g.k);
+      std::vector<double> arow(g.k);
       for (std::int64_t k = 0; k < g.k; ++k) arow[k] = decode(fa, load_code(fa, A, op_a_offset(c, av, b, i, k)));
       for (std::int64_t j = 0; j < g.n; ++j) {
-        for (std::int64_t k = 0; k < g.k; ++k) bcol[k] = decode(fb, load_code(fb, B, op_b_offset(c, bv, b, k, j)));
-        const float acc = model_dot(m_, arow.data(), bcol.data(), g.k);
+        const float acc = model_dot(m_, arow.data(), &bcols[static_cast<std::size_t>((b * g.n + j) * g.k)], g.k);
         const double cval = with_c ? decode(c.types.at("C"), load_code(c.types.at("C"), io.in.at("C"), cv.offset(b, i, j))) : 0.0;
         const double bias = with_bias ? decode(c.types.at("bias"), load_code(c.types.at("bias"), io.in.at("bias"), biasv.offset(0, 0, j))) : 0.0;
         store_code(fd, D, dv.offset(b, i, j), model_epilogue(c, acc, cval, bias));
