@@ -108,7 +108,7 @@ class EmulatedAttention final : public Kernel {
         store_code(fo, io.out.at("O"), ov.offset(b, h, i, d),
                    encode(fo, o, Rounding::NearestEven, is_fp8(fo) ? Overflow::Saturate : Overflow::NoSaturate));
       }
-    });
+    }, threads_for(static_cast<double>(a.batch) * a.heads * a.seq_q * a.seq_kv * static_cast<double>(hd + dv), 0x1p16));
     notes["model"] = name();
   }
 

@@ -107,12 +107,15 @@ class EmulatedGemm final : public Kernel {
     const bool with_c = c.beta != 0.0, with_bias = has_bias(c.epilogue);
     const MatrixView cv = with_c ? gemm_view(c, "C") : MatrixView{};
     const MatrixView biasv = with_bias ? gemm_view(c, "bias") : MatrixView{};
+    // A thread per 2^16 modelled products at least (a small case runs on the calling thread:
+    // starting threads would cost more than it).
+    const unsigned threads = threads_for(static_cast<double>(g.batch) * g.m * g.n * static_cast<double>(g.k), 0x1p16);
     // op(B)'s columns decoded once (not once per row of A).
     std::vector<double> bcols(static_cast<std::size_t>(g.batch * g.n * g.k));
     parallel_for(g.batch * g.n, [&](std::int64_t col) {
       const std::int64_t b = col / g.n, j = col % g.n;
       for (std::int64_t k = 0; k < g.k; ++k) bcols[col * g.k + k] = decode(fb, load_code(fb, B, op_b_offset(c, bv, b, k, j)));
-    });
+    }, threads);
     parallel_for(g.batch * g.m, [&](std::int64_t row) {
       const std::int64_t b = row / g.m, i = row % g.m;
       std::vector<double> arow(g.k);
@@ -123,7 +126,7 @@ class EmulatedGemm final : public Kernel {
         const double bias = with_bias ? decode(c.types.at("bias"), load_code(c.types.at("bias"), io.in.at("bias"), biasv.offset(0, 0, j))) : 0.0;
         store_code(fd, D, dv.offset(b, i, j), model_epilogue(c, acc, cval, bias));
       }
-    });
+    }, threads);
     notes["model"] = name();
   }
 
