@@ -69,6 +69,53 @@ void audit_output(const Case& c, const std::string& operand, const Tensor& t, bo
   }
 }
 
+RunOutcome audited(const Case& c, bool alternate, RunOutcome& out) {
+  for (const auto& [op, t] : out.outputs) audit_output(c, op, t, alternate, out);
+  return std::move(out);
+}
+
+// A device run of a thread-safe kernel on its thread's stream, through one device block and
+// this thread's page-locked staging buffer: the inputs and poisoned outputs packed (each at
+// a 256-byte boundary) and copied in one go, the block copied back in one go after the run
+// (outputs, and the inputs to see whether the kernel wrote them). False, with nothing done,
+// when the case is too large for the staging buffer (the caller copies tensor by tensor).
+bool run_staged(Kernel& k, const Case& c, const std::map<std::string, Tensor>& inputs, KernelIo& io, RunOutcome& out) {
+  constexpr std::size_t kAlign = 256;
+  std::vector<std::pair<const Tensor*, std::size_t>> parts;  // tensor, offset in the block
+  std::size_t total = 0;
+  const auto place = [&](const Tensor& t) {
+    parts.emplace_back(&t, total);
+    total += (t.size_bytes() + kAlign - 1) / kAlign * kAlign;
+  };
+  for (const auto& [op, t] : inputs) place(t);
+  for (const auto& [op, t] : out.outputs) place(t);
+  auto* host = static_cast<std::byte*>(pinned_staging(total));
+  if (!host) return false;
+  for (const auto& [t, at] : parts) std::memcpy(host + at, t->data(), t->size_bytes());
+  DeviceBuffer block(total, io.stream);
+  auto* dev = static_cast<std::byte*>(block.get());
+  // However this ends (a kernel error too), the stream is idle before the staging buffer
+  // can be filled again.
+  struct Drain {
+    void* stream;
+    ~Drain() { wait_quietly(stream); }
+  } drain{io.stream};
+  copy_to_device(dev, host, total, io.stream);
+  std::size_t i = 0;
+  for (const auto& [op, t] : inputs) io.in[op] = dev + parts[i++].second;
+  for (auto& [op, t] : out.outputs) io.out[op] = dev + parts[i++].second;
+  k.run(c, io, out.notes);
+  device_synchronize(io.stream);
+  copy_to_host(host, dev, total, io.stream);
+  i = 0;
+  for (const auto& [op, t] : inputs) {
+    const std::size_t at = parts[i++].second;
+    if (t.size_bytes() && std::memcmp(host + at, t.data(), t.size_bytes()) != 0) out.inputs_modified.push_back(op);
+  }
+  for (auto& [op, t] : out.outputs) std::memcpy(t.data(), host + parts[i++].second, t.size_bytes());
+  return true;
+}
+
 // One run on outputs filled with the poison (or the alternate poison), audited.
 RunOutcome run_poisoned(Kernel& k, const Case& c, const std::map<std::string, Tensor>& inputs, bool alternate) {
   RunOutcome out;
@@ -97,6 +144,7 @@ RunOutcome run_poisoned(Kernel& k, const Case& c, const std::map<std::string, Te
       // (plugins) get the legacy default stream and a device-wide synchronisation.
       void* stream = k.traits().thread_safe ? thread_stream() : nullptr;
       io.stream = stream;
+      if (stream && run_staged(k, c, inputs, io, out)) return audited(c, alternate, out);
       std::map<std::string, DeviceBuffer> din, dout;
       for (const auto& [op, t] : inputs) io.in[op] = (din[op] = to_device(t, stream)).get();
       for (auto& [op, t] : out.outputs) io.out[op] = (dout[op] = to_device(t, stream)).get();
@@ -118,8 +166,7 @@ RunOutcome run_poisoned(Kernel& k, const Case& c, const std::map<std::string, Te
     out.message = e.what();
     return out;
   }
-  for (const auto& [op, t] : out.outputs) audit_output(c, op, t, alternate, out);
-  return out;
+  return audited(c, alternate, out);
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 #include "kernels/device.hpp"
 
+#include <algorithm>
 #include <mutex>
 
 #include <fmt/format.h>
@@ -75,6 +76,34 @@ void* thread_stream() {
   }();
   return stream;
 }
+
+void* pinned_staging(std::size_t bytes) {
+  if (bytes > kMaxStagingBytes) return nullptr;
+  struct Staging {  // freed at thread exit only while CUDA is still up; never shrunk
+    void* p = nullptr;
+    std::size_t bytes = 0;
+  };
+  thread_local Staging s;
+  if (s.bytes < bytes) {
+    if (s.p) cudaFreeHost(s.p);
+    s.p = nullptr, s.bytes = 0;
+    const std::size_t want = std::max<std::size_t>(bytes, std::size_t{1} << 20);
+    ULPGATE_CHECK(cudaMallocHost(&s.p, want));
+    s.bytes = want;
+  }
+  return s.p;
+}
+
+void copy_to_device(void* dst, const void* src, std::size_t bytes, void* stream) {
+  if (bytes) ULPGATE_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, static_cast<cudaStream_t>(stream)));
+}
+
+void copy_to_host(void* dst, const void* src, std::size_t bytes, void* stream) {
+  if (bytes) ULPGATE_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, static_cast<cudaStream_t>(stream)));
+  ULPGATE_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)));
+}
+
+void wait_quietly(void* stream) noexcept { cudaStreamSynchronize(static_cast<cudaStream_t>(stream)); }
 
 DeviceBuffer to_device(const Tensor& t, void* stream) {
   DeviceBuffer d(t.size_bytes(), stream);
@@ -214,6 +243,10 @@ DeviceBuffer::~DeviceBuffer() = default;
 void DeviceBuffer::release() noexcept {}
 DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&&) noexcept { return *this; }
 void* thread_stream() { no_cuda(); }
+void* pinned_staging(std::size_t) { no_cuda(); }
+void copy_to_device(void*, const void*, std::size_t, void*) { no_cuda(); }
+void copy_to_host(void*, const void*, std::size_t, void*) { no_cuda(); }
+void wait_quietly(void*) noexcept {}
 DeviceBuffer to_device(const Tensor&, void*) { no_cuda(); }
 void to_host(Tensor&, const DeviceBuffer&, void*) { no_cuda(); }
 void device_synchronize(void*) { no_cuda(); }

@@ -41,6 +41,19 @@ class DeviceBuffer {
 /// on the legacy default stream still orders with it.
 void* thread_stream();
 
+/// This thread's page-locked host buffer of at least `bytes` (kept and reused by the thread;
+/// grown when a case needs more), or nullptr above kMaxStagingBytes: copies through it are
+/// plain DMA, with no driver staging and its locks.
+void* pinned_staging(std::size_t bytes);
+inline constexpr std::size_t kMaxStagingBytes = std::size_t{256} << 20;
+/// Copies on a stream: host to device (returns at once for page-locked src), and device to
+/// host (returns once the copy, and the stream's work before it, is done).
+void copy_to_device(void* dst, const void* src, std::size_t bytes, void* stream);
+void copy_to_host(void* dst, const void* src, std::size_t bytes, void* stream);
+/// Waits for a stream's work, ignoring any error (for unwinding: a staging buffer must not
+/// be refilled while a copy from it may still run).
+void wait_quietly(void* stream) noexcept;
+
 /// A device copy of a host tensor (stream: nullptr, or the stream every later use of the
 /// buffer is ordered on).
 DeviceBuffer to_device(const Tensor& t, void* stream = nullptr);
