@@ -34,6 +34,7 @@
 
 #include "core/error.hpp"
 #include "harness/fuzz.hpp"
+#include "kernels/device.hpp"
 
 #if ULPGATE_HAVE_CUDA
 #include <cuda_runtime.h>
@@ -152,11 +153,13 @@ std::string protocol_line(const json& j) {
 
 /// The CUDA context's sticky error after a device kernel, if there is one (illegal address,
 /// launch failure, ...): every later CUDA call in this process fails with it, so the worker
-/// must not run another case.
-std::optional<std::string> lost_cuda_context() {
+/// must not run another case. A thread-safe kernel did all its work on this thread's stream
+/// (KernelTraits::thread_safe), so waiting for that stream is enough (a device-wide wait
+/// would wait for every other thread's cases too); others get a device-wide one.
+std::optional<std::string> lost_cuda_context(bool own_stream) {
 #if ULPGATE_HAVE_CUDA
   (void)cudaGetLastError();  // clears an ordinary launch error; a sticky one stays
-  cudaError_t e = cudaDeviceSynchronize();
+  cudaError_t e = own_stream ? cudaStreamSynchronize(static_cast<cudaStream_t>(thread_stream())) : cudaDeviceSynchronize();
   if (e == cudaSuccess) e = cudaGetLastError();
   if (e != cudaSuccess) return fmt::format("{}: {}", cudaGetErrorName(e), cudaGetErrorString(e));
 #endif
@@ -352,7 +355,7 @@ std::pair<CaseResult, bool> run_check(Registry& registry, Kernel& kernel, const 
   CaseResult result = check_case(kernel, c, options, &registry);
   bool restart = false;
   if (kernel.traits().memory == Memory::Device) {
-    if (auto lost = lost_cuda_context()) {
+    if (auto lost = lost_cuda_context(kernel.traits().thread_safe)) {
       restart = true;
       result.notes["worker"] = fmt::format("CUDA context lost ({}); the next case runs in a fresh worker", *lost);
       if (result.status == Disposition::Ok) {
