@@ -1,5 +1,6 @@
 #include "kernels/emulated/gemm_models.hpp"
 
+#include <bit>
 #include <cmath>
 #include <cstdlib>
 #include <vector>
@@ -13,7 +14,28 @@
 namespace ulpgate {
 namespace {
 
-float round32(double x, Rounding r) { return static_cast<float>(round_to(Format::FP32, x, r)); }
+float round32(double x, Rounding r) {
+  if (r == Rounding::NearestEven) {
+    // x in FP32's normal range: round to nearest even on the bits (a carry steps the
+    // exponent); encode's general path for the rest (subnormal, overflow, Inf, NaN).
+    const auto u = std::bit_cast<std::uint64_t>(x);
+    const int field = static_cast<int>((u >> 52) & 0x7FF);
+    if (field >= 1023 - 126 && field <= 1023 + 127) {
+      const std::uint64_t m = u & ~(std::uint64_t{1} << 63);
+      const std::uint64_t mag = ((m + ((std::uint64_t{1} << 28) - 1) + ((m >> 29) & 1)) >> 29) - (std::uint64_t{1023 - 127} << 23);
+      if (mag <= 0x7F7FFFFF) return std::bit_cast<float>(static_cast<std::uint32_t>((u >> 63) << 31 | mag));
+    }
+  }
+  return static_cast<float>(round_to(Format::FP32, x, r));
+}
+
+// The next double after a finite nonzero x toward the side of lo's sign (nextafter without
+// the library call): one step of the magnitude's bits, up where lo has x's sign.
+double next_toward(double x, double lo) {
+  if (x == 0.0) return std::nextafter(x, lo > 0 ? INFINITY : -INFINITY);
+  const auto u = std::bit_cast<std::uint64_t>(x);
+  return std::bit_cast<double>((lo > 0) == (x > 0) ? u + 1 : u - 1);
+}
 
 // round32(x + y) for doubles x, y, rounded once. TwoSum gives the exact sum as hi + lo; when
 // lo != 0 the true sum lies strictly between hi and its FP64 neighbour towards lo, and no
@@ -23,7 +45,7 @@ float add_round32(double x, double y, Rounding r) {
   const double hi = x + y;
   if (!std::isfinite(hi)) return static_cast<float>(hi);
   const double yv = hi - x, lo = (x - (hi - yv)) + (y - yv);
-  return round32(lo == 0.0 ? hi : std::nextafter(hi, lo > 0 ? INFINITY : -INFINITY), r);
+  return round32(lo == 0.0 ? hi : next_toward(hi, lo), r);
 }
 
 // One block-FMA step: acc and the exact products aligned to the largest, truncated to
