@@ -53,6 +53,28 @@ double metric_value(const ErrorMetrics& m, const std::string& metric) {
                                metric));
 }
 
+std::optional<PrecisionCliff> precision_cliff(const std::vector<double>& bits, double drop) {
+  const auto far_below = [&](std::size_t i, double best) { return std::isfinite(bits[i]) && bits[i] < best - drop; };
+  double best = -INFINITY;
+  std::size_t best_at = 0;
+  for (std::size_t p = 0; p < bits.size(); ++p) {
+    if (!std::isfinite(bits[p])) continue;
+    if (p > 0 && std::isfinite(best) && far_below(p, best)) {
+      std::size_t next = p + 1;  // the next point with an estimate
+      while (next < bits.size() && !std::isfinite(bits[next])) ++next;
+      if (next == bits.size() || far_below(next, best)) {
+        PrecisionCliff c;
+        c.start = p, c.best = best_at;
+        for (std::size_t q = p; q < bits.size(); ++q)
+          if (far_below(q, best)) c.below.push_back(q);
+        return c;
+      }
+    }
+    if (bits[p] > best) best = bits[p], best_at = p;
+  }
+  return std::nullopt;
+}
+
 SweepOutcome run_sweep(const SweepOptions& options, const PointChecker& check,
                        const std::function<void(std::size_t, std::size_t)>& progress) {
   const bool gemm = options.base.op == Op::Gemm;
@@ -67,6 +89,7 @@ SweepOutcome run_sweep(const SweepOptions& options, const PointChecker& check,
   eo.relations = false;
   SweepOutcome out;
   SweepSeries& s = out.series;
+  std::vector<std::size_t> point_case;  // per point with a result: its entry in out.cases
   const char* first = gemm ? "A" : "Q";
   s.kernel = options.base.kernel;
   s.format = std::string(name(options.base.types.at(first)));
@@ -85,6 +108,7 @@ SweepOutcome run_sweep(const SweepOptions& options, const PointChecker& check,
     validate(c);
     CaseResult r = check(c, eo);
     if (r.status == Disposition::Ok && !r.metrics.empty()) {
+      point_case.push_back(out.cases.size());
       s.x.push_back(static_cast<double>(options.values[p]));
       s.y.push_back(metric_value(r.metrics.front(), options.metric));
       const auto bits = r.notes.find("effective_bits");
@@ -94,6 +118,18 @@ SweepOutcome run_sweep(const SweepOptions& options, const PointChecker& check,
     if (progress) progress(p + 1, options.values.size());
   }
   s.fit = fit_power(s.x, s.y);
+  if (const auto cliff = precision_cliff(out.effective_bits_per_point)) {
+    const auto& bits = out.effective_bits_per_point;
+    for (std::size_t q : cliff->below) {
+      CaseResult& r = out.cases[point_case[q]];
+      r.verdict.fail("sweep:precision_cliff",
+                     fmt::format("precision cliff: effective accumulator precision {:.2f} bits at {}={:.0f}, more than {:g} "
+                                 "bits below the {:.2f} bits at {}={:.0f} (the drop starts at {}={:.0f})",
+                                 bits[q], s.parameter, s.x[q], kPrecisionCliffBits, bits[cliff->best], s.parameter,
+                                 s.x[cliff->best], s.parameter, s.x[cliff->start]));
+      stamp(r);
+    }
+  }
   std::vector<double> bits;
   for (double b : out.effective_bits_per_point)
     if (std::isfinite(b)) bits.push_back(b);

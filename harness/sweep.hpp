@@ -19,6 +19,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -55,6 +56,25 @@ struct SweepOutcome {
   std::vector<double> effective_bits_per_point;
   std::vector<CaseResult> cases;  ///< one per point, for the run record
 };
+
+/// Precision cliffs (GEMM sweeps). A correct kernel's effective precision moves smoothly with
+/// K: below the best estimate at smaller K by at most 1.44 bits over K = 2^8..2^16 for the
+/// FP32, TF32, FP16 and BF16 cuBLASLt kernels on the H200, 3.3 bits for FP8 with fast
+/// accumulation (single points), 0 for the CPU models (sweep logs of 2026-12-02); a kernel that switches to a less precise path
+/// above some size (split-K partials kept in a narrow format, say) drops by several bits
+/// there and stays down. The cliff starts at the first point whose estimate is more than
+/// kPrecisionCliffBits below the highest estimate at any smaller value, when the next point
+/// (if there is one) is also that far below it; every point that far below it fails its
+/// check ("sweep:precision_cliff"). Points without an estimate are skipped.
+inline constexpr double kPrecisionCliffBits = 4.0;
+
+struct PrecisionCliff {
+  std::size_t start = 0;       ///< index of the first point of the cliff
+  std::size_t best = 0;        ///< index of the highest estimate before it
+  std::vector<std::size_t> below;  ///< every point (index) more than the drop below the best
+};
+/// The cliff of a series of per-point estimates (NaN: none at that point), if there is one.
+std::optional<PrecisionCliff> precision_cliff(const std::vector<double>& bits, double drop = kPrecisionCliffBits);
 
 /// How one sweep point is checked: the isolated worker's evaluate, or check_case here.
 using PointChecker = std::function<CaseResult(const Case&, const EvaluationOptions&)>;

@@ -1,6 +1,7 @@
 // Sweeps: the power fit, --vary parsing, and the effective-precision estimate on CPU models
 // whose precision is known.
 #include <gtest/gtest.h>
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <random>
@@ -151,4 +152,87 @@ TEST(Sweep, RoundToBitsIsRoundToNearestEvenAtThatPrecision) {
   EXPECT_EQ(round_to_bits(-0x1.fffffp0, 20), -2.0);
   EXPECT_EQ(round_to_bits(0x1.00008p0, 17), 1.0);           // a tie to even
   EXPECT_EQ(round_to_bits(0x1.00018p0, 17), 0x1.0002p0);    // a tie to even, upwards
+}
+
+// The cliff rule on series with known answers: a persistent drop of more than 4 bits below
+// the best estimate so far starts a cliff; a single-point dip, a 3.3-bit dip at the end (the
+// FP8 series on the H200), a gradual 1.5-bit sag (cuBLASLt bf16) and a rise are not cliffs.
+TEST(Sweep, PrecisionCliffKnownAnswers) {
+  const auto cliff = [](std::vector<double> bits) { return precision_cliff(bits); };
+  const auto c = cliff({24.1, 24.3, 24.2, 17.5, 17.1, 16.8});
+  ASSERT_TRUE(c.has_value());
+  EXPECT_EQ(c->start, 3u);
+  EXPECT_EQ(c->best, 1u);
+  EXPECT_EQ(c->below, (std::vector<std::size_t>{3, 4, 5}));
+  const auto last = cliff({24.0, 24.0, 24.0, 19.5});  // at the last point: nothing after it to confirm or deny
+  ASSERT_TRUE(last.has_value());
+  EXPECT_EQ(last->start, 3u);
+  const auto gap = cliff({24.0, NAN, 19.0, NAN, 18.5});  // points without an estimate are skipped
+  ASSERT_TRUE(gap.has_value());
+  EXPECT_EQ(gap->start, 2u);
+  EXPECT_EQ(gap->below, (std::vector<std::size_t>{2, 4}));
+  EXPECT_FALSE(cliff({24.0, 24.2, 18.0, 24.1, 24.3}));  // one point: noise, not a path
+  EXPECT_FALSE(cliff({10.59, 8.81, 10.16, 11.19, 12.30, 9.03}));
+  EXPECT_FALSE(cliff({19.43, 19.28, 18.63, 17.99, 19.38, 20.25, 21.00, 21.46, 20.94}));
+  EXPECT_FALSE(cliff({1.37, 4.18, 7.79, 10.10, 11.71, 12.70, 13.46, 14.22, 14.96}));
+  EXPECT_FALSE(cliff({}));
+  EXPECT_FALSE(cliff({NAN, NAN}));
+}
+
+namespace {
+// A planted kernel that switches path with size: sequential FP32 below K = 2048, and from
+// there an accumulator that keeps 16 fraction bits (the split-K partials of a narrower
+// format): every element may well stay inside the tolerance, whose gamma(K) term grows
+// with K, but the precision falls by about 8 bits at K = 2048 and stays down.
+class PathSwitchAt2048 final : public Kernel {
+ public:
+  std::string name() const override { return "planted.path_switch_2048"; }
+  std::string description() const override { return "FP32 below K = 2048, a 16-bit accumulator from there"; }
+  KernelTraits traits() const override { return {}; }
+  std::optional<std::string> unsupported(const Case& c) const override { return small_->unsupported(c); }
+  void run(const Case& c, const KernelIo& io, RunNotes& notes) override {
+    (c.gemm.k < 2048 ? small_ : large_)->run(c, io, notes);
+  }
+
+ private:
+  std::unique_ptr<Kernel> small_ = make_emulated_gemm(*AccumulationModel::parse("cpu.fp32_seq"));
+  std::unique_ptr<Kernel> large_ = make_emulated_gemm(*AccumulationModel::parse("cpu.blockfma:block=16,frac=16,round=rne"));
+};
+}  // namespace
+
+// The sweep finds where the planted kernel's path switches and fails those points (the
+// message names the value where the drop starts); a correct kernel's sweep over the same
+// range has no cliff.
+TEST(Sweep, PrecisionCliffFailsThePointsOfALessPrecisePath) {
+  Case c;
+  c.op = Op::Gemm;
+  c.gemm.m = 16, c.gemm.n = 16;
+  c.types = {{"A", Format::FP32}, {"B", Format::FP32}, {"D", Format::FP32}, {"compute", Format::FP32}};
+  c.dist = {{"A", "normal(0,1)"}, {"B", "normal(0,1)"}};
+  c.seed = 20261202;
+  SweepOptions o;
+  o.base = c;
+  o.values = parse_vary("K=256:16384").values;
+  PathSwitchAt2048 planted;
+  const SweepOutcome s = run_sweep(planted, o);
+  ASSERT_EQ(s.cases.size(), o.values.size());
+  for (std::size_t i = 0; i < s.cases.size(); ++i) {
+    const CaseResult& r = s.cases[i];
+    std::printf("[ sweep ] planted K=%lld: %.2f bits, %zu reason(s), the last: %s\n", static_cast<long long>(o.values[i]),
+                s.effective_bits_per_point[i], r.verdict.reasons.size(),
+                r.verdict.passed ? "passed" : r.verdict.reasons.back().c_str());
+    const bool on_cliff = o.values[i] >= 2048;
+    const bool cliff_check = std::find(r.verdict.checks.begin(), r.verdict.checks.end(), "sweep:precision_cliff") !=
+                             r.verdict.checks.end();
+    EXPECT_EQ(cliff_check, on_cliff) << "K=" << o.values[i];
+    if (on_cliff) EXPECT_NE(r.verdict.reasons.back().find("the drop starts at K=2048"), std::string::npos);
+  }
+  for (const char* model : {"cpu.fp32_seq", "cpu.fp32_pairwise", "cpu.blockfma:block=16,frac=13,round=rz"}) {
+    auto k = make_emulated_gemm(*AccumulationModel::parse(model));
+    const SweepOutcome t = run_sweep(*k, o);
+    for (const CaseResult& r : t.cases)
+      EXPECT_TRUE(std::find(r.verdict.checks.begin(), r.verdict.checks.end(), "sweep:precision_cliff") ==
+                  r.verdict.checks.end())
+          << model << " K=" << r.spec.gemm.k << ": " << r.verdict.reasons.back();
+  }
 }
