@@ -71,7 +71,8 @@ runs = {b["name"]: b for b in json.load(open(sys.argv[1]))["benchmarks"]}
 def ns(name): return runs[name]["ns_per_term"]
 for k in (256, 4096, 65536):
     o, f = ns(f"BM_OracleDot/{k}"), ns(f"BM_FastDot/{k}")
-    print(f"| exact dot, K = {k}, one thread | {f:.2f} ns/term | MPFR oracle {o:.1f} ns/term: {o / f:.0f}x |")
+    simd = ("scalar", "AVX2", "AVX-512")[int(runs[f"BM_FastDot/{k}"].get("simd", 0))]
+    print(f"| exact dot, K = {k}, one thread ({simd}) | {f:.2f} ns/term | MPFR oracle {o:.1f} ns/term: {o / f:.0f}x |")
     if f"BM_FastDotKnownRanges/{k}" in runs:
         g = ns(f"BM_FastDotKnownRanges/{k}")
         print(f"| exact dot as in the GEMM reference (exponent ranges known), K = {k} | {g:.2f} ns/term | {o / g:.0f}x the oracle |")
