@@ -201,23 +201,22 @@ Tensor store(const Operand& o, const std::vector<double>& vals) {
 }
 
 // vals[i - begin] = the core sample of logical element i, for i in [begin, end). Built twice: for
-// the baseline x86-64 and, where the CPU has it, with FMA instructions, so that the
-// samplers' std::fma is one instruction instead of a library call. Both give the same bits:
-// an FMA is correctly rounded either way, and nothing is contracted (-ffp-contract=off).
-template <class = void>
+// the baseline x86-64 and, where the CPU has it, with FMA instructions (sample_range_fma:
+// this loop with every call inlined), so that the samplers' std::fma is one instruction
+// instead of a library call. Both give the same bits: an FMA is correctly rounded either
+// way, and nothing is contracted (-ffp-contract=off).
 void sample_range(const Sampler& s, std::uint64_t seed, std::uint32_t stream, std::int64_t begin, std::int64_t end,
                   std::int64_t channel_stride, std::int64_t channels, double* vals) {
   for (std::int64_t idx = begin; idx < end; ++idx)
     vals[idx - begin] = sampling::sample_core(s, seed, stream, static_cast<std::uint64_t>(idx),
-                                      static_cast<std::uint64_t>((idx / channel_stride) % channels));
+                                              static_cast<std::uint64_t>((idx / channel_stride) % channels));
 }
 #if defined(__x86_64__) && defined(__GNUC__)
 __attribute__((target("fma"), flatten)) void sample_range_fma(const Sampler& s, std::uint64_t seed, std::uint32_t stream,
-                                                     std::int64_t begin, std::int64_t end, std::int64_t channel_stride,
-                                                     std::int64_t channels, double* vals) {
-  for (std::int64_t idx = begin; idx < end; ++idx)
-    vals[idx - begin] = sampling::sample_core(s, seed, stream, static_cast<std::uint64_t>(idx),
-                                      static_cast<std::uint64_t>((idx / channel_stride) % channels));
+                                                              std::int64_t begin, std::int64_t end,
+                                                              std::int64_t channel_stride, std::int64_t channels,
+                                                              double* vals) {
+  sample_range(s, seed, stream, begin, end, channel_stride, channels, vals);
 }
 const bool kHaveFma = __builtin_cpu_supports("fma");
 #endif
