@@ -59,7 +59,7 @@ std::optional<PrecisionCliff> precision_cliff(const std::vector<double>& bits, d
   std::size_t best_at = 0;
   for (std::size_t p = 0; p < bits.size(); ++p) {
     if (!std::isfinite(bits[p])) continue;
-    if (p > 0 && std::isfinite(best) && far_below(p, best)) {
+    if (far_below(p, best)) {  // never before a first estimate: nothing is below -inf
       std::size_t next = p + 1;  // the next point with an estimate
       while (next < bits.size() && !std::isfinite(bits[next])) ++next;
       if (next == bits.size() || far_below(next, best)) {

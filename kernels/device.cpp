@@ -41,9 +41,9 @@ void keep_pool_memory() {
 
 }  // namespace
 
-DeviceBuffer::DeviceBuffer(std::size_t bytes, void* stream) : bytes_(bytes), stream_(stream), pooled_(stream != nullptr) {
+DeviceBuffer::DeviceBuffer(std::size_t bytes, void* stream) : bytes_(bytes), stream_(stream) {
   if (!bytes) return;
-  if (pooled_) {
+  if (stream_) {
     keep_pool_memory();
     ULPGATE_CHECK(cudaMallocAsync(&p_, bytes, static_cast<cudaStream_t>(stream)));
   } else {
@@ -52,7 +52,7 @@ DeviceBuffer::DeviceBuffer(std::size_t bytes, void* stream) : bytes_(bytes), str
 }
 void DeviceBuffer::release() noexcept {
   if (!p_) return;
-  if (pooled_) cudaFreeAsync(p_, static_cast<cudaStream_t>(stream_));
+  if (stream_) cudaFreeAsync(p_, static_cast<cudaStream_t>(stream_));
   else cudaFree(p_);
   p_ = nullptr;
 }
@@ -60,7 +60,7 @@ DeviceBuffer::~DeviceBuffer() { release(); }
 DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& o) noexcept {
   if (this != &o) {
     release();
-    p_ = o.p_, bytes_ = o.bytes_, stream_ = o.stream_, pooled_ = o.pooled_;
+    p_ = o.p_, bytes_ = o.bytes_, stream_ = o.stream_;
     o.p_ = nullptr, o.bytes_ = 0;
   }
   return *this;
@@ -79,7 +79,7 @@ void* thread_stream() {
 
 void* pinned_staging(std::size_t bytes) {
   if (bytes > kMaxStagingBytes) return nullptr;
-  struct Staging {  // freed at thread exit only while CUDA is still up; never shrunk
+  struct Staging {  // never freed, never shrunk (as thread_stream: it must outlive any use)
     void* p = nullptr;
     std::size_t bytes = 0;
   };
@@ -107,16 +107,13 @@ void wait_quietly(void* stream) noexcept { cudaStreamSynchronize(static_cast<cud
 
 DeviceBuffer to_device(const Tensor& t, void* stream) {
   DeviceBuffer d(t.size_bytes(), stream);
-  if (t.size_bytes())
-    ULPGATE_CHECK(cudaMemcpyAsync(d.get(), t.data(), t.size_bytes(), cudaMemcpyHostToDevice, static_cast<cudaStream_t>(stream)));
+  copy_to_device(d.get(), t.data(), t.size_bytes(), stream);
   return d;
 }
 
 void to_host(Tensor& t, const DeviceBuffer& d, void* stream) {
   if (t.size_bytes() != d.size()) throw KernelError("to_host: size mismatch");
-  if (!d.size()) return;
-  ULPGATE_CHECK(cudaMemcpyAsync(t.data(), d.get(), d.size(), cudaMemcpyDeviceToHost, static_cast<cudaStream_t>(stream)));
-  ULPGATE_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)));
+  copy_to_host(t.data(), d.get(), d.size(), stream);
 }
 
 void device_synchronize(void* stream) {

@@ -18,9 +18,7 @@ class DeviceBuffer {
   DeviceBuffer() = default;
   explicit DeviceBuffer(std::size_t bytes, void* stream = nullptr);
   ~DeviceBuffer();
-  DeviceBuffer(DeviceBuffer&& o) noexcept : p_(o.p_), bytes_(o.bytes_), stream_(o.stream_), pooled_(o.pooled_) {
-    o.p_ = nullptr, o.bytes_ = 0;
-  }
+  DeviceBuffer(DeviceBuffer&& o) noexcept : p_(o.p_), bytes_(o.bytes_), stream_(o.stream_) { o.p_ = nullptr, o.bytes_ = 0; }
   DeviceBuffer& operator=(DeviceBuffer&& o) noexcept;
   DeviceBuffer(const DeviceBuffer&) = delete;
   DeviceBuffer& operator=(const DeviceBuffer&) = delete;
@@ -31,8 +29,7 @@ class DeviceBuffer {
   void release() noexcept;
   void* p_ = nullptr;
   std::size_t bytes_ = 0;
-  void* stream_ = nullptr;
-  bool pooled_ = false;
+  void* stream_ = nullptr;  ///< the stream it is ordered on (pooled); nullptr: cudaMalloc
 };
 
 /// This thread's own CUDA stream (created on first use, kept for the thread's life): a

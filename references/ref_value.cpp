@@ -100,10 +100,11 @@ DoubleDouble RefValue::double_double() const {
   // is zero. (Computing it would need a precision of -exponent bits: 10^9 for the tiny
   // tails a certified GELU can return.)
   if (exponent < -1021) return {hi, 0.0};
-  if (exponent >= -900 && std::fegetround() == FE_TONEAREST) {
+  if (exponent >= -890 && std::fegetround() == FE_TONEAREST) {
     // x (the window's midpoint when inexact) = s1 + s2 + s3 exactly: the window's top 53
-    // bits, the next 53, and the last 22 with the midpoint's half unit, each a double (all
-    // normal from 2^-900 up). |hi| = RN(|x|) is s1 or s1 + ulp(s1), so d = s1 - |hi| is 0 or
+    // bits, the next 53, and the last 22 with the midpoint's half unit, each a double, and
+    // zero or normal (s3's unit 2^(exponent - 128) >= 2^-1018), as is any nonzero lo: FTZ
+    // and DAZ cannot touch them. |hi| = RN(|x|) is s1 or s1 + ulp(s1), so d = s1 - |hi| is 0 or
     // -ulp(s1), exactly, and d + s2 is exact too (0 <= s2 < ulp(s1)); one IEEE addition then
     // rounds (d + s2) + s3 = |x| - |hi| correctly: lo = RN(x - hi), as the MPFR path.
     const u128 sig = (static_cast<u128>(sig_hi) << 64) | sig_lo;

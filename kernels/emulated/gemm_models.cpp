@@ -14,20 +14,9 @@
 namespace ulpgate {
 namespace {
 
-float round32(double x, Rounding r) {
-  if (r == Rounding::NearestEven) {
-    // x in FP32's normal range: round to nearest even on the bits (a carry steps the
-    // exponent); encode's general path for the rest (subnormal, overflow, Inf, NaN).
-    const auto u = std::bit_cast<std::uint64_t>(x);
-    const int field = static_cast<int>((u >> 52) & 0x7FF);
-    if (field >= 1023 - 126 && field <= 1023 + 127) {
-      const std::uint64_t m = u & ~(std::uint64_t{1} << 63);
-      const std::uint64_t mag = ((m + ((std::uint64_t{1} << 28) - 1) + ((m >> 29) & 1)) >> 29) - (std::uint64_t{1023 - 127} << 23);
-      if (mag <= 0x7F7FFFFF) return std::bit_cast<float>(static_cast<std::uint32_t>((u >> 63) << 31 | mag));
-    }
-  }
-  return static_cast<float>(round_to(Format::FP32, x, r));
-}
+// x rounded to FP32: encode's code is the float's bits (encode rounds in-range values to
+// nearest even on their bits itself).
+float round32(double x, Rounding r) { return std::bit_cast<float>(static_cast<std::uint32_t>(encode(Format::FP32, x, r))); }
 
 // The next double after a finite nonzero x toward the side of lo's sign (nextafter without
 // the library call): one step of the magnitude's bits, up where lo has x's sign.
