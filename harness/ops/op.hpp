@@ -23,9 +23,19 @@ using Inputs = std::map<std::string, Tensor>;
 
 /// What the generators may draw.
 struct GenLimits {
-  std::int64_t max_reduction = 4096;  ///< largest GEMM K / attention seq_kv
+  std::int64_t max_reduction = 4096;  ///< largest GEMM K / attention seq_kv (small regime)
   bool gelu = true;                   ///< GEMM: GELU epilogues (their reference costs more)
+  /// The large regime (README "Size regimes"): shapes where kernels switch paths, log-spread
+  /// up to kLargeReduction (GEMM K, attention seq_kv) and GEMM M, N >= 2048 with ragged
+  /// tails, within kLargeTermBudget; max_reduction does not apply.
+  bool large = false;
 };
+
+/// The large regime's longest reduction (GEMM K, attention seq_kv).
+inline constexpr std::int64_t kLargeReduction = 65536;
+/// The large regime's cost cap: GEMM batch x M x N x K exact terms, attention batch x heads
+/// x seq_q x seq_kv x (head_dim + head_dim_v) (about 0.1 to 0.3 s of one core's reference).
+inline constexpr std::int64_t kLargeTermBudget = std::int64_t{1} << 27;
 
 /// A relation that did not hold: its name ("repeatability", "scaling", ...) and what broke.
 struct RelationFailure {
