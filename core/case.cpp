@@ -210,9 +210,9 @@ AttentionView attention_view(const Case& c, std::string_view operand) {
   if (operand == "Q") {
     v.seq = a.seq_q;
   } else if (operand == "K") {
-    v.seq = a.seq_kv;
+    v.seq = a.seq_kv, v.heads = a.eff_kv_heads();
   } else if (operand == "V") {
-    v.seq = a.seq_kv, v.dim = a.eff_head_dim_v();
+    v.seq = a.seq_kv, v.dim = a.eff_head_dim_v(), v.heads = a.eff_kv_heads();
   } else if (operand == "O") {
     v.seq = a.seq_q, v.dim = a.eff_head_dim_v();
   } else {
@@ -260,11 +260,15 @@ void validate(const Case& c) {
       if (v < 1) fail(std::string("case.attention.") + key, fmt::format("must be >= 1, got {}", v));
     if (a.head_dim_v < 0)
       fail("case.attention.head_dim_v", fmt::format("must be >= 0, got {}", a.head_dim_v));
+    if (a.kv_heads < 0 || a.kv_heads > a.heads || (a.kv_heads > 0 && a.heads % a.kv_heads != 0))
+      fail("case.attention.kv_heads",
+           fmt::format("must be 0 (= heads) or a divisor of heads={} (grouped-query attention), got {}", a.heads,
+                       a.kv_heads));
     check_sizes("case.attention.", {{"batch", a.batch}, {"heads", a.heads}, {"seq_q", a.seq_q}, {"seq_kv", a.seq_kv},
                                     {"head_dim", a.head_dim}, {"head_dim_v", a.head_dim_v}});
     for (const char* op : {"Q", "K", "V", "O"}) {
       const AttentionView v = attention_view(c, op);
-      check_buffer("case.attention", op, {{"batch", v.batch}, {"heads", v.heads},
+      check_buffer("case.attention", op, {{"batch", v.batch}, {(op[0] == 'K' || op[0] == 'V') && a.kv_heads ? "kv_heads" : "heads", v.heads},
                                           {op[0] == 'Q' || op[0] == 'O' ? "seq_q" : "seq_kv", v.seq},
                                           {op[0] == 'V' || op[0] == 'O' ? "head_dim_v" : "head_dim", v.dim}});
     }
@@ -336,6 +340,7 @@ json to_json(const Case& c) {
     j["attention"] = {{"batch", a.batch},       {"heads", a.heads},
                       {"seq_q", a.seq_q},       {"seq_kv", a.seq_kv},
                       {"head_dim", a.head_dim}, {"head_dim_v", a.head_dim_v},
+                      {"kv_heads", a.kv_heads},
                       {"layout", name(a.layout)}, {"causal", a.causal},
                       {"softmax_scale", a.softmax_scale ? json(*a.softmax_scale) : json(nullptr)},
                       {"kv_lengths", a.kv_lengths}};
@@ -391,6 +396,7 @@ Case case_from_json(const json& j) {
     s.seq_kv = a.integer("seq_kv", 1, 1);
     s.head_dim = a.integer("head_dim", 64, 1);
     s.head_dim_v = a.integer("head_dim_v", 0, 0);
+    s.kv_heads = a.integer("kv_heads", 0, 0);  // absent in files written before GQA: heads
     s.layout = a.enumeration("layout", AttentionLayout::BHSD, kAttnLayouts);
     s.causal = a.boolean("causal", false);
     if (const json* sc = a.find("softmax_scale"); sc && !sc->is_null())

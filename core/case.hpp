@@ -14,6 +14,8 @@
 //   Attention  O[b,h] = softmax(scale * Q K^T + mask) V per batch b and head h,
 //          Q: seq_q x head_dim, K: seq_kv x head_dim, V: seq_kv x head_dim_v,
 //          layout "bhsd" ([batch][head][seq][dim]) or "bshd" ([batch][seq][head][dim]).
+//          Q and O have `heads` heads; K and V have eff_kv_heads() (grouped-query attention:
+//          query head h reads K/V head h / (heads / kv_heads); kv_heads 1 is multi-query).
 //          mask: key j of batch b is visible to query i iff j < kv_lengths[b] and, when
 //          causal, j <= i + (seq_kv - seq_q) (bottom-right aligned, as FlashAttention-2).
 #pragma once
@@ -69,11 +71,17 @@ struct GemmShape {
 
 struct AttentionShape {
   std::int64_t batch = 1, heads = 1, seq_q = 1, seq_kv = 1, head_dim = 64, head_dim_v = 0;
+  /// Heads of K and V: 0 means `heads` (multi-head attention); else 1 <= kv_heads <= heads
+  /// and heads % kv_heads == 0 (grouped-query; 1: multi-query).
+  std::int64_t kv_heads = 0;
   AttentionLayout layout = AttentionLayout::BHSD;
   bool causal = false;
   std::optional<double> softmax_scale;   ///< nullopt: 1/sqrt(head_dim)
   std::vector<std::int64_t> kv_lengths;  ///< one per batch; empty: all seq_kv
   std::int64_t eff_head_dim_v() const { return head_dim_v ? head_dim_v : head_dim; }
+  std::int64_t eff_kv_heads() const { return kv_heads ? kv_heads : heads; }
+  /// The K/V head query head h reads.
+  std::int64_t kv_head(std::int64_t h) const { return h / (heads / eff_kv_heads()); }
   bool operator==(const AttentionShape&) const = default;
 };
 
@@ -132,7 +140,8 @@ inline std::int64_t op_b_offset(const Case& c, const MatrixView& bv, std::int64_
 }
 
 /// Where element [batch][head][position][dim] of attention operand "Q", "K", "V" or "O"
-/// lives (packed; layout bhsd or bshd).
+/// lives (packed; layout bhsd or bshd). heads is the operand's own: eff_kv_heads() for K
+/// and V, so their head index is AttentionShape::kv_head(h) of query head h.
 struct AttentionView {
   std::int64_t batch = 1, heads = 1, seq = 1, dim = 1;
   AttentionLayout layout = AttentionLayout::BHSD;

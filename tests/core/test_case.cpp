@@ -65,6 +65,12 @@ rc::Gen<Case> any_valid_case() {
       a.seq_kv = *in_shape;
       a.head_dim = *rc::gen::element<std::int64_t>(32, 64, 80, 96, 111, 128, 256);
       a.head_dim_v = *rc::gen::element<std::int64_t>(0, 64);
+      if (*rc::gen::arbitrary<bool>()) {  // grouped-query: a divisor of heads (0: heads)
+        std::vector<std::int64_t> divisors{0};
+        for (std::int64_t d = 1; d <= a.heads; ++d)
+          if (a.heads % d == 0) divisors.push_back(d);
+        a.kv_heads = *rc::gen::elementOf(divisors);
+      }
       a.layout = *rc::gen::element(AttentionLayout::BHSD, AttentionLayout::BSHD);
       a.causal = *rc::gen::arbitrary<bool>();
       if (*rc::gen::arbitrary<bool>()) a.softmax_scale = *any_scalar();
@@ -217,6 +223,40 @@ TEST(Case, AttentionValidation) {
   j["attention"]["kv_lengths"] = {1, 2};
   j["epilogue"] = "relu";
   EXPECT_NE(error_of(j).find("case.epilogue: attention takes no epilogue"), std::string::npos);
+}
+
+// Grouped-query attention: kv_heads 0 (absent in older files) is heads; otherwise a
+// divisor of heads, and K and V hold kv_heads heads, query head h reading h / (heads / kv_heads).
+TEST(Case, AttentionKvHeads) {
+  json j = json::parse(R"({"ulpgate_case": 1, "op": "attention",
+    "attention": {"batch": 2, "heads": 6, "seq_q": 3, "seq_kv": 5, "head_dim": 8, "head_dim_v": 4},
+    "types": {"Q": "fp16", "K": "fp16", "V": "fp16", "O": "fp16", "compute": "fp32"}})");
+  Case c = case_from_json(j);  // no "kv_heads": a file from before GQA
+  EXPECT_EQ(c.attention.kv_heads, 0);
+  EXPECT_EQ(c.attention.eff_kv_heads(), 6);
+  EXPECT_EQ(to_json(c)["attention"]["kv_heads"], 0);  // written always
+  EXPECT_EQ(attention_view(c, "K").heads, 6);
+  for (std::int64_t kvh : {1, 2, 3, 6}) {
+    j["attention"]["kv_heads"] = kvh;
+    c = case_from_json(j);
+    EXPECT_EQ(case_from_json(to_json(c)), c);
+    for (const char* op : {"K", "V"}) EXPECT_EQ(attention_view(c, op).heads, kvh) << op;
+    for (const char* op : {"Q", "O"}) EXPECT_EQ(attention_view(c, op).heads, 6) << op;
+    EXPECT_EQ(attention_view(c, "K").elements(), 2 * kvh * 5 * 8);
+    EXPECT_EQ(attention_view(c, "V").elements(), 2 * kvh * 5 * 4);
+    for (std::int64_t h = 0; h < 6; ++h) EXPECT_EQ(c.attention.kv_head(h), h / (6 / kvh));
+  }
+  EXPECT_EQ(c.attention.kv_head(5), 5);
+  j["attention"]["kv_heads"] = 1;
+  EXPECT_EQ(case_from_json(j).attention.kv_head(5), 0);  // multi-query
+  j["attention"]["kv_heads"] = 4;
+  EXPECT_EQ(error_of(j), "case.attention.kv_heads: must be 0 (= heads) or a divisor of heads=6 (grouped-query attention), got 4");
+  j["attention"]["kv_heads"] = 12;
+  EXPECT_EQ(error_of(j), "case.attention.kv_heads: must be 0 (= heads) or a divisor of heads=6 (grouped-query attention), got 12");
+  j["attention"]["kv_heads"] = -1;
+  EXPECT_EQ(error_of(j), "case.attention.kv_heads: must be >= 0, got -1");
+  j["attention"]["kv_heads"] = "2";
+  EXPECT_EQ(error_of(j), "case.attention.kv_heads: must be an integer, got \"2\"");
 }
 
 // Sizes had no cap: lda = 2^40 or batch = 1e12 reached the allocator (bad_alloc, exit 3)
