@@ -176,6 +176,7 @@ AttentionReference attention_reference(const Case& c, const std::map<std::string
                         threads);
   parallel_for(rows, [&](std::int64_t row) {
     const std::int64_t i = row % a.seq_q, h = (row / a.seq_q) % a.heads, b = row / (a.seq_q * a.heads);
+    const std::int64_t hk = a.kv_head(h);  // K and V head (grouped-query attention)
     std::vector<std::int64_t> keys;
     for (std::int64_t j = 0; j < a.seq_kv; ++j)
       if (attention_visible(c, b, i, j)) keys.push_back(j);
@@ -197,7 +198,7 @@ AttentionReference attention_reference(const Case& c, const std::map<std::string
       MpfrOracle oracle;
       for (std::size_t s = 0; s < n; ++s) {
         for (std::int64_t d = 0; d < hd; ++d)
-          k64[d] = kt.value(kv.offset(b, h, keys[s], d)), k[d] = static_cast<float>(k64[d]);
+          k64[d] = kt.value(kv.offset(b, hk, keys[s], d)), k[d] = static_cast<float>(k64[d]);
         score[s] = std::make_unique<Mpfr>(2);
         if (fast) {
           acc.clear();
@@ -237,7 +238,7 @@ AttentionReference attention_reference(const Case& c, const std::map<std::string
 
     // V per group: the exact sum of the group's rows. A group of one key (the usual case)
     // keeps its V row as doubles; only larger groups hold MPFR sums.
-    auto v_of = [&](std::size_t s, std::int64_t d) { return vt.value(vv.offset(b, h, keys[s], d)); };
+    auto v_of = [&](std::size_t s, std::int64_t d) { return vt.value(vv.offset(b, hk, keys[s], d)); };
     const auto gd = [&](std::size_t g, std::int64_t d) { return g * static_cast<std::size_t>(dv) + static_cast<std::size_t>(d); };
     std::vector<double> v_single(g_count * static_cast<std::size_t>(dv));
     std::vector<MpfrBox> v_sum(g_count * static_cast<std::size_t>(dv));

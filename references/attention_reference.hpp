@@ -2,7 +2,7 @@
 // log-sum-exp, as RefValues that round correctly to any format.
 //
 // Semantics follow core/case.hpp (bhsd/bshd layouts, kv_lengths padding, causal
-// bottom-right aligned). The scale is case.attention.softmax_scale when given, else exactly
+// bottom-right aligned, query head h reading K/V head kv_head(h)). The scale is case.attention.softmax_scale when given, else exactly
 // 1/sqrt(head_dim) (the real number, not its FP32 rounding).
 //
 // How it is exact: the scores q_i . k_j are exact (superaccumulator). Keys with equal

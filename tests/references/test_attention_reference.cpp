@@ -20,11 +20,16 @@ constexpr Format kInputFormats[] = {Format::FP32, Format::TF32, Format::FP16,
                                     Format::BF16, Format::E4M3, Format::E5M2};
 constexpr mpfr_prec_t kPrec = 1000;
 
-std::int64_t at(const AttentionShape& a, std::int64_t seq, std::int64_t dim, std::int64_t b,
+// Element (b, h, s, d) of an operand with `heads` heads (Q, O: a.heads; K, V: kv heads).
+std::int64_t at(const AttentionShape& a, std::int64_t heads, std::int64_t seq, std::int64_t dim, std::int64_t b,
                 std::int64_t h, std::int64_t s, std::int64_t d) {
-  return a.layout == AttentionLayout::BHSD ? ((b * a.heads + h) * seq + s) * dim + d
-                                           : ((b * seq + s) * a.heads + h) * dim + d;
+  return a.layout == AttentionLayout::BHSD ? ((b * heads + h) * seq + s) * dim + d
+                                           : ((b * seq + s) * heads + h) * dim + d;
 }
+
+// K and V heads, and the one query head h reads: heads / kv consecutive query heads share one.
+std::int64_t kv_count(const AttentionShape& a) { return a.kv_heads == 0 ? a.heads : a.kv_heads; }
+std::int64_t kv_of(const AttentionShape& a, std::int64_t h) { return h * kv_count(a) / a.heads; }
 
 bool visible(const AttentionShape& a, std::int64_t b, std::int64_t i, std::int64_t j) {
   const std::int64_t len = a.kv_lengths.empty() ? a.seq_kv : a.kv_lengths[b];
@@ -54,8 +59,9 @@ AttnCase random_case(std::uint64_t seed) {
   Case& c = ac.c;
   c.op = Op::Attention;
   AttentionShape& a = c.attention;
-  a.batch = bits.in(1, 2), a.heads = bits.in(1, 2), a.seq_q = bits.in(1, 6), a.seq_kv = bits.in(1, 8);
+  a.batch = bits.in(1, 2), a.heads = bits.in(1, 4), a.seq_q = bits.in(1, 6), a.seq_kv = bits.in(1, 8);
   a.head_dim = bits.in(1, 9), a.head_dim_v = bits.chance(0.5) ? 0 : bits.in(1, 5);
+  if (a.heads > 1 && bits.chance(0.5)) a.kv_heads = a.heads == 4 && bits.chance(0.5) ? 2 : 1;  // GQA, MQA
   a.layout = bits.chance(0.5) ? AttentionLayout::BHSD : AttentionLayout::BSHD;
   a.causal = bits.chance(0.5);
   if (bits.chance(0.5))
@@ -118,8 +124,9 @@ void check_case(std::uint64_t seed) {
           owned.push_back(std::make_unique<Mpfr>(kPrec));
           mpfr_set_zero(*owned.back(), 1);
           for (std::int64_t d = 0; d < a.head_dim; ++d) {
-            mpfr_set_d(x, ac.in.at("Q").value(at(a, a.seq_q, a.head_dim, b, h, i, d)), MPFR_RNDN);
-            mpfr_mul_d(x, x, ac.in.at("K").value(at(a, a.seq_kv, a.head_dim, b, h, j, d)), MPFR_RNDN);
+            mpfr_set_d(x, ac.in.at("Q").value(at(a, a.heads, a.seq_q, a.head_dim, b, h, i, d)), MPFR_RNDN);
+            mpfr_mul_d(x, x, ac.in.at("K").value(at(a, kv_count(a), a.seq_kv, a.head_dim, b, kv_of(a, h), j, d)),
+                       MPFR_RNDN);
             mpfr_add(*owned.back(), *owned.back(), x, MPFR_RNDN);
           }
           mpfr_mul(*owned.back(), *owned.back(), sigma, MPFR_RNDN);
@@ -138,7 +145,7 @@ void check_case(std::uint64_t seed) {
           mpfr_set_zero(num, 1);
           double mag = 0.0;  // sum w |v|, for telling cancellation noise from a value
           for (std::size_t k = 0; k < keys.size(); ++k) {
-            const double vk = ac.in.at("V").value(at(a, a.seq_kv, dv, b, h, keys[k], d));
+            const double vk = ac.in.at("V").value(at(a, kv_count(a), a.seq_kv, dv, b, kv_of(a, h), keys[k], d));
             mpfr_mul_d(x, *w[k], vk, MPFR_RNDN);
             mpfr_add(num, num, x, MPFR_RNDN);
             mag += mpfr_get_d(*w[k], MPFR_RNDN) * std::fabs(vk);
@@ -205,6 +212,46 @@ TEST(AttentionReference, ThreadsDoNotChangeBits) {
     EXPECT_EQ(one.values, two.values);
     EXPECT_EQ(one.lse, two.lse);
   }
+}
+
+// Grouped-query attention is multi-head attention with each K/V head repeated for its group
+// of query heads: heads 6, kv_heads 3 (and 1, multi-query) against the MHA case whose K and
+// V head h is the GQA case's head h / (6 / kv_heads), bit for bit, in both layouts.
+TEST(AttentionReference, GroupedQueryEqualsRepeatedHeads) {
+  for (const std::int64_t kv_heads : {3, 2, 1})
+    for (const AttentionLayout layout : {AttentionLayout::BHSD, AttentionLayout::BSHD}) {
+      Case g;
+      g.op = Op::Attention;
+      AttentionShape& a = g.attention;
+      a.batch = 2, a.heads = 6, a.kv_heads = kv_heads, a.seq_q = 3, a.seq_kv = 5, a.head_dim = 4, a.head_dim_v = 3;
+      a.layout = layout, a.causal = true, a.kv_lengths = {5, 2};
+      g.types = {{"Q", Format::BF16}, {"K", Format::BF16}, {"V", Format::BF16}, {"O", Format::FP32},
+                 {"compute", Format::FP32}};
+      validate(g);
+      Case m = g;
+      m.attention.kv_heads = 0;
+      Bits bits(kv_heads, 92, 0);
+      std::map<std::string, Tensor> gin, min;
+      gin["Q"] = min["Q"] = random_tensor(Format::BF16, attention_view(g, "Q").elements(), bits, false);
+      for (const char* op : {"K", "V"}) {
+        const AttentionView gv = attention_view(g, op), mv = attention_view(m, op);
+        ASSERT_EQ(gv.heads, kv_heads);
+        ASSERT_EQ(mv.heads, 6);
+        gin[op] = random_tensor(Format::BF16, gv.elements(), bits, false);
+        min[op] = Tensor(Format::BF16, static_cast<std::size_t>(mv.elements()));
+        for (std::int64_t b = 0; b < a.batch; ++b)
+          for (std::int64_t h = 0; h < 6; ++h)
+            for (std::int64_t s = 0; s < a.seq_kv; ++s)
+              for (std::int64_t d = 0; d < gv.dim; ++d)
+                min[op].set_code(mv.offset(b, h, s, d), gin[op].code(gv.offset(b, h / (6 / kv_heads), s, d)));
+      }
+      const AttentionReference rg = attention_reference(g, gin, 1), rm = attention_reference(m, min, 1);
+      EXPECT_EQ(rg.values, rm.values) << kv_heads;
+      EXPECT_EQ(rg.lse, rm.lse) << kv_heads;
+      EXPECT_EQ(rg.magnitude, rm.magnitude) << kv_heads;
+      // Query heads of different groups read different keys: their outputs differ.
+      EXPECT_NE(rg.at(0, 0, 2, 0), rg.at(0, 5, 2, 0)) << kv_heads;
+    }
 }
 
 // Issue 11: 8192 keys of equal score and V = -1/32: O is the mean, -1/32 (the exact sum of
