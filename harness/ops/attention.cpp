@@ -41,11 +41,12 @@ RowFacts row_facts(const Case& c, const Inputs& in, std::int64_t b, std::int64_t
   const Tensor &q = in.at("Q"), &k = in.at("K");
   RowFacts f;
   const double sigma = std::fabs(scale_of(c));
+  const std::int64_t hk = a.kv_head(h);
   for (std::int64_t j = 0; j < a.seq_kv; ++j) {
     if (!attention_visible(c, b, i, j)) continue;
     f.keys.push_back(j);
     double sum = 0;
-    for (std::int64_t d = 0; d < a.head_dim; ++d) sum += std::fabs(q.value(qv.offset(b, h, i, d)) * k.value(kv.offset(b, h, j, d)));
+    for (std::int64_t d = 0; d < a.head_dim; ++d) sum += std::fabs(q.value(qv.offset(b, h, i, d)) * k.value(kv.offset(b, hk, j, d)));
     f.s = std::max(f.s, sigma * sum * (1 + 0x1p-40));  // the double sum's own rounding, and more
   }
   return f;
@@ -166,7 +167,7 @@ class AttentionModule final : public OpModule {
           for (std::int64_t d = 0; d < dv; ++d) {
             const std::int64_t e = ref.index(b, h, i, d);
             double vmax = 0;
-            for (std::int64_t j : f.keys) vmax = std::max(vmax, std::fabs(v.value(vv.offset(b, h, j, d))));
+            for (std::int64_t j : f.keys) vmax = std::max(vmax, std::fabs(v.value(vv.offset(b, a.kv_head(h), j, d))));
             cmp.allowed[e] = rel * cmp.condition[e] + static_cast<double>(nk) * (eta_p + eta) * vmax + 4 * eta;
             // The scores (before and after the scale) are what can overflow the accumulator.
             cmp.accumulated[e] = std::max(f.s, f.s / std::max(std::fabs(scale_of(c)), 0x1p-1000));
@@ -266,8 +267,9 @@ class AttentionModule final : public OpModule {
     };
     for (std::int64_t b = 0; b < a.batch; ++b)
       for (std::int64_t h = 0; h < a.heads; ++h) {
+        const std::int64_t hk = a.kv_head(h);
         std::vector<char> key_bad(static_cast<std::size_t>(a.seq_kv));
-        for (std::int64_t j = 0; j < a.seq_kv; ++j) key_bad[j] = static_cast<char>(bad("K", kv, b, h, j) | bad("V", vv, b, h, j));
+        for (std::int64_t j = 0; j < a.seq_kv; ++j) key_bad[j] = static_cast<char>(bad("K", kv, b, hk, j) | bad("V", vv, b, hk, j));
         for (std::int64_t i = 0; i < a.seq_q; ++i) {
           bool row = bad("Q", qv, b, h, i);
           for (std::int64_t j = 0; j < a.seq_kv && !row; ++j) row = key_bad[j] && attention_visible(c, b, i, j);
@@ -322,7 +324,7 @@ class AttentionModule final : public OpModule {
             bool pos = false, neg = false;
             for (std::int64_t j = 0; j < a.seq_kv; ++j)
               if (attention_visible(c, b, i, j)) {
-                const double x = v.value(vv.offset(b, h, j, d));
+                const double x = v.value(vv.offset(b, a.kv_head(h), j, d));
                 pos |= x > 0, neg |= x < 0;
               }
             if (pos && neg) continue;
@@ -335,31 +337,35 @@ class AttentionModule final : public OpModule {
     return off ? fmt::format("scaling V by 2 did not double O exactly in {} elements", off) : "";
   }
 
-  // K + shift per head, rounded to K's format: shift_d = t sign(sum_i q_id) with t a power
-  // of two making the largest score grow by about 100. False where no query has weight.
+  // K + shift per K head, rounded to K's format: shift_d = t sign(sum_i q_id) over the
+  // queries of every query head reading that K head, with t a power of two making the
+  // largest of their scores grow by about 100. False where no query has weight.
   static bool shift_keys(const Case& c, Inputs& in) {
     const AttentionShape& a = c.attention;
     const AttentionView qv = attention_view(c, "Q"), kv = attention_view(c, "K");
     Tensor& k = in.at("K");
     const Tensor& q = in.at("Q");
     const double sigma = std::fabs(scale_of(c));
+    const std::int64_t group = a.heads / a.eff_kv_heads();  // query heads h with kv_head(h) == hk
     bool any = false;
     for (std::int64_t b = 0; b < a.batch; ++b)
-      for (std::int64_t h = 0; h < a.heads; ++h) {
+      for (std::int64_t hk = 0; hk < a.eff_kv_heads(); ++hk) {
         std::vector<double> dir(a.head_dim, 0.0);
-        for (std::int64_t i = 0; i < a.seq_q; ++i)
-          for (std::int64_t d = 0; d < a.head_dim; ++d) dir[d] += q.value(qv.offset(b, h, i, d));
+        for (std::int64_t h = hk * group; h < (hk + 1) * group; ++h)
+          for (std::int64_t i = 0; i < a.seq_q; ++i)
+            for (std::int64_t d = 0; d < a.head_dim; ++d) dir[d] += q.value(qv.offset(b, h, i, d));
         double grow = 0;  // the largest q_i . sign(dir) over queries
-        for (std::int64_t i = 0; i < a.seq_q; ++i) {
-          double g = 0;
-          for (std::int64_t d = 0; d < a.head_dim; ++d) g += q.value(qv.offset(b, h, i, d)) * (dir[d] < 0 ? -1.0 : 1.0);
-          grow = std::max(grow, sigma * g);
-        }
+        for (std::int64_t h = hk * group; h < (hk + 1) * group; ++h)
+          for (std::int64_t i = 0; i < a.seq_q; ++i) {
+            double g = 0;
+            for (std::int64_t d = 0; d < a.head_dim; ++d) g += q.value(qv.offset(b, h, i, d)) * (dir[d] < 0 ? -1.0 : 1.0);
+            grow = std::max(grow, sigma * g);
+          }
         if (!(grow > 0) || !std::isfinite(grow)) continue;
         const double t = std::exp2(std::round(std::log2(100.0 / grow)));
         for (std::int64_t j = 0; j < a.seq_kv; ++j)
           for (std::int64_t d = 0; d < a.head_dim; ++d) {
-            const std::int64_t off = kv.offset(b, h, j, d);
+            const std::int64_t off = kv.offset(b, hk, j, d);
             const double x = k.value(off) + (dir[d] < 0 ? -t : t);
             if (!std::isfinite(x) || std::fabs(x) > info(k.format()).max_finite()) return false;
             k.set_value(off, x);  // rounds to K's format
@@ -380,7 +386,7 @@ class AttentionModule final : public OpModule {
       Tensor& to = in.at(op);
       for (std::int64_t b = 0; b < a.batch; ++b) {
         const std::int64_t len = a.kv_lengths.empty() ? a.seq_kv : a.kv_lengths[b];
-        for (std::int64_t h = 0; h < a.heads; ++h)
+        for (std::int64_t h = 0; h < view.heads; ++h)
           for (std::int64_t j = 0; j < len; ++j) {
             const std::int64_t src = (len - 1 - j + len / 2) % len;  // first keys go mid-way
             for (std::int64_t d = 0; d < view.dim; ++d) to.set_code(view.offset(b, h, j, d), from.code(view.offset(b, h, src, d)));

@@ -58,16 +58,17 @@ class EmulatedAttention final : public Kernel {
     const float scale = static_cast<float>(a.softmax_scale.value_or(1.0 / std::sqrt(static_cast<double>(hd))));
     parallel_for(a.batch * a.heads * a.seq_q, [&](std::int64_t row) {
       const std::int64_t i = row % a.seq_q, h = (row / a.seq_q) % a.heads, b = row / (a.seq_q * a.heads);
+      const std::int64_t hk = a.kv_head(h);  // grouped-query: the K/V head query head h reads
       std::vector<float> q(hd), acc(dv, 0.0f), s, vrow(dv);
       for (std::int64_t d = 0; d < hd; ++d) q[d] = static_cast<float>(decode(fq, load_code(fq, io.in.at("Q"), qv.offset(b, h, i, d))));
       auto score = [&](std::int64_t j) {
         float dot = 0.0f;
         for (std::int64_t d = 0; d < hd; ++d)
-          dot = std::fma(q[d], static_cast<float>(decode(fk, load_code(fk, io.in.at("K"), kv.offset(b, h, j, d)))), dot);
+          dot = std::fma(q[d], static_cast<float>(decode(fk, load_code(fk, io.in.at("K"), kv.offset(b, hk, j, d)))), dot);
         return scale * dot;
       };
       auto v_at = [&](std::int64_t j, std::int64_t d) {
-        return static_cast<float>(decode(fv, load_code(fv, io.in.at("V"), vv.offset(b, h, j, d))));
+        return static_cast<float>(decode(fv, load_code(fv, io.in.at("V"), vv.offset(b, hk, j, d))));
       };
       float l = 0.0f;
       if (m_.variant == AttentionModel::Variant::Naive) {

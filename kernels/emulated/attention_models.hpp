@@ -13,6 +13,8 @@
 //
 // The softmax scale is the case's, or 1/sqrt(head_dim), rounded to FP32. A query that sees
 // no key gets O = +0 (the documented convention, references/attention_reference.hpp).
+// Grouped-query and multi-query cases (kv_heads) run as they are: query head h reads K/V
+// head kv_head(h), so every model supports them.
 // "rescale=off" plants a classic bug for tests and demonstrations: the online accumulator
 // is not rescaled when the running max grows.
 #pragma once

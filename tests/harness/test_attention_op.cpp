@@ -243,6 +243,46 @@ TEST(AttentionOp, NonFiniteInputsMarkTheirRows) {
 // A false alarm once found by the fuzz (seed 4): V of both signs in a column, a partial sum
 // cancelling into FP32's subnormals, so that doubling V did not double one O element
 // exactly in a correct online-softmax kernel. The relation now skips such columns.
+// Grouped-query and multi-query cases (heads 4, kv_heads 2 and 1): every CPU model gives
+// the bits it gives for the multi-head case whose K/V head h is the GQA case's kv_head(h),
+// and passes the check with every relation (the key shift moves each K head by its group's
+// queries, the batch slice takes kv_heads heads of K and V).
+TEST(AttentionOp, GroupedQueryModelsEqualRepeatedHeadsAndPass) {
+  for (const auto& m : models())
+    for (const std::int64_t kv_heads : {2, 1})
+      for (const AttentionLayout layout : {AttentionLayout::BHSD, AttentionLayout::BSHD}) {
+        Case c = small_case(Format::FP16, 70, 8);
+        AttentionShape& a = c.attention;
+        a.batch = 2, a.heads = 4, a.kv_heads = kv_heads, a.seq_q = 5, a.head_dim_v = 6, a.layout = layout;
+        a.kv_lengths = {70, 33};
+        c.dist = {{"Q", "normal(0,1)"}, {"K", "normal(0,1)"}, {"V", "normal(0,1)"}};
+        c.seed = static_cast<std::uint64_t>(kv_heads);
+        c.kernel = m->name();
+        const std::string what = m->name() + " kv_heads " + std::to_string(kv_heads) + " " + std::string(name(layout));
+        const Evaluation ev = check(*m, c);
+        EXPECT_TRUE(ev.verdict.passed) << what << ": " << ev.verdict.reasons.front();
+        EXPECT_EQ(relation_of(ev), "") << what;
+        const Inputs in = fill_inputs(c);
+        Case mha = c;
+        mha.attention.kv_heads = 0;
+        Inputs repeated = in;
+        for (const char* op : {"K", "V"}) {
+          const AttentionView gv = attention_view(c, op), mv = attention_view(mha, op);
+          repeated.at(op) = Tensor(in.at(op).format(), static_cast<std::size_t>(mv.elements()));
+          for (std::int64_t b = 0; b < a.batch; ++b)
+            for (std::int64_t h = 0; h < a.heads; ++h)
+              for (std::int64_t s = 0; s < a.seq_kv; ++s)
+                for (std::int64_t d = 0; d < gv.dim; ++d)
+                  repeated.at(op).set_code(mv.offset(b, h, s, d), in.at(op).code(gv.offset(b, h / (4 / kv_heads), s, d)));
+        }
+        const RunOutcome g = run_kernel(*m, c, in), r = run_kernel(*m, mha, repeated);
+        ASSERT_EQ(g.status, Disposition::Ok) << g.message;
+        ASSERT_EQ(g.outputs.at("O").size_bytes(), r.outputs.at("O").size_bytes());
+        EXPECT_EQ(std::memcmp(g.outputs.at("O").data(), r.outputs.at("O").data(), g.outputs.at("O").size_bytes()), 0)
+            << what;
+      }
+}
+
 TEST(AttentionOp, VScalingNoFalseAlarmOnCancellingColumns) {
   Case c = read_case_file(std::string(ULPGATE_SOURCE_DIR) + "/tests/data/attention_v_scaling_cancellation.json");
   auto online = make_emulated_attention(*AttentionModel::parse(c.kernel));
@@ -343,13 +383,13 @@ class BuggyAttention final : public Kernel {
           float m = -INFINITY, l = 0;
           for (std::size_t t = 0; t < keys.size(); ++t) {
             float dot = 0;
-            for (std::int64_t e = 0; e < a.head_dim; ++e) dot = std::fma(in("Q", qv, b, h, i, e), in("K", kv, b, h, keys[t], e), dot);
+            for (std::int64_t e = 0; e < a.head_dim; ++e) dot = std::fma(in("Q", qv, b, h, i, e), in("K", kv, b, a.kv_head(h), keys[t], e), dot);
             m = std::max(m, s[t] = scale * dot);
           }
           for (float& x : s) l += (x = std::exp(x - m));
           for (std::int64_t e = 0; e < a.eff_head_dim_v(); ++e) {
             float acc = 0;
-            for (std::size_t t = 0; t < keys.size(); ++t) acc = std::fma(s[t], in("V", vv, b, h, keys[t], e), acc);
+            for (std::size_t t = 0; t < keys.size(); ++t) acc = std::fma(s[t], in("V", vv, b, a.kv_head(h), keys[t], e), acc);
             float o = l > 0 ? acc / l : (bug_ == Bug::MaskedRowNaN ? NAN : 0.0f);
             static_cast<float*>(io.out.at("O"))[ov.offset(b, h, i, e)] = o;
           }
