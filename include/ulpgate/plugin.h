@@ -1,4 +1,4 @@
-/* ulpgate plugin C ABI, version 1.
+/* ulpgate plugin C ABI, version 2 (version 1 plugins still load: see "Versions" below).
  *
  * A plugin is a shared library that exports one function,
  *
@@ -19,6 +19,9 @@
  *   Attention  O[b,h] = softmax(softmax_scale * Q K^T + mask) V; key j is visible to query
  *              i of batch b iff j < kv_lengths[b] and (when causal) j <= i + seq_kv - seq_q.
  *              Packed [batch][heads][seq][dim] (BHSD) or [batch][seq][heads][dim] (BSHD).
+              Q and O have `heads` heads, K and V have ulpgate_problem.kv_heads heads
+              (grouped-query attention; kv_heads == heads is multi-head, 1 multi-query):
+              query head h reads K/V head h / (heads / kv_heads).
  * Element storage: FP64/FP32 as IEEE words, TF32 as FP32 words with the low 13 bits zero,
  * FP16/BF16 as 16-bit words, FP8 as bytes (OCP E4M3 "fn" / E5M2).
  * Pointers are host or device pointers as the kernel's `memory` says. Outputs are
@@ -34,7 +37,11 @@
 extern "C" {
 #endif
 
-#define ULPGATE_PLUGIN_ABI_VERSION 1u
+/* Versions. 2 appended ulpgate_problem.kv_heads (every earlier field keeps its offset). A
+   plugin built against version 1 still loads, but it would read K and V as having `heads`
+   heads, so ulpgate never hands it an attention problem with kv_heads != heads: such cases
+   are "not supported" by it, with a reason that says why. */
+#define ULPGATE_PLUGIN_ABI_VERSION 2u
 
 typedef enum {
   ULPGATE_FP64 = 0, ULPGATE_FP32 = 1, ULPGATE_TF32 = 2, ULPGATE_FP16 = 3,
@@ -91,6 +98,9 @@ typedef struct {
   ulpgate_gemm_problem gemm;
   ulpgate_attention_problem attention;
   void* stream;               /* cudaStream_t for device kernels (NULL: default stream) */
+  /* Version 2. Attention: the heads of K and V (1 <= kv_heads <= heads, heads % kv_heads
+     == 0; equal to heads for multi-head attention). GEMM: 0. */
+  int64_t kv_heads;
 } ulpgate_problem;
 
 typedef struct {
@@ -106,7 +116,7 @@ typedef struct {
 } ulpgate_kernel;
 
 typedef struct {
-  uint32_t abi_version;       /* ULPGATE_PLUGIN_ABI_VERSION */
+  uint32_t abi_version;       /* ULPGATE_PLUGIN_ABI_VERSION (1 is still accepted) */
   uint32_t kernel_count;
   const ulpgate_kernel* kernels;
 } ulpgate_plugin;

@@ -74,6 +74,7 @@ ulpgate_problem to_problem(const Case& c, const KernelIo* io) {
     t.type_q = abi_format(c, "Q"), t.type_k = abi_format(c, "K"), t.type_v = abi_format(c, "V");
     t.type_o = abi_format(c, "O"), t.type_compute = abi_format(c, "compute");
     t.q = in("Q"), t.k = in("K"), t.v = in("V"), t.o = io ? out("O") : nullptr;
+    p.kv_heads = s.eff_kv_heads();
   }
   p.stream = io ? io->stream : nullptr;
   return p;
@@ -81,7 +82,8 @@ ulpgate_problem to_problem(const Case& c, const KernelIo* io) {
 
 class PluginKernel final : public Kernel {
  public:
-  PluginKernel(const ulpgate_kernel& k, std::string library) : k_(k), library_(std::move(library)) {}
+  PluginKernel(const ulpgate_kernel& k, std::string library, unsigned abi)
+      : k_(k), library_(std::move(library)), abi_(abi) {}
   std::string name() const override { return k_.name; }
   std::string description() const override {
     return fmt::format("{} (plugin {})", k_.description ? k_.description : "", library_);
@@ -93,6 +95,7 @@ class PluginKernel final : public Kernel {
     // Its buffers would be device memory: without a device every case would fail in
     // cudaMalloc (or "built without CUDA"), which says nothing about the kernel.
     if (k_.memory == ULPGATE_DEVICE_MEMORY && !cuda_device_available()) return std::string(kNeedsCudaDevice);
+    if (auto why = beyond_abi(c)) return why;
     ulpgate_problem p = to_problem(c, nullptr);
     std::vector<std::int64_t> kv = kv_lengths(c);
     p.attention.kv_lengths = kv.data();
@@ -102,6 +105,8 @@ class PluginKernel final : public Kernel {
     return text.empty() ? std::string("not supported by the plugin") : text;
   }
   void run(const Case& c, const KernelIo& io, RunNotes& notes) override {
+    // The runner asks unsupported() first; a caller that did not must not get a misread run.
+    if (auto why = beyond_abi(c)) throw std::logic_error(fmt::format("plugin kernel {}: {}", k_.name, *why));
     ulpgate_problem p = to_problem(c, &io);
     std::vector<std::int64_t> kv = kv_lengths(c);
     p.attention.kv_lengths = kv.data();
@@ -120,6 +125,15 @@ class PluginKernel final : public Kernel {
     buf[size - 1] = '\0';
     return std::string(buf, ::strnlen(buf, size));
   }
+  // A case the plugin's ABI version cannot describe: version 1 has no kv_heads, and its
+  // kernels would read K and V as having `heads` heads.
+  std::optional<std::string> beyond_abi(const Case& c) const {
+    if (abi_ < 2 && c.op == Op::Attention && c.attention.eff_kv_heads() != c.attention.heads)
+      return fmt::format("built against plugin ABI version {}, which cannot describe grouped-query attention "
+                         "(kv_heads {} of {} heads); rebuild it against version {}",
+                         abi_, c.attention.eff_kv_heads(), c.attention.heads, ULPGATE_PLUGIN_ABI_VERSION);
+    return std::nullopt;
+  }
   static std::vector<std::int64_t> kv_lengths(const Case& c) {
     if (c.op != Op::Attention) return {};
     if (!c.attention.kv_lengths.empty()) return c.attention.kv_lengths;
@@ -127,6 +141,7 @@ class PluginKernel final : public Kernel {
   }
   ulpgate_kernel k_;
   std::string library_;
+  unsigned abi_;  ///< the plugin's abi_version
 };
 
 }  // namespace
@@ -145,9 +160,9 @@ void load_plugin(const std::string& path, Registry& registry) {
   if (!entry) throw InputError(fmt::format("--plugin {}: no exported {}()", path, ULPGATE_PLUGIN_ENTRY));
   const ulpgate_plugin* p = entry();
   if (!p) throw InputError(fmt::format("--plugin {}: {}() returned NULL", path, ULPGATE_PLUGIN_ENTRY));
-  if (p->abi_version != ULPGATE_PLUGIN_ABI_VERSION)
-    throw InputError(fmt::format("--plugin {}: ABI version {}, this ulpgate speaks {}", path, p->abi_version,
-                                 ULPGATE_PLUGIN_ABI_VERSION));
+  if (p->abi_version < kOldestPluginAbi || p->abi_version > ULPGATE_PLUGIN_ABI_VERSION)
+    throw InputError(fmt::format("--plugin {}: ABI version {}, this ulpgate speaks {} to {}", path, p->abi_version,
+                                 kOldestPluginAbi, ULPGATE_PLUGIN_ABI_VERSION));
   if (p->kernel_count > 0 && !p->kernels)
     throw InputError(fmt::format("--plugin {}: reports {} kernels but no kernel list (NULL)", path, p->kernel_count));
   if (p->kernel_count > kMaxPluginKernels)
@@ -159,7 +174,7 @@ void load_plugin(const std::string& path, Registry& registry) {
       throw InputError(fmt::format("--plugin {}: kernel #{} lacks a name, supports() or run()", path, i));
     if (registry.find(k.name))
       throw InputError(fmt::format("--plugin {}: kernel '{}' already exists", path, k.name));
-    registry.add(std::make_unique<PluginKernel>(k, path));
+    registry.add(std::make_unique<PluginKernel>(k, path, p->abi_version));
   }
 }
 

@@ -7,8 +7,9 @@
 
 namespace ulpgate {
 
-/// dlopens path, checks the ABI version and the kernel list, and adds every kernel it
-/// lists to the registry. Throws InputError naming the plugin (bad path, missing entry
+/// dlopens path, checks the ABI version (ULPGATE_PLUGIN_ABI_VERSION, or 1: a version-1
+/// kernel is unsupported on attention cases with kv_heads != heads, which its ABI cannot
+/// describe) and the kernel list, and adds every kernel it lists to the registry. Throws InputError naming the plugin (bad path, missing entry
 /// point, wrong ABI, a NULL or implausible kernel list, a kernel without name or
 /// functions, duplicate name). The library stays loaded for the life of the process.
 /// A device-memory kernel is unsupported on a machine without a CUDA device ("needs a
@@ -19,6 +20,9 @@ void load_plugin(const std::string& path, Registry& registry);
 /// current directory, for a name without '/', so "foo.so" that exists here becomes
 /// "./foo.so". InputError for an empty path.
 std::string resolve_plugin_path(const std::string& path);
+
+/// The oldest plugin ABI version load_plugin accepts.
+inline constexpr unsigned kOldestPluginAbi = 1;
 
 /// The most kernels one plugin may list (a larger count is a damaged descriptor).
 inline constexpr unsigned kMaxPluginKernels = 4096;

@@ -2,7 +2,12 @@
 
 #include <cstring>
 
+#include <fmt/format.h>
+
 #include "core/error.hpp"
+#include "distributions/fill.hpp"
+#include "harness/ops/attention.hpp"
+#include "kernels/emulated/attention_models.hpp"
 #include "harness/runner.hpp"
 #include "kernels/emulated/gemm_models.hpp"
 #include "kernels/plugin/loader.hpp"
@@ -55,4 +60,85 @@ TEST(Plugin, BadLibrariesAreInputErrors) {
   EXPECT_EQ(msg("libm.so.6"), "--plugin libm.so.6: no exported ulpgate_plugin_entry()");
   load_plugin(EXAMPLE_PLUGIN, reg);
   EXPECT_NE(msg(EXAMPLE_PLUGIN).find("already exists"), std::string::npos);
+}
+
+namespace {
+
+// FP32 attention, heads 4, with kv_heads K/V heads (0: multi-head), both layouts' worth of
+// shape: batch 2, causal, ragged kv_lengths, head_dim_v != head_dim.
+Case fp32_attention(std::int64_t kv_heads, const std::string& kernel) {
+  Case c = dtype_attention_case("fp32");
+  AttentionShape& a = c.attention;
+  a.batch = 2, a.heads = 4, a.kv_heads = kv_heads, a.seq_q = 5, a.seq_kv = 9, a.head_dim = 8, a.head_dim_v = 3;
+  a.layout = AttentionLayout::BSHD, a.causal = true, a.kv_lengths = {9, 4};
+  c.dist = {{"Q", "normal(0,1)"}, {"K", "normal(0,1)"}, {"V", "normal(0,1)"}};
+  c.seed = 5;
+  c.kernel = kernel;
+  validate(c);
+  return c;
+}
+
+bool same_output(const RunOutcome& x, const RunOutcome& y) {
+  return x.outputs.at("O").size_bytes() == y.outputs.at("O").size_bytes() &&
+         std::memcmp(x.outputs.at("O").data(), y.outputs.at("O").data(), x.outputs.at("O").size_bytes()) == 0;
+}
+
+}  // namespace
+
+// ABI version 2 carries kv_heads: the plugin runs grouped-query and multi-query cases and
+// gives cpu.attn_naive's bits (the same arithmetic).
+TEST(Plugin, AbiVersion2RunsGroupedQueryAttention) {
+  Registry reg;
+  load_plugin(ATTENTION_PLUGIN_V2, reg);
+  Kernel* k = reg.find("test.attention_v2");
+  ASSERT_NE(k, nullptr);
+  auto naive = make_emulated_attention(AttentionModel{});
+  for (std::int64_t kv_heads : {0, 2, 1}) {
+    Case c = fp32_attention(kv_heads, k->name());
+    EXPECT_EQ(k->unsupported(c), std::nullopt) << kv_heads;
+    const auto in = fill_inputs(c);
+    const RunOutcome p = run_kernel(*k, c, in), m = run_kernel(*naive, c, in);
+    ASSERT_EQ(p.status, Disposition::Ok) << p.message;
+    EXPECT_EQ(p.unwritten, 0);
+    EXPECT_TRUE(same_output(p, m)) << "kv_heads " << kv_heads;
+  }
+}
+
+// A plugin built against ABI version 1 has no kv_heads and would read K and V as having
+// `heads` heads: it still loads and runs multi-head cases, but a grouped-query case is
+// "not supported" by it with the reason, never handed to it.
+TEST(Plugin, AbiVersion1IsNeverHandedGroupedQueryCases) {
+  Registry reg;
+  load_plugin(ATTENTION_PLUGIN_V1, reg);
+  Kernel* k = reg.find("test.attention_v1");
+  ASSERT_NE(k, nullptr);
+  auto naive = make_emulated_attention(AttentionModel{});
+  Case mha = fp32_attention(0, k->name());
+  const auto in = fill_inputs(mha);
+  const RunOutcome p = run_kernel(*k, mha, in);
+  ASSERT_EQ(p.status, Disposition::Ok) << p.message;
+  EXPECT_TRUE(same_output(p, run_kernel(*naive, mha, in)));
+  Case same = fp32_attention(4, k->name());  // kv_heads == heads: multi-head, written out
+  EXPECT_EQ(k->unsupported(same), std::nullopt);
+  for (std::int64_t kv_heads : {2, 1}) {
+    Case gqa = fp32_attention(kv_heads, k->name());
+    EXPECT_EQ(k->unsupported(gqa),
+              fmt::format("built against plugin ABI version 1, which cannot describe grouped-query attention "
+                          "(kv_heads {} of 4 heads); rebuild it against version 2",
+                          kv_heads));
+    const RunOutcome r = run_kernel(*k, gqa, fill_inputs(gqa));
+    EXPECT_EQ(r.status, Disposition::NotSupported);
+    EXPECT_NE(r.message.find("ABI version 1"), std::string::npos) << r.message;
+  }
+}
+
+TEST(Plugin, UnknownAbiVersionIsAnInputError) {
+  Registry reg;
+  try {
+    load_plugin(ATTENTION_PLUGIN_V3, reg);
+    FAIL() << "a version-3 plugin loaded";
+  } catch (const InputError& e) {
+    EXPECT_EQ(std::string(e.what()), fmt::format("--plugin {}: ABI version 3, this ulpgate speaks 1 to 2", ATTENTION_PLUGIN_V3));
+  }
+  EXPECT_EQ(reg.find("test.attention_v3"), nullptr);
 }

@@ -1,0 +1,88 @@
+// Test equipment for the plugin ABI's versions (tests/kernels/test_plugin.cpp): one host
+// FP32 attention kernel, the arithmetic of cpu.attn_naive (FMA dot products, max, exp,
+// row sum, FMA of P V, one division), built three times:
+//   ATTENTION_PLUGIN_ABI=2  "test.attention_v2": reads K/V head h / (heads / kv_heads)
+//   ATTENTION_PLUGIN_ABI=1  "test.attention_v1": declares ABI 1 and, as a plugin written
+//                           before kv_heads existed, reads K/V head h
+//   ATTENTION_PLUGIN_ABI=3  "test.attention_v3": a version this ulpgate does not know
+// Written against include/ulpgate/plugin.h only.
+#include <cmath>
+#include <cstdio>
+#include <vector>
+
+#include "ulpgate/plugin.h"
+
+#ifndef ATTENTION_PLUGIN_ABI
+#error "define ATTENTION_PLUGIN_ABI"
+#endif
+#define STRINGIFY2(x) #x
+#define STRINGIFY(x) STRINGIFY2(x)
+
+namespace {
+
+int supports(const ulpgate_problem* p, char* why, size_t why_size) {
+  if (p->struct_size < sizeof(ulpgate_problem) || p->op != ULPGATE_OP_ATTENTION) {
+    std::snprintf(why, why_size, "attention only");
+    return 0;
+  }
+  const ulpgate_attention_problem& a = p->attention;
+  if (a.type_q != ULPGATE_FP32 || a.type_k != ULPGATE_FP32 || a.type_v != ULPGATE_FP32 ||
+      a.type_o != ULPGATE_FP32 || a.type_compute != ULPGATE_FP32) {
+    std::snprintf(why, why_size, "FP32 Q, K, V, O and compute only");
+    return 0;
+  }
+  return 1;
+}
+
+int64_t at(const ulpgate_attention_problem& a, int64_t heads, int64_t seq, int64_t dim, int64_t b, int64_t h,
+           int64_t s, int64_t d) {
+  return a.layout == ULPGATE_BHSD ? ((b * heads + h) * seq + s) * dim + d : ((b * seq + s) * heads + h) * dim + d;
+}
+
+int run(const ulpgate_problem* p, char*, size_t) {
+  const ulpgate_attention_problem& a = p->attention;
+#if ATTENTION_PLUGIN_ABI >= 2
+  const int64_t kv_heads = p->kv_heads;
+#else
+  const int64_t kv_heads = a.heads;  // version 1: K and V have `heads` heads
+#endif
+  const float* Q = static_cast<const float*>(a.q);
+  const float* K = static_cast<const float*>(a.k);
+  const float* V = static_cast<const float*>(a.v);
+  float* O = static_cast<float*>(a.o);
+  const float scale = static_cast<float>(a.softmax_scale);
+  for (int64_t b = 0; b < a.batch; ++b)
+    for (int64_t h = 0; h < a.heads; ++h)
+      for (int64_t i = 0; i < a.seq_q; ++i) {
+        const int64_t hk = h / (a.heads / kv_heads);
+        std::vector<int64_t> keys;
+        std::vector<float> s;
+        for (int64_t j = 0; j < a.kv_lengths[b]; ++j) {
+          if (a.causal && j > i + a.seq_kv - a.seq_q) continue;
+          float dot = 0.0f;
+          for (int64_t d = 0; d < a.head_dim; ++d)
+            dot = std::fma(Q[at(a, a.heads, a.seq_q, a.head_dim, b, h, i, d)],
+                           K[at(a, kv_heads, a.seq_kv, a.head_dim, b, hk, j, d)], dot);
+          keys.push_back(j), s.push_back(scale * dot);
+        }
+        float m = -INFINITY, l = 0.0f;
+        for (float x : s) m = std::fmax(m, x);
+        for (float& x : s) l += (x = std::exp(x - m));
+        for (int64_t d = 0; d < a.head_dim_v; ++d) {
+          float acc = 0.0f;
+          for (size_t t = 0; t < keys.size(); ++t)
+            acc = std::fma(s[t], V[at(a, kv_heads, a.seq_kv, a.head_dim_v, b, hk, keys[t], d)], acc);
+          O[at(a, a.heads, a.seq_q, a.head_dim_v, b, h, i, d)] = l > 0.0f ? acc / l : 0.0f;
+        }
+      }
+  return 0;
+}
+
+const ulpgate_kernel kKernels[] = {{"test.attention_v" STRINGIFY(ATTENTION_PLUGIN_ABI),
+                                    "FP32 attention, three passes (as cpu.attn_naive)", ULPGATE_HOST_MEMORY, 1, supports,
+                                    run}};
+const ulpgate_plugin kPlugin = {ATTENTION_PLUGIN_ABI, 1, kKernels};
+
+}  // namespace
+
+extern "C" const ulpgate_plugin* ulpgate_plugin_entry(void) { return &kPlugin; }
