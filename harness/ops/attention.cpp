@@ -21,6 +21,22 @@ constexpr std::int64_t kScoreBudget = std::int64_t{1} << 16;
 // ... and batch * heads * seq_q * seq_kv * head_dim_v, its terms of P V in MPFR (~0.5 us each).
 constexpr std::int64_t kOutputTermBudget = std::int64_t{1} << 20;
 
+// The large regime (GenLimits::large) caps each case by its reference's cost. Measured here
+// (one core of this machine, attention_reference on one thread, bf16 and fp32, normal and
+// logits inputs, seq_kv 16384): 2.2 to 2.7 us per visible score (exact dot product, sorting,
+// MPFR exp at 192 bits) plus 0.004 us per Q.K term, and 0.133 to 0.139 us per P.V term
+// (MPFR product and sum). Every key is taken as visible (an upper bound).
+constexpr double kRefSecondsPerScore = 2.5e-6, kRefSecondsPerQkTerm = 4e-9, kRefSecondsPerPvTerm = 1.4e-7;
+/// One large case's reference at most this long (its relations add one or two more).
+constexpr double kLargeReferenceSeconds = 0.3;
+
+double large_reference_seconds(const AttentionShape& a) {
+  const double scores = static_cast<double>(a.batch) * static_cast<double>(a.heads) * static_cast<double>(a.seq_q) *
+                        static_cast<double>(a.seq_kv);
+  return scores * (kRefSecondsPerScore + kRefSecondsPerQkTerm * static_cast<double>(a.head_dim) +
+                   kRefSecondsPerPvTerm * static_cast<double>(a.eff_head_dim_v()));
+}
+
 // Families that put NaN, Inf or values near overflow into Q, K or V: an attention kernel's
 // scores are then not finite, which the reference rejects (the case would test nothing).
 const std::vector<std::string> kExcludedFamilies = {"specials", "near_overflow", "gendot"};
@@ -73,25 +89,29 @@ class AttentionModule final : public OpModule {
       const bool other_dv = *gen::pick(std::vector<bool>{false, true});
       const std::int64_t dv = other_dv ? *gen::dim(256, dims, false) : 0;
       keep_if_supported([&] { a.head_dim = hd, a.head_dim_v = dv == hd ? 0 : dv; }, [&] { a.head_dim_v = 0; });
-      const std::vector<std::int64_t> seqs{1, 17, 63, 64, 65, 127, 128, 129, 200, 257, 1000, 1024, 4096};
-      const std::int64_t max_seq = std::max<std::int64_t>(1, limits.max_reduction);
-      a.seq_kv = *gen::dim(max_seq, seqs);
-      a.seq_q = *pick_seq_q(a.seq_kv, max_seq, seqs);
-      a.batch = *gen::dim(3);
-      a.heads = *gen::dim(4);
-      // The reference's budget of exponentials, and the element budget of each operand:
-      // the longer sequence halves first, batch and heads shrink last.
-      const auto over = [&] {
-        return a.batch * a.heads * a.seq_q * a.seq_kv > kScoreBudget ||
-               a.batch * a.heads * a.seq_q * a.seq_kv * a.eff_head_dim_v() > kOutputTermBudget ||
-               a.batch * a.heads * std::max(a.seq_q, a.seq_kv) * std::max(a.head_dim, a.eff_head_dim_v()) > gen::kElementBudget;
-      };
-      while (over()) {
-        if (a.seq_q > 1 && a.seq_q >= a.seq_kv) a.seq_q = (a.seq_q + 1) / 2;
-        else if (a.seq_kv > 1) a.seq_kv = (a.seq_kv + 1) / 2;
-        else if (a.heads > 1) --a.heads;
-        else if (a.batch > 1) --a.batch;
-        else break;
+      if (limits.large) {
+        draw_large_shape(a, keep_if_supported);
+      } else {
+        const std::vector<std::int64_t> seqs{1, 17, 63, 64, 65, 127, 128, 129, 200, 257, 1000, 1024, 4096};
+        const std::int64_t max_seq = std::max<std::int64_t>(1, limits.max_reduction);
+        a.seq_kv = *gen::dim(max_seq, seqs);
+        a.seq_q = *pick_seq_q(a.seq_kv, max_seq, seqs);
+        a.batch = *gen::dim(3);
+        a.heads = *gen::dim(4);
+        // The reference's budget of exponentials, and the element budget of each operand:
+        // the longer sequence halves first, batch and heads shrink last.
+        const auto over = [&] {
+          return a.batch * a.heads * a.seq_q * a.seq_kv > kScoreBudget ||
+                 a.batch * a.heads * a.seq_q * a.seq_kv * a.eff_head_dim_v() > kOutputTermBudget ||
+                 a.batch * a.heads * std::max(a.seq_q, a.seq_kv) * std::max(a.head_dim, a.eff_head_dim_v()) > gen::kElementBudget;
+        };
+        while (over()) {
+          if (a.seq_q > 1 && a.seq_q >= a.seq_kv) a.seq_q = (a.seq_q + 1) / 2;
+          else if (a.seq_kv > 1) a.seq_kv = (a.seq_kv + 1) / 2;
+          else if (a.heads > 1) --a.heads;
+          else if (a.batch > 1) --a.batch;
+          else break;
+        }
       }
       const auto layout = *gen::pick(std::vector<AttentionLayout>{AttentionLayout::BHSD, AttentionLayout::BSHD});
       keep_if_supported([&] { a.layout = layout; }, [&] { a.layout = AttentionLayout::BHSD; });
@@ -112,6 +132,12 @@ class AttentionModule final : public OpModule {
         c.dist["K"] = *gen::dist_spec(c, "K", false, kExcludedFamilies);
       c.dist["V"] = *gen::dist_spec(c, "V", false, kExcludedFamilies);
       c.seed = *rc::gen::arbitrary<std::uint64_t>();
+      // Grouped-query and multi-query attention in the small regime, drawn last so that the
+      // rest of the stream is the one drawn before GQA existed (fewer K/V heads cost less).
+      if (!limits.large && a.heads > 1) {
+        const std::int64_t kv_heads = *gen::pick(kv_head_choices(a.heads));
+        keep_if_supported([&] { a.kv_heads = kv_heads; }, [&] { a.kv_heads = 0; });
+      }
       validate(c);
       return c;
     });
@@ -277,6 +303,76 @@ class AttentionModule final : public OpModule {
         }
       }
     return rows;
+  }
+
+  // K/V head counts for `heads` query heads, simplest first: 0 (multi-head), then every
+  // proper divisor from the largest down to 1 (multi-query).
+  static std::vector<std::int64_t> kv_head_choices(std::int64_t heads) {
+    std::vector<std::int64_t> out{0};
+    for (std::int64_t d = heads / 2; d >= 1; --d)
+      if (heads % d == 0) out.push_back(d);
+    return out;
+  }
+
+  // A length in [lo, hi], log-uniform (each octave as often), shrinking towards lo: a third
+  // of the time as drawn (ragged), a third a power of two, a third a multiple of 64 plus or
+  // minus a small tail (a remainder block that is no multiple of 16 either).
+  static rc::Gen<std::int64_t> log_length(std::int64_t lo, std::int64_t hi) {
+    return rc::Gen<std::int64_t>([lo, hi](const rc::Random& random, int) {
+      rc::Random r = random;
+      const double u = static_cast<double>(r.split().next() >> 11) * 0x1p-53;
+      const double l = std::log2(static_cast<double>(lo)), h = std::log2(static_cast<double>(hi) + 1);
+      auto v = static_cast<std::int64_t>(std::exp2(l + u * (h - l)));
+      const std::uint64_t how = r.split().next() % 3;
+      if (how == 1) {
+        v = std::int64_t{1} << static_cast<int>(std::llround(std::log2(static_cast<double>(v))));
+      } else if (how == 2) {
+        const std::int64_t tails[] = {1, -1, 3, -5, 17, -33};
+        v = std::max<std::int64_t>(1, v / 64) * 64 + tails[r.split().next() % 6];
+      }
+      v = std::clamp(v, lo, hi);
+      return rc::shrinkable::shrinkRecur(v, [lo](std::int64_t x) { return rc::shrink::towards<std::int64_t>(x, lo); });
+    });
+  }
+
+  // The large regime's shape (head_dim, head_dim_v already drawn): seq_kv log-spread over
+  // [256, kLargeReduction], queries mostly decode (1) or a few (speculative decoding), else a
+  // prefill as long as the keys or any length up to 8192; batch up to 4, heads up to 32 with
+  // GQA or MQA two times in three; then cut to kLargeReferenceSeconds of reference: batch,
+  // queries and heads first (down to a group of two K/V-sharing heads), then V's width down
+  // to 32, keys down to 4096, and the rest. At about 3 us per score, a prefill is cut to a
+  // few hundred queries: thousands of queries against thousands of keys would take
+  // minutes of exact reference per case.
+  template <class Keep>
+  static void draw_large_shape(AttentionShape& a, Keep& keep_if_supported) {
+    a.seq_kv = *log_length(256, kLargeReduction);
+    const int q_kind = *gen::pick(std::vector<int>{0, 0, 1, 2, 3});  // decode twice as often
+    a.seq_q = q_kind == 0 ? 1 : q_kind == 1 ? *rc::gen::inRange<std::int64_t>(2, 17) : q_kind == 2 ? a.seq_kv : *log_length(2, 8192);
+    a.batch = *rc::gen::inRange<std::int64_t>(1, 5);
+    a.heads = *gen::pick(std::vector<std::int64_t>{1, 2, 4, 8, 16, 32, 12, 6});
+    const int grouping = *gen::pick(std::vector<int>{0, 1, 2});  // MHA, GQA, MQA
+    if (a.heads > 1 && grouping > 0) {
+      std::vector<std::int64_t> kv = kv_head_choices(a.heads);
+      kv.erase(kv.begin());  // the proper divisors, largest first; the last is 1
+      const std::int64_t kv_heads = grouping == 2 ? 1 : *gen::pick(kv);
+      keep_if_supported([&] { a.kv_heads = kv_heads; }, [&] { a.kv_heads = 0; });
+    }
+    while (large_reference_seconds(a) > kLargeReferenceSeconds ||
+           static_cast<double>(a.batch) * a.heads * a.seq_q * a.seq_kv * (a.head_dim + a.eff_head_dim_v()) >
+               static_cast<double>(kLargeTermBudget)) {
+      const std::int64_t dv = a.eff_head_dim_v();
+      if (a.batch > 1) a.batch /= 2;
+      else if (a.seq_q > 1) a.seq_q = (a.seq_q + 1) / 2;
+      else if (a.kv_heads == 0 && a.heads > 1) a.heads /= 2;
+      else if (a.kv_heads > 2 && a.kv_heads % 2 == 0) a.heads /= 2, a.kv_heads /= 2;  // the group stays
+      else if (a.kv_heads > 0 && a.heads > 2 * a.kv_heads) a.heads = 2 * a.kv_heads;  // a group of two stays
+      else if (dv > 32) a.head_dim_v = dv / 2 == a.head_dim ? 0 : dv / 2;
+      else if (a.seq_kv > 4096) a.seq_kv = (a.seq_kv + 1) / 2;
+      else if (dv > 1) a.head_dim_v = dv / 2 == a.head_dim ? 0 : dv / 2;
+      else if (a.seq_kv > 1) a.seq_kv = (a.seq_kv + 1) / 2;
+      else break;
+    }
+    if (a.kv_heads > a.heads || (a.kv_heads && a.heads % a.kv_heads)) a.kv_heads = 0;
   }
 
   static rc::Gen<std::int64_t> pick_seq_q(std::int64_t seq_kv, std::int64_t max_seq, const std::vector<std::int64_t>& seqs) {
