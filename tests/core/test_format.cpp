@@ -149,6 +149,20 @@ RC_GTEST_PROP(Format, EncodeFastPathMatchesTheGeneralPath, ()) {
   }
 }
 
+// The CPU models round to FP32 nearest-even with the hardware's double -> float conversion
+// (kernels/emulated/gemm_models.cpp round32): it must give encode's code on every finite
+// double, around every FP32 binade (ties, subnormals, the overflow threshold) and beyond.
+RC_GTEST_PROP(Format, Fp32NarrowingMatchesEncodeNearestEven, ()) {
+  const int e = *rc::gen::inRange(-160, 140);
+  const std::uint64_t low = *rc::gen::oneOf(rc::gen::just<std::uint64_t>(0), rc::gen::just(std::uint64_t{1} << 28),
+                                            rc::gen::just((std::uint64_t{1} << 28) - 1),
+                                            rc::gen::just((std::uint64_t{1} << 28) + 1),
+                                            rc::gen::inRange<std::uint64_t>(0, std::uint64_t{1} << 52));
+  const std::uint64_t sig = (std::uint64_t{1} << 52) | (low & ((std::uint64_t{1} << 52) - 1));
+  const double x = (*rc::gen::arbitrary<bool>() ? -1.0 : 1.0) * std::ldexp(static_cast<double>(sig), e - 52);
+  RC_ASSERT(std::bit_cast<std::uint32_t>(static_cast<float>(x)) == encode(Format::FP32, x, Rounding::NearestEven));
+}
+
 // Codes are ordered like their values, and next_up moves exactly one ULP.
 TEST(Format, OrderAndNeighbours) {
   for (Format f : kSmall) {
