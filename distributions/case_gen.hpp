@@ -12,6 +12,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -57,6 +58,30 @@ inline rc::Gen<std::int64_t> dim(std::int64_t max, std::vector<std::int64_t> ext
     v = std::clamp<std::int64_t>(v, 1, max);
     return rc::shrinkable::shrinkRecur(
         v, [](std::int64_t x) { return rc::shrink::towards<std::int64_t>(x, 1); });
+  });
+}
+
+/// A large-regime dimension in [lo, hi] (README "Size regimes"), log-uniform whatever
+/// RapidCheck's size, so that each octave is drawn as often: a third of the time as drawn
+/// (mostly ragged), a third a power of two (the boundary itself), a third a multiple of
+/// 128 or 256 plus or minus a small tail (1, 3, 17: a remainder tile that is not a
+/// multiple of 16 either). Clamped to [lo, hi]; shrinks towards 1.
+inline rc::Gen<std::int64_t> log_dim(std::int64_t lo, std::int64_t hi) {
+  return rc::Gen<std::int64_t>([lo, hi](const rc::Random& random, int) {
+    rc::Random r = random;
+    const double u = static_cast<double>(r.split().next() >> 11) * 0x1p-53;
+    const double l = std::log2(static_cast<double>(lo)), h = std::log2(static_cast<double>(hi) + 1);
+    auto v = static_cast<std::int64_t>(std::exp2(l + u * (h - l)));
+    const std::uint64_t how = r.split().next() % 3;
+    if (how == 1) {
+      v = std::int64_t{1} << static_cast<int>(std::llround(std::log2(static_cast<double>(std::max<std::int64_t>(v, 1)))));
+    } else if (how == 2) {
+      const std::int64_t tile = r.split().next() % 2 ? 128 : 256;
+      const std::int64_t tails[] = {1, -1, 3, -3, 17};
+      v = std::max<std::int64_t>(1, v / tile) * tile + tails[r.split().next() % 5];
+    }
+    v = std::clamp(v, lo, hi);
+    return rc::shrinkable::shrinkRecur(v, [](std::int64_t x) { return rc::shrink::towards<std::int64_t>(x, 1); });
   });
 }
 

@@ -280,6 +280,11 @@ Verdict judge(const OutputComparison& cmp, const ErrorMetrics& m, const Toleranc
   };
   std::int64_t nan = 0, inf = 0, missed = 0, mismatched = 0, over = 0;
   double worst_ratio = 0;
+  // The precision rule's sums (analyze.hpp): z_e, w_e over its N elements, and the element
+  // furthest beyond its own scale (shown when only this rule fails).
+  const bool precision = !cmp.precision_scale.empty();
+  double sum_z = 0, sum_w = 0, worst_zw = -1;
+  std::int64_t n_precision = 0, worst_precision = -1;
   for (std::size_t e = 0; e < cmp.got.size(); ++e) {
     const Code g = cmp.got[e];
     const RefValue& x = cmp.exact[e];
@@ -290,6 +295,14 @@ Verdict judge(const OutputComparison& cmp, const ErrorMetrics& m, const Toleranc
       const DoubleDouble xd = target(f, x);
       const double err = std::fabs(signed_error(decode(f, g), xd));
       const double b = bound(e, magnitude_of(xd));
+      const double ce = condition_at(cmp, e);
+      if (precision && ce > 0 && std::isfinite(cmp.precision_scale[e])) {
+        const double got_abs = std::fabs(decode(f, g));
+        const double z = std::max(0.0, err - u_out * got_abs - fi.min_subnormal() / 2) / ce, w = cmp.precision_scale[e] / ce;
+        sum_z += z, sum_w += w, ++n_precision;
+        const double zw = w > 0 ? z / w : z > 0 ? INFINITY : 0;
+        if (zw > worst_zw) worst_zw = zw, worst_precision = static_cast<std::int64_t>(e);
+      }
       if (err > b) {
         ++over;
         if (worst_beyond < 0 || err / b > worst_ratio) worst_beyond = static_cast<std::int64_t>(e);
@@ -314,6 +327,20 @@ Verdict judge(const OutputComparison& cmp, const ErrorMetrics& m, const Toleranc
     }
   }
   v.worst_element = first_nonfinite >= 0 ? first_nonfinite : worst_beyond >= 0 ? worst_beyond : first_unwritten;
+  if (n_precision > 0) {
+    const double nn = static_cast<double>(n_precision), mean_z = sum_z / nn, mean_w = sum_w / nn;
+    const double factor = kPrecisionKappa + kPrecisionLambda / std::sqrt(nn);
+    const double u_acc = std::ldexp(1.0, 1 - tol.accumulator_bits);
+    const double allowed = factor * mean_w + 4 * u_acc;
+    if (mean_z > allowed) {
+      if (v.worst_element < 0) v.worst_element = worst_precision;
+      v.fail(out + ":precision",
+             fmt::format("mean normalised error {:.3g} over {} elements is {:.3g}x what the declared arithmetic allows "
+                         "({:.3g} = {:.3g} x the scale of a correct {}-bit {} accumulation {:.3g} + 4 ulp)",
+                         mean_z, n_precision, mean_z / allowed, allowed, factor, tol.accumulator_bits,
+                         tol.nearest ? "round-to-nearest" : "nearest or truncating", mean_w));
+    }
+  }
   if (nan) v.fail(token("unexpected_nan"), fmt::format("{} unexpected NaN", nan));
   if (inf) v.fail(token("unexpected_inf"), fmt::format("{} unexpected Inf", inf));
   if (missed) v.fail(token("missed_nonfinite"), fmt::format("{} missed NaN/Inf (the exact result is not finite)", missed));

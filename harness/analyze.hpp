@@ -143,7 +143,35 @@ struct OutputComparison {
   /// What the tolerance was, for messages ("accumulator 24 bits, n = 512"); empty: from
   /// the ToleranceModel and n.
   std::string tolerance_note;
+  /// Per element, s_e of the precision rule (below): the error scale of a correct
+  /// accumulation of the declared arithmetic on these inputs, in D's units. Empty: the
+  /// rule does not apply (attention; GELU epilogues).
+  std::vector<double> precision_scale;
 };
+
+/// The precision rule: a statistic over a whole output, far sharper than the per-element
+/// worst-case bound at large K (README "Precision rule"). Over the N elements e that are
+/// compared (d_e and r_e finite, no overflow) with c_e > 0 and s_e finite:
+///   z_e = max(0, |d_e - x_e| - u_D |d_e| - ulp_D(0) / 2) / c_e
+///         (the error that D's own rounding cannot explain: |round(v) - v| <= u_D |round(v)|)
+///   w_e = s_e / c_e
+/// and the case fails ("D:precision") when
+///   mean(z) > (kPrecisionKappa + kPrecisionLambda / sqrt(N)) mean(w) + 4 u_acc,
+/// u_acc = 2^(1 - accumulator_bits) (one ulp: the epilogue's up to four roundings,
+/// truncating ones too). s_e (OutputComparison::precision_scale; harness/ops/gemm.cpp) is
+/// the scale of a sequential accumulation's error under the random rounding model
+/// (Higham and Mary 2019), computed from the exact partial sums, with u = 2^-bits:
+///   sigma = u sqrt(sum_k (s_k^2 + p_k^2) / 3)        (RNE, each rounding uniform in +-u)
+///   bias  = u |sum_k (s_k + p_k)|                   (only when not ToleranceModel::nearest:
+///                                                    round-toward-zero's mean error)
+/// plus the same terms for the inputs' rounding when the kernel rounds them (TF32), times
+/// |alpha sA sB sD|, plus (K + 4) eta_acc for underflow. Sequential order is the least
+/// accurate of the usual orders (blocked, pairwise, split-K sum fewer large partial sums),
+/// so a correct kernel's mean error is at most about 0.8 mean(w) (half-normal); kappa covers
+/// other orders on adversarial data, lambda / sqrt(N) the sampling spread of a small output
+/// (N = 1: 12 standard deviations). Calibrated in docs/results/precision_rule.md.
+inline constexpr double kPrecisionKappa = 4.0;
+inline constexpr double kPrecisionLambda = 8.0;
 
 ErrorMetrics analyze(const OutputComparison& cmp);
 /// Element e (logical index) as WorstElement shows it.
@@ -177,6 +205,9 @@ WorstElement describe_element(const OutputComparison& cmp, std::int64_t e);
 /// sum over k, scaled as c_e; 1 + gamma since the accumulator sums the rounded products.
 struct ToleranceModel {
   int accumulator_bits = 24;  ///< precision (incl. the implicit bit) of the running sum
+  /// The accumulation rounds to nearest (KernelTraits::rounds_to_nearest): the precision
+  /// rule's scale has no round-toward-zero bias term.
+  bool nearest = false;
   int input_bits = 0;         ///< 0: inputs used as given; else the internal input precision
   double accumulator_eta = 0x1p-149;  ///< the accumulator format's smallest subnormal
   int p_bits = 0;             ///< attention: the precision P is rounded to before P V (0: none)
@@ -205,6 +236,7 @@ struct BaselineRule {
 ///     (every failing element in the output's last row or last column: a boundary or
 ///     remainder bug), interior (some failing element elsewhere) or any (the output has a
 ///     single row or column, so the two cannot be told apart)
+///   OUTPUT:precision (the precision rule above: a statistic of the whole output)
 ///   OUTPUT:unwritten, OUTPUT:padding_written, inputs_modified (the write audit)
 ///   relation:NAME (a metamorphic relation that did not hold)
 ///   status:crashed, status:timed_out, status:failed (no output to judge)

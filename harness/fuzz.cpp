@@ -101,12 +101,32 @@ std::vector<FuzzTarget> all_targets(Registry& registry, const std::vector<std::s
   return out;
 }
 
+std::string_view name(SizeSchedule s) {
+  switch (s) {
+    case SizeSchedule::Small: return "small";
+    case SizeSchedule::Realistic: return "realistic";
+    case SizeSchedule::Large: return "large";
+  }
+  return "?";
+}
+
+std::optional<SizeSchedule> parse_size_schedule(std::string_view s) {
+  for (SizeSchedule x : {SizeSchedule::Small, SizeSchedule::Realistic, SizeSchedule::Large})
+    if (name(x) == s) return x;
+  return std::nullopt;
+}
+
+bool large_case(SizeSchedule s, std::int64_t index) {
+  return s == SizeSchedule::Large || (s == SizeSchedule::Realistic && index % 5 == 4);
+}
+
 CampaignDefinition campaign_definition(const FuzzOptions& o, const std::vector<FuzzTarget>& targets) {
   CampaignDefinition c;
   c.kind = "fuzz";
   c.seed = o.seed;
   c.cases = o.cases;
   c.max_k = o.max_k;
+  c.sizes = std::string(name(o.sizes));
   c.metamorphic = o.metamorphic;
   c.gelu = o.gelu;
   for (const auto& t : targets) c.targets.push_back(target_name(t));
@@ -120,8 +140,8 @@ CampaignDefinition campaign_definition(const FuzzOptions& o, const std::vector<F
 
 std::string fuzz_reproducer(const FuzzOptions& o, const FuzzTarget& t, std::int64_t index) {
   std::string cmd = "ulpgate" + plugin_flags(o.plugins);
-  cmd += fmt::format(" fuzz --kernel {} --dtype {} --seed {} --cases {} --max-k {} --time 0", shell_word(t.kernel), t.dtype,
-                     o.seed, index + 1, o.max_k);
+  cmd += fmt::format(" fuzz --kernel {} --dtype {} --seed {} --cases {} --max-k {} --sizes {} --time 0",
+                     shell_word(t.kernel), t.dtype, o.seed, index + 1, o.max_k, name(o.sizes));
   if (!o.metamorphic) cmd += " --no-metamorphic";
   if (o.isolation) cmd += fmt::format(" --timeout {}", o.isolation->timeout_seconds);
   else cmd += " --in-process";
@@ -219,7 +239,11 @@ RunRecord run_fuzz(Registry& registry, const FuzzOptions& o, const std::function
   for (const FuzzTarget& t : targets) {
     Kernel* k = registry.resolve(t.kernel);
     if (!k) throw InputError(fmt::format("--kernel '{}': no such kernel here (see ulpgate list)", t.kernel));
-    const rc::Gen<Case> gen = op_module(t.op).generate(t.dtype, k, GenLimits{o.max_k, o.gelu});
+    // The target's two case streams' generators; case i comes from the large regime's
+    // when the size schedule says so (large_case).
+    const auto limits_of = [&](std::int64_t index) { return GenLimits{o.max_k, o.gelu, large_case(o.sizes, index)}; };
+    const rc::Gen<Case> small_gen = op_module(t.op).generate(t.dtype, k, GenLimits{o.max_k, o.gelu, false});
+    const rc::Gen<Case> large_gen = op_module(t.op).generate(t.dtype, k, GenLimits{o.max_k, o.gelu, true});
     const std::uint64_t seed_of_target = target_seed(o.seed, t);
     const auto evaluate = [&](const Case& c) {
       CaseResult r = journal ? journal->resume_or_run(k->name(), c, [&] { return check_generated(registry, *k, c, options, isolated); })
@@ -272,7 +296,8 @@ RunRecord run_fuzz(Registry& registry, const FuzzOptions& o, const std::function
     const auto draw = [&](std::int64_t index) {
       Slot s;
       try {
-        s.drawn = draw_case(gen, seed_of_target, static_cast<std::uint64_t>(index));
+        s.drawn = draw_case(large_case(o.sizes, index) ? large_gen : small_gen, seed_of_target,
+                            static_cast<std::uint64_t>(index));
         s.value = s.drawn->value();
         if (journal)
           if (auto earlier = journal->take(k->name(), s.value)) s.result = std::move(*earlier), s.done = true;
@@ -305,7 +330,7 @@ RunRecord run_fuzz(Registry& registry, const FuzzOptions& o, const std::function
         const auto id = static_cast<std::uint64_t>(next_draw);
         if (worker_draws) {
           pool->submit(id, k->name(),
-                       DrawSpec{t.op, t.dtype, seed_of_target, static_cast<std::uint64_t>(next_draw), GenLimits{o.max_k, o.gelu}},
+                       DrawSpec{t.op, t.dtype, seed_of_target, static_cast<std::uint64_t>(next_draw), limits_of(next_draw)},
                        options);
           slots.emplace(next_draw++, Slot{});
           continue;
@@ -345,7 +370,7 @@ RunRecord run_fuzz(Registry& registry, const FuzzOptions& o, const std::function
         // To shrink it this thread needs the case's shrinks: drawn again here, the same
         // case (the same generator and supports() answers), or not shrunk if it is not.
         try {
-          s.drawn = draw_case(gen, seed_of_target, static_cast<std::uint64_t>(i));
+          s.drawn = draw_case(large_case(o.sizes, i) ? large_gen : small_gen, seed_of_target, static_cast<std::uint64_t>(i));
           if (to_json(s.drawn->value()) != to_json(s.value)) s.drawn.reset();
         } catch (const std::exception&) {
           s.drawn.reset();

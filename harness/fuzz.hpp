@@ -43,12 +43,25 @@ struct FuzzTarget {
   Op op = Op::Gemm;
 };
 
+/// How a campaign spreads each target's cases over the size regimes (README "Size
+/// regimes"): small draws every case from the small regime (K <= max_k, M and N <= 96);
+/// realistic, the default, draws case indices 4, 9, 14, ... (every fifth: 20% of the
+/// budget) from the large regime (GenLimits::large) and the rest from the small one; large
+/// draws every case from the large regime.
+enum class SizeSchedule : std::uint8_t { Small, Realistic, Large };
+std::string_view name(SizeSchedule s);
+/// "small", "realistic" or "large"; nullopt otherwise.
+std::optional<SizeSchedule> parse_size_schedule(std::string_view s);
+/// Whether case `index` of a target is drawn from the large regime under schedule s.
+bool large_case(SizeSchedule s, std::int64_t index);
+
 struct FuzzOptions {
   std::vector<FuzzTarget> targets;  ///< empty: every kernel here x every dtype it supports
   std::int64_t cases = 30;          ///< cases per target
   double seconds = 0;               ///< wall-clock budget for the whole campaign (0: none)
   std::uint64_t seed = 1;
-  std::int64_t max_k = 4096;        ///< largest K generated
+  std::int64_t max_k = 4096;        ///< largest K generated (small regime)
+  SizeSchedule sizes = SizeSchedule::Realistic;
   std::string corpus_dir;           ///< shrunk failures, replayed first ("" : none)
   std::string cases_dir;            ///< every failing case as a case file ("" : none)
   /// Plugin libraries the kernels come from: named in the campaign (with a hash of each

@@ -253,12 +253,13 @@ struct ParsedCheck {
 
 json draw_to_json(const DrawSpec& d) {
   return {{"op", d.op == Op::Gemm ? "gemm" : "attention"}, {"dtype", d.dtype}, {"target_seed", d.target_seed},
-          {"index", d.index}, {"max_reduction", d.limits.max_reduction}, {"gelu", d.limits.gelu}};
+          {"index", d.index}, {"max_reduction", d.limits.max_reduction}, {"gelu", d.limits.gelu},
+          {"large", d.limits.large}};
 }
 
 DrawSpec draw_from_json(const json& j) {
   const auto bad = [] { return InputError("worker request: draw must be {\"op\", \"dtype\", \"target_seed\", \"index\", "
-                                          "\"max_reduction\", \"gelu\"}"); };
+                                          "\"max_reduction\", \"gelu\", \"large\"}"); };
   if (!j.is_object()) throw bad();
   DrawSpec d;
   try {
@@ -270,6 +271,7 @@ DrawSpec draw_from_json(const json& j) {
     d.index = j.at("index").get<std::uint64_t>();
     d.limits.max_reduction = j.at("max_reduction").get<std::int64_t>();
     d.limits.gelu = j.at("gelu").get<bool>();
+    d.limits.large = j.at("large").get<bool>();
   } catch (const json::exception&) {
     throw bad();
   }
@@ -281,9 +283,9 @@ DrawSpec draw_from_json(const json& j) {
 // generators are kept per target.
 Case draw_in_worker(Kernel& k, const DrawSpec& d) {
   static std::mutex mu;
-  static std::map<std::tuple<const Kernel*, Op, std::string, std::int64_t, bool>, rc::Gen<Case>> gens;
+  static std::map<std::tuple<const Kernel*, Op, std::string, std::int64_t, bool, bool>, rc::Gen<Case>> gens;
   std::lock_guard lock(mu);
-  const auto key = std::make_tuple(&k, d.op, d.dtype, d.limits.max_reduction, d.limits.gelu);
+  const auto key = std::make_tuple(&k, d.op, d.dtype, d.limits.max_reduction, d.limits.gelu, d.limits.large);
   auto it = gens.find(key);
   if (it == gens.end()) it = gens.emplace(key, op_module(d.op).generate(d.dtype, &k, d.limits)).first;
   try {

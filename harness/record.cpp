@@ -72,6 +72,7 @@ class Reader {
     if (it == j_.end()) fail(path(key), "missing");
     return *it;
   }
+  bool has(std::string_view key) const { return j_.contains(std::string(key)); }
   std::string string(std::string_view key) {
     const json& v = need(key);
     if (!v.is_string()) fail(path(key), "must be a string, got " + shown(v));
@@ -197,6 +198,7 @@ json tolerance_to_json(const ToleranceModel& t) {
           {"input_bits", t.input_bits},
           {"p_bits", t.p_bits},
           {"accumulator_eta", encode_double(t.accumulator_eta)},
+          {"nearest", t.nearest},
           {"probabilistic", t.probabilistic},
           {"lambda", encode_double(t.lambda)}};
 }
@@ -216,6 +218,7 @@ ToleranceModel tolerance_from_json(const json& j, const std::string& path) {
   t.accumulator_eta = r.number("accumulator_eta");
   if (!(std::isfinite(t.accumulator_eta) && t.accumulator_eta >= 0))
     fail(r.path("accumulator_eta"), fmt::format("must be finite and >= 0, got {}", t.accumulator_eta));
+  if (j.is_object() && j.contains("nearest")) t.nearest = r.boolean("nearest");  // absent before the precision rule
   t.probabilistic = r.boolean("probabilistic");
   t.lambda = r.number("lambda");
   if (!(std::isfinite(t.lambda) && t.lambda > 0))
@@ -493,7 +496,7 @@ json campaign_to_json(const CampaignDefinition& c) {
   json plugins = json::array();
   for (const auto& p : c.plugins) plugins.push_back({{"name", p.name}, {"hash", p.hash}});
   return {{"kind", c.kind},       {"seed", c.seed},
-          {"cases", c.cases},     {"max_k", c.max_k},
+          {"cases", c.cases},     {"max_k", c.max_k}, {"sizes", c.sizes},
           {"metamorphic", c.metamorphic}, {"gelu", c.gelu},
           {"targets", c.targets}, {"plugins", plugins},
           {"ulpgate_version", c.ulpgate_version}, {"tolerance", c.tolerance},
@@ -507,6 +510,10 @@ CampaignDefinition campaign_from_json(const json& j, const std::string& path) {
   c.seed = r.unsigned_integer("seed");
   c.cases = r.integer("cases", 0);
   c.max_k = r.integer("max_k", 0);
+  // Written since the size schedule exists; earlier campaigns drew the small regime only.
+  c.sizes = r.has("sizes") ? r.string("sizes") : "small";
+  if (c.sizes != "small" && c.sizes != "realistic" && c.sizes != "large")
+    fail(r.path("sizes"), fmt::format("must be small, realistic or large, got '{}'", c.sizes));
   c.metamorphic = r.boolean("metamorphic");
   c.gelu = r.boolean("gelu");
   c.targets = r.strings("targets");
@@ -621,6 +628,7 @@ std::vector<std::string> campaign_differences(const CampaignDefinition& a, const
   differ("seed", std::to_string(a.seed), std::to_string(b.seed));
   differ("cases per target", std::to_string(a.cases), std::to_string(b.cases));
   differ("max-k", std::to_string(a.max_k), std::to_string(b.max_k));
+  differ("sizes", a.sizes, b.sizes);
   differ("metamorphic relations", a.metamorphic ? "on" : "off", b.metamorphic ? "on" : "off");
   differ("GELU epilogues", a.gelu ? "on" : "off", b.gelu ? "on" : "off");
   if (a.targets != b.targets) {

@@ -45,6 +45,7 @@ struct CampaignDefinition {
   std::uint64_t seed = 0;
   std::int64_t cases = 0;  ///< per target
   std::int64_t max_k = 0;
+  std::string sizes = "small";  ///< the size schedule (fuzz.hpp SizeSchedule); records without it: small
   bool metamorphic = true, gelu = true;
   std::vector<std::string> targets;       ///< "KERNEL DTYPE OP", in campaign order
   std::vector<PluginIdentity> plugins;

@@ -33,6 +33,11 @@ struct KernelTraits {
   /// thread's own stream, harness/runner). Otherwise a worker checking cases concurrently
   /// calls them one at a time (harness/isolate.hpp), on the legacy default stream.
   bool thread_safe = false;
+  /// The kernel accumulates with round-to-nearest (FP32 FMA in CUDA C, the CPU models of
+  /// RNE accumulation): each rounding error is zero-mean, so the precision rule (harness/
+  /// analyze.hpp) allows the random-rounding scale only. false (unknown, the default, and
+  /// tensor cores, which truncate): the rule also allows round-toward-zero's bias.
+  bool rounds_to_nearest = false;
 };
 
 /// Operand buffers, in the kernel's memory space. Inputs: A, B[, C][, bias] or Q, K, V;

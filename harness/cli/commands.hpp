@@ -51,6 +51,7 @@ struct FuzzArgs {
   double seconds = 300;              ///< whole-campaign budget (0: none)
   std::uint64_t seed = 1;
   std::int64_t max_k = 1024;
+  std::string sizes = "realistic";   ///< small, realistic or large (harness/fuzz.hpp SizeSchedule)
   std::string out_dir = "ulpgate-out";
   std::string corpus_dir;            ///< empty: <out>/corpus
   bool no_metamorphic = false;

@@ -200,6 +200,9 @@ int fuzz_command(const FuzzArgs& a, const LocalRegistry& local, const std::strin
   o.seconds = a.seconds;
   o.seed = a.seed;
   o.max_k = a.max_k;
+  const auto sizes = parse_size_schedule(a.sizes);
+  if (!sizes) throw InputError(fmt::format("--sizes '{}': expected small, realistic or large", a.sizes));
+  o.sizes = *sizes;
   o.metamorphic = !a.no_metamorphic;
   o.corpus_dir = a.corpus_dir.empty() ? (std::filesystem::path(a.out_dir) / "corpus").string() : a.corpus_dir;
   o.cases_dir = (std::filesystem::path(a.out_dir) / "cases").string();
@@ -248,8 +251,9 @@ int fuzz_command(const FuzzArgs& a, const LocalRegistry& local, const std::strin
   double progress_every = 10;
   if (const char* e = std::getenv("ULPGATE_PROGRESS_SECONDS")) progress_every = std::strtod(e, nullptr);
   double last_progress = 0;
-  std::printf("ulpgate fuzz: seed %llu, %zu targets (kernel x dtype), %lld cases each, K <= %lld, budget %s\n",
-              static_cast<unsigned long long>(a.seed), o.targets.size(), static_cast<long long>(a.cases),
+  std::printf("ulpgate fuzz: seed %llu, %zu targets (kernel x dtype), %lld cases each, sizes %s (small regime K <= %lld), "
+              "budget %s\n",
+              static_cast<unsigned long long>(a.seed), o.targets.size(), static_cast<long long>(a.cases), a.sizes.c_str(),
               static_cast<long long>(a.max_k), a.seconds > 0 ? fmt::format("{:.0f} s", a.seconds).c_str() : "none");
   std::fflush(stdout);
   FuzzProgress last;

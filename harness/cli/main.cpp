@@ -136,7 +136,11 @@ int main(int argc, char** argv) {
   std::string fuzz_seed = "1", fuzz_max_memory;
   fuzz->add_option("--seed", fuzz_seed, "Campaign seed (default 1)");
   fuzz->add_option("--max-memory", fuzz_max_memory, kMaxMemoryHelp);
-  fuzz->add_option("--max-k", fuzz_args.max_k, "Largest K generated (default 1024)")->check(CLI::Range(1, 1 << 20));
+  fuzz->add_option("--max-k", fuzz_args.max_k, "Largest K (attention: seq_kv) of the small regime (default 1024)")
+      ->check(CLI::Range(1, 1 << 20));
+  fuzz->add_option("--sizes", fuzz_args.sizes,
+                   "Size schedule: small (small regime only), realistic (default: every fifth case from the large "
+                   "regime: K up to 65536, M and N up to 4096, batch up to 16), large (every case)");
   fuzz->add_option("--out", fuzz_args.out_dir, "Output directory (default ulpgate-out)");
   fuzz->add_option("--corpus", fuzz_args.corpus_dir, "Corpus of saved failures, replayed first (default <out>/corpus)");
   fuzz->add_flag("--no-metamorphic", fuzz_args.no_metamorphic, "Skip the repeatability, scaling and transpose checks");

@@ -156,6 +156,64 @@ std::vector<double> input_rounding_abs(const Case& c, const Inputs& inputs, int 
   return out;
 }
 
+// s_e of the precision rule (harness/analyze.hpp) for every element of D, in D's units:
+// from the products p_k = op(A)_ik op(B)_kj and the sequential partial sums s_k (in
+// double: the scale needs no more than a few correct bits), u = 2^-bits,
+//   u sqrt(sum_k (s_k^2 + p_k^2) / 3) [+ u |sum_k (s_k + p_k)| unless tol.nearest]
+// and, where the kernel rounds its inputs to u_in = 2^-input_bits (two roundings per
+// product), u_in sqrt(2 sum_k p_k^2 / 3) [+ 2 u_in |sum_k p_k| unless tol.nearest], all
+// times |alpha sA sB sD|, plus (K + 4) eta_acc sD and the input rounding's absolute part.
+// Columns of op(B) go 64 at a time, k-major, so the inner loop runs over j (vectorised).
+std::vector<double> precision_scale(const Case& c, const Inputs& inputs, const ToleranceModel& tol,
+                                    const std::vector<double>& input_abs) {
+  const GemmShape& g = c.gemm;
+  const MatrixView av = gemm_view(c, "A"), bv = gemm_view(c, "B");
+  const Tensor &a = inputs.at("A"), &b = inputs.at("B");
+  const std::int64_t M = g.m, N = g.n, K = g.k;
+  const double u = std::ldexp(1.0, -tol.accumulator_bits);
+  const double ui = tol.input_bits > 0 ? std::ldexp(1.0, -tol.input_bits) : 0.0;
+  const auto scale_of = [&](const char* op) { return c.scales.count(op) ? c.scales.at(op) : 1.0; };
+  const double sd = scale_of("D"), scale = std::fabs(c.alpha * scale_of("A") * scale_of("B") * sd);
+  const double floor = static_cast<double>(K + 4) * tol.accumulator_eta * std::max(1.0, sd);
+  const auto finite_or_zero = [](double v) { return std::isfinite(v) ? v : 0.0; };
+  std::vector<double> out(static_cast<std::size_t>(g.batch * M * N));
+  std::vector<double> bk(static_cast<std::size_t>(K * N));
+  constexpr std::int64_t W = 64;
+  for (std::int64_t bi = 0; bi < g.batch; ++bi) {
+    parallel_for(K, [&](std::int64_t k) {
+      for (std::int64_t j = 0; j < N; ++j) bk[k * N + j] = finite_or_zero(b.value(op_b_offset(c, bv, bi, k, j)));
+    });
+    parallel_for(M, [&](std::int64_t i) {
+      std::vector<double> ar(static_cast<std::size_t>(K));
+      for (std::int64_t k = 0; k < K; ++k) ar[k] = finite_or_zero(a.value(op_a_offset(c, av, bi, i, k)));
+      for (std::int64_t j0 = 0; j0 < N; j0 += W) {
+        const std::int64_t w = std::min(W, N - j0);
+        double sum[W] = {}, sq[W] = {}, lin[W] = {}, pp[W] = {};
+        for (std::int64_t k = 0; k < K; ++k) {
+          const double x = ar[k];
+          if (x == 0) continue;  // adds exact zeros: no rounding
+          const double* y = &bk[k * N + j0];
+          for (std::int64_t jj = 0; jj < w; ++jj) {
+            const double p = x * y[jj];
+            sum[jj] += p;
+            sq[jj] += sum[jj] * sum[jj] + p * p;
+            lin[jj] += sum[jj] + p;
+            pp[jj] += p * p;
+          }
+        }
+        for (std::int64_t jj = 0; jj < w; ++jj) {
+          double acc = u * std::sqrt(sq[jj] / 3);
+          if (!tol.nearest) acc += u * std::fabs(lin[jj]);
+          if (ui > 0) acc += ui * std::sqrt(2 * pp[jj] / 3) + (tol.nearest ? 0.0 : 2 * ui * std::fabs(sum[jj]));
+          const std::size_t e = static_cast<std::size_t>((bi * M + i) * N + j0 + jj);
+          out[e] = scale * acc + floor + (input_abs.empty() ? 0.0 : input_abs[e]);
+        }
+      }
+    });
+  }
+  return out;
+}
+
 // The calibrator's mean normalised error on the same inputs at `bits`, before any output
 // rounding (so that only its accumulation shows): mean over elements of |cal_e - x_e| / c_e.
 double calibration_mean_normalised(const std::vector<double>& arows, const std::vector<double>& bcols, std::int64_t M,
@@ -199,11 +257,58 @@ OutputComparison transposed_reference(const OutputComparison& cmp) {
   t.accumulated = permute(cmp.accumulated);
   t.allowed = permute(cmp.allowed);
   t.input_abs = permute(cmp.input_abs);
+  t.precision_scale = permute(cmp.precision_scale);
   t.unwritten = permute(cmp.unwritten);
   return t;
 }
 
 namespace {
+
+// Caps of the large regime besides kLargeTermBudget (batch x M x N x K): D's elements
+// (each holds a reference value, a condition term and bounds: ~64 bytes), and each input
+// operand's elements (2^23: 32 MB in FP32).
+constexpr std::int64_t kLargeOutputs = std::int64_t{1} << 21;
+constexpr std::int64_t kLargeOperand = std::int64_t{1} << 23;
+
+// The large regime's shape (README "Size regimes"), one of four kinds with equal odds:
+//   long K:  K in [2048, 65536], M and N in [1, 512]  (split-K and long-K paths)
+//   wide:    M and N in [256, 4096], K in [1, 4096]   (large tiles, ragged tails)
+//   skinny:  one of M, N in [2048, 65536], the other in [1, 64], K in [16, 16384]
+//   batched: batch in [2, 16], M and N in [16, 512], K in [16, 4096]
+// each dimension log-spread (gen::log_dim: ragged, powers of two, tile multiples plus a
+// tail), then trimmed to the caps, the later-drawn dimensions first. FP8 K is a multiple
+// of 16 where the kernel needs it.
+void draw_large_shape(Case& c, const Kernel* k) {
+  GemmShape& g = c.gemm;
+  const auto cap = [](std::int64_t want, std::int64_t limit) { return std::max<std::int64_t>(1, std::min(want, limit)); };
+  const int kind = static_cast<int>(*rc::gen::inRange(0, 4));
+  g.batch = 1;
+  if (kind == 0) {
+    g.k = *gen::log_dim(2048, kLargeReduction);
+    g.m = *gen::log_dim(1, cap(512, kLargeOperand / g.k));
+    g.n = *gen::log_dim(1, cap(512, std::min(kLargeOperand / g.k, kLargeTermBudget / (g.m * g.k))));
+  } else if (kind == 1) {
+    g.m = *gen::log_dim(256, 4096);
+    g.n = *gen::log_dim(256, cap(4096, kLargeOutputs / g.m));
+    g.k = *gen::log_dim(1, cap(4096, std::min(kLargeOperand / std::max(g.m, g.n), kLargeTermBudget / (g.m * g.n))));
+  } else if (kind == 2) {
+    std::int64_t big = *gen::log_dim(2048, kLargeReduction), small = *gen::log_dim(1, 64);
+    big = cap(big, kLargeOutputs / small);
+    const bool tall = *gen::pick(std::vector<bool>{true, false});
+    g.m = tall ? big : small, g.n = tall ? small : big;
+    g.k = *gen::log_dim(1, cap(16384, std::min(kLargeOperand / big, kLargeTermBudget / (g.m * g.n))));
+  } else {
+    g.batch = *gen::log_dim(2, 16);
+    g.m = *gen::log_dim(16, 512);
+    g.n = *gen::log_dim(16, 512);
+    g.k = *gen::log_dim(16, cap(4096, std::min(kLargeOperand / (g.batch * std::max(g.m, g.n)),
+                                                kLargeTermBudget / (g.batch * g.m * g.n))));
+  }
+  if (k && k->unsupported(c) && (c.types.at("A") == Format::E4M3 || c.types.at("A") == Format::E5M2)) {
+    g.k = std::max<std::int64_t>(16, g.k / 16 * 16);  // cuBLASLt FP8: K a multiple of 16
+    while (g.batch * g.m * g.n * g.k > kLargeTermBudget && g.k > 16) g.k -= 16;
+  }
+}
 
 class GemmModule final : public OpModule {
  public:
@@ -225,13 +330,17 @@ class GemmModule final : public OpModule {
       };
       auto& g = c.gemm;
       const bool fp8 = dtype == "e4m3" || dtype == "e5m2";
-      g.k = *gen::dim(limits.max_reduction);
-      // FP8 K that is not a multiple of 16 only where the kernel takes it (cuBLASLt does not).
-      if (fp8 && k && k->unsupported(c)) g.k = std::max<std::int64_t>(16, (g.k + 15) / 16 * 16);
-      const std::int64_t side = std::max<std::int64_t>(1, std::min<std::int64_t>(96, gen::kElementBudget / g.k));
-      g.m = *gen::dim(side);
-      g.n = *gen::dim(side);
-      g.batch = *gen::dim(std::max<std::int64_t>(1, std::min<std::int64_t>(3, gen::kElementBudget / (g.k * std::max(g.m, g.n)))));
+      if (limits.large) {
+        draw_large_shape(c, k);
+      } else {
+        g.k = *gen::dim(limits.max_reduction);
+        // FP8 K that is not a multiple of 16 only where the kernel takes it (cuBLASLt does not).
+        if (fp8 && k && k->unsupported(c)) g.k = std::max<std::int64_t>(16, (g.k + 15) / 16 * 16);
+        const std::int64_t side = std::max<std::int64_t>(1, std::min<std::int64_t>(96, gen::kElementBudget / g.k));
+        g.m = *gen::dim(side);
+        g.n = *gen::dim(side);
+        g.batch = *gen::dim(std::max<std::int64_t>(1, std::min<std::int64_t>(3, gen::kElementBudget / (g.k * std::max(g.m, g.n)))));
+      }
       const Layout layout = *gen::pick(std::vector<Layout>{Layout::RowMajor, Layout::ColMajor});
       const bool ta = *gen::pick(std::vector<bool>{false, true}), tb = *gen::pick(std::vector<bool>{true, false});
       keep_if_supported([&] { g.layout = layout, g.trans_a = ta, g.trans_b = tb; },
@@ -257,7 +366,7 @@ class GemmModule final : public OpModule {
       if (c.beta == 0) c.types.erase("C");
       if (c.beta != 0) keep_if_supported([&] { g.ldc = pc ? g.packed_ld(g.m, g.n) + pc : 0; }, [&] { g.ldc = 0; });
       std::vector<Epilogue> epilogues{Epilogue::None, Epilogue::Relu, Epilogue::Bias, Epilogue::BiasRelu};
-      if (limits.gelu)
+      if (limits.gelu && !limits.large)  // a certified GELU per element costs too much at 10^6 elements
         epilogues.insert(epilogues.end(), {Epilogue::GeluTanh, Epilogue::Gelu, Epilogue::BiasGeluTanh, Epilogue::BiasGelu});
       const Epilogue e = *gen::pick(epilogues);
       const Format bias_type = fp8 ? (c.types.at("D") == Format::FP16 ? Format::FP16 : Format::BF16) : c.types.at("D");
@@ -295,6 +404,11 @@ class GemmModule final : public OpModule {
       mark_input_rounding_overflow(c, inputs, tol.input_bits, cmp);
       if (c.alpha != 0) cmp.input_abs = input_rounding_abs(c, inputs, tol.input_bits);
     }
+    // The precision rule: where D is alpha x the accumulation through at most a ReLU (a
+    // GELU's own evaluation error is not in its scale).
+    const bool gelu = c.epilogue == Epilogue::Gelu || c.epilogue == Epilogue::GeluTanh ||
+                      c.epilogue == Epilogue::BiasGelu || c.epilogue == Epilogue::BiasGeluTanh;
+    if (c.alpha != 0 && !gelu) cmp.precision_scale = precision_scale(c, inputs, tol, cmp.input_abs);
     return cmp;  // allowed: empty, the ToleranceModel's GEMM bound with n = K applies
   }
 
