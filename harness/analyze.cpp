@@ -332,6 +332,7 @@ Verdict judge(const OutputComparison& cmp, const ErrorMetrics& m, const Toleranc
     const double factor = kPrecisionKappa + kPrecisionLambda / std::sqrt(nn);
     const double u_acc = std::ldexp(1.0, 1 - tol.accumulator_bits);
     const double allowed = factor * mean_w + 4 * u_acc;
+    v.precision_ratio = mean_z / allowed;
     if (mean_z > allowed) {
       if (v.worst_element < 0) v.worst_element = worst_precision;
       v.fail(out + ":precision",

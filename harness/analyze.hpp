@@ -249,6 +249,9 @@ struct Verdict {
   /// bound, not the normalised error, which a correctly rounded element can exceed), else
   /// the first unwritten one.
   std::int64_t worst_element = -1;
+  /// The precision rule's mean(z) / allowance (analyze.hpp; > 1 fails), NaN where it does
+  /// not apply: the margin a passing case had (records: notes["precision_ratio"]).
+  double precision_ratio = NAN;
   /// Records a failure: passed = false, the reason and its check token.
   void fail(std::string check, std::string reason) {
     passed = false;

@@ -28,6 +28,9 @@ namespace ulpgate {
 namespace {
 
 constexpr int kMaxShrinkSteps = 400;
+// A failure from the large regime shrinks by at most this many evaluations: each costs up
+// to a second or more, and the first few shrinks (halving K, M, N) find most of the way.
+constexpr int kMaxLargeShrinkSteps = 24;
 // How far (in multiples of jobs) drawing runs ahead of the oldest case not yet taken.
 constexpr std::int64_t kLookahead = 32;
 
@@ -241,9 +244,19 @@ RunRecord run_fuzz(Registry& registry, const FuzzOptions& o, const std::function
     if (!k) throw InputError(fmt::format("--kernel '{}': no such kernel here (see ulpgate list)", t.kernel));
     // The target's two case streams' generators; case i comes from the large regime's
     // when the size schedule says so (large_case).
-    const auto limits_of = [&](std::int64_t index) { return GenLimits{o.max_k, o.gelu, large_case(o.sizes, index)}; };
+    // The n-th large case of a target draws the large regime's shape kind n (rotating).
+    const auto limits_of = [&](std::int64_t index) {
+      const bool large = large_case(o.sizes, index);
+      const std::int64_t nth = o.sizes == SizeSchedule::Large ? index : index / 5;
+      return GenLimits{o.max_k, o.gelu, large, large ? static_cast<int>(nth % 5) : -1};
+    };
     const rc::Gen<Case> small_gen = op_module(t.op).generate(t.dtype, k, GenLimits{o.max_k, o.gelu, false});
-    const rc::Gen<Case> large_gen = op_module(t.op).generate(t.dtype, k, GenLimits{o.max_k, o.gelu, true});
+    std::vector<rc::Gen<Case>> large_gens;
+    for (int kind = 0; kind < 5; ++kind)
+      large_gens.push_back(op_module(t.op).generate(t.dtype, k, GenLimits{o.max_k, o.gelu, true, kind}));
+    const auto gen_of = [&](std::int64_t index) -> const rc::Gen<Case>& {
+      return large_case(o.sizes, index) ? large_gens[static_cast<std::size_t>(limits_of(index).large_kind)] : small_gen;
+    };
     const std::uint64_t seed_of_target = target_seed(o.seed, t);
     const auto evaluate = [&](const Case& c) {
       CaseResult r = journal ? journal->resume_or_run(k->name(), c, [&] { return check_generated(registry, *k, c, options, isolated); })
@@ -254,14 +267,14 @@ RunRecord run_fuzz(Registry& registry, const FuzzOptions& o, const std::function
     // Shrinks a failing case towards a minimal one with the same signature: the first
     // shrink that still fails that way is taken, until none does (or the step or time
     // budget ends it: the smallest so far is the result).
-    const auto shrink = [&](rc::Shrinkable<Case> failing, const CaseResult& first) {
+    const auto shrink = [&](rc::Shrinkable<Case> failing, const CaseResult& first, int max_steps) {
       CaseResult best = first;
       int steps = 0;
       for (bool progressed = true; progressed;) {
         progressed = false;
         auto children = failing.shrinks();
         while (auto child = children.next()) {
-          if (++steps > kMaxShrinkSteps || budget_spent()) return best;
+          if (++steps > max_steps || budget_spent()) return best;
           Case cc;
           try {
             cc = child->value();
@@ -296,8 +309,7 @@ RunRecord run_fuzz(Registry& registry, const FuzzOptions& o, const std::function
     const auto draw = [&](std::int64_t index) {
       Slot s;
       try {
-        s.drawn = draw_case(large_case(o.sizes, index) ? large_gen : small_gen, seed_of_target,
-                            static_cast<std::uint64_t>(index));
+        s.drawn = draw_case(gen_of(index), seed_of_target, static_cast<std::uint64_t>(index));
         s.value = s.drawn->value();
         if (journal)
           if (auto earlier = journal->take(k->name(), s.value)) s.result = std::move(*earlier), s.done = true;
@@ -370,7 +382,7 @@ RunRecord run_fuzz(Registry& registry, const FuzzOptions& o, const std::function
         // To shrink it this thread needs the case's shrinks: drawn again here, the same
         // case (the same generator and supports() answers), or not shrunk if it is not.
         try {
-          s.drawn = draw_case(large_case(o.sizes, i) ? large_gen : small_gen, seed_of_target, static_cast<std::uint64_t>(i));
+          s.drawn = draw_case(gen_of(i), seed_of_target, static_cast<std::uint64_t>(i));
           if (to_json(s.drawn->value()) != to_json(s.value)) s.drawn.reset();
         } catch (const std::exception&) {
           s.drawn.reset();
@@ -387,7 +399,7 @@ RunRecord run_fuzz(Registry& registry, const FuzzOptions& o, const std::function
       // flight finish first, so no case waits on it past its timeout.
       while (pool && pool->in_flight()) collect();
       shrunk_signatures.push_back(first.signature);
-      CaseResult m = shrink(*s.drawn, first);
+      CaseResult m = shrink(*s.drawn, first, large_case(o.sizes, i) ? kMaxLargeShrinkSteps : kMaxShrinkSteps);
       if (!o.corpus_dir.empty()) {
         const std::string path = save_case(o.corpus_dir, m);
         say(fmt::format("  shrunk to {}{}", path, m.id == first.id ? " (no smaller case fails the same way)" : ""));

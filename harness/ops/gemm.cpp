@@ -270,25 +270,30 @@ namespace {
 constexpr std::int64_t kLargeOutputs = std::int64_t{1} << 21;
 constexpr std::int64_t kLargeOperand = std::int64_t{1} << 23;
 
-// The large regime's shape (README "Size regimes"), one of four kinds with equal odds:
+// The large regime's shape (README "Size regimes"), one of four kinds, in the rotation
+// long K, wide, long K, skinny, batched (GenLimits::large_kind; at random when -1: long K,
+// the commonest size switch, with odds 2/5):
 //   long K:  K in [2048, 65536], M and N in [1, 512]  (split-K and long-K paths)
-//   wide:    M and N in [256, 4096], K in [1, 4096]   (large tiles, ragged tails)
+//   wide:    M in [1024, 4096], N in [256, 4096], K in [1, 4096]  (large tiles, ragged tails)
 //   skinny:  one of M, N in [2048, 65536], the other in [1, 64], K in [16, 16384]
 //   batched: batch in [2, 16], M and N in [16, 512], K in [16, 4096]
 // each dimension log-spread (gen::log_dim: ragged, powers of two, tile multiples plus a
 // tail), then trimmed to the caps, the later-drawn dimensions first. FP8 K is a multiple
 // of 16 where the kernel needs it.
-void draw_large_shape(Case& c, const Kernel* k) {
+void draw_large_shape(Case& c, const Kernel* k, int large_kind) {
   GemmShape& g = c.gemm;
+  // FP64 products are not exact in double: its exact reference costs ~30x more per term.
+  const std::int64_t kLargeTermBudget = c.types.at("A") == Format::FP64 ? ulpgate::kLargeTermBudget >> 5 : ulpgate::kLargeTermBudget;
   const auto cap = [](std::int64_t want, std::int64_t limit) { return std::max<std::int64_t>(1, std::min(want, limit)); };
-  const int kind = static_cast<int>(*rc::gen::inRange(0, 4));
+  static constexpr int kKinds[] = {0, 1, 0, 2, 3};  // long K, wide, long K, skinny, batched
+  const int kind = kKinds[large_kind >= 0 ? large_kind % 5 : *rc::gen::inRange(0, 5)];
   g.batch = 1;
   if (kind == 0) {
     g.k = *gen::log_dim(2048, kLargeReduction);
     g.m = *gen::log_dim(1, cap(512, kLargeOperand / g.k));
     g.n = *gen::log_dim(1, cap(512, std::min(kLargeOperand / g.k, kLargeTermBudget / (g.m * g.k))));
   } else if (kind == 1) {
-    g.m = *gen::log_dim(256, 4096);
+    g.m = *gen::log_dim(1024, 4096);
     g.n = *gen::log_dim(256, cap(4096, kLargeOutputs / g.m));
     g.k = *gen::log_dim(1, cap(4096, std::min(kLargeOperand / std::max(g.m, g.n), kLargeTermBudget / (g.m * g.n))));
   } else if (kind == 2) {
@@ -331,7 +336,7 @@ class GemmModule final : public OpModule {
       auto& g = c.gemm;
       const bool fp8 = dtype == "e4m3" || dtype == "e5m2";
       if (limits.large) {
-        draw_large_shape(c, k);
+        draw_large_shape(c, k, limits.large_kind);
       } else {
         g.k = *gen::dim(limits.max_reduction);
         // FP8 K that is not a multiple of 16 only where the kernel takes it (cuBLASLt does not).
@@ -356,7 +361,10 @@ class GemmModule final : public OpModule {
       keep_if_supported([&] { g.ldb = pb ? g.packed_ld(g.b_rows(), g.b_cols()) + pb : 0; }, [&] { g.ldb = 0; });
       keep_if_supported([&] { g.ldd = pd ? g.packed_ld(g.m, g.n) + pd : 0; }, [&] { g.ldd = 0; });
       const Format d0 = c.types.at("D");
-      const Format d = *gen::pick(std::vector<Format>{d0, Format::BF16, Format::FP16, c.types.at("A")});
+      // (Large cases keep the accumulator's own output more often: a precision loss at large
+      // K shows through an FP32 D, not through a BF16 one, whose rounding is coarser.)
+      const Format d = limits.large ? *gen::pick(std::vector<Format>{d0, d0, Format::BF16, Format::FP16, c.types.at("A")})
+                                    : *gen::pick(std::vector<Format>{d0, Format::BF16, Format::FP16, c.types.at("A")});
       keep_if_supported([&] { c.types["D"] = d; }, [&] { c.types["D"] = d0; });
       const double alpha = *gen::pick(std::vector<double>{1, 0.5, -1, 2, 0.1, 0});
       keep_if_supported([&] { c.alpha = alpha; }, [&] { c.alpha = 1; });

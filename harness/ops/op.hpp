@@ -29,6 +29,10 @@ struct GenLimits {
   /// up to kLargeReduction (GEMM K, attention seq_kv) and GEMM M, N >= 2048 with ragged
   /// tails, within kLargeTermBudget; max_reduction does not apply.
   bool large = false;
+  /// Which of the op's large-regime shape kinds to draw (GEMM: 0 long K, 1 wide, 2 long K,
+  /// 3 skinny, 4 batched; attention draws at random), -1: any, at random. Campaigns rotate
+  /// it (harness/fuzz.cpp), so that even two large cases of a target reach different paths.
+  int large_kind = -1;
 };
 
 /// The large regime's longest reduction (GEMM K, attention seq_kv).

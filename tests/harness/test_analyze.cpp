@@ -269,3 +269,28 @@ TEST(Analyze, BaselineRule) {
   EXPECT_FALSE(judge(cmp, m, loose, 1, 0x1p-15, rule).passed);  // 2^-12 + 2^-11 < 2^-10
   EXPECT_TRUE(judge(cmp, m, loose, 1).passed);                  // no baseline given
 }
+
+// The precision rule on known answers: an output whose every element is off by the same
+// normalised error e fails exactly when e exceeds the rule's allowance.
+TEST(PrecisionRule, FailsExactlyAboveTheAllowance) {
+  for (const int n : {1, 100, 10000}) {
+    OutputComparison cmp;
+    cmp.format = Format::FP64;  // D's rounding does not blur the figures
+    cmp.shape = {1, 1, n};
+    const double c = 1.0, s = 0x1p-20;  // condition term and precision scale of every element
+    const double allowed = (kPrecisionKappa + kPrecisionLambda / std::sqrt(n)) * s + 4 * 0x1p-23;
+    for (const double factor : {0.99, 1.01}) {
+      const double x = 1000.0, err = factor * allowed * c;
+      cmp.got.assign(n, encode(Format::FP64, x + err));
+      cmp.exact.assign(n, ref(x));
+      cmp.condition.assign(n, c);
+      cmp.precision_scale.assign(n, s);
+      ToleranceModel tol;  // 24-bit accumulator; the worst-case bound at n = 2^20 lets 1e-1 through
+      ErrorMetrics m = analyze(cmp);
+      m.output = "D";
+      const Verdict v = judge(cmp, m, tol, 1 << 20);
+      EXPECT_EQ(v.passed, factor < 1) << "n " << n << " factor " << factor << ": " << failure_signature(v);
+      if (!v.passed) EXPECT_EQ(failure_signature(v), "D:precision");
+    }
+  }
+}
