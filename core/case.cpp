@@ -175,6 +175,10 @@ bool has_bias(Epilogue e) {
          e == Epilogue::BiasGeluTanh;
 }
 
+bool has_gelu(Epilogue e) {
+  return e == Epilogue::Gelu || e == Epilogue::GeluTanh || e == Epilogue::BiasGelu || e == Epilogue::BiasGeluTanh;
+}
+
 std::vector<std::string> Case::inputs() const {
   if (op == Op::Attention) return {"Q", "K", "V"};
   std::vector<std::string> in{"A", "B"};

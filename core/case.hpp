@@ -46,6 +46,8 @@ std::string_view name(Layout);
 std::string_view name(AttentionLayout);
 std::string_view name(Epilogue);
 bool has_bias(Epilogue e);
+/// Whether the epilogue applies a GELU (erf or tanh form, with or without bias).
+bool has_gelu(Epilogue e);
 
 struct GemmShape {
   std::int64_t m = 1, n = 1, k = 1, batch = 1;

@@ -283,7 +283,7 @@ constexpr std::int64_t kLargeOperand = std::int64_t{1} << 23;
 void draw_large_shape(Case& c, const Kernel* k, int large_kind) {
   GemmShape& g = c.gemm;
   // FP64 products are not exact in double: its exact reference costs ~30x more per term.
-  const std::int64_t kLargeTermBudget = c.types.at("A") == Format::FP64 ? ulpgate::kLargeTermBudget >> 5 : ulpgate::kLargeTermBudget;
+  const std::int64_t budget = c.types.at("A") == Format::FP64 ? kLargeTermBudget >> 5 : kLargeTermBudget;
   const auto cap = [](std::int64_t want, std::int64_t limit) { return std::max<std::int64_t>(1, std::min(want, limit)); };
   static constexpr int kKinds[] = {0, 1, 0, 2, 3};  // long K, wide, long K, skinny, batched
   const int kind = kKinds[large_kind >= 0 ? large_kind % 5 : *rc::gen::inRange(0, 5)];
@@ -291,27 +291,27 @@ void draw_large_shape(Case& c, const Kernel* k, int large_kind) {
   if (kind == 0) {
     g.k = *gen::log_dim(2048, kLargeReduction);
     g.m = *gen::log_dim(1, cap(512, kLargeOperand / g.k));
-    g.n = *gen::log_dim(1, cap(512, std::min(kLargeOperand / g.k, kLargeTermBudget / (g.m * g.k))));
+    g.n = *gen::log_dim(1, cap(512, std::min(kLargeOperand / g.k, budget / (g.m * g.k))));
   } else if (kind == 1) {
     g.m = *gen::log_dim(1024, 4096);
     g.n = *gen::log_dim(256, cap(4096, kLargeOutputs / g.m));
-    g.k = *gen::log_dim(1, cap(4096, std::min(kLargeOperand / std::max(g.m, g.n), kLargeTermBudget / (g.m * g.n))));
+    g.k = *gen::log_dim(1, cap(4096, std::min(kLargeOperand / std::max(g.m, g.n), budget / (g.m * g.n))));
   } else if (kind == 2) {
     std::int64_t big = *gen::log_dim(2048, kLargeReduction), small = *gen::log_dim(1, 64);
     big = cap(big, kLargeOutputs / small);
     const bool tall = *gen::pick(std::vector<bool>{true, false});
     g.m = tall ? big : small, g.n = tall ? small : big;
-    g.k = *gen::log_dim(1, cap(16384, std::min(kLargeOperand / big, kLargeTermBudget / (g.m * g.n))));
+    g.k = *gen::log_dim(1, cap(16384, std::min(kLargeOperand / big, budget / (g.m * g.n))));
   } else {
     g.batch = *gen::log_dim(2, 16);
     g.m = *gen::log_dim(16, 512);
     g.n = *gen::log_dim(16, 512);
     g.k = *gen::log_dim(16, cap(4096, std::min(kLargeOperand / (g.batch * std::max(g.m, g.n)),
-                                                kLargeTermBudget / (g.batch * g.m * g.n))));
+                                                budget / (g.batch * g.m * g.n))));
   }
   if (k && k->unsupported(c) && (c.types.at("A") == Format::E4M3 || c.types.at("A") == Format::E5M2)) {
     g.k = std::max<std::int64_t>(16, g.k / 16 * 16);  // cuBLASLt FP8: K a multiple of 16
-    while (g.batch * g.m * g.n * g.k > kLargeTermBudget && g.k > 16) g.k -= 16;
+    while (g.batch * g.m * g.n * g.k > budget && g.k > 16) g.k -= 16;
   }
 }
 
@@ -414,9 +414,7 @@ class GemmModule final : public OpModule {
     }
     // The precision rule: where D is alpha x the accumulation through at most a ReLU (a
     // GELU's own evaluation error is not in its scale).
-    const bool gelu = c.epilogue == Epilogue::Gelu || c.epilogue == Epilogue::GeluTanh ||
-                      c.epilogue == Epilogue::BiasGelu || c.epilogue == Epilogue::BiasGeluTanh;
-    if (c.alpha != 0 && !gelu) cmp.precision_scale = precision_scale(c, inputs, tol, cmp.input_abs);
+    if (c.alpha != 0 && !has_gelu(c.epilogue)) cmp.precision_scale = precision_scale(c, inputs, tol, cmp.input_abs);
     return cmp;  // allowed: empty, the ToleranceModel's GEMM bound with n = K applies
   }
 

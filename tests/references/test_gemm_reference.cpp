@@ -153,8 +153,7 @@ GemmCase random_case(std::uint64_t seed) {
   GemmShape& g = c.gemm;
   g.m = bits.in(1, 9), g.n = bits.in(1, 9), g.k = bits.in(1, 40), g.batch = bits.in(1, 3);
   c.epilogue = static_cast<Epilogue>(bits.in(0, 7));
-  const bool gelu = c.epilogue == Epilogue::Gelu || c.epilogue == Epilogue::GeluTanh ||
-                    c.epilogue == Epilogue::BiasGelu || c.epilogue == Epilogue::BiasGeluTanh;
+  const bool gelu = has_gelu(c.epilogue);
   if (gelu) g.k = std::min<std::int64_t>(g.k, 8);
   g.layout = bits.chance(0.5) ? Layout::RowMajor : Layout::ColMajor;
   g.trans_a = bits.chance(0.5), g.trans_b = bits.chance(0.5);
