@@ -104,21 +104,6 @@ std::vector<FuzzTarget> all_targets(Registry& registry, const std::vector<std::s
   return out;
 }
 
-std::string_view name(SizeSchedule s) {
-  switch (s) {
-    case SizeSchedule::Small: return "small";
-    case SizeSchedule::Realistic: return "realistic";
-    case SizeSchedule::Large: return "large";
-  }
-  return "?";
-}
-
-std::optional<SizeSchedule> parse_size_schedule(std::string_view s) {
-  for (SizeSchedule x : {SizeSchedule::Small, SizeSchedule::Realistic, SizeSchedule::Large})
-    if (name(x) == s) return x;
-  return std::nullopt;
-}
-
 bool large_case(SizeSchedule s, std::int64_t index) {
   return s == SizeSchedule::Large || (s == SizeSchedule::Realistic && index % 5 == 4);
 }
@@ -129,7 +114,7 @@ CampaignDefinition campaign_definition(const FuzzOptions& o, const std::vector<F
   c.seed = o.seed;
   c.cases = o.cases;
   c.max_k = o.max_k;
-  c.sizes = std::string(name(o.sizes));
+  c.sizes = o.sizes;
   c.metamorphic = o.metamorphic;
   c.gelu = o.gelu;
   for (const auto& t : targets) c.targets.push_back(target_name(t));
@@ -242,20 +227,21 @@ RunRecord run_fuzz(Registry& registry, const FuzzOptions& o, const std::function
   for (const FuzzTarget& t : targets) {
     Kernel* k = registry.resolve(t.kernel);
     if (!k) throw InputError(fmt::format("--kernel '{}': no such kernel here (see ulpgate list)", t.kernel));
-    // The target's two case streams' generators; case i comes from the large regime's
-    // when the size schedule says so (large_case).
-    // The n-th large case of a target draws the large regime's shape kind n (rotating).
+    // Case i's limits: the small regime, or when the size schedule says so (large_case) the
+    // large one, the n-th large case of the target drawing shape kind n mod 5 (rotating);
+    // one generator for each of those six limits.
     const auto limits_of = [&](std::int64_t index) {
-      const bool large = large_case(o.sizes, index);
+      if (!large_case(o.sizes, index)) return GenLimits{o.max_k, o.gelu, false};
       const std::int64_t nth = o.sizes == SizeSchedule::Large ? index : index / 5;
-      return GenLimits{o.max_k, o.gelu, large, large ? static_cast<int>(nth % 5) : -1};
+      return GenLimits{o.max_k, o.gelu, true, static_cast<int>(nth % 5)};
     };
-    const rc::Gen<Case> small_gen = op_module(t.op).generate(t.dtype, k, GenLimits{o.max_k, o.gelu, false});
-    std::vector<rc::Gen<Case>> large_gens;
+    std::vector<rc::Gen<Case>> gens;  // [0]: small; [1 + kind]: large
+    gens.push_back(op_module(t.op).generate(t.dtype, k, GenLimits{o.max_k, o.gelu, false}));
     for (int kind = 0; kind < 5; ++kind)
-      large_gens.push_back(op_module(t.op).generate(t.dtype, k, GenLimits{o.max_k, o.gelu, true, kind}));
+      gens.push_back(op_module(t.op).generate(t.dtype, k, GenLimits{o.max_k, o.gelu, true, kind}));
     const auto gen_of = [&](std::int64_t index) -> const rc::Gen<Case>& {
-      return large_case(o.sizes, index) ? large_gens[static_cast<std::size_t>(limits_of(index).large_kind)] : small_gen;
+      const GenLimits l = limits_of(index);
+      return gens[l.large ? 1 + static_cast<std::size_t>(l.large_kind) : 0];
     };
     const std::uint64_t seed_of_target = target_seed(o.seed, t);
     const auto evaluate = [&](const Case& c) {

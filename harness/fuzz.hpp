@@ -43,16 +43,9 @@ struct FuzzTarget {
   Op op = Op::Gemm;
 };
 
-/// How a campaign spreads each target's cases over the size regimes (README "Size
-/// regimes"): small draws every case from the small regime (K <= max_k, M and N <= 96);
-/// realistic, the default, draws case indices 4, 9, 14, ... (every fifth: 20% of the
-/// budget) from the large regime (GenLimits::large) and the rest from the small one; large
-/// draws every case from the large regime.
-enum class SizeSchedule : std::uint8_t { Small, Realistic, Large };
-std::string_view name(SizeSchedule s);
-/// "small", "realistic" or "large"; nullopt otherwise.
-std::optional<SizeSchedule> parse_size_schedule(std::string_view s);
-/// Whether case `index` of a target is drawn from the large regime under schedule s.
+/// Whether case `index` of a target is drawn from the large regime (GenLimits::large) under
+/// schedule s (harness/record.hpp): never (small), indices 4, 9, 14, ... (realistic: every
+/// fifth, 20% of the budget), always (large).
 bool large_case(SizeSchedule s, std::int64_t index);
 
 struct FuzzOptions {

@@ -214,11 +214,11 @@ ToleranceModel tolerance_from_json(const json& j, const std::string& path) {
   };
   t.accumulator_bits = bits("accumulator_bits", 1);
   t.input_bits = bits("input_bits", 0);
-  if (j.is_object() && j.contains("p_bits")) t.p_bits = bits("p_bits", 0);  // absent before attention
+  if (r.has("p_bits")) t.p_bits = bits("p_bits", 0);  // absent before attention
   t.accumulator_eta = r.number("accumulator_eta");
   if (!(std::isfinite(t.accumulator_eta) && t.accumulator_eta >= 0))
     fail(r.path("accumulator_eta"), fmt::format("must be finite and >= 0, got {}", t.accumulator_eta));
-  if (j.is_object() && j.contains("nearest")) t.nearest = r.boolean("nearest");  // absent before the precision rule
+  if (r.has("nearest")) t.nearest = r.boolean("nearest");  // absent before the precision rule
   t.probabilistic = r.boolean("probabilistic");
   t.lambda = r.number("lambda");
   if (!(std::isfinite(t.lambda) && t.lambda > 0))
@@ -492,11 +492,26 @@ SweepSeries sweep_from_json(const json& j, const std::string& path) {
 
 }  // namespace
 
+std::string_view name(SizeSchedule s) {
+  switch (s) {
+    case SizeSchedule::Small: return "small";
+    case SizeSchedule::Realistic: return "realistic";
+    case SizeSchedule::Large: return "large";
+  }
+  return "?";
+}
+
+std::optional<SizeSchedule> parse_size_schedule(std::string_view s) {
+  for (SizeSchedule x : {SizeSchedule::Small, SizeSchedule::Realistic, SizeSchedule::Large})
+    if (name(x) == s) return x;
+  return std::nullopt;
+}
+
 json campaign_to_json(const CampaignDefinition& c) {
   json plugins = json::array();
   for (const auto& p : c.plugins) plugins.push_back({{"name", p.name}, {"hash", p.hash}});
   return {{"kind", c.kind},       {"seed", c.seed},
-          {"cases", c.cases},     {"max_k", c.max_k}, {"sizes", c.sizes},
+          {"cases", c.cases},     {"max_k", c.max_k}, {"sizes", name(c.sizes)},
           {"metamorphic", c.metamorphic}, {"gelu", c.gelu},
           {"targets", c.targets}, {"plugins", plugins},
           {"ulpgate_version", c.ulpgate_version}, {"tolerance", c.tolerance},
@@ -511,9 +526,12 @@ CampaignDefinition campaign_from_json(const json& j, const std::string& path) {
   c.cases = r.integer("cases", 0);
   c.max_k = r.integer("max_k", 0);
   // Written since the size schedule exists; earlier campaigns drew the small regime only.
-  c.sizes = r.has("sizes") ? r.string("sizes") : "small";
-  if (c.sizes != "small" && c.sizes != "realistic" && c.sizes != "large")
-    fail(r.path("sizes"), fmt::format("must be small, realistic or large, got '{}'", c.sizes));
+  if (r.has("sizes")) {
+    const std::string s = r.string("sizes");
+    const auto schedule = parse_size_schedule(s);
+    if (!schedule) fail(r.path("sizes"), fmt::format("must be small, realistic or large, got '{}'", s));
+    c.sizes = *schedule;
+  }
   c.metamorphic = r.boolean("metamorphic");
   c.gelu = r.boolean("gelu");
   c.targets = r.strings("targets");
@@ -628,7 +646,7 @@ std::vector<std::string> campaign_differences(const CampaignDefinition& a, const
   differ("seed", std::to_string(a.seed), std::to_string(b.seed));
   differ("cases per target", std::to_string(a.cases), std::to_string(b.cases));
   differ("max-k", std::to_string(a.max_k), std::to_string(b.max_k));
-  differ("sizes", a.sizes, b.sizes);
+  differ("sizes", std::string(name(a.sizes)), std::string(name(b.sizes)));
   differ("metamorphic relations", a.metamorphic ? "on" : "off", b.metamorphic ? "on" : "off");
   differ("GELU epilogues", a.gelu ? "on" : "off", b.gelu ? "on" : "off");
   if (a.targets != b.targets) {

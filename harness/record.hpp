@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -40,12 +41,21 @@ struct PluginIdentity {
 /// with equal definitions ran (or were meant to run) the same cases: the gate compares
 /// only such records unless told otherwise. Where it ran (device, git revision, time budget)
 /// is not part of it: the budget decides only how much of the campaign ran (RunRecord::not_run).
+/// How a fuzz campaign spreads each target's cases over the size regimes (README "Size
+/// regimes"): small draws every case from the small regime (K <= max_k, M and N <= 96);
+/// realistic, the default, draws every fifth case from the large regime (harness/fuzz.hpp
+/// large_case) and the rest from the small one; large draws every case from the large one.
+enum class SizeSchedule : std::uint8_t { Small, Realistic, Large };
+std::string_view name(SizeSchedule s);
+/// "small", "realistic" or "large"; nullopt otherwise.
+std::optional<SizeSchedule> parse_size_schedule(std::string_view s);
+
 struct CampaignDefinition {
   std::string kind;      ///< "fuzz" ("" : a record with no campaign, e.g. replay)
   std::uint64_t seed = 0;
   std::int64_t cases = 0;  ///< per target
   std::int64_t max_k = 0;
-  std::string sizes = "small";  ///< the size schedule (fuzz.hpp SizeSchedule); records without it: small
+  SizeSchedule sizes = SizeSchedule::Small;  ///< records written before the schedule existed: small
   bool metamorphic = true, gelu = true;
   std::vector<std::string> targets;       ///< "KERNEL DTYPE OP", in campaign order
   std::vector<PluginIdentity> plugins;
