@@ -64,10 +64,12 @@ inline rc::Gen<std::int64_t> dim(std::int64_t max, std::vector<std::int64_t> ext
 /// A large-regime dimension in [lo, hi] (README "Size regimes"), log-uniform whatever
 /// RapidCheck's size, so that each octave is drawn as often: a third of the time as drawn
 /// (mostly ragged), a third a power of two (the boundary itself), a third a multiple of
-/// 128 or 256 plus or minus a small tail (1, 3, 17: a remainder tile that is not a
-/// multiple of 16 either). Clamped to [lo, hi]; shrinks towards 1.
-inline rc::Gen<std::int64_t> log_dim(std::int64_t lo, std::int64_t hi) {
-  return rc::Gen<std::int64_t>([lo, hi](const rc::Random& random, int) {
+/// one of `tiles` plus one of `tails` (by default 256 or 128, plus or minus 1, 3 or 17: a
+/// remainder tile that is not a multiple of 16 either). Clamped to [lo, hi]; shrinks
+/// towards shrink_to.
+inline rc::Gen<std::int64_t> log_dim(std::int64_t lo, std::int64_t hi, std::vector<std::int64_t> tiles = {256, 128},
+                                     std::vector<std::int64_t> tails = {1, -1, 3, -3, 17}, std::int64_t shrink_to = 1) {
+  return rc::Gen<std::int64_t>([lo, hi, tiles, tails, shrink_to](const rc::Random& random, int) {
     rc::Random r = random;
     const double u = static_cast<double>(r.split().next() >> 11) * 0x1p-53;
     const double l = std::log2(static_cast<double>(lo)), h = std::log2(static_cast<double>(hi) + 1);
@@ -76,12 +78,13 @@ inline rc::Gen<std::int64_t> log_dim(std::int64_t lo, std::int64_t hi) {
     if (how == 1) {
       v = std::int64_t{1} << static_cast<int>(std::llround(std::log2(static_cast<double>(std::max<std::int64_t>(v, 1)))));
     } else if (how == 2) {
-      const std::int64_t tile = r.split().next() % 2 ? 128 : 256;
-      const std::int64_t tails[] = {1, -1, 3, -3, 17};
-      v = std::max<std::int64_t>(1, v / tile) * tile + tails[r.split().next() % 5];
+      // (one tile: no draw)
+      const std::int64_t tile = tiles.size() == 1 ? tiles[0] : tiles[r.split().next() % tiles.size()];
+      v = std::max<std::int64_t>(1, v / tile) * tile + tails[r.split().next() % tails.size()];
     }
     v = std::clamp(v, lo, hi);
-    return rc::shrinkable::shrinkRecur(v, [](std::int64_t x) { return rc::shrink::towards<std::int64_t>(x, 1); });
+    return rc::shrinkable::shrinkRecur(
+        v, [shrink_to](std::int64_t x) { return rc::shrink::towards<std::int64_t>(x, shrink_to); });
   });
 }
 

@@ -314,25 +314,11 @@ class AttentionModule final : public OpModule {
     return out;
   }
 
-  // A length in [lo, hi], log-uniform (each octave as often), shrinking towards lo: a third
-  // of the time as drawn (ragged), a third a power of two, a third a multiple of 64 plus or
-  // minus a small tail (a remainder block that is no multiple of 16 either).
+  // A length in [lo, hi], log-uniform (gen::log_dim), shrinking towards lo, its tiles those
+  // of attention kernels' key blocks: a multiple of 64 plus or minus a small tail (a
+  // remainder block that is no multiple of 16 either).
   static rc::Gen<std::int64_t> log_length(std::int64_t lo, std::int64_t hi) {
-    return rc::Gen<std::int64_t>([lo, hi](const rc::Random& random, int) {
-      rc::Random r = random;
-      const double u = static_cast<double>(r.split().next() >> 11) * 0x1p-53;
-      const double l = std::log2(static_cast<double>(lo)), h = std::log2(static_cast<double>(hi) + 1);
-      auto v = static_cast<std::int64_t>(std::exp2(l + u * (h - l)));
-      const std::uint64_t how = r.split().next() % 3;
-      if (how == 1) {
-        v = std::int64_t{1} << static_cast<int>(std::llround(std::log2(static_cast<double>(v))));
-      } else if (how == 2) {
-        const std::int64_t tails[] = {1, -1, 3, -5, 17, -33};
-        v = std::max<std::int64_t>(1, v / 64) * 64 + tails[r.split().next() % 6];
-      }
-      v = std::clamp(v, lo, hi);
-      return rc::shrinkable::shrinkRecur(v, [lo](std::int64_t x) { return rc::shrink::towards<std::int64_t>(x, lo); });
-    });
+    return gen::log_dim(lo, hi, {64}, {1, -1, 3, -5, 17, -33}, lo);
   }
 
   // The large regime's shape (head_dim, head_dim_v already drawn): seq_kv log-spread over
