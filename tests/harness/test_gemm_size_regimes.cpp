@@ -13,8 +13,10 @@
 #include "core/tensor.hpp"
 #include "harness/fuzz.hpp"
 #include "harness/ops/gemm.hpp"
+#include "tests/harness/campaign_test_util.hpp"
 
 using namespace ulpgate;
+using namespace ulpgate::test;
 
 namespace {
 
@@ -113,37 +115,12 @@ class LargeTileGemm final : public Kernel {
   SplitKGemm inner_{false, true};
 };
 
-RunRecord default_campaign(Registry& reg, const std::string& kernel, std::uint64_t seed, std::int64_t cases = 10) {
-  FuzzOptions o;
-  o.targets = all_targets(reg, {kernel});
-  o.cases = cases;
-  o.max_k = 1024;
-  o.seed = seed;
-  return run_fuzz(reg, o);
-}
-
-// Every failing case meets the bug's trigger, and at least one case failed.
-void expect_found_only_where(const RunRecord& r, const std::function<bool(const GemmShape&)>& trigger,
-                             const std::string& what) {
-  int failed = 0;
-  for (const CaseResult& c : r.cases) {
-    if (c.verdict.passed) continue;
-    ++failed;
-    EXPECT_TRUE(trigger(c.spec.gemm)) << what << ": a case without the trigger failed: " << c.family << ": "
-                                      << c.verdict.reasons.front();
-  }
-  std::string large;  // what the campaign drew from the large regime, for the message
-  for (const CaseResult& c : r.cases)
-    if (c.spec.gemm.k >= 2048 || c.spec.gemm.m >= 1024 || c.spec.gemm.n >= 1024)
-      large += fmt::format("\n  {} M={} N={} K={} precision_ratio={}", c.family, c.spec.gemm.m, c.spec.gemm.n, c.spec.gemm.k,
-                           c.notes.count("precision_ratio") ? c.notes.at("precision_ratio") : "-");
-  EXPECT_GT(failed, 0) << what << ": not found in " << r.cases.size() << " cases; large ones:" << large;
-}
-
-void expect_all_pass(const RunRecord& r, const std::string& what) {
-  for (const CaseResult& c : r.cases)
-    EXPECT_TRUE(c.verdict.passed) << what << ": false alarm on " << c.family << " K=" << c.spec.gemm.k << ": "
-                                  << c.verdict.reasons.front();
+// What a GEMM campaign drew from the large regime, for a message.
+std::string large_shape(const CaseResult& c) {
+  const GemmShape& g = c.spec.gemm;
+  if (g.k < 2048 && g.m < 1024 && g.n < 1024) return "";
+  return fmt::format("{} M={} N={} K={} precision_ratio={}", c.family, g.m, g.n, g.k,
+                     c.notes.count("precision_ratio") ? c.notes.at("precision_ratio") : "-");
 }
 
 }  // namespace
@@ -158,7 +135,7 @@ TEST(GemmLargeRegime, CampaignOf20CasesFindsNarrowSplitKPartials) {
     Registry reg;
     reg.add(std::make_unique<SplitKGemm>(true, true));
     const RunRecord r = default_campaign(reg, "planted.splitk_narrow", seed, 20);
-    expect_found_only_where(r, [](const GemmShape& g) { return g.k >= 2048; }, "seed " + std::to_string(seed));
+    expect_found_only_where(r, [](const Case& c) { return c.gemm.k >= 2048; }, "seed " + std::to_string(seed), large_shape);
     bool by_precision = false;
     for (const CaseResult& c : r.cases) by_precision |= c.signature.find("D:precision") != std::string::npos;
     EXPECT_TRUE(by_precision) << "seed " << seed;
@@ -181,8 +158,9 @@ TEST(GemmLargeRegime, DefaultCampaignFindsALargeTileTailBug) {
     reg.add(std::make_unique<LargeTileGemm>(true));
     const RunRecord r = default_campaign(reg, "planted.tile_tail", seed);
     // (the transposition relation runs the problem with M and N swapped: N's tail then counts)
-    expect_found_only_where(r, [](const GemmShape& g) { return (g.m >= 1024 && g.m % 128 != 0) || (g.n >= 1024 && g.n % 128 != 0); },
-                            "seed " + std::to_string(seed));
+    expect_found_only_where(
+        r, [](const Case& c) { return (c.gemm.m >= 1024 && c.gemm.m % 128 != 0) || (c.gemm.n >= 1024 && c.gemm.n % 128 != 0); },
+        "seed " + std::to_string(seed), large_shape);
   }
 }
 

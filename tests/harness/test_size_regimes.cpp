@@ -15,8 +15,10 @@
 #include "harness/ops/attention.hpp"
 #include "kernels/emulated/attention_models.hpp"
 #include "references/attention_reference.hpp"
+#include "tests/harness/campaign_test_util.hpp"
 
 using namespace ulpgate;
+using namespace ulpgate::test;
 
 namespace {
 
@@ -191,30 +193,6 @@ class MisIndexed final : public Kernel {
   std::unique_ptr<Kernel> model_ = make_emulated_attention(AttentionModel{});
 };
 
-// The default campaign of one kernel (the CLI's `ulpgate fuzz --kernel NAME`: every dtype
-// it supports, 10 cases each, max_k 1024, relations on), in process.
-RunRecord default_campaign(Registry& reg, const std::string& kernel, std::uint64_t seed) {
-  FuzzOptions o;
-  o.targets = all_targets(reg, {kernel});
-  o.cases = 10;
-  o.max_k = 1024;
-  o.seed = seed;
-  return run_fuzz(reg, o);
-}
-
-// The failing cases of a campaign, and whether each meets `condition` (the bug's trigger).
-void expect_found_only_where(const RunRecord& r, const std::function<bool(const AttentionShape&)>& condition,
-                             const std::string& what) {
-  int failed = 0;
-  for (const CaseResult& c : r.cases) {
-    if (c.verdict.passed) continue;
-    ++failed;
-    EXPECT_TRUE(condition(c.spec.attention)) << what << ": a case without the trigger failed: " << c.family << ": "
-                                             << c.verdict.reasons.front();
-  }
-  EXPECT_GT(failed, 0) << what << ": not found in " << r.cases.size() << " cases";
-}
-
 }  // namespace
 
 // The long-sequence path's BF16 softmax sum is found on every seed, only in cases with
@@ -225,11 +203,11 @@ TEST(AttentionLargeRegime, DefaultCampaignFindsBf16SoftmaxSumOnLongSequences) {
     reg.add(std::make_unique<LongSumInBf16>(true));
     reg.add(std::make_unique<LongSumInBf16>(false));
     expect_found_only_where(default_campaign(reg, "planted.long_sum_bf16", seed),
-                            [](const AttentionShape& a) { return a.seq_kv >= 4096; }, "seed " + std::to_string(seed));
+                            [](const Case& c) { return c.attention.seq_kv >= 4096; }, "seed " + std::to_string(seed));
     const RunRecord ok = default_campaign(reg, "planted.long_sum_fp32", seed);
     EXPECT_TRUE(std::any_of(ok.cases.begin(), ok.cases.end(), [](const CaseResult& c) { return c.spec.attention.seq_kv >= 4096; }))
         << "seed " << seed << ": no long case drawn: the test shows nothing";
-    for (const auto& c : ok.cases) EXPECT_TRUE(c.verdict.passed) << "seed " << seed << ": " << c.family << ": " << c.verdict.reasons.front();
+    expect_all_pass(ok, "seed " + std::to_string(seed));
   }
 }
 
@@ -238,7 +216,7 @@ TEST(AttentionLargeRegime, DefaultCampaignFindsHeadDimVAssumedEqualToHeadDim) {
     Registry reg;
     reg.add(std::make_unique<MisIndexed>(Indexing::DvAsHeadDim));
     expect_found_only_where(default_campaign(reg, "planted.dv_as_head_dim", seed),
-                            [](const AttentionShape& a) { return a.eff_head_dim_v() != a.head_dim; }, "seed " + std::to_string(seed));
+                            [](const Case& c) { return c.attention.eff_head_dim_v() != c.attention.head_dim; }, "seed " + std::to_string(seed));
   }
 }
 
@@ -246,7 +224,8 @@ TEST(AttentionLargeRegime, DefaultCampaignFindsGqaHeadMappingBug) {
   for (std::uint64_t seed : {1, 2, 3}) {
     Registry reg;
     reg.add(std::make_unique<MisIndexed>(Indexing::KvHeadModulo));
-    expect_found_only_where(default_campaign(reg, "planted.kv_head_modulo", seed), gqa, "seed " + std::to_string(seed));
+    expect_found_only_where(default_campaign(reg, "planted.kv_head_modulo", seed),
+                            [](const Case& c) { return gqa(c.attention); }, "seed " + std::to_string(seed));
   }
 }
 
@@ -259,8 +238,7 @@ TEST(AttentionLargeRegime, DefaultCampaignPassesTheCpuModels) {
       const RunRecord r = default_campaign(reg, m.name(), seed);
       EXPECT_TRUE(std::any_of(r.cases.begin(), r.cases.end(), [](const CaseResult& c) { return c.spec.attention.seq_kv > 1024; }))
           << m.name() << " seed " << seed << ": no large case drawn";
-      for (const auto& c : r.cases)
-        EXPECT_TRUE(c.verdict.passed) << m.name() << " seed " << seed << ": " << c.family << ": " << c.verdict.reasons.front();
+      expect_all_pass(r, m.name() + " seed " + std::to_string(seed));
     }
   }
 }
