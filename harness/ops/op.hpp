@@ -37,8 +37,10 @@ struct GenLimits {
 
 /// The large regime's longest reduction (GEMM K, attention seq_kv).
 inline constexpr std::int64_t kLargeReduction = 65536;
-/// The large regime's cost cap: GEMM batch x M x N x K exact terms, attention batch x heads
-/// x seq_q x seq_kv x (head_dim + head_dim_v) (about 0.1 to 0.3 s of one core's reference).
+/// The large regime's cost cap: GEMM batch x M x N x K exact terms (about 0.15 s of one
+/// core's reference; FP64 takes 1/32 of it), attention batch x heads x seq_q x seq_kv x
+/// (head_dim + head_dim_v) (attention cases also meet a cap on their reference's seconds,
+/// harness/ops/attention.cpp, which binds first).
 inline constexpr std::int64_t kLargeTermBudget = std::int64_t{1} << 27;
 
 /// A relation that did not hold: its name ("repeatability", "scaling", ...) and what broke.
