@@ -173,6 +173,29 @@ struct OutputComparison {
 inline constexpr double kPrecisionKappa = 4.0;
 inline constexpr double kPrecisionLambda = 8.0;
 
+/// The rounding test, beside the precision rule and over the same N elements: sharp where
+/// D is much coarser than the accumulator (BF16/FP16/FP8 outputs), whose rounding hides any
+/// accumulation loss from a mean of errors. A kernel whose unrounded result y_e = x_e +
+/// delta_e is rounded to nearest returns d_e = RN_D(y_e), so when d_e != RN_D(x_e) the
+/// exact x_e lies outside d_e's rounding interval R(d_e) by at most |delta_e|:
+///   beyond_e = |d_e - x_e| - gap_e / 2 = dist(x_e, R(d_e)) <= |delta_e|
+/// (gap_e: from d_e to its neighbour on x_e's side). Element e is misrounded when
+///   beyond_e > reach_e = kMisroundReach s_e + 4 u_acc c_e,
+/// an accumulation error of twice the precision rule's kappa times its own scale (plus the
+/// epilogue's 4 ulp), which a correct accumulation reaches with probability far below
+/// kMisroundRate. The case fails ("D:misrounded") when more than misrounded_allowance(N)
+/// elements are misrounded: N p + 6 sqrt(N p) + 6 with p = kMisroundRate, beyond what
+/// that rate gives at six standard deviations. A kernel losing precision below D's own
+/// (narrow split-K partials under a BF16 D) crosses boundaries at a rate of about
+/// E|delta| / ulp_D, percents; a kernel truncating its output (not rounding to nearest)
+/// misrounds about half of its elements.
+inline constexpr double kMisroundReach = 2 * kPrecisionKappa;
+inline constexpr double kMisroundRate = 0x1p-12;
+inline std::int64_t misrounded_allowance(std::int64_t n) {
+  const double np = static_cast<double>(n) * kMisroundRate;
+  return static_cast<std::int64_t>(np + 6 * std::sqrt(np) + 6);
+}
+
 ErrorMetrics analyze(const OutputComparison& cmp);
 /// Element e (logical index) as WorstElement shows it.
 WorstElement describe_element(const OutputComparison& cmp, std::int64_t e);
@@ -252,6 +275,9 @@ struct Verdict {
   /// The precision rule's mean(z) / allowance (analyze.hpp; > 1 fails), NaN where it does
   /// not apply: the margin a passing case had (records: notes["precision_ratio"]).
   double precision_ratio = NAN;
+  /// The rounding test's count of misrounded elements and the most it allows (analyze.hpp;
+  /// -1: the test does not apply; records: notes["misrounded"] = "count/allowed").
+  std::int64_t misrounded = -1, misrounded_allowed = -1;
   /// Records a failure: passed = false, the reason and its check token.
   void fail(std::string check, std::string reason) {
     passed = false;
@@ -262,7 +288,9 @@ struct Verdict {
 
 /// The signature of a verdict: its check tokens, sorted and unique, joined by " + " ("" for
 /// a pass). Two failures are the same failure when their tokens agree check for check, a
-/// region "any" agreeing with every region (see same_failure).
+/// region "any" agreeing with every region, leaving out the statistical checks (precision,
+/// misrounded) beside other ones; two failures of statistical checks only are the same when
+/// they name the same outputs (see same_failure).
 std::string failure_signature(const Verdict& v);
 /// Whether signatures a and b name the same failure (above).
 bool same_failure(const std::string& a, const std::string& b);

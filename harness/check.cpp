@@ -164,6 +164,8 @@ CaseResult to_case_result(const Kernel& k, const Case& c, const Evaluation& ev, 
   if (!ev.relations.empty()) r.notes["relation"] = ev.relations.front().relation;
   if (!std::isnan(ev.effective_bits)) r.notes["effective_bits"] = fmt::format("{:.17g}", ev.effective_bits);
   if (!std::isnan(ev.verdict.precision_ratio)) r.notes["precision_ratio"] = fmt::format("{:.4g}", ev.verdict.precision_ratio);
+  if (ev.verdict.misrounded >= 0)
+    r.notes["misrounded"] = fmt::format("{}/{}", ev.verdict.misrounded, ev.verdict.misrounded_allowed);
   r.metrics = ev.metrics;
   r.verdict = ev.verdict;
   // The error map localises a failure (a tile or boundary pattern); a passing case keeps its

@@ -294,3 +294,72 @@ TEST(PrecisionRule, FailsExactlyAboveTheAllowance) {
     }
   }
 }
+
+// The rounding test (analyze.hpp): BF16 outputs whose exact value lies t beyond the
+// midpoint 1 + 2^-8 between 1 and 1 + 2^-7, returned as 1 (the wrong side). Each counts
+// exactly when t > reach; the case fails exactly when more than misrounded_allowance(N)
+// count; the precision rule's mean does not see them.
+TEST(RoundingTest, FailsExactlyAboveTheAllowedCountOfMisroundings) {
+  const double s = 0x1p-20, c = 1.0, reach = kMisroundReach * s + 4 * 0x1p-23 * c;
+  for (const int n : {100, 10000}) {
+    const std::int64_t most = misrounded_allowance(n);
+    ASSERT_LT(static_cast<double>(most), 0.002 * n + 7);
+    for (const double t_factor : {0.99, 1.01})
+      for (const std::int64_t count : {most, most + 1}) {
+        OutputComparison cmp;
+        cmp.format = Format::BF16;
+        cmp.shape = {1, 1, n};
+        cmp.condition.assign(n, c);
+        cmp.precision_scale.assign(n, s);
+        cmp.got.assign(n, encode(Format::BF16, 1.5));
+        cmp.exact.assign(n, ref(1.5));
+        const double x = 1 + 0x1p-8 + t_factor * reach;  // RN_BF16(x) = 1 + 2^-7
+        for (std::int64_t e = 0; e < count; ++e) cmp.got[e] = encode(Format::BF16, 1.0), cmp.exact[e] = ref(x);
+        ErrorMetrics m = analyze(cmp);
+        m.output = "D";
+        const Verdict v = judge(cmp, m, ToleranceModel{}, 1024);
+        const bool fails = t_factor > 1 && count > most;
+        EXPECT_EQ(v.passed, !fails) << "n " << n << " t " << t_factor << " count " << count << ": " << failure_signature(v);
+        if (fails) EXPECT_EQ(failure_signature(v), "D:misrounded");
+      }
+  }
+}
+
+// A BF16 output truncated instead of rounded to nearest fails the rounding test (and only
+// it: every error is within the per-element bound); the same values rounded to nearest pass.
+TEST(RoundingTest, TruncatedOutputFailsRoundedToNearestPasses) {
+  const int n = 4096;
+  for (const Rounding mode : {Rounding::NearestEven, Rounding::TowardZero}) {
+    OutputComparison cmp;
+    cmp.format = Format::BF16;
+    cmp.shape = {1, 1, n};
+    cmp.condition.assign(n, 1.0);
+    cmp.precision_scale.assign(n, 0x1p-24);
+    for (int e = 0; e < n; ++e) {
+      // In [1.75, 2), where the worst-case bound u_D |x| is above 0.875 ulp: x sits 0.15 to
+      // 0.85 ulp above a code, never near a midpoint, so truncation stays within the bound.
+      const double x = 1.75 + std::ldexp(e % 31 + 0.15 + 0.7 * (e % 7) / 6, -7);
+      cmp.exact.push_back(ref(x));
+      cmp.got.push_back(encode(Format::BF16, x, mode));
+    }
+    ErrorMetrics m = analyze(cmp);
+    m.output = "D";
+    const Verdict v = judge(cmp, m, ToleranceModel{}, 1024);
+    EXPECT_EQ(v.passed, mode == Rounding::NearestEven) << failure_signature(v);
+    if (!v.passed) EXPECT_EQ(failure_signature(v), "D:misrounded");
+  }
+}
+
+// The statistical checks (precision, misrounded) depend on the output's size: beside other
+// checks they are left out of the comparison, alone they match each other per output.
+TEST(SameFailure, StatisticalChecksFollowTheOtherChecks) {
+  EXPECT_TRUE(same_failure("D:misrounded + D:tolerance@interior", "D:tolerance@interior"));
+  EXPECT_TRUE(same_failure("D:precision + D:tolerance@any", "D:misrounded + D:tolerance@edge"));
+  EXPECT_TRUE(same_failure("D:misrounded", "D:precision"));
+  EXPECT_TRUE(same_failure("D:misrounded", "D:misrounded + D:precision"));
+  EXPECT_FALSE(same_failure("D:misrounded", "D:tolerance@interior"));
+  EXPECT_FALSE(same_failure("D:misrounded", "O:misrounded"));
+  EXPECT_FALSE(same_failure("D:misrounded + D:tolerance@interior", "D:tolerance@interior + D:unexpected_nan@edge"));
+  EXPECT_FALSE(same_failure("D:tolerance@interior", "D:tolerance@edge"));
+  EXPECT_TRUE(same_failure("D:tolerance@any", "D:tolerance@edge"));
+}
