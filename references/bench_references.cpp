@@ -52,12 +52,12 @@ BENCHMARK(BM_OracleDot)->Arg(256)->Arg(4096)->Arg(65536)->Unit(benchmark::kMicro
 // ranges found by the call, as add_products(span, span) does) or as the GEMM reference
 // computes it (true: the ranges found once per row of op(A) and column of op(B), shared by N
 // and M dot products).
-template <bool known_ranges>
+template <bool known_ranges, Simd simd = Simd::Avx512>
 void fast_dot(benchmark::State& state) {
   const auto k = static_cast<std::size_t>(state.range(0));
   const auto x = uniform_floats(k, 1), y = uniform_floats(k, 2);
-  const Operand ox(x), oy(y);
-  ExactAccumulator acc;
+  const Operand ox(x, simd), oy(y, simd);
+  ExactAccumulator acc(simd);
   for (auto _ : state) {
     acc.clear();
     if constexpr (known_ranges) acc.add_products(ox, oy);
@@ -71,6 +71,9 @@ void BM_FastDot(benchmark::State& state) { fast_dot<false>(state); }
 void BM_FastDotKnownRanges(benchmark::State& state) { fast_dot<true>(state); }
 BENCHMARK(BM_FastDot)->Arg(256)->Arg(4096)->Arg(65536)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_FastDotKnownRanges)->Arg(256)->Arg(4096)->Arg(65536)->Unit(benchmark::kMicrosecond);
+// The same with AVX2 at most (on a CPU with AVX-512: which of the two is faster there).
+void BM_FastDotAvx2(benchmark::State& state) { fast_dot<false, Simd::Avx2>(state); }
+BENCHMARK(BM_FastDotAvx2)->Arg(256)->Arg(4096)->Arg(65536)->Unit(benchmark::kMicrosecond);
 
 // A full size^3 FP32 GEMM reference (every element exact, with its condition term) on
 // range(1) threads (0: all cores, ULPGATE_THREADS to change); ns_per_term is per core:
