@@ -192,7 +192,7 @@ RefValue apply_activation(Epilogue e, mpfr_srcptr t, double scale_d) {
 }
 
 GemmReference gemm_reference(const Case& c, const std::map<std::string, Tensor>& inputs,
-                             unsigned threads) {
+                             unsigned threads, const DigitGemm* digits) {
   if (c.op != Op::Gemm) throw InputError("gemm reference: case.op is not gemm");
   const ReferenceFpEnv env;  // whatever a kernel left set; parallel_for's threads inherit it
   const GemmShape& g = c.gemm;
@@ -273,6 +273,18 @@ GemmReference gemm_reference(const Case& c, const std::map<std::string, Tensor>&
     }
   }, threads);
 
+  // The sliced path: every batch's dot products from the digits (certified, or recomputed).
+  std::vector<SlicedDots> sliced;
+  if (digits && fast) {
+    r.recomputed = 0;
+    const auto mk = static_cast<std::size_t>(g.m * k), nk = static_cast<std::size_t>(g.n * k);
+    for (std::int64_t bi = 0; bi < g.batch; ++bi) {
+      sliced.push_back(sliced_dots(std::span<const float>(a_rows).subspan(bi * mk, mk), g.m,
+                                   std::span<const float>(b_cols).subspan(bi * nk, nk), g.n, k, *digits));
+      r.recomputed += sliced.back().recomputed;
+    }
+  }
+
   // Tiles of 8 rows x col_block columns, so that a tile's B columns (about 256 KB) stay in
   // the core's L2 while its rows use them; consecutive tiles share their columns, which the
   // threads taking them in turn then find in L3.
@@ -293,10 +305,21 @@ GemmReference gemm_reference(const Case& c, const std::map<std::string, Tensor>&
       double condition = 0.0, finite_condition = -1.0;
       bool done = false;
       bool dot_negative_down = false;  // the sign of a zero dot product rounding down
+      // The exact dot product into acc: the digits' pieces where they certify it.
+      const SlicedDots* sd = sliced.empty() ? nullptr : &sliced[static_cast<std::size_t>(bi)];
+      const auto e = static_cast<std::size_t>(i * g.n + j);
+      const auto add_dot = [&] {
+        if (sd && sd->certified[e]) {
+          for (const double piece : sd->pieces[e])
+            if (piece != 0.0) acc.add(piece);
+        } else {
+          acc.add_products(a_ops[ai], b_ops[bj]);
+        }
+      };
       if (fast) {
         acc.clear();
-        acc.add_products(a_ops[ai], b_ops[bj]);
-        condition = acc.magnitude().to_double();
+        add_dot();
+        condition = (sd ? sd->magnitude[e] : acc.magnitude()).to_double();
         if (fold_epilogue) {
           // beta sC c joins the sum only if it is an exact double (FMA residual zero, and
           // far enough from underflow that the residual itself is exact), and it and the
@@ -324,7 +347,7 @@ GemmReference gemm_reference(const Case& c, const std::map<std::string, Tensor>&
               done = true;
             } else {  // a zero: the MPFR path below, on the dot product alone
               acc.clear();
-              acc.add_products(a_ops[ai], b_ops[bj]);
+              add_dot();
             }
           }
         }

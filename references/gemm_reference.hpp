@@ -31,6 +31,7 @@
 #include "core/parallel.hpp"
 #include "core/tensor.hpp"
 #include "references/ref_value.hpp"
+#include "references/sliced_gemm.hpp"
 
 namespace ulpgate {
 
@@ -53,6 +54,9 @@ struct GemmReference {
   /// activation: max(condition, |alpha sA sB| condition + |beta sC c_ij| + |bias_j|), over
   /// the finite terms only (an Inf or NaN input counts as 0 here).
   std::vector<double> intermediate;
+  /// With a sliced path (gemm_reference's `digits`): the elements whose dot product the
+  /// digits did not certify and the superaccumulator computed; -1 without one.
+  std::int64_t recomputed = -1;
 
   std::int64_t index(std::int64_t b, std::int64_t i, std::int64_t j) const { return (b * m + i) * n + j; }
   const RefValue& at(std::int64_t b, std::int64_t i, std::int64_t j) const { return values[index(b, i, j)]; }
@@ -63,8 +67,12 @@ struct GemmReference {
 /// Computes the reference for a GEMM case from its input tensors ("A", "B", and "C" when
 /// beta != 0, "bias" for bias epilogues), each in its operand's format and laid out as the
 /// case says. Throws InputError if a tensor is missing, of the wrong format, or too small.
+/// digits: take the dot products of FP32-or-narrower operands from integer digit products
+/// by this backend (references/sliced_gemm.hpp: cpu_digit_gemm, or a GPU's int8 GEMM),
+/// certified, the rest from the superaccumulator; the epilogue is the same either way, and
+/// so is every value. nullptr: the superaccumulator for every element.
 GemmReference gemm_reference(const Case& c, const std::map<std::string, Tensor>& inputs,
-                             unsigned threads = default_threads());
+                             unsigned threads = default_threads(), const DigitGemm* digits = nullptr);
 
 /// act applied to the exact value t (any precision), times scale_d, as a RefValue (the
 /// epilogue's last step, exposed for tests).
