@@ -206,6 +206,26 @@ inline DotInput make_dot(Family fam, std::uint64_t seed, std::uint64_t index,
   return d;
 }
 
+/// A GEMM of dot inputs: m rows of op(A) (row-major, m x k) and n columns of op(B) (held as
+/// rows, n x k) from inputs index, index + 1, ... of one family, every one zero padded or cut
+/// to the length k of the first.
+struct DotMatrices {
+  std::int64_t m = 0, n = 0, k = 0;
+  std::vector<float> a, b;
+};
+inline DotMatrices make_dot_matrices(Family fam, std::uint64_t seed, std::uint64_t index, std::int64_t m,
+                                     std::int64_t n, std::size_t max_len) {
+  DotMatrices g;
+  g.m = m, g.n = n, g.k = static_cast<std::int64_t>(make_dot(fam, seed, index, max_len).x.size());
+  for (std::int64_t r = 0; r < std::max(m, n); ++r) {
+    DotInput d = make_dot(fam, seed, index + static_cast<std::uint64_t>(r), max_len);
+    d.x.resize(static_cast<std::size_t>(g.k)), d.y.resize(static_cast<std::size_t>(g.k));
+    if (r < m) g.a.insert(g.a.end(), d.x.begin(), d.x.end());
+    if (r < n) g.b.insert(g.b.end(), d.y.begin(), d.y.end());
+  }
+  return g;
+}
+
 /// Total dot products the default test run checks; ULPGATE_REF_DOTS overrides.
 inline std::uint64_t dots_budget() {
   if (const char* s = std::getenv("ULPGATE_REF_DOTS")) return std::strtoull(s, nullptr, 10);

@@ -12,6 +12,7 @@
 #include "references/exact_dot.hpp"
 #include "references/sliced_gemm.hpp"
 #include "tests/references/dot_inputs.hpp"
+#include "tests/references/sliced_check.hpp"
 
 using namespace ulpgate;
 using namespace ulpgate::test;
@@ -77,30 +78,15 @@ TEST(SliceRows, CapturedRowsHoldEveryValueExactly) {
 TEST(SlicedDots, BitIdenticalToTheSuperaccumulator) {
   std::int64_t elements = 0, recomputed = 0;
   std::map<std::pair<std::string, int>, std::pair<std::int64_t, std::int64_t>> per_family;
-  ExactAccumulator acc;
   for (const int cap : {kMaxSliceDigits, 4})
     for (const Family fam : kFamilies)
       for (std::uint64_t c = 0; c < 600; ++c) {
-        const std::uint64_t base = c * 16;
-        const auto k = static_cast<std::int64_t>(make_dot(fam, 5, base, 600).x.size());
-        const std::int64_t m = 1 + static_cast<std::int64_t>(c % 4), n = 1 + static_cast<std::int64_t>((c / 4) % 5);
-        std::vector<float> a, b;
-        for (std::int64_t r = 0; r < std::max(m, n); ++r) {
-          DotInput d = make_dot(fam, 5, base + r, 600);
-          d.x.resize(static_cast<std::size_t>(k)), d.y.resize(static_cast<std::size_t>(k));  // zero padded
-          if (r < m) a.insert(a.end(), d.x.begin(), d.x.end());
-          if (r < n) b.insert(b.end(), d.y.begin(), d.y.end());
-        }
-        const SlicedDots s = sliced_dots(a, m, b, n, k, cpu_digit_gemm, cap);
-        for (std::int64_t i = 0; i < m; ++i)
-          for (std::int64_t j = 0; j < n; ++j) {
-            acc.clear();
-            acc.add_products(std::span<const float>(a).subspan(i * k, k), std::span<const float>(b).subspan(j * k, k));
-            const std::string where = fmt::format("{} case {} cap {} element ({}, {}), K = {}", name(fam), c, cap, i, j, k);
-            ASSERT_EQ(s.value[i * n + j], acc.value()) << where << ": " << to_string(s.value[i * n + j]) << " vs "
-                                                       << to_string(acc.value());
-            ASSERT_EQ(s.magnitude[i * n + j], acc.magnitude()) << where;
-          }
+        const DotMatrices g = make_dot_matrices(fam, 5, c * 16, 1 + static_cast<std::int64_t>(c % 4),
+                                                1 + static_cast<std::int64_t>((c / 4) % 5), 600);
+        const SlicedDots s = sliced_dots(g.a, g.m, g.b, g.n, g.k, cpu_digit_gemm, cap);
+        const std::string diff = first_difference(s, g.a, g.b, g.k);
+        ASSERT_EQ(diff, "") << name(fam) << " case " << c << " cap " << cap;
+        const std::int64_t m = g.m, n = g.n;
         elements += m * n;
         recomputed += s.recomputed;
         per_family[{name(fam), cap}].first += m * n;
@@ -121,7 +107,6 @@ TEST(SlicedDots, BitIdenticalToTheSuperaccumulator) {
 // tiny remainders of large terms; every nonzero element is certified and bit-identical.
 TEST(SlicedDots, CertifiedUnderHeavyCancellation) {
   std::int64_t certified = 0;
-  ExactAccumulator acc;
   for (std::uint64_t c = 0; c < 400; ++c) {
     Bits bits(23, 7, c);
     const std::int64_t m = 1 + static_cast<std::int64_t>(bits.in(0, 4)), n = 1 + static_cast<std::int64_t>(bits.in(0, 4));
@@ -139,14 +124,8 @@ TEST(SlicedDots, CertifiedUnderHeavyCancellation) {
         b[j * k + q] = y, b[j * k + q + 1] = bits.in(0, 1) ? -y2 : y2;
       }
     const SlicedDots s = sliced_dots(a, m, b, n, k);
-    for (std::int64_t i = 0; i < m; ++i)
-      for (std::int64_t j = 0; j < n; ++j) {
-        acc.clear();
-        acc.add_products(std::span<const float>(a).subspan(i * k, k), std::span<const float>(b).subspan(j * k, k));
-        ASSERT_EQ(s.value[i * n + j], acc.value()) << "case " << c << " (" << i << ", " << j << ")";
-        ASSERT_EQ(s.magnitude[i * n + j], acc.magnitude()) << "case " << c;
-        certified += acc.value().kind != RefValue::Kind::Zero;
-      }
+    ASSERT_EQ(first_difference(s, a, b, k), "") << "case " << c;
+    for (const RefValue& v : s.value) certified += v.kind != RefValue::Kind::Zero;
     EXPECT_EQ(s.recomputed, std::count_if(s.value.begin(), s.value.end(),
                                           [](const RefValue& v) { return v.kind == RefValue::Kind::Zero; }))
         << "case " << c;
@@ -185,7 +164,6 @@ TEST(SlicedDots, DigitProductsChunkKToStayExactInInt32) {
 // bits (inexact) where the digits still certify the element.
 TEST(SlicedDots, CertifiedWhereTheSumNeedsMoreThan128Bits) {
   std::int64_t certified_inexact = 0;
-  ExactAccumulator acc;
   for (std::uint64_t c = 0; c < 200; ++c) {
     Bits bits(29, 3, c);
     const std::int64_t m = 3, n = 3, k = static_cast<std::int64_t>(bits.in(100, 600));
@@ -200,12 +178,7 @@ TEST(SlicedDots, CertifiedWhereTheSumNeedsMoreThan128Bits) {
     };
     const std::vector<float> a = draw(m * k), b = draw(n * k);
     const SlicedDots s = sliced_dots(a, m, b, n, k);
-    for (std::int64_t e = 0; e < m * n; ++e) {
-      acc.clear();
-      acc.add_products(std::span<const float>(a).subspan(e / n * k, k), std::span<const float>(b).subspan(e % n * k, k));
-      ASSERT_EQ(s.value[e], acc.value()) << "case " << c << " element " << e;
-      ASSERT_EQ(s.magnitude[e], acc.magnitude()) << "case " << c << " element " << e;
-    }
+    ASSERT_EQ(first_difference(s, a, b, k), "") << "case " << c;
     EXPECT_EQ(s.recomputed, 0) << "case " << c;
     for (const RefValue& v : s.value) certified_inexact += v.inexact;
   }

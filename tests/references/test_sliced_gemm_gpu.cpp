@@ -10,6 +10,7 @@
 #include "references/exact_dot.hpp"
 #include "references/sliced_gemm_gpu.hpp"
 #include "tests/references/dot_inputs.hpp"
+#include "tests/references/sliced_check.hpp"
 
 using namespace ulpgate;
 using namespace ulpgate::test;
@@ -39,26 +40,13 @@ TEST(SlicedGemmGpu, DotsBitIdenticalToTheSuperaccumulator) {
   if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device";
   const DigitGemm gpu = gpu_digit_gemm();
   std::int64_t elements = 0, certified = 0;
-  ExactAccumulator acc;
   for (const Family fam : kFamilies)
     for (std::uint64_t c = 0; c < 100; ++c) {
-      const std::uint64_t base = c * 16;
-      const auto k = static_cast<std::int64_t>(make_dot(fam, 9, base, 3000).x.size());
-      const std::int64_t m = 1 + static_cast<std::int64_t>(c % 5), n = 1 + static_cast<std::int64_t>((c / 5) % 7);
-      std::vector<float> a, b;
-      for (std::int64_t r = 0; r < std::max(m, n); ++r) {
-        DotInput d = make_dot(fam, 9, base + r, 3000);
-        d.x.resize(static_cast<std::size_t>(k)), d.y.resize(static_cast<std::size_t>(k));
-        if (r < m) a.insert(a.end(), d.x.begin(), d.x.end());
-        if (r < n) b.insert(b.end(), d.y.begin(), d.y.end());
-      }
-      const SlicedDots s = sliced_dots(a, m, b, n, k, gpu);
-      for (std::int64_t e = 0; e < m * n; ++e) {
-        acc.clear();
-        acc.add_products(std::span<const float>(a).subspan(e / n * k, k), std::span<const float>(b).subspan(e % n * k, k));
-        ASSERT_EQ(s.value[e], acc.value()) << fmt::format("{} case {} element {}", name(fam), c, e);
-        ASSERT_EQ(s.magnitude[e], acc.magnitude()) << fmt::format("{} case {} element {}", name(fam), c, e);
-      }
+      const DotMatrices g = make_dot_matrices(fam, 9, c * 16, 1 + static_cast<std::int64_t>(c % 5),
+                                              1 + static_cast<std::int64_t>((c / 5) % 7), 3000);
+      const SlicedDots s = sliced_dots(g.a, g.m, g.b, g.n, g.k, gpu);
+      ASSERT_EQ(first_difference(s, g.a, g.b, g.k), "") << name(fam) << " case " << c;
+      const std::int64_t m = g.m, n = g.n;
       elements += m * n, certified += m * n - s.recomputed;
     }
   RecordProperty("elements", static_cast<int>(elements));
