@@ -1,0 +1,53 @@
+// The accumulation probe (issue 18): known-answer dot products that make each property of
+// a matrix unit's FP32 accumulation observable in the result's bits, after Fasi, Higham,
+// Mikaitis and Pranesh ("Numerical behavior of NVIDIA tensor cores", 2021). The unit is
+// modelled as cpu.blockfma is (kernels/emulated/gemm_models.hpp): per step, `block` exact
+// products and the accumulator are aligned to the largest of them, truncated to `frac`
+// fraction bits below its leading bit, summed exactly, and rounded to FP32.
+//
+// Experiments (p_i the products, steps of `block` products from index 0, zeros as padding):
+//  - block: p = (1, -1, 0, ..., 0, 2^-100 at index t). 2^-100 is lost exactly when it shares
+//    a step with the 1 (aligned to 1, it is far below any fraction width up to 52) and kept
+//    when it comes in a later step (the accumulator is 0 there): the first t at which it is
+//    kept is the block size, for blocks of 3 or more; 1 and 2 both keep it at t = 2 and are
+//    told apart below.
+//  - frac: steps (1), (2^-j), (-1) give 2^-j when the step with 1 as accumulator kept it:
+//    j <= frac, observable up to 23 (the FP32 accumulator holds 1 + 2^-j only there); with
+//    two or more products per step, (1), (-1, 2^-j) shows every j up to 60.
+//  - block 1 or 2: (1, 0), (2^-(f+1), 2^-(f+1)) with f = min(frac, 23): summed in one step
+//    the two make 1 + 2^-f exactly; added one at a time each is truncated or rounded away.
+//  - rounding (observable when frac >= 23, where a step's sum can need rounding): steps
+//    (1 + 3 2^-23), (1) make 2 + 3 2^-23, halfway between 2 + 2^-22 and 2 + 2^-21 in FP32;
+//    the same negated. Nearest-even goes to 2 + 2^-21 both ways, toward zero to 2 + 2^-22
+//    both ways, up and down split by sign.
+#pragma once
+
+#include <functional>
+#include <optional>
+#include <span>
+#include <string>
+
+#include "core/format.hpp"
+
+namespace ulpgate {
+
+/// The unit under probe: sum_i p_i accumulated its way from 0, the products given exactly
+/// (each a product of two inputs of the unit's formats, chosen by the caller's adapter).
+using ProbeDot = std::function<float(std::span<const double> products)>;
+
+struct ProbedAccumulation {
+  int block = 0;                    ///< products per step
+  /// Fraction bits kept after alignment; nullopt: at least frac_at_least (more is not
+  /// observable: one product per step, and the FP32 accumulator holds 23 bits).
+  std::optional<int> frac;
+  int frac_at_least = 0;
+  /// The accumulator's rounding; nullopt: no experiment needs rounding (frac < 23: every
+  /// step's sum fits FP32), so it does not matter.
+  std::optional<Rounding> rounding;
+  std::string describe() const;     ///< "block 4, 23 fraction bits, rz"
+};
+
+/// Runs the experiments above on `dot`, trying blocks up to max_block.
+ProbedAccumulation probe_accumulation(const ProbeDot& dot, int max_block = 512);
+
+}  // namespace ulpgate

@@ -1,0 +1,72 @@
+// The accumulation probe (harness/probe.hpp) run against the CPU models, whose parameters
+// are known: every block-FMA model is recovered exactly where its behaviour shows the
+// parameter, and said to be unobservable where it cannot (one product per step hides
+// fraction bits beyond 23; fraction widths below 23 never round).
+#include <gtest/gtest.h>
+
+#include <fmt/format.h>
+
+#include "harness/probe.hpp"
+#include "kernels/emulated/gemm_models.hpp"
+
+using namespace ulpgate;
+
+namespace {
+
+ProbeDot model_unit(const AccumulationModel& m) {
+  return [m](std::span<const double> p) {
+    const std::vector<double> ones(p.size(), 1.0);
+    return model_dot(m, p.data(), ones.data(), static_cast<std::int64_t>(p.size()));
+  };
+}
+
+}  // namespace
+
+TEST(Probe, RecoversEveryBlockFmaModel) {
+  int models = 0;
+  for (const int block : {1, 2, 3, 4, 5, 8, 16, 32, 64, 512})
+    for (const int frac : {3, 10, 13, 22, 23, 24, 25, 30, 52})
+      for (const Rounding rounding :
+           {Rounding::NearestEven, Rounding::NearestAway, Rounding::TowardZero, Rounding::Up, Rounding::Down}) {
+        AccumulationModel m;
+        m.order = AccumulationModel::Order::BlockFma, m.block = block, m.frac_bits = frac, m.rounding = rounding;
+        const ProbedAccumulation got = probe_accumulation(model_unit(m));
+        const std::string what = fmt::format("{}: probed {}", m.name(), got.describe());
+        EXPECT_EQ(got.block, block) << what;
+        if (block >= 2 || frac < 23) {
+          EXPECT_EQ(got.frac, frac) << what;
+        } else {
+          EXPECT_EQ(got.frac, std::nullopt) << what;
+          EXPECT_EQ(got.frac_at_least, 23) << what;
+        }
+        if (frac >= 23) EXPECT_EQ(got.rounding, rounding) << what;
+        else EXPECT_EQ(got.rounding, std::nullopt) << what;
+        ++models;
+      }
+  EXPECT_EQ(models, 450);
+}
+
+// The sequential FMA model (exact product, one FP32 rounding per step) is a block of one
+// with every fraction bit; the pairwise model's tree is no block FMA, and the probe says
+// what its experiments see without claiming a fraction width.
+TEST(Probe, SequentialFmaIsABlockOfOneRoundingToNearest) {
+  for (const Rounding rounding : {Rounding::NearestEven, Rounding::TowardZero}) {
+    AccumulationModel m;
+    m.rounding = rounding;
+    const ProbedAccumulation got = probe_accumulation(model_unit(m));
+    EXPECT_EQ(got.block, 1) << got.describe();
+    EXPECT_EQ(got.frac, std::nullopt) << got.describe();
+    EXPECT_EQ(got.frac_at_least, 23) << got.describe();
+    EXPECT_EQ(got.rounding, rounding) << got.describe();
+  }
+}
+
+// A unit that keeps nothing of 2^-100 anywhere is no block-FMA unit: the probe says so.
+TEST(Probe, RefusesAUnitOutsideTheModel) {
+  const ProbeDot flush = [](std::span<const double> p) {
+    double s = 0;
+    for (double v : p) s += std::fabs(v) < 0x1p-60 ? 0.0 : v;
+    return static_cast<float>(s);
+  };
+  EXPECT_THROW(probe_accumulation(flush, 64), std::runtime_error);
+}
