@@ -13,6 +13,7 @@ namespace {
 std::vector<double> in_steps(std::initializer_list<std::initializer_list<double>> steps, int block) {
   std::vector<double> p;
   for (const auto& step : steps) {
+    if (step.size() > static_cast<std::size_t>(block)) throw std::logic_error("probe: a step longer than the block");
     p.insert(p.end(), step.begin(), step.end());
     p.resize(p.size() + static_cast<std::size_t>(block) - step.size(), 0.0);
   }
