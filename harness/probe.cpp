@@ -32,10 +32,10 @@ int first_lost(int from, int to, const std::function<bool(double)>& kept) {
 std::string ProbedAccumulation::describe() const {
   const std::string f = frac ? fmt::format("{} fraction bits", *frac) : fmt::format(">= {} fraction bits", frac_at_least);
   const std::string r = rounding ? std::string(name(*rounding)) : "rounding not observable (every step's sum fits FP32)";
-  return fmt::format("block {}, {}, {}", block, f, r);
+  return fmt::format("block {}, {}, {}{}", block, f, r, promote ? fmt::format(", promoted to FP32 every {} products", promote) : "");
 }
 
-ProbedAccumulation probe_accumulation(const ProbeDot& dot, int max_block) {
+ProbedAccumulation probe_accumulation(const ProbeDot& dot, int max_block, int max_promote) {
   const auto run = [&](const std::vector<double>& p) { return static_cast<double>(dot(p)); };
   ProbedAccumulation r;
 
@@ -58,10 +58,31 @@ ProbedAccumulation probe_accumulation(const ProbeDot& dot, int max_block) {
   } else if (r.block >= 3) {
     r.frac_at_least = 60;
   } else {
-    r.block = 1;  // one product per step: (1), (2^-j), (-1) shows frac up to 23
-    const int lost1 = first_lost(1, 23, [&](double e) { return run(in_steps({{1.0}, {e}, {-1.0}}, 1)) == e; });
+    r.block = 1;  // one product per step: a lone 1 + 2^-j is aligned to itself, up to 23
+    const int lost1 = first_lost(1, 23, [&](double e) { return run(std::vector<double>{1.0 + e}) == 1.0 + e; });
     if (lost1 > 0) r.frac = lost1 - 1;
     else r.frac_at_least = 23;
+  }
+
+  // Promotion, where the width is below FP32's: 2^-(frac+1) kept once it starts a new chunk.
+  // Kept exactly from the promotion length on (t a multiple of the block): doubling, then
+  // bisection.
+  if (r.frac && *r.frac < 23) {
+    const double e = std::ldexp(1.0, -(*r.frac + 1));
+    const auto kept_at = [&](int t) {
+      std::vector<double> p(static_cast<std::size_t>(t) + 1, 0.0);
+      p[0] = 1.0, p[static_cast<std::size_t>(t)] = e;
+      return run(p) == 1.0 + e;
+    };
+    int lo = 0, hi = r.block;  // blocks: lost at lo (0: none tried), kept at hi
+    while (hi <= max_promote && !kept_at(hi)) lo = hi, hi *= 2;
+    if (hi <= max_promote) {
+      while (hi - lo > r.block) {
+        const int mid = lo + (hi - lo) / (2 * r.block) * r.block;
+        (kept_at(mid) ? hi : lo) = mid;
+      }
+      r.promote = hi;
+    }
   }
 
   // Rounding, where a step's sum can need it: 2 + 3 2^-23 and 2 + 2^-23 are ties in FP32.

@@ -11,11 +11,16 @@
 //    when it comes in a later step (the accumulator is 0 there): the first t at which it is
 //    kept is the block size, for blocks of 3 or more; 1 and 2 both keep it at t = 2 and are
 //    told apart below.
-//  - frac: steps (1), (2^-j), (-1) give 2^-j when the step with 1 as accumulator kept it:
-//    j <= frac, observable up to 23 (the FP32 accumulator holds 1 + 2^-j only there); with
-//    two or more products per step, (1), (-1, 2^-j) shows every j up to 60.
+//  - frac: with two or more products per step, (1), (-1, 2^-j) gives 2^-j exactly when the
+//    step kept it, j <= frac, observable up to 60; with one, a lone product 1 + 2^-j is
+//    aligned to itself and kept for j <= frac, observable up to 23 (FP32 holds no more).
 //  - block 1 or 2: (1, 0), (2^-(f+1), 2^-(f+1)) with f = min(frac, 23): summed in one step
 //    the two make 1 + 2^-f exactly; added one at a time each is truncated or rounded away.
+//  - promotion (FP8 tensor cores add their partial sum to an FP32 accumulator every so many
+//    products and restart, when frac < 23): p = (1, 0, ..., 2^-(frac+1) at index t). In the
+//    1's chunk the aligned 2^-(frac+1) is lost; in a later chunk it starts a fresh partial
+//    sum and reaches the FP32 1 exactly: the first t (a multiple of the block) at which it
+//    is kept is the promotion length.
 //  - rounding (observable when frac >= 23, where a step's sum can need rounding): steps
 //    (1 + 3 2^-23), (1) make 2 + 3 2^-23, halfway between 2 + 2^-22 and 2 + 2^-21 in FP32;
 //    the same negated. Nearest-even goes to 2 + 2^-21 both ways, toward zero to 2 + 2^-22
@@ -44,10 +49,14 @@ struct ProbedAccumulation {
   /// The accumulator's rounding; nullopt: no experiment needs rounding (frac < 23: every
   /// step's sum fits FP32), so it does not matter.
   std::optional<Rounding> rounding;
+  /// Products per promotion of the partial sum to FP32; 0: none seen up to max_promote
+  /// (or not observable: frac >= 23).
+  int promote = 0;
   std::string describe() const;     ///< "block 4, 23 fraction bits, rz"
 };
 
-/// Runs the experiments above on `dot`, trying blocks up to max_block.
-ProbedAccumulation probe_accumulation(const ProbeDot& dot, int max_block = 512);
+/// Runs the experiments above on `dot`, trying blocks up to max_block and promotion
+/// lengths up to max_promote.
+ProbedAccumulation probe_accumulation(const ProbeDot& dot, int max_block = 512, int max_promote = 4096);
 
 }  // namespace ulpgate

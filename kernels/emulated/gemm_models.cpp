@@ -94,8 +94,9 @@ class EmulatedGemm final : public Kernel {
         return "CPU model: FP32 products, pairwise (tree) FP32 summation";
       case AccumulationModel::Order::BlockFma:
         return fmt::format("CPU model: tensor-core block FMA, {} products per step, {} fraction "
-                           "bits after alignment (truncated), accumulator {}",
-                           m_.block, m_.frac_bits, name_of(m_.rounding));
+                           "bits after alignment (truncated), accumulator {}{}",
+                           m_.block, m_.frac_bits, name_of(m_.rounding),
+                           m_.promote ? fmt::format(", promoted to FP32 every {} products", m_.promote) : "");
     }
     return "";
   }
@@ -161,7 +162,8 @@ std::string AccumulationModel::name() const {
     case Order::SequentialFma: return "cpu.fp32_seq" + (r.empty() ? "" : ":" + r.substr(1));
     case Order::Pairwise: return "cpu.fp32_pairwise" + (r.empty() ? "" : ":" + r.substr(1));
     case Order::BlockFma:
-      return fmt::format("cpu.blockfma:block={},frac={},round={}", block, frac_bits, ulpgate::name(rounding));
+      return fmt::format("cpu.blockfma:block={},frac={},round={}{}", block, frac_bits, ulpgate::name(rounding),
+                         promote ? fmt::format(",promote={}", promote) : "");
   }
   return "";
 }
@@ -203,12 +205,16 @@ std::optional<AccumulationModel> AccumulationModel::parse(const std::string& tex
       m.block = integer(1, 512);
     } else if (key == "frac" && m.order == Order::BlockFma) {
       m.frac_bits = integer(1, 52);
+    } else if (key == "promote" && m.order == Order::BlockFma) {
+      m.promote = integer(1, 1 << 20);
     } else {
       throw InputError(fmt::format("kernel '{}': unknown parameter '{}'", text, key));
     }
   }
   if (m.order == Order::BlockFma && (m.block == 0 || m.frac_bits == 0))
     throw InputError(fmt::format("kernel '{}': cpu.blockfma needs block=N and frac=N (e.g. cpu.blockfma:block=16,frac=23,round=rz)", text));
+  if (m.promote % m.block != 0)
+    throw InputError(fmt::format("kernel '{}': promote must be a multiple of block ({})", text, m.block));
   return m;
 }
 
@@ -223,14 +229,20 @@ float model_dot(const AccumulationModel& m, const double* a, const double* b, st
     case AccumulationModel::Order::Pairwise:
       return k == 0 ? acc0 : add_round32(acc0, pairwise(a, b, k, m.rounding), m.rounding);
     case AccumulationModel::Order::BlockFma: {
-      float acc = acc0;
+      // Without promotion the block accumulator starts from acc0; with it, from 0, and
+      // acc0 is the FP32 accumulator its chunks are added to.
+      float acc = m.promote ? 0.0f : acc0, outer = acc0;
       std::vector<double> p(m.block);
       for (std::int64_t i = 0; i < k; i += m.block) {
         const int n = static_cast<int>(std::min<std::int64_t>(m.block, k - i));
         for (int j = 0; j < n; ++j) p[j] = a[i + j] * b[i + j];
         acc = block_step(m, acc, p.data(), n);
+        if (m.promote && ((i + n) % m.promote == 0 || i + n == k)) {
+          outer = add_round32(outer, acc, Rounding::NearestEven);
+          acc = 0.0f;
+        }
       }
-      return acc;
+      return m.promote ? outer : acc;
     }
   }
   return acc0;

@@ -8,7 +8,9 @@
 //                    tensor cores", PeerJ CS 2021): per step, `block` exact products and the
 //                    accumulator are aligned to the largest of them, each truncated (toward
 //                    zero) to `frac_bits` fraction bits below that largest term's leading
-//                    bit, summed exactly, and the sum rounded to FP32 with `rounding`.
+//                    bit, summed exactly, and the sum rounded to FP32 with `rounding`;
+//                    with promote=N, every N products that sum is added (RNE) to an FP32
+//                    accumulator and the block accumulation restarts from 0.
 //
 // Inputs are the exact values of A and B (any format up to FP32, so products are exact in
 // FP64). The epilogue is then applied in FP32, in this order, each step rounded (RNE):
@@ -35,9 +37,13 @@ struct AccumulationModel {
   int block = 1;       ///< BlockFma: products added to the accumulator in one step (1..512)
   int frac_bits = 23;  ///< BlockFma: fraction bits kept after alignment (1..52)
   Rounding rounding = Rounding::NearestEven;  ///< rounding of the FP32 accumulator
+  /// BlockFma: every `promote` products (a multiple of block) the block accumulator is
+  /// added to an FP32 accumulator (round to nearest even) and restarts from 0, as FP8
+  /// tensor-core GEMMs promote partial sums to CUDA cores; 0: never.
+  int promote = 0;
 
   /// Kernel name: "cpu.fp32_seq", "cpu.fp32_pairwise", "cpu.blockfma:block=16,frac=13,round=rz"
-  /// (sequential and pairwise add ",round=rz" etc. when not RNE).
+  /// (",promote=N" when promoting; sequential and pairwise add ":round=rz" etc. when not RNE).
   std::string name() const;
   /// Parses a name as above; nullopt if it is not a model name. Throws InputError for a
   /// model name with bad parameters.

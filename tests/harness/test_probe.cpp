@@ -46,6 +46,26 @@ TEST(Probe, RecoversEveryBlockFmaModel) {
   EXPECT_EQ(models, 450);
 }
 
+// FP8-tensor-core-like models: a narrow block accumulator promoted to FP32 every N
+// products; the probe finds N with the block and width (and no promotion where there is none).
+TEST(Probe, RecoversThePromotionLength) {
+  for (const int block : {1, 4, 16, 32})
+    for (const int frac : {10, 13, 22})
+      for (const int chunks : {0, 1, 2, 4, 8}) {
+        AccumulationModel m;
+        m.order = AccumulationModel::Order::BlockFma, m.block = block, m.frac_bits = frac;
+        m.rounding = Rounding::TowardZero, m.promote = block * chunks;
+        const ProbedAccumulation got = probe_accumulation(model_unit(m));
+        const std::string what = fmt::format("{}: probed {}", m.name(), got.describe());
+        // One product per step, promoted every two: each pair is truncated to the larger's
+        // grid either way (truncating twice, finer then coarser, is truncating once), so the
+        // unit is a block of two, and the probe says so.
+        EXPECT_EQ(got.block, block == 1 && m.promote == 2 ? 2 : block) << what;
+        EXPECT_EQ(got.frac, frac) << what;
+        EXPECT_EQ(got.promote, m.promote) << what;
+      }
+}
+
 // The sequential FMA model (exact product, one FP32 rounding per step) is a block of one
 // with every fraction bit; the pairwise model's tree is no block FMA, and the probe says
 // what its experiments see without claiming a fraction width.

@@ -90,6 +90,29 @@ TEST(Models, Names) {
   EXPECT_EQ(msg("cpu.blockfma:block=4"), "kernel 'cpu.blockfma:block=4': cpu.blockfma needs block=N and frac=N (e.g. cpu.blockfma:block=16,frac=23,round=rz)");
   EXPECT_EQ(msg("cpu.fp32_seq:block=4"), "kernel 'cpu.fp32_seq:block=4': unknown parameter 'block'");
   EXPECT_EQ(msg("cpu.fp32_seq:round=up"), "kernel 'cpu.fp32_seq:round=up': round must be rne, rna, rz, ru or rd, got 'up'");
+  const std::string promoted = "cpu.blockfma:block=16,frac=13,round=rz,promote=128";
+  EXPECT_EQ(AccumulationModel::parse(promoted)->promote, 128);
+  EXPECT_EQ(AccumulationModel::parse(promoted)->name(), promoted);
+  EXPECT_EQ(msg("cpu.blockfma:block=16,frac=13,promote=24"),
+            "kernel 'cpu.blockfma:block=16,frac=13,promote=24': promote must be a multiple of block (16)");
+  EXPECT_EQ(msg("cpu.fp32_seq:promote=4"), "kernel 'cpu.fp32_seq:promote=4': unknown parameter 'promote'");
+}
+
+// Promotion: the block accumulator (13 fraction bits, truncating) restarts from 0 every 4
+// products, its sum added to FP32 with one rounding to nearest. 1 then 2^-14: lost in the
+// 1's chunk (aligned to 1, 2^-14 is below 13 bits), kept in the next one.
+TEST(Models, PromotionRestartsTheBlockAccumulator) {
+  const AccumulationModel m = *AccumulationModel::parse("cpu.blockfma:block=2,frac=13,round=rz,promote=4");
+  const auto dot = [&](std::vector<double> p) {
+    const std::vector<double> ones(p.size(), 1.0);
+    return model_dot(m, p.data(), ones.data(), static_cast<std::int64_t>(p.size()));
+  };
+  EXPECT_EQ(dot({1, 0, 0, 0x1p-14}), 1.0f);
+  EXPECT_EQ(dot({1, 0, 0, 0, 0x1p-14}), 1.0f + 0x1p-14f);
+  EXPECT_EQ(dot({1, 0, 0, 0, 0x1p-14, 0x1p-14}), 1.0f + 0x1p-13f);  // the new chunk sums them exactly
+  // acc0 is the FP32 accumulator the chunks are added to
+  const std::vector<double> p = {0x1p-14}, one = {1.0};
+  EXPECT_EQ(model_dot(m, p.data(), one.data(), 1, 1.0f), 1.0f + 0x1p-14f);
 }
 
 TEST(Models, EpilogueOrderAndOutputRounding) {
