@@ -1,10 +1,16 @@
 #include "harness/probe.hpp"
 
+#include <bit>
 #include <cmath>
 #include <stdexcept>
 #include <vector>
 
 #include <fmt/format.h>
+
+#include "core/error.hpp"
+#include "core/rng.hpp"
+#include "harness/runner.hpp"
+#include "kernels/emulated/gemm_models.hpp"
 
 namespace ulpgate {
 namespace {
@@ -31,12 +37,36 @@ int first_lost(int from, int to, const std::function<bool(double)>& kept) {
 
 std::string ProbedAccumulation::describe() const {
   const std::string f = frac ? fmt::format("{} fraction bits", *frac) : fmt::format(">= {} fraction bits", frac_at_least);
-  const std::string r = rounding ? std::string(name(*rounding)) : "rounding not observable (every step's sum fits FP32)";
-  return fmt::format("block {}, {}, {}{}", block, f, r, promote ? fmt::format(", promoted to FP32 every {} products", promote) : "");
+  const std::string r = rounding ? std::string(name(*rounding)) : "rounding not probed (width below 23 bits)";
+  return fmt::format("block {}, {}, {}{}{}", block, f, r,
+                     promote ? fmt::format(", promoted to FP32 every {} products", promote) : "",
+                     validated ? fmt::format("; the model agrees on {} random dot products", validated)
+                               : "; not validated (a parameter is not known)");
 }
 
-ProbedAccumulation probe_accumulation(const ProbeDot& dot, int max_block, int max_promote) {
+ProbeDot kernel_unit(Kernel& kernel) {
+  return [&kernel](std::span<const double> p) {
+    Case c;
+    c.op = Op::Gemm;
+    c.kernel = kernel.name();
+    c.gemm.k = static_cast<std::int64_t>(p.size());
+    c.types = {{"A", Format::FP32}, {"B", Format::FP32}, {"D", Format::FP32}, {"compute", Format::FP32}};
+    validate(c);
+    if (const auto why = kernel.unsupported(c))
+      throw InputError(fmt::format("kernel '{}' does not take the probe's 1 x 1 x {} FP32 GEMM: {}", kernel.name(),
+                                   p.size(), *why));
+    std::map<std::string, Tensor> in{{"A", Tensor(Format::FP32, p.size())}, {"B", Tensor(Format::FP32, p.size())}};
+    for (std::size_t i = 0; i < p.size(); ++i) in.at("A").set_value(i, p[i]), in.at("B").set_value(i, 1.0);
+    const RunOutcome out = run_kernel(kernel, c, in);
+    if (out.status != Disposition::Ok)
+      throw std::runtime_error(fmt::format("kernel '{}' failed on a probe case: {}", kernel.name(), out.message));
+    return static_cast<float>(decode(Format::FP32, out.outputs.at("D").code(0)));
+  };
+}
+
+ProbedAccumulation probe_accumulation(const ProbeDot& dot, int max_block, int max_promote, int validate) {
   const auto run = [&](const std::vector<double>& p) { return static_cast<double>(dot(p)); };
+  static_assert(sizeof(double) == 8);
   ProbedAccumulation r;
 
   // Block: 2^-100 after (1, -1) is lost while it shares their step.
@@ -101,6 +131,55 @@ ProbedAccumulation probe_accumulation(const ProbeDot& dot, int max_block, int ma
     else r.rounding = a_up ? Rounding::Up : Rounding::Down;
     if (c_up != (r.rounding == Rounding::NearestAway || r.rounding == Rounding::Up))
       throw std::runtime_error(fmt::format("probe: the rounding experiments disagree ({}, {}, {})", a, b, c));
+  }
+
+  // One product per step with at least 23 fraction bits: the width shows in how a bit below
+  // the accumulator's last place decides the rounding after a 1 (nearest even: 2^-24 + 2^-j,
+  // a tie broken upward by 2^-j when kept; toward zero or down: -2^-j, 1 - 2^-24 when kept;
+  // up: 2^-j, 1 + 2^-23 when kept), observable up to 47 (the products are FP32 numbers).
+  // Nearest-away is left at "at least 23".
+  if (r.block == 1 && !r.frac && r.rounding && *r.rounding != Rounding::NearestAway) {
+    const Rounding mode = *r.rounding;
+    const auto kept = [&](double e) {
+      if (mode == Rounding::NearestEven) return run({1.0, 0x1p-24 + e}) == 1.0 + 0x1p-23;
+      if (mode == Rounding::Up) return run({1.0, e}) == 1.0 + 0x1p-23;
+      return run({1.0, -e}) == 1.0 - 0x1p-24;
+    };
+    // nearest even: 24 bits or 23 from 1 + 3 2^-24 (a tie to 1 + 2^-22 only when kept)
+    const bool even = mode == Rounding::NearestEven;
+    if (even && run({1.0, 3 * 0x1p-24}) != 1.0 + 0x1p-22) {
+      r.frac = 23;
+    } else {
+      const int lost_wide = first_lost(even ? 25 : 24, 47, kept);
+      if (lost_wide > 0) r.frac = lost_wide - 1;
+      else r.frac_at_least = 48;
+    }
+  }
+
+  // Validation: the inferred model against the unit on random FP32 products (not where a
+  // width below 48 bits or the rounding is left unknown: no single model stands for the
+  // unit then).
+  AccumulationModel m;
+  m.order = AccumulationModel::Order::BlockFma, m.block = r.block, m.frac_bits = r.frac.value_or(52);
+  m.rounding = r.rounding.value_or(Rounding::TowardZero), m.promote = r.promote;
+  const std::int64_t span = std::max<std::int64_t>(8 * r.block, 3 * r.promote) + 7;
+  if ((!r.frac && r.frac_at_least < 48) || !r.rounding) validate = 0;
+  for (int i = 0; i < validate; ++i) {
+    const std::uint32_t w = random_block(0x9e3779b9, 18, static_cast<std::uint64_t>(i)).w[0];
+    const std::int64_t k = 1 + static_cast<std::int64_t>(w % static_cast<std::uint64_t>(span));
+    std::vector<double> p(static_cast<std::size_t>(k)), ones(p.size(), 1.0);
+    for (std::int64_t q = 0; q < k; ++q) {
+      const RandomBlock b = random_block(0x9e3779b9, 19, (static_cast<std::uint64_t>(i) << 24) + static_cast<std::uint64_t>(q));
+      // a sign, an exponent in [-8, 8], 23 random fraction bits: an FP32 number
+      const double v = std::ldexp(1.0 + static_cast<double>(b.w[0] >> 9) * 0x1p-23, static_cast<int>(b.w[1] % 17) - 8);
+      p[static_cast<std::size_t>(q)] = (b.w[2] & 1) ? -v : v;
+    }
+    const float want = model_dot(m, p.data(), ones.data(), k), got = dot(p);
+    if (std::bit_cast<std::uint32_t>(want) != std::bit_cast<std::uint32_t>(got))
+      throw std::runtime_error(fmt::format("the inferred {} gives {} where the unit gives {} (random dot product {} of "
+                                           "{} products)",
+                                           m.name(), want, got, i, k));
+    ++r.validated;
   }
   return r;
 }

@@ -13,7 +13,8 @@
 //    told apart below.
 //  - frac: with two or more products per step, (1), (-1, 2^-j) gives 2^-j exactly when the
 //    step kept it, j <= frac, observable up to 60; with one, a lone product 1 + 2^-j is
-//    aligned to itself and kept for j <= frac, observable up to 23 (FP32 holds no more).
+//    aligned to itself and kept for j <= frac up to 23, and beyond 23 (once the rounding is
+//    known) a bit below the accumulator's last place after a 1 decides the rounding, up to 47.
 //  - block 1 or 2: (1, 0), (2^-(f+1), 2^-(f+1)) with f = min(frac, 23): summed in one step
 //    the two make 1 + 2^-f exactly; added one at a time each is truncated or rounded away.
 //  - promotion (FP8 tensor cores add their partial sum to an FP32 accumulator every so many
@@ -21,10 +22,15 @@
 //    1's chunk the aligned 2^-(frac+1) is lost; in a later chunk it starts a fresh partial
 //    sum and reaches the FP32 1 exactly: the first t (a multiple of the block) at which it
 //    is kept is the promotion length.
-//  - rounding (observable when frac >= 23, where a step's sum can need rounding): steps
+//  - rounding (probed when frac >= 23; below, only sums that carry past 24 bits round,
+//    which these experiments do not build): steps
 //    (1 + 3 2^-23), (1) make 2 + 3 2^-23, halfway between 2 + 2^-22 and 2 + 2^-21 in FP32;
 //    the same negated. Nearest-even goes to 2 + 2^-21 both ways, toward zero to 2 + 2^-22
 //    both ways, up and down split by sign.
+//  - validation: the block-FMA model with the inferred parameters (the widest where the
+//    width is beyond 47 bits) must give the unit's result bit for bit
+//    on random dot products (FP32 products, both signs, K up to a few blocks and promotion
+//    lengths); a unit that is not a block-FMA unit (a pairwise tree, say) fails here.
 #pragma once
 
 #include <functional>
@@ -33,6 +39,7 @@
 #include <string>
 
 #include "core/format.hpp"
+#include "kernels/kernel.hpp"
 
 namespace ulpgate {
 
@@ -42,21 +49,33 @@ using ProbeDot = std::function<float(std::span<const double> products)>;
 
 struct ProbedAccumulation {
   int block = 0;                    ///< products per step
-  /// Fraction bits kept after alignment; nullopt: at least frac_at_least (more is not
-  /// observable: one product per step, and the FP32 accumulator holds 23 bits).
+  /// Fraction bits kept after alignment; nullopt: at least frac_at_least (48 or 60 where
+  /// the experiments' products hold no more; 23 for one product per step rounding to
+  /// nearest-away, whose width is not probed).
   std::optional<int> frac;
   int frac_at_least = 0;
-  /// The accumulator's rounding; nullopt: no experiment needs rounding (frac < 23: every
-  /// step's sum fits FP32), so it does not matter.
+  /// The accumulator's rounding; nullopt: not probed (frac < 23: the tie experiments need
+  /// 23 bits; a step whose sum carries past 24 bits still rounds, which is not probed yet).
   std::optional<Rounding> rounding;
   /// Products per promotion of the partial sum to FP32; 0: none seen up to max_promote
   /// (or not observable: frac >= 23).
   int promote = 0;
+  /// Random dot products on which the inferred model (kernels/emulated/gemm_models.hpp) gave
+  /// the unit's result bit for bit (probe_accumulation throws if one differs).
+  int validated = 0;
   std::string describe() const;     ///< "block 4, 23 fraction bits, rz"
 };
 
+/// A GEMM kernel as a unit under probe: each dot product is a 1 x 1 x K case with FP32
+/// A (the products, all FP32 numbers here), B of ones, D FP32, alpha 1, beta 0, run in this
+/// process (harness/runner.hpp). Throws InputError when the kernel does not take that case,
+/// std::runtime_error when a run fails.
+ProbeDot kernel_unit(Kernel& kernel);
+
 /// Runs the experiments above on `dot`, trying blocks up to max_block and promotion
-/// lengths up to max_promote.
-ProbedAccumulation probe_accumulation(const ProbeDot& dot, int max_block = 512, int max_promote = 4096);
+/// lengths up to max_promote, and validates the result on `validate` random dot products.
+/// Throws std::runtime_error for a unit the block-FMA model does not describe.
+ProbedAccumulation probe_accumulation(const ProbeDot& dot, int max_block = 512, int max_promote = 4096,
+                                      int validate = 1000);
 
 }  // namespace ulpgate

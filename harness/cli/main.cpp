@@ -15,6 +15,7 @@
 #include "core/format.hpp"
 #include "harness/isolate.hpp"
 #include "harness/gate.hpp"
+#include "harness/probe.hpp"
 #include "harness/record.hpp"
 #include "harness/cli/commands.hpp"
 #include "harness/cli/memory.hpp"
@@ -166,6 +167,16 @@ int main(int argc, char** argv) {
   std::string replay_max_memory;
   replay->add_option("--max-memory", replay_max_memory, kMaxMemoryHelp);
 
+  std::vector<std::string> probe_kernels;
+  int probe_max_block = 512, probe_max_promote = 4096;
+  auto* probe = app.add_subcommand(
+      "probe", "How each GEMM kernel accumulates FP32 dot products (block size, fraction bits after alignment, "
+               "rounding, promotion), from known-answer 1 x 1 x K cases run in this process");
+  probe->add_option("--kernel", probe_kernels, "Kernel to probe (repeatable)")->required();
+  probe->add_option("--max-block", probe_max_block, "Largest block size tried (default 512)")->check(CLI::Range(2, 65536));
+  probe->add_option("--max-promote", probe_max_promote, "Largest promotion length tried (default 4096)")
+      ->check(CLI::Range(1, 1 << 20));
+
   std::string gate_baseline, gate_run, gate_junit;
   auto* gate = app.add_subcommand("gate", "Compare a run record with a baseline: exit 0 pass, 1 regression");
   gate->add_option("--baseline", gate_baseline, "Baseline file (ulpgate baseline update)")->required();
@@ -238,6 +249,26 @@ int main(int argc, char** argv) {
       list_formats();
       std::fputs(ulpgate::describe_families().c_str(), stdout);
       return kExitOk;
+    }
+    if (probe->parsed()) {  // a model mismatch is a finding (exit 1); a bad kernel or case, exit 2
+      ulpgate::Registry registry = local();
+      int rc = kExitOk;
+      for (const std::string& name : probe_kernels) {
+        ulpgate::Kernel* k = registry.resolve(name);
+        if (!k) throw ulpgate::InputError(fmt::format("unknown kernel '{}' (see ulpgate list)", name));
+        try {
+          const ulpgate::ProbedAccumulation p =
+              ulpgate::probe_accumulation(ulpgate::kernel_unit(*k), probe_max_block, probe_max_promote);
+          std::printf("%s: %s\n", name.c_str(), p.describe().c_str());
+        } catch (const ulpgate::InputError&) {
+          throw;  // the kernel does not take the probe's cases: exit 2
+        } catch (const std::runtime_error& e) {
+          std::printf("%s: not a block-FMA unit: %s\n", name.c_str(), e.what());
+          rc = 1;
+        }
+        std::fflush(stdout);
+      }
+      return rc;
     }
     std::string command_line;
     for (int i = 0; i < argc; ++i) command_line += (i ? " " : "") + std::string(argv[i]);

@@ -652,3 +652,18 @@ TEST(CliBadInput, BaselineVersionIsReadWithoutWrapping) {
   expect_input_error(run("gate --baseline " + b + " " + dir + "/run/fuzz.json"),
                      b + ": baseline.ulpgate_baseline: unsupported version 429496729", "version");
 }
+
+// `ulpgate probe`: a block-FMA model's parameters back (exit 0), a tree that is no block-FMA
+// unit reported (exit 1), an unknown kernel refused (exit 2, one line).
+TEST(Cli, ProbeReportsHowAKernelAccumulates) {
+  const Result ok = run("probe --kernel cpu.blockfma:block=4,frac=23,round=rz");
+  EXPECT_EQ(ok.code, 0) << ok.err;
+  EXPECT_EQ(ok.out, "cpu.blockfma:block=4,frac=23,round=rz: block 4, 23 fraction bits, rz; the model agrees on 1000 "
+                    "random dot products\n");
+  const Result tree = run("probe --kernel cpu.fp32_pairwise");
+  EXPECT_EQ(tree.code, 1);
+  EXPECT_NE(tree.out.find("cpu.fp32_pairwise: not a block-FMA unit"), std::string::npos) << tree.out;
+  const Result bad = run("probe --kernel nope");
+  EXPECT_EQ(bad.code, 2);
+  EXPECT_EQ(bad.err, "ulpgate: error: unknown kernel 'nope' (see ulpgate list)\n");
+}

@@ -1,7 +1,7 @@
 // The accumulation probe (harness/probe.hpp) run against the CPU models, whose parameters
-// are known: every block-FMA model is recovered exactly where its behaviour shows the
-// parameter, and said to be unobservable where it cannot (one product per step hides
-// fraction bits beyond 23; fraction widths below 23 never round).
+// are known: every block-FMA model is recovered exactly where the experiments reach the
+// parameter (widths up to 60, or 47 with one product per step; roundings from a width of 23
+// bits), said to be unknown elsewhere, and validated on random dot products where known.
 #include <gtest/gtest.h>
 
 #include <fmt/format.h>
@@ -33,11 +33,12 @@ TEST(Probe, RecoversEveryBlockFmaModel) {
         const ProbedAccumulation got = probe_accumulation(model_unit(m));
         const std::string what = fmt::format("{}: probed {}", m.name(), got.describe());
         EXPECT_EQ(got.block, block) << what;
-        if (block >= 2 || frac < 23) {
+        if (block >= 2 || frac < 23 || (frac <= 47 && rounding != Rounding::NearestAway)) {
           EXPECT_EQ(got.frac, frac) << what;
+          EXPECT_EQ(got.validated, frac >= 23 ? 1000 : 0) << what;
         } else {
           EXPECT_EQ(got.frac, std::nullopt) << what;
-          EXPECT_EQ(got.frac_at_least, 23) << what;
+          EXPECT_EQ(got.frac_at_least, rounding == Rounding::NearestAway ? 23 : 48) << what;
         }
         if (frac >= 23) EXPECT_EQ(got.rounding, rounding) << what;
         else EXPECT_EQ(got.rounding, std::nullopt) << what;
@@ -67,8 +68,8 @@ TEST(Probe, RecoversThePromotionLength) {
 }
 
 // The sequential FMA model (exact product, one FP32 rounding per step) is a block of one
-// with every fraction bit; the pairwise model's tree is no block FMA, and the probe says
-// what its experiments see without claiming a fraction width.
+// with every fraction bit the experiments can show; the pairwise model's tree is no block
+// FMA, and the validation says so.
 TEST(Probe, SequentialFmaIsABlockOfOneRoundingToNearest) {
   for (const Rounding rounding : {Rounding::NearestEven, Rounding::TowardZero}) {
     AccumulationModel m;
@@ -76,9 +77,16 @@ TEST(Probe, SequentialFmaIsABlockOfOneRoundingToNearest) {
     const ProbedAccumulation got = probe_accumulation(model_unit(m));
     EXPECT_EQ(got.block, 1) << got.describe();
     EXPECT_EQ(got.frac, std::nullopt) << got.describe();
-    EXPECT_EQ(got.frac_at_least, 23) << got.describe();
+    EXPECT_EQ(got.frac_at_least, 48) << got.describe();
     EXPECT_EQ(got.rounding, rounding) << got.describe();
+    EXPECT_EQ(got.validated, 1000) << got.describe();
   }
+}
+
+TEST(Probe, PairwiseTreeIsNotABlockFmaUnit) {
+  AccumulationModel m;
+  m.order = AccumulationModel::Order::Pairwise;
+  EXPECT_THROW(probe_accumulation(model_unit(m)), std::runtime_error);
 }
 
 // A unit that keeps nothing of 2^-100 anywhere is no block-FMA unit: the probe says so.
