@@ -1,5 +1,6 @@
 #include "harness/probe.hpp"
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <stdexcept>
@@ -37,7 +38,7 @@ int first_lost(int from, int to, const std::function<bool(double)>& kept) {
 
 std::string ProbedAccumulation::describe() const {
   const std::string f = frac ? fmt::format("{} fraction bits", *frac) : fmt::format(">= {} fraction bits", frac_at_least);
-  const std::string r = rounding ? std::string(name(*rounding)) : "rounding not probed (width below 23 bits)";
+  const std::string r = rounding ? std::string(name(*rounding)) : "rounding not observable (no step sum it can build needs rounding)";
   return fmt::format("block {}, {}, {}{}{}", block, f, r,
                      promote ? fmt::format(", promoted to FP32 every {} products", promote) : "",
                      validated ? fmt::format("; the model agrees on {} random dot products", validated)
@@ -115,22 +116,50 @@ ProbedAccumulation probe_accumulation(const ProbeDot& dot, int max_block, int ma
     }
   }
 
-  // Rounding, where a step's sum can need it: 2 + 3 2^-23 and 2 + 2^-23 are ties in FP32.
-  if (!r.frac || *r.frac >= 23) {
-    const double x = 1.0 + 3 * 0x1p-23, y = 1.0 + 0x1p-23;
-    const double a = run(in_steps({{x}, {1.0}}, r.block)), b = run(in_steps({{-x}, {-1.0}}, r.block)),
-                 c = run(in_steps({{y}, {1.0}}, r.block));
-    const double up = 2.0 + 0x1p-21, down = 2.0 + 0x1p-22;
-    const bool a_up = a == up, b_away = b == -up, c_up = c == down;  // c: 2 + 2^-22 is its "up"
-    if ((a != up && a != down) || (b != -up && b != -down) || (c != 2.0 && c != down))
-      throw std::runtime_error(fmt::format("probe: the rounding experiments gave {}, {}, {}: not a rounding of the ties "
-                                           "2 + 3 2^-23 and 2 + 2^-23",
-                                           a, b, c));
-    if (a_up && b_away) r.rounding = c_up ? Rounding::NearestAway : Rounding::NearestEven;
-    else if (!a_up && !b_away) r.rounding = Rounding::TowardZero;
-    else r.rounding = a_up ? Rounding::Up : Rounding::Down;
-    if (c_up != (r.rounding == Rounding::NearestAway || r.rounding == Rounding::Up))
-      throw std::runtime_error(fmt::format("probe: the rounding experiments disagree ({}, {}, {})", a, b, c));
+  // Rounding, where a step's sum can need it. On the width's grid g = 2^-w (w = frac, at
+  // most 23) a sum of terms below 2 reaching 2^E, E = 24 - w, has more bits than FP32 holds:
+  // 2^E + 3g lies halfway between 2^E + 2g and 2^E + 4g, 2^E + g between 2^E and 2^E + 2g.
+  // The terms (2 - g as often as it fits, then the rest) go into one step, or the first
+  // into the step before when one more than the block is needed (not where every block is
+  // promoted); more terms than that, and the unit never rounds a sum we can build.
+  {
+    const int w = std::min(r.frac.value_or(23), 23), e_top = 24 - w;
+    const double g = std::ldexp(1.0, -w), top = 2.0 - g, base = std::ldexp(1.0, e_top);
+    const auto experiment = [&](double sum) -> std::optional<std::vector<double>> {
+      std::vector<double> terms;
+      double rest = sum;  // exact: multiples of g below 2^(e_top + 1)
+      while (rest >= top && terms.size() <= static_cast<std::size_t>(r.block)) terms.push_back(top), rest -= top;
+      if (rest > 0) terms.push_back(rest);
+      const auto n = static_cast<std::int64_t>(terms.size());
+      if (n <= r.block) {
+        terms.resize(static_cast<std::size_t>(r.block), 0.0);
+        return terms;
+      }
+      if (n == r.block + 1 && (r.promote == 0 || r.promote > r.block)) {
+        std::vector<double> p(static_cast<std::size_t>(2 * r.block), 0.0);
+        p[0] = terms[0];
+        std::copy(terms.begin() + 1, terms.end(), p.begin() + r.block);
+        return p;
+      }
+      return std::nullopt;
+    };
+    const auto pa = experiment(base + 3 * g), pc = experiment(base + g);
+    if (pa && pc) {
+      std::vector<double> pb = *pa;
+      for (double& v : pb) v = -v;
+      const double a = run(*pa), b = run(pb), c = run(*pc);
+      const double up = base + 4 * g, down = base + 2 * g;
+      const bool a_up = a == up, b_away = b == -up, c_up = c == base + 2 * g;
+      if ((a != up && a != down) || (b != -up && b != -down) || (c != base && c != base + 2 * g))
+        throw std::runtime_error(fmt::format("probe: the rounding experiments gave {}, {}, {}: not a rounding of the ties "
+                                             "2^{} + 3 2^-{} and 2^{} + 2^-{}",
+                                             a, b, c, e_top, w, e_top, w));
+      if (a_up && b_away) r.rounding = c_up ? Rounding::NearestAway : Rounding::NearestEven;
+      else if (!a_up && !b_away) r.rounding = Rounding::TowardZero;
+      else r.rounding = a_up ? Rounding::Up : Rounding::Down;
+      if (c_up != (r.rounding == Rounding::NearestAway || r.rounding == Rounding::Up))
+        throw std::runtime_error(fmt::format("probe: the rounding experiments disagree ({}, {}, {})", a, b, c));
+    }
   }
 
   // One product per step with at least 23 fraction bits: the width shows in how a bit below

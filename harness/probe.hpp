@@ -22,11 +22,11 @@
 //    1's chunk the aligned 2^-(frac+1) is lost; in a later chunk it starts a fresh partial
 //    sum and reaches the FP32 1 exactly: the first t (a multiple of the block) at which it
 //    is kept is the promotion length.
-//  - rounding (probed when frac >= 23; below, only sums that carry past 24 bits round,
-//    which these experiments do not build): steps
-//    (1 + 3 2^-23), (1) make 2 + 3 2^-23, halfway between 2 + 2^-22 and 2 + 2^-21 in FP32;
-//    the same negated. Nearest-even goes to 2 + 2^-21 both ways, toward zero to 2 + 2^-22
-//    both ways, up and down split by sign.
+//  - rounding: on the width's grid g = 2^-w (w = min(frac, 23)) the sums 2^(24-w) + 3g and
+//    2^(24-w) + g, built from terms below 2 in one step (or two), are FP32 ties: nearest-even
+//    goes up for the first and down for the second, nearest-away up for both, toward zero
+//    down for both, and the negated first splits up from down. A width so narrow that
+//    2^(24-w) needs more terms than that never rounds: not observable.
 //  - validation: the block-FMA model with the inferred parameters (the widest where the
 //    width is beyond 47 bits) must give the unit's result bit for bit
 //    on random dot products (FP32 products, both signs, K up to a few blocks and promotion
@@ -54,8 +54,9 @@ struct ProbedAccumulation {
   /// nearest-away, whose width is not probed).
   std::optional<int> frac;
   int frac_at_least = 0;
-  /// The accumulator's rounding; nullopt: not probed (frac < 23: the tie experiments need
-  /// 23 bits; a step whose sum carries past 24 bits still rounds, which is not probed yet).
+  /// The accumulator's rounding; nullopt: not observable (a width so narrow that the
+  /// block's terms never sum past FP32's 24 bits: 2^(24 - frac) needs more terms than
+  /// a step, or two steps, hold).
   std::optional<Rounding> rounding;
   /// Products per promotion of the partial sum to FP32; 0: none seen up to max_promote
   /// (or not observable: frac >= 23).
