@@ -299,14 +299,13 @@ Verdict judge(const OutputComparison& cmp, const ErrorMetrics& m, const Toleranc
       const double b = bound(e, magnitude_of(xd));
       const double ce = condition_at(cmp, e);
       if (precision && ce > 0 && std::isfinite(cmp.precision_scale[e])) {
-        const double got_abs = std::fabs(decode(f, g));
-        const double z = std::max(0.0, err - u_out * got_abs - fi.min_subnormal() / 2) / ce, w = cmp.precision_scale[e] / ce;
+        const double d = decode(f, g);
+        const double z = std::max(0.0, err - u_out * std::fabs(d) - fi.min_subnormal() / 2) / ce, w = cmp.precision_scale[e] / ce;
         sum_z += z, sum_w += w, ++n_precision;
         const double zw = w > 0 ? z / w : z > 0 ? INFINITY : 0;
         if (zw > worst_zw) worst_zw = zw, worst_precision = static_cast<std::int64_t>(e);
         // The rounding test: d_e on the wrong side of a rounding boundary of D, further
         // beyond it than the declared arithmetic's error reaches.
-        const double d = decode(f, g);
         if (d != decode(f, r)) {
           const Code toward = signed_error(d, xd) < 0 ? next_up(f, g) : next_down(f, g);
           const double beyond = err - std::fabs(decode(f, toward) - d) / 2;  // dist(x_e, R(d_e)); NaN: no neighbour

@@ -159,11 +159,16 @@ struct OutputComparison {
 ///   mean(z) > (kPrecisionKappa + kPrecisionLambda / sqrt(N)) mean(w) + 4 u_acc,
 /// u_acc = 2^(1 - accumulator_bits) (one ulp: the epilogue's up to four roundings,
 /// truncating ones too). s_e (OutputComparison::precision_scale; harness/ops/gemm.cpp) is
-/// the scale of a sequential accumulation's error under the random rounding model
-/// (Higham and Mary 2019), computed from the exact partial sums, with u = 2^-bits:
-///   sigma = u sqrt(sum_k (s_k^2 + p_k^2) / 3)        (RNE, each rounding uniform in +-u)
-///   bias  = u |sum_k (s_k + p_k)|                   (only when not ToleranceModel::nearest:
-///                                                    round-toward-zero's mean error)
+/// the scale of a sequential accumulation's error, computed from the exact partial sums
+/// s_k and products p_k, with u = 2^-bits:
+///   max(sigma, |seq - x|)  sigma = u sqrt(sum_k (s_k^2 + p_k^2) / 3), the random rounding
+///                          model (Higham and Mary 2019: each rounding uniform in +-u);
+///                          seq the sum a sequential round-to-nearest accumulation at `bits`
+///                          really gives on these inputs (the model's independence fails
+///                          where small terms are absorbed one-sidedly: heavy-tailed
+///                          positive data)
+///   + u |sum_k (s_k + p_k)|  (only when not ToleranceModel::nearest: round-toward-zero's
+///                          mean error)
 /// plus the same terms for the inputs' rounding when the kernel rounds them (TF32), times
 /// |alpha sA sB sD|, plus (K + 4) eta_acc for underflow. Sequential order is the least
 /// accurate of the usual orders (blocked, pairwise, split-K sum fewer large partial sums),
@@ -259,7 +264,8 @@ struct BaselineRule {
 ///     (every failing element in the output's last row or last column: a boundary or
 ///     remainder bug), interior (some failing element elsewhere) or any (the output has a
 ///     single row or column, so the two cannot be told apart)
-///   OUTPUT:precision (the precision rule above: a statistic of the whole output)
+///   OUTPUT:precision, OUTPUT:misrounded (the precision rule and the rounding test above:
+///   statistics of the whole output)
 ///   OUTPUT:unwritten, OUTPUT:padding_written, inputs_modified (the write audit)
 ///   relation:NAME (a metamorphic relation that did not hold)
 ///   status:crashed, status:timed_out, status:failed (no output to judge)

@@ -67,7 +67,6 @@ ProbeDot kernel_unit(Kernel& kernel) {
 
 ProbedAccumulation probe_accumulation(const ProbeDot& dot, int max_block, int max_promote, int validate) {
   const auto run = [&](const std::vector<double>& p) { return static_cast<double>(dot(p)); };
-  static_assert(sizeof(double) == 8);
   ProbedAccumulation r;
 
   // Block: 2^-100 after (1, -1) is lost while it shares their step.

@@ -159,7 +159,8 @@ std::vector<double> input_rounding_abs(const Case& c, const Inputs& inputs, int 
 // s_e of the precision rule (harness/analyze.hpp) for every element of D, in D's units:
 // from the products p_k = op(A)_ik op(B)_kj and the sequential partial sums s_k (in
 // double: the scale needs no more than a few correct bits), u = 2^-bits,
-//   u sqrt(sum_k (s_k^2 + p_k^2) / 3) [+ u |sum_k (s_k + p_k)| unless tol.nearest]
+//   max(u sqrt(sum_k (s_k^2 + p_k^2) / 3), |seq - sum_k p_k|) [+ u |sum_k (s_k + p_k)| unless tol.nearest]
+// (seq: the sum accumulated sequentially, rounded to nearest at `bits` after each term)
 // and, where the kernel rounds its inputs to u_in = 2^-input_bits (two roundings per
 // product), u_in sqrt(2 sum_k p_k^2 / 3) [+ 2 u_in |sum_k p_k| unless tol.nearest], all
 // times |alpha sA sB sD|, plus (K + 4) eta_acc sD and the input rounding's absolute part.
@@ -202,8 +203,8 @@ std::vector<double> precision_scale(const Case& c, const Inputs& inputs, const T
             sq[jj] += sum[jj] * sum[jj] + p * p;
             lin[jj] += sum[jj] + p;
             pp[jj] += p * p;
-            const double t = seq[jj] + p, c = split * t;
-            seq[jj] = c - (c - t);
+            const double t = seq[jj] + p, v = split * t;
+            seq[jj] = v - (v - t);
           }
         }
         for (std::int64_t jj = 0; jj < w; ++jj) {

@@ -290,7 +290,9 @@ TEST(PrecisionRule, FailsExactlyAboveTheAllowance) {
       m.output = "D";
       const Verdict v = judge(cmp, m, tol, 1 << 20);
       EXPECT_EQ(v.passed, factor < 1) << "n " << n << " factor " << factor << ": " << failure_signature(v);
-      if (!v.passed) EXPECT_EQ(failure_signature(v), "D:precision");
+      if (!v.passed) {
+        EXPECT_EQ(failure_signature(v), "D:precision");
+      }
     }
   }
 }
@@ -320,7 +322,9 @@ TEST(RoundingTest, FailsExactlyAboveTheAllowedCountOfMisroundings) {
         const Verdict v = judge(cmp, m, ToleranceModel{}, 1024);
         const bool fails = t_factor > 1 && count > most;
         EXPECT_EQ(v.passed, !fails) << "n " << n << " t " << t_factor << " count " << count << ": " << failure_signature(v);
-        if (fails) EXPECT_EQ(failure_signature(v), "D:misrounded");
+        if (fails) {
+          EXPECT_EQ(failure_signature(v), "D:misrounded");
+        }
       }
   }
 }
@@ -346,7 +350,9 @@ TEST(RoundingTest, TruncatedOutputFailsRoundedToNearestPasses) {
     m.output = "D";
     const Verdict v = judge(cmp, m, ToleranceModel{}, 1024);
     EXPECT_EQ(v.passed, mode == Rounding::NearestEven) << failure_signature(v);
-    if (!v.passed) EXPECT_EQ(failure_signature(v), "D:misrounded");
+    if (!v.passed) {
+      EXPECT_EQ(failure_signature(v), "D:misrounded");
+    }
   }
 }
 
