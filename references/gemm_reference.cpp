@@ -279,8 +279,10 @@ GemmReference gemm_reference(const Case& c, const std::map<std::string, Tensor>&
     r.recomputed = 0;
     const auto mk = static_cast<std::size_t>(g.m * k), nk = static_cast<std::size_t>(g.n * k);
     for (std::int64_t bi = 0; bi < g.batch; ++bi) {
+      // (the elements the digits do not certify: the tiles below run the superaccumulator)
       sliced.push_back(sliced_dots(std::span<const float>(a_rows).subspan(bi * mk, mk), g.m,
-                                   std::span<const float>(b_cols).subspan(bi * nk, nk), g.n, k, *digits));
+                                   std::span<const float>(b_cols).subspan(bi * nk, nk), g.n, k, *digits,
+                                   kMaxSliceDigits, false));
       r.recomputed += sliced.back().recomputed;
     }
   }
@@ -308,8 +310,9 @@ GemmReference gemm_reference(const Case& c, const std::map<std::string, Tensor>&
       // The exact dot product into acc: the digits' pieces where they certify it.
       const SlicedDots* sd = sliced.empty() ? nullptr : &sliced[static_cast<std::size_t>(bi)];
       const auto e = static_cast<std::size_t>(i * g.n + j);
+      const bool certified = sd && sd->certified[e];
       const auto add_dot = [&] {
-        if (sd && sd->certified[e]) {
+        if (certified) {
           for (const double piece : sd->pieces[e])
             if (piece != 0.0) acc.add(piece);
         } else {
@@ -319,7 +322,7 @@ GemmReference gemm_reference(const Case& c, const std::map<std::string, Tensor>&
       if (fast) {
         acc.clear();
         add_dot();
-        condition = (sd ? sd->magnitude[e] : acc.magnitude()).to_double();
+        condition = (certified ? sd->magnitude[e] : acc.magnitude()).to_double();
         if (fold_epilogue) {
           // beta sC c joins the sum only if it is an exact double (FMA residual zero, and
           // far enough from underflow that the residual itself is exact), and it and the

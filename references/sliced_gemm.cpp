@@ -173,7 +173,7 @@ void cpu_digit_gemm(const std::int8_t* a, const std::int8_t* b, std::int64_t m, 
 }
 
 SlicedDots sliced_dots(std::span<const float> a, std::int64_t m, std::span<const float> b, std::int64_t n,
-                       std::int64_t k, const DigitGemm& gemm, int max_digits) {
+                       std::int64_t k, const DigitGemm& gemm, int max_digits, bool recompute) {
   const SlicedRows sa = slice_rows(a, m, k, max_digits), sb = slice_rows(b, n, k, max_digits);
   SlicedDots out;
   out.m = m, out.n = n;
@@ -213,12 +213,13 @@ SlicedDots sliced_dots(std::span<const float> a, std::int64_t m, std::span<const
         out.pieces[e] = pieces_of(value[e], scale);
         out.certified[e] = 1;
       } else {
+        ++out.recomputed;
+        if (!recompute) continue;
         acc.clear();
         acc.add_products(a.subspan(static_cast<std::size_t>(i * k), static_cast<std::size_t>(k)),
                          b.subspan(static_cast<std::size_t>(j * k), static_cast<std::size_t>(k)));
         out.value[e] = acc.value();
         out.magnitude[e] = acc.magnitude();
-        ++out.recomputed;
       }
     }
   return out;

@@ -66,21 +66,25 @@ void cpu_digit_gemm(const std::int8_t* a, const std::int8_t* b, std::int64_t m, 
 
 struct SlicedDots {
   std::int64_t m = 0, n = 0;
-  std::vector<RefValue> value;      ///< sum_q a_iq b_jq at i * n + j, as ExactAccumulator::value()
-  std::vector<RefValue> magnitude;  ///< sum_q |a_iq b_jq|, as ExactAccumulator::magnitude()
+  /// sum_q a_iq b_jq at i * n + j, as ExactAccumulator::value() (an element not certified:
+  /// the superaccumulator's when sliced_dots recomputes, else left zero for the caller).
+  std::vector<RefValue> value;
+  std::vector<RefValue> magnitude;  ///< sum_q |a_iq b_jq|, as ExactAccumulator::magnitude(), likewise
   /// Per element certified by the digits, the exact sum as at most 5 doubles (52-bit pieces
   /// of S 2^scale, zeros after the last), for an accumulator to continue from (epilogue
-  /// terms); empty for a recomputed element.
+  /// terms); all zeros for an element not certified.
   std::vector<std::array<double, 5>> pieces;
   std::vector<char> certified;
-  std::int64_t recomputed = 0;      ///< elements the superaccumulator computed (not certified by the digits)
+  std::int64_t recomputed = 0;      ///< elements not certified by the digits, for the superaccumulator
   std::int64_t digit_gemms = 0;     ///< digit-pair products run (value and magnitude)
 };
 
 /// The m x n dot products of the rows of a (m x k, row-major) with the rows of b (n x k:
-/// op(B)'s columns), through the digits, certified, recomputing what the digits do not
-/// certify from the values.
+/// op(B)'s columns), through the digits, certified; what the digits do not certify is
+/// recomputed from the values, or with recompute = false left to the caller (who runs the
+/// superaccumulator on those elements anyway, as gemm_reference does).
 SlicedDots sliced_dots(std::span<const float> a, std::int64_t m, std::span<const float> b, std::int64_t n,
-                       std::int64_t k, const DigitGemm& gemm = cpu_digit_gemm, int max_digits = kMaxSliceDigits);
+                       std::int64_t k, const DigitGemm& gemm = cpu_digit_gemm, int max_digits = kMaxSliceDigits,
+                       bool recompute = true);
 
 }  // namespace ulpgate
