@@ -210,6 +210,57 @@ __attribute__((target("avx2"))) void bit_range_avx2(const float* v, std::size_t 
   }
 }
 
+
+// The integer path's sums over `groups` groups of 8 prepared values (see Operand): per lane
+// the low and high 52-bit halves of every product, and of the negative ones again apart.
+// Each lane add is below 2^52 and each register takes at most 2048 of them per call.
+struct IntegerSums {
+  unsigned __int128 all = 0, negative = 0;  // sums of the products' magnitudes
+};
+constexpr std::size_t kIntegerGroups = 4096;
+
+__attribute__((target("avx512f"))) unsigned __int128 lanes_wide(__m512i v) {
+  // eight lanes below 2^64: their sum needs up to 67 bits
+  const __m512i low = _mm512_and_si512(v, _mm512_set1_epi64(0xFFFFFFFF));
+  const auto lo = static_cast<std::uint64_t>(_mm512_reduce_add_epi64(low));
+  const auto hi = static_cast<std::uint64_t>(_mm512_reduce_add_epi64(_mm512_srli_epi64(v, 32)));
+  return (static_cast<unsigned __int128>(hi) << 32) + lo;
+}
+
+// One group: all products' halves into al/ah, the negative ones' into nl/nh.
+__attribute__((target("avx512f,avx512ifma"))) inline void integer_step(const std::uint64_t* x, const std::uint8_t* xs,
+                                                                     const std::uint64_t* y, const std::uint8_t* ys,
+                                                                     std::size_t g, __m512i& al, __m512i& ah,
+                                                                     __m512i& nl, __m512i& nh) {
+  const __m512i a = _mm512_loadu_si512(x + 8 * g), b = _mm512_loadu_si512(y + 8 * g);
+  const auto neg = static_cast<__mmask8>(xs[g] ^ ys[g]);  // the products' sign bits
+  al = _mm512_madd52lo_epu64(al, a, b);
+  ah = _mm512_madd52hi_epu64(ah, a, b);
+  nl = _mm512_mask_madd52lo_epu64(nl, neg, a, b);
+  nh = _mm512_mask_madd52hi_epu64(nh, neg, a, b);
+}
+
+__attribute__((target("avx512f,avx512ifma"))) IntegerSums integer_sums(const std::uint64_t* x, const std::uint8_t* xs,
+                                                                    const std::uint64_t* y, const std::uint8_t* ys,
+                                                                    std::size_t groups) {
+  // Two groups per step into separate registers (IFMA's latency would otherwise bound each
+  // register's chain); the sums over all products need no mask, the negative ones one.
+  __m512i al[2], ah[2], nl[2], nh[2];
+  for (int u = 0; u < 2; ++u) al[u] = ah[u] = nl[u] = nh[u] = _mm512_setzero_si512();
+  std::size_t g = 0;
+  for (; g + 2 <= groups; g += 2) {
+    integer_step(x, xs, y, ys, g, al[0], ah[0], nl[0], nh[0]);
+    integer_step(x, xs, y, ys, g + 1, al[1], ah[1], nl[1], nh[1]);
+  }
+  if (g < groups) integer_step(x, xs, y, ys, g, al[0], ah[0], nl[0], nh[0]);
+  // The two registers' lanes add without overflow (each below 2048 * 2^52); the sum is
+  // (high halves) 2^52 + (low halves), below 2^104 * 2^15 = 2^119.
+  IntegerSums s;
+  s.all = (lanes_wide(_mm512_add_epi64(ah[0], ah[1])) << 52) + lanes_wide(_mm512_add_epi64(al[0], al[1]));
+  s.negative = (lanes_wide(_mm512_add_epi64(nh[0], nh[1])) << 52) + lanes_wide(_mm512_add_epi64(nl[0], nl[1]));
+  return s;
+}
+
 }  // namespace
 
 Simd best_simd() {
@@ -220,6 +271,34 @@ Simd best_simd() {
 }
 
 Simd usable_simd(Simd requested) { return std::min(requested, best_simd()); }
+
+bool has_ifma() {
+  static const bool ifma = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512ifma");
+  return ifma;
+}
+
+Operand::Operand(std::span<const float> v, Simd simd, Prepare prepare)
+    : values_(v), range_(exponent_range(v, simd)) {
+  if (prepare != Prepare::Integers || usable_simd(simd) != Simd::Avx512 || !has_ifma() || range_.special ||
+      range_.empty())
+    return;
+  // Every nonzero value is a multiple of 2^(lo - 23) (24-bit significands), and of 2^-149;
+  // it is below 2^(hi + 1).
+  const int unit = std::max(range_.lo - 23, -149);
+  if (range_.hi + 1 - unit > 52) return;
+  unit_ = unit;
+  const std::size_t padded = (v.size() + 7) / 8 * 8;
+  integers_.assign(padded, 0);
+  signs_.assign(padded / 8, 0);
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    const std::uint32_t bits = std::bit_cast<std::uint32_t>(v[i]);
+    const std::uint32_t field = (bits >> 23) & 0xFF, fraction = bits & 0x7FFFFF;
+    // |v| = m 2^(max(field, 1) - 150): m has the implicit bit when normal
+    const std::uint64_t m = field == 0 ? fraction : (fraction | 0x800000u);
+    if (m != 0) integers_[i] = m << (std::max<int>(static_cast<int>(field), 1) - 150 - unit);
+    signs_[i / 8] = static_cast<std::uint8_t>(signs_[i / 8] | ((bits >> 31) << (i % 8)));
+  }
+}
 
 ExponentRange exponent_range(std::span<const float> v, Simd simd) {
   std::uint32_t max_bits = 0, min_bits_minus_one = 0xFFFFFFFFu;
@@ -262,7 +341,36 @@ void ExactAccumulator::add_products(std::span<const float> x, std::span<const fl
 }
 
 void ExactAccumulator::add_products(const Operand& x, const Operand& y) {
+  if (simd_ == Simd::Avx512 && !x.integers().empty() && !y.integers().empty()) {
+    if (x.values().size() != y.values().size()) throw std::invalid_argument("add_products: x and y differ in length");
+    add_integers(x, y);
+    return;
+  }
   add_products_checked(x.values(), y.values(), x.range(), y.range());
+}
+
+// No floating-point arithmetic: the caller's environment cannot touch it.
+void ExactAccumulator::add_integers(const Operand& x, const Operand& y) {
+  const std::size_t n = x.values().size(), groups = x.integers().size() / 8;
+  const int position = x.unit() + y.unit() + kBias;  // the products count units of 2^(ux + uy)
+  for (std::size_t g = 0; g < groups; g += kIntegerGroups) {
+    const std::size_t m = std::min(kIntegerGroups, groups - g);
+    const IntegerSums s = integer_sums(x.integers().data() + 8 * g, x.signs().data() + g,
+                                       y.integers().data() + 8 * g, y.signs().data() + g, m);
+    const std::size_t terms = std::min(n, 8 * (g + m)) - 8 * g;  // the padding adds zeros
+    terms_ += terms;
+    paths_.integers += terms;
+    add_wide(static_cast<i128>(s.all) - 2 * static_cast<i128>(s.negative), s.all, position);
+    if (s.all == 0) {
+      // Every product is zero: their sign bits decide the sign of a zero sum. (Once a
+      // product is nonzero the magnitude is, and the zero rules no longer apply.)
+      std::uint64_t negatives = 0;
+      for (std::size_t i = 8 * g; i < 8 * g + terms; ++i)
+        negatives += ((x.signs()[i / 8] ^ y.signs()[i / 8]) >> (i % 8)) & 1u;
+      negative_zero_terms_ += negatives;
+      any_sign_bit_ |= negatives != 0;
+    }
+  }
 }
 
 // xr and yr are the exponent ranges of x and y themselves (or wider): only exponent_range
@@ -395,6 +503,15 @@ void ExactAccumulator::add_integer(std::int64_t v, std::int64_t mag, int positio
   digit_lo_ = std::min(digit_lo_, d);
   digit_hi_ = std::max(digit_hi_, d + 2);
   if (++unnormalized_adds_ == kNormalizeEvery) normalize();
+}
+
+// v and mag below 2^124 in magnitude: two add_integer calls of at most 62 bits each.
+void ExactAccumulator::add_wide(i128 v, u128 mag, int position) {
+  constexpr std::int64_t kLow = (std::int64_t{1} << 62) - 1;
+  const auto v_low = static_cast<std::int64_t>(v & kLow), m_low = static_cast<std::int64_t>(mag & kLow);
+  const auto v_high = static_cast<std::int64_t>(v >> 62), m_high = static_cast<std::int64_t>(mag >> 62);
+  add_integer(v_low, m_low, position);
+  if (v_high != 0 || m_high != 0) add_integer(v_high, m_high, position + 62);
 }
 
 void ExactAccumulator::normalize() {

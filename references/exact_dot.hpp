@@ -13,6 +13,12 @@
 //    its low bits, and p - (t - 1.5*2^(52+L)) is the exact remainder). The slices are
 //    summed as 64-bit integers in SIMD lanes: a handful of vector operations per four
 //    terms, no data-dependent memory access.
+//  - Integers (AVX-512 IFMA, operands prepared once as Operand): when each operand's values
+//    span at most 52 bits as integer multiples of a power of two (an exponent spread of up
+//    to 28 binades), the operand is stored once as those integers and a sign mask, and each
+//    product is added as its low and high 52-bit halves (vpmadd52luq/huq) into 64-bit
+//    lanes, one instruction per half and no rounding anywhere. GEMM reuses each row and
+//    column M or N times, so the conversion is paid once.
 //  - Bins (any data, Neal's "large superaccumulator"): each product is added, as a 48-bit
 //    integer, to a 64-bit bin chosen by its sign and FP64 exponent, one integer add with
 //    no carry propagation; four interleaved tables keep consecutive adds to one bin from
@@ -41,6 +47,9 @@ enum class Simd : std::uint8_t {
 };
 /// The best instruction set of this CPU.
 Simd best_simd();
+/// Whether this CPU has AVX-512 IFMA (52-bit integer multiply-add), which the integer path
+/// of prepared operands needs on top of Simd::Avx512.
+bool has_ifma();
 /// min(requested, best_simd()).
 Simd usable_simd(Simd requested);
 
@@ -59,15 +68,28 @@ ExponentRange exponent_range(std::span<const float> v, Simd simd = Simd::Avx512)
 /// column of op(B) and reuses it; the values must not change while it is in use.
 class Operand {
  public:
+  /// What the constructor prepares: the exponent range only, or also the integer form.
+  enum class Prepare : std::uint8_t { Range, Integers };
+
   Operand() = default;
-  explicit Operand(std::span<const float> v, Simd simd = Simd::Avx512)
-      : values_(v), range_(exponent_range(v, simd)) {}
+  /// With Prepare::Integers, usable_simd(simd) == Avx512 and has_ifma(), and values that
+  /// are finite, not all zero and within 52 bits of one another (see integers()), the
+  /// operand also holds its integer form (8 bytes per value: twice the floats' memory).
+  explicit Operand(std::span<const float> v, Simd simd = Simd::Avx512, Prepare prepare = Prepare::Integers);
   std::span<const float> values() const { return values_; }
   const ExponentRange& range() const { return range_; }
+  /// |v_i| = integers()[i] * 2^unit() exactly, each below 2^52, zero-padded to a multiple of
+  /// 8; bit i % 8 of signs()[i / 8] is v_i's sign bit. Empty when not prepared.
+  std::span<const std::uint64_t> integers() const { return integers_; }
+  std::span<const std::uint8_t> signs() const { return signs_; }
+  int unit() const { return unit_; }
 
  private:
   std::span<const float> values_;
   ExponentRange range_;
+  std::vector<std::uint64_t> integers_;
+  std::vector<std::uint8_t> signs_;
+  int unit_ = 0;
 };
 
 /// Exact sum of products of FP32-representable numbers and of arbitrary doubles.
@@ -91,6 +113,7 @@ class ExactAccumulator {
   struct PathTerms {
     std::uint64_t slices = 0;  ///< split into integer slices in vector lanes
     std::uint64_t bins = 0;    ///< added to the exponent bins
+    std::uint64_t integers = 0;  ///< prepared operands' integer products (AVX-512 IFMA)
     std::uint64_t single = 0;  ///< added one at a time: add(), and tails of sliced calls
     bool operator==(const PathTerms&) const = default;
   };
@@ -99,7 +122,9 @@ class ExactAccumulator {
   void clear();
   /// Adds sum_i x[i] * y[i]; x and y have the same length.
   void add_products(std::span<const float> x, std::span<const float> y);
-  /// The same for operands whose exponent ranges are already known.
+  /// The same for prepared operands: the integer path when both have their integer form
+  /// and this accumulator may use AVX-512, else as add_products(span, span) with the
+  /// operands' known ranges.
   void add_products(const Operand& x, const Operand& y);
   /// Adds one double exactly (any value: subnormal, Inf, NaN, signed zero).
   void add(double v);
@@ -137,7 +162,9 @@ class ExactAccumulator {
   void add_levels(const float* x, const float* y, std::size_t n, int levels, int top);
   void fold_bins(int e_lo, int e_hi);
   void note_specials(const float* x, const float* y, std::size_t n);
+  void add_integers(const Operand& x, const Operand& y);
   void add_integer(std::int64_t v, std::int64_t mag, int position);
+  void add_wide(__int128 v, unsigned __int128 mag, int position);
   void normalize();
   /// The magnitude of the carry-save digits as 32-bit words, valid in [digit_lo_, result];
   /// returns the highest nonzero word (< digit_lo_ when the sum is zero).

@@ -415,3 +415,41 @@ TEST(ExactDotBoundaries, PathsArePinnedAndObservable) {
   acc.add_products(wide, ones);
   EXPECT_EQ(acc.path_terms().slices, best_simd() == Simd::Scalar ? 0u : 16u);
 }
+
+// Prepared operands take the integer path where the CPU has IFMA and each operand's values
+// lie within 52 bits; otherwise the slices (or bins) as spans would.
+TEST(ExactDotBoundaries, PreparedOperandsTakeTheIntegerPath) {
+  std::vector<float> x(21, 1.5f), y(21, -3.0f);
+  x[3] = 0x1p-28f;  // 1.5 .. 2^-28: 1.5 is 3 * 2^50 units of 2^-51 (2^-28's last bit): 52 bits
+  y[5] = -0.0f;
+  const bool ifma = best_simd() == Simd::Avx512 && has_ifma();
+  {
+    const Operand ox(x), oy(y);
+    EXPECT_EQ(ox.integers().empty(), !ifma);
+    ExactAccumulator acc;
+    acc.add_products(ox, oy);
+    EXPECT_EQ(acc.path_terms().integers, ifma ? 21u : 0u);
+    EXPECT_EQ(acc.terms(), 21u);
+    EXPECT_EQ(acc.value().to_double(), -4.5 * 19 - 3.0 * 0x1p-28);
+    EXPECT_EQ(acc.magnitude().to_double(), 4.5 * 19 + 3.0 * 0x1p-28);
+  }
+  x[3] = 0x1p-29f;  // 53 bits: not prepared
+  EXPECT_TRUE(Operand(x).integers().empty());
+  EXPECT_TRUE(Operand(y, Simd::Avx2).integers().empty());
+  EXPECT_TRUE(Operand(y, Simd::Avx512, Operand::Prepare::Range).integers().empty());
+  // Only zero products: their sign bits give the zero's sign, as on the other paths.
+  std::vector<float> z(9, -0.0f), one(9, 1.0f);
+  z[8] = 2.0f, one[8] = -0.0f;  // every product -0, neither operand all zeros
+  for (Simd simd : kPaths) {
+    ExactAccumulator acc(simd);
+    acc.add_products(Operand(z, simd), Operand(one, simd));
+    EXPECT_EQ(acc.value(), RefValue::zero(true)) << static_cast<int>(simd);
+    z[0] = 0.0f;  // now one +0 among them: +0, -0 rounding down
+    acc.clear();
+    acc.add_products(Operand(z, simd), Operand(one, simd));
+    RefValue want = RefValue::zero(false);
+    want.negative_down = true;
+    EXPECT_EQ(acc.value(), want) << static_cast<int>(simd);
+    z[0] = -0.0f;
+  }
+}
