@@ -219,12 +219,15 @@ struct IntegerSums {
 };
 constexpr std::size_t kIntegerGroups = 4096;
 
-__attribute__((target("avx512f"))) unsigned __int128 lanes_wide(__m512i v) {
-  // eight lanes below 2^64: their sum needs up to 67 bits
-  const __m512i low = _mm512_and_si512(v, _mm512_set1_epi64(0xFFFFFFFF));
-  const auto lo = static_cast<std::uint64_t>(_mm512_reduce_add_epi64(low));
-  const auto hi = static_cast<std::uint64_t>(_mm512_reduce_add_epi64(_mm512_srli_epi64(v, 32)));
-  return (static_cast<unsigned __int128>(hi) << 32) + lo;
+// The sum of each register's eight 64-bit lanes, exactly (up to 67 bits).
+__attribute__((target("avx512f"))) void lane_sums(const __m512i (&v)[4], unsigned __int128 (&out)[4]) {
+  alignas(64) std::uint64_t l[4][8];
+  for (int r = 0; r < 4; ++r) _mm512_store_si512(l[r], v[r]);
+  for (int r = 0; r < 4; ++r) {
+    unsigned __int128 t = 0;
+    for (int i = 0; i < 8; ++i) t += l[r][i];
+    out[r] = t;
+  }
 }
 
 // One group: all products' halves into al/ah, the negative ones' into nl/nh.
@@ -255,9 +258,13 @@ __attribute__((target("avx512f,avx512ifma"))) IntegerSums integer_sums(const std
   if (g < groups) integer_step(x, xs, y, ys, g, al[0], ah[0], nl[0], nh[0]);
   // The two registers' lanes add without overflow (each below 2048 * 2^52); the sum is
   // (high halves) 2^52 + (low halves), below 2^104 * 2^15 = 2^119.
+  const __m512i v[4] = {_mm512_add_epi64(al[0], al[1]), _mm512_add_epi64(ah[0], ah[1]),
+                        _mm512_add_epi64(nl[0], nl[1]), _mm512_add_epi64(nh[0], nh[1])};
+  unsigned __int128 t[4];
+  lane_sums(v, t);
   IntegerSums s;
-  s.all = (lanes_wide(_mm512_add_epi64(ah[0], ah[1])) << 52) + lanes_wide(_mm512_add_epi64(al[0], al[1]));
-  s.negative = (lanes_wide(_mm512_add_epi64(nh[0], nh[1])) << 52) + lanes_wide(_mm512_add_epi64(nl[0], nl[1]));
+  s.all = (t[1] << 52) + t[0];
+  s.negative = (t[3] << 52) + t[2];
   return s;
 }
 
@@ -327,6 +334,7 @@ ExactAccumulator::ExactAccumulator(Simd simd)
     : bins_(static_cast<std::size_t>(kTables) * kBins, 0), simd_(usable_simd(simd)) {}
 
 void ExactAccumulator::clear() {
+  single_ = false;
   for (int d = digit_lo_; d <= digit_hi_; ++d) value_[d] = magnitude_[d] = 0;
   digit_lo_ = kDigits;
   digit_hi_ = -1;
@@ -360,7 +368,14 @@ void ExactAccumulator::add_integers(const Operand& x, const Operand& y) {
     const std::size_t terms = std::min(n, 8 * (g + m)) - 8 * g;  // the padding adds zeros
     terms_ += terms;
     paths_.integers += terms;
-    add_wide(static_cast<i128>(s.all) - 2 * static_cast<i128>(s.negative), s.all, position);
+    const i128 value = static_cast<i128>(s.all) - 2 * static_cast<i128>(s.negative);
+    if (terms_ == terms && digit_hi_ < 0 && !single_) {  // the first terms since clear()
+      single_ = true;
+      single_value_ = value, single_magnitude_ = s.all, single_position_ = position;
+    } else {
+      flush_single();
+      add_wide(value, s.all, position);
+    }
     if (s.all == 0) {
       // Every product is zero: their sign bits decide the sign of a zero sum. (Once a
       // product is nonzero the magnitude is, and the zero rules no longer apply.)
@@ -490,7 +505,14 @@ void ExactAccumulator::fold_bins(int e_lo, int e_hi) {
   }
 }
 
+void ExactAccumulator::flush_single() {
+  if (!single_) return;
+  single_ = false;
+  add_wide(single_value_, single_magnitude_, single_position_);
+}
+
 void ExactAccumulator::add_integer(std::int64_t v, std::int64_t mag, int position) {
+  flush_single();
   const int d = position >> 5, s = position & 31;
   const i128 w = static_cast<i128>(v) << s;
   value_[d] += static_cast<std::uint32_t>(w);
@@ -599,15 +621,10 @@ RefValue ExactAccumulator::summarise(const std::array<std::int64_t, kDigits>& di
   const int top = digit_lo_ < kDigits ? magnitude_digits(digits, w, negative) : -1;
   if (top < digit_lo_ || top < 0) {
     if (magnitude) return RefValue::zero(false);
-    // IEEE 754: a zero sum is -0 when every term is -0, +0 when every term is +0, and
-    // otherwise +0, or -0 when rounding down. The magnitude is zero when every term is.
-    // Magnitudes only add nonnegative amounts to every digit.
+    // The magnitude is zero when every term is: magnitudes only add nonnegative amounts.
     bool all_zero = true;
     for (int d = digit_lo_; d <= digit_hi_ && all_zero; ++d) all_zero = magnitude_[d] == 0;
-    if (all_zero && terms_ > 0 && negative_zero_terms_ == terms_) return RefValue::zero(true);
-    RefValue z = RefValue::zero(false);
-    z.negative_down = !all_zero || any_sign_bit_;
-    return z;
+    return zero_sum(all_zero);
   }
   auto digit = [&](int i) -> std::uint64_t { return i >= digit_lo_ ? w[i] : 0; };
   std::uint64_t a = digit(top) << 32 | digit(top - 1);
@@ -631,13 +648,63 @@ RefValue ExactAccumulator::summarise(const std::array<std::int64_t, kDigits>& di
   return v;
 }
 
-RefValue ExactAccumulator::value() const { return summarise(value_, false); }
-RefValue ExactAccumulator::magnitude() const { return summarise(magnitude_, true); }
+// An exact zero sum: IEEE 754 gives -0 when every term is -0, +0 when every term is +0, and
+// otherwise +0, or -0 when rounding down.
+RefValue ExactAccumulator::zero_sum(bool magnitude_zero) const {
+  if (magnitude_zero && terms_ > 0 && negative_zero_terms_ == terms_) return RefValue::zero(true);
+  RefValue z = RefValue::zero(false);
+  z.negative_down = !magnitude_zero || any_sign_bit_;
+  return z;
+}
+
+namespace {
+// m 2^(position - kBias) with m < 2^124 nonzero: exact in the 128-bit window.
+RefValue from_integer(unsigned __int128 m, bool negative, int position) {
+  const int lz = m >> 64 ? std::countl_zero(static_cast<std::uint64_t>(m >> 64))
+                         : 64 + std::countl_zero(static_cast<std::uint64_t>(m));
+  const unsigned __int128 sig = m << lz;
+  RefValue v;
+  v.kind = RefValue::Kind::Finite;
+  v.negative = negative;
+  v.exponent = 127 - lz + position - ExactAccumulator::kBias;
+  v.sig_hi = static_cast<std::uint64_t>(sig >> 64);
+  v.sig_lo = static_cast<std::uint64_t>(sig);
+  return v;
+}
+}  // namespace
+
+RefValue ExactAccumulator::value() const {
+  if (single_ && !nan_ && !pos_inf_ && !neg_inf_) {
+    if (single_value_ == 0) return zero_sum(single_magnitude_ == 0);
+    const bool negative = single_value_ < 0;
+    return from_integer(static_cast<u128>(negative ? -single_value_ : single_value_), negative, single_position_);
+  }
+  return summarise(value_, false);
+}
+
+RefValue ExactAccumulator::magnitude() const {
+  if (single_ && !nan_ && !pos_inf_ && !neg_inf_)
+    return single_magnitude_ == 0 ? RefValue::zero(false) : from_integer(single_magnitude_, false, single_position_);
+  return summarise(magnitude_, true);
+}
 
 void ExactAccumulator::exact_value(mpfr_ptr out) const {
   const RefValue v = value();
   if (v.kind != RefValue::Kind::Finite) {
     v.to_mpfr(out);
+    return;
+  }
+  if (single_) {  // the lone block's integer, exactly
+    const bool negative = single_value_ < 0;
+    const u128 m = static_cast<u128>(negative ? -single_value_ : single_value_);
+    const std::uint64_t words[2] = {static_cast<std::uint64_t>(m), static_cast<std::uint64_t>(m >> 64)};
+    mpz_t z;
+    mpz_init(z);
+    mpz_import(z, 2, -1, sizeof(std::uint64_t), 0, 0, words);
+    mpfr_set_prec(out, std::max<mpfr_prec_t>(2, static_cast<mpfr_prec_t>(mpz_sizeinbase(z, 2))));
+    mpfr_set_z_2exp(out, z, single_position_ - kBias, MPFR_RNDN);  // exact: the precision holds z
+    mpz_clear(z);
+    if (negative) mpfr_neg(out, out, MPFR_RNDN);
     return;
   }
   std::array<std::uint32_t, kDigits> w;

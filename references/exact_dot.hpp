@@ -171,6 +171,16 @@ class ExactAccumulator {
   int magnitude_digits(const std::array<std::int64_t, kDigits>& in,
                        std::array<std::uint32_t, kDigits>& out, bool& negative) const;
   RefValue summarise(const std::array<std::int64_t, kDigits>& digits, bool magnitude) const;
+  RefValue zero_sum(bool magnitude_zero) const;
+  void flush_single();
+
+  // A lone integer-path block added to an empty accumulator is kept here, not in the digits
+  // (a GEMM element at K <= 32768): value() and magnitude() read it directly. Any other
+  // addition moves it into the digits first (flush_single).
+  bool single_ = false;
+  __int128 single_value_ = 0;
+  unsigned __int128 single_magnitude_ = 0;
+  int single_position_ = 0;
 
   std::vector<std::uint64_t> bins_;  // kTables x kBins, all zero between calls
   std::array<std::int64_t, kDigits> value_{};
