@@ -3,6 +3,12 @@
 #include <cstdlib>
 
 namespace ulpgate {
+namespace {
+std::atomic<std::uint64_t> started{0};
+}
+
+std::uint64_t parallel_threads_started() { return started.load(); }
+void detail::count_threads_started(unsigned n) { started += n; }
 
 unsigned default_threads() {
   if (const char* s = std::getenv("ULPGATE_THREADS")) {

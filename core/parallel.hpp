@@ -14,6 +14,13 @@ namespace ulpgate {
 /// Threads to use by default: ULPGATE_THREADS if set, else the hardware concurrency.
 unsigned default_threads();
 
+/// Threads parallel_for has started in this process (a diagnostic: small cases must start
+/// none, since starting one costs more than their whole work).
+std::uint64_t parallel_threads_started();
+namespace detail {
+void count_threads_started(unsigned n);
+}
+
 /// The threads worth starting for `work` units when one thread should get at least
 /// `min_per_thread` of them (starting a thread costs tens of microseconds: a small case is
 /// faster on one), at most `threads`.
@@ -46,6 +53,7 @@ void parallel_for(std::int64_t n, Fn&& fn, unsigned threads = default_threads(),
     }
   };
   std::vector<std::thread> pool;
+  detail::count_threads_started(threads - 1);
   for (unsigned t = 1; t < threads; ++t) pool.emplace_back(worker);
   worker();
   for (auto& t : pool) t.join();

@@ -151,7 +151,7 @@ std::vector<double> input_rounding_abs(const Case& c, const Inputs& inputs, int 
         }
         out[static_cast<std::size_t>((bi * M + i) * N + j)] = scale * s;
       }
-    });
+    }, threads_for(static_cast<double>(M) * N * K, 0x1p16));
   }
   return out;
 }
@@ -186,7 +186,7 @@ std::vector<double> precision_scale(const Case& c, const Inputs& inputs, const T
   for (std::int64_t bi = 0; bi < g.batch; ++bi) {
     parallel_for(K, [&](std::int64_t k) {
       for (std::int64_t j = 0; j < N; ++j) bk[k * N + j] = finite_or_zero(b.value(op_b_offset(c, bv, bi, k, j)));
-    });
+    }, threads_for(static_cast<double>(K) * N, 0x1p15));
     parallel_for(M, [&](std::int64_t i) {
       std::vector<double> ar(static_cast<std::size_t>(K));
       for (std::int64_t k = 0; k < K; ++k) ar[k] = finite_or_zero(a.value(op_a_offset(c, av, bi, i, k)));
@@ -219,7 +219,7 @@ std::vector<double> precision_scale(const Case& c, const Inputs& inputs, const T
           out[e] = scale * acc + floor + (input_abs.empty() ? 0.0 : input_abs[e]);
         }
       }
-    });
+    }, threads_for(static_cast<double>(M) * N * K, 0x1p16));
   }
   return out;
 }
@@ -236,7 +236,7 @@ double calibration_mean_normalised(const std::vector<double>& arows, const std::
       const double cond = cmp.condition[i * N + j];
       err[i * N + j] = cond > 0 ? std::fabs((cal - x.hi) - x.lo) / cond : 0.0;
     }
-  });
+  }, threads_for(static_cast<double>(M) * N * K, 0x1p16));
   double sum = 0;
   for (double e : err) sum += e;
   return sum / static_cast<double>(err.size());
@@ -506,10 +506,10 @@ class GemmModule final : public OpModule {
     const Tensor &a = inputs.at("A"), &b = inputs.at("B");
     parallel_for(M, [&](std::int64_t i) {
       for (std::int64_t k = 0; k < K; ++k) arows[i * K + k] = a.value(op_a_offset(c, av, 0, i, k));
-    });
+    }, threads_for(static_cast<double>(M) * K, 0x1p15));
     parallel_for(N, [&](std::int64_t j) {
       for (std::int64_t k = 0; k < K; ++k) bcols[j * K + k] = b.value(op_b_offset(c, bv, 0, k, j));
-    });
+    }, threads_for(static_cast<double>(N) * K, 0x1p15));
     for (int bits = kCalibrationBits; bits >= 12; bits -= 4) {
       if (std::ldexp(static_cast<double>(K), -bits) > 1.0 / 16) break;
       const double cal = calibration_mean_normalised(arows, bcols, M, N, K, cmp, bits);

@@ -12,7 +12,9 @@
 
 #include <fmt/format.h>
 
+#include "core/parallel.hpp"
 #include "harness/check.hpp"
+#include "harness/ops/op.hpp"
 #include "kernels/emulated/gemm_models.hpp"
 
 using namespace ulpgate;
@@ -414,4 +416,27 @@ TEST(WriteAudit, TheWorstElementOfAFailingCaseFails) {
   const Evaluation ok = evaluate_with_inputs(same, c, in, {});
   ASSERT_TRUE(ok.verdict.passed) << ok.verdict.reasons.front();
   EXPECT_EQ(ok.metrics[0].worst.index, (std::vector<std::int64_t>{0, 0, 0}));
+}
+
+// A small case runs on the calling thread from filling to the last relation: starting a
+// thread costs tens of microseconds, more than the whole case (on the 16-core H200 host
+// the precision scale's two loops per case started 30 threads and took 4 ms a case).
+TEST(Evaluate, SmallCasesStartNoThreads) {
+  ::setenv("ULPGATE_THREADS", "16", 1);
+  Registry registry = builtin_registry();
+  for (const char* kernel : {"cpu.fp32_seq", "cpu.attn_flash:block=64,p=fp16"}) {
+    Kernel* k = registry.resolve(kernel);
+    ASSERT_NE(k, nullptr) << kernel;
+    const Op op = std::string(kernel).find("attn") != std::string::npos ? Op::Attention : Op::Gemm;
+    for (const char* dtype : {"fp32", "bf16"}) {
+      Case c = op_module(op).basic_case(dtype);
+      c.kernel = k->name();
+      if (op == Op::Gemm) c.gemm.m = 16, c.gemm.n = 24, c.gemm.k = 64;  // the median fuzz case is smaller
+      const std::uint64_t before = parallel_threads_started();
+      const Evaluation ev = evaluate(*k, c, {});
+      EXPECT_TRUE(ev.verdict.passed) << kernel << " " << dtype;
+      EXPECT_EQ(parallel_threads_started(), before) << kernel << " " << dtype;
+    }
+  }
+  ::unsetenv("ULPGATE_THREADS");
 }
