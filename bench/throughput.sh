@@ -4,7 +4,8 @@
 # parts (default all): pytorch modes sweep reference breakdown
 #   pytorch    examples/pytorch/pytorch_loop.py for PYTORCH_SECONDS (10), where torch and a GPU are
 #   modes      ulpgate fuzz on KERNEL (cublas.bf16 with a GPU, else cpu.fp32_seq), bf16, CASES
-#              (1000) cases, --max-k 256: default (isolated, relations, a worker per core),
+#              (1000) cases, --max-k 256, --sizes SIZES (default small: the shapes of the PyTorch
+#              loop; realistic adds the large regime): default (isolated, relations, a worker per core),
 #              --jobs 1, --in-process, --in-process --no-metamorphic; cases/s = cases / wall
 #              seconds of the whole command (start, workers, report included)
 #   sweep      the six cuBLASLt kernels x normal(0,1), uniform(0,1) x K = 2^8..2^16, M = N = 128
@@ -41,14 +42,14 @@ if has modes; then
   for mode in "" "--jobs 1" "--in-process" "--in-process --no-metamorphic"; do
     i=$((i + 1))
     t0=$(now)
-    "$ulp" fuzz --kernel "$kernel" --dtype bf16 --cases "$cases" --max-k 256 --time 0 --no-html --allow-partial \
-      --out "$out/fuzz$i" $mode > "$out/fuzz$i.log" 2>&1
+    "$ulp" fuzz --kernel "$kernel" --dtype bf16 --cases "$cases" --max-k 256 --sizes "${SIZES:-small}" --time 0 --no-html \
+      --allow-partial --out "$out/fuzz$i" $mode > "$out/fuzz$i.log" 2>&1
     rc=$?
     t1=$(now)
     summary=$(grep -m1 -E '^[0-9]+ cases, [0-9]+ failed' "$out/fuzz$i.log")
     rate=$(awk -v c="$cases" -v a="$t0" -v b="$t1" 'BEGIN { printf "%.0f", c / (b - a) }')
     campaign=$(sed -n 's/^throughput: .*s, \([0-9]*\) cases\/s (.*awaited \([0-9]*%\).*/\1 cases\/s in the campaign, results awaited \2/p' "$out/fuzz$i.log")
-    row "| ulpgate fuzz $kernel bf16 ${mode:-(default: isolated, relations, --jobs per core)} | $rate cases/s | exit $rc; $summary; $campaign |"
+    row "| ulpgate fuzz $kernel bf16 --sizes ${SIZES:-small} ${mode:-(default: isolated, relations, --jobs per core)} | $rate cases/s | exit $rc; $summary; $campaign |"
   done
 fi
 
