@@ -561,6 +561,92 @@ struct IsolatedEvaluator::Worker {
   }
 };
 
+/// The pool's replies, read and parsed off the campaign thread: each line of the worker's
+/// protocol stream becomes an Item with its JSON and, where present, the "result" and
+/// "case" already converted. It polls in short steps so that stopping it (stop_reader:
+/// before the worker is killed, restarted, or used for a single exchange) takes at most
+/// one step. Lines it has read but nobody took are dropped then: only a lost pool (whose
+/// cases are all checked again alone) or an idle one is ever stopped.
+struct IsolatedEvaluator::Reader {
+  struct Item {
+    enum class Kind { Line, Closed, Garbled };
+    Kind kind = Kind::Line;
+    json reply;
+    std::optional<CaseResult> result;  ///< reply["result"], converted
+    std::optional<Case> drawn;         ///< reply["case"], converted
+    bool malformed = false;            ///< one of them present but not convertible
+  };
+
+  explicit Reader(Worker& w) : thread_([this, &w] { run(w); }) {}
+  ~Reader() {
+    stop_ = true;
+    thread_.join();
+  }
+  Reader(const Reader&) = delete;
+  Reader& operator=(const Reader&) = delete;
+
+  /// The next line's item, or nullopt when none came by the deadline.
+  std::optional<Item> next(Clock::time_point deadline) {
+    std::unique_lock lock(mu_);
+    if (!cv_.wait_until(lock, deadline, [&] { return !items_.empty(); })) return std::nullopt;
+    Item it = std::move(items_.front());
+    items_.pop_front();
+    return it;
+  }
+
+ private:
+  void push(Item it) {
+    {
+      std::lock_guard lock(mu_);
+      items_.push_back(std::move(it));
+    }
+    cv_.notify_one();
+  }
+  void run(Worker& w) {
+    std::string line;
+    try {
+      while (!stop_) {
+        const auto wait = w.next_line(after(0.05), line);
+        if (wait == Worker::Wait::TimedOut) continue;
+        Item it;
+        if (wait == Worker::Wait::Closed) {
+          it.kind = Item::Kind::Closed;
+          push(std::move(it));
+          return;
+        }
+        try {
+          it.reply = json::parse(line);
+        } catch (const json::parse_error&) {
+          it.kind = Item::Kind::Garbled;
+          push(std::move(it));
+          return;
+        }
+        if (it.reply.is_object()) {
+          try {
+            if (const auto r = it.reply.find("result"); r != it.reply.end()) it.result = case_result_from_json(*r, "result");
+            if (const auto c = it.reply.find("case"); c != it.reply.end()) it.drawn = case_from_json(*c);
+          } catch (const std::exception&) {
+            it.malformed = true;
+          }
+        }
+        push(std::move(it));
+      }
+    } catch (const std::exception&) {  // poll failed: as good as a closed stream
+      Item it;
+      it.kind = Item::Kind::Closed;
+      push(std::move(it));
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Item> items_;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;  // last: it starts once the members above exist
+};
+
+void IsolatedEvaluator::stop_reader() { reader_.reset(); }
+
 IsolatedEvaluator::IsolatedEvaluator(IsolationOptions options)
     : options_(std::move(options)), binary_(resolve_binary(options_.worker_binary)) {
   if (!(options_.timeout_seconds > 0)) throw InputError("isolation: the timeout must be > 0 seconds");
@@ -654,6 +740,7 @@ void IsolatedEvaluator::start_worker() {
 }
 
 void IsolatedEvaluator::stop_worker() {
+  stop_reader();
   if (!worker_) return;
   // End of input tells the worker to exit; give it a moment, then the group is killed.
   worker_->request.reset();
@@ -663,6 +750,7 @@ void IsolatedEvaluator::stop_worker() {
 
 IsolatedEvaluator::Exchange IsolatedEvaluator::exchange(const json& request, const char* doing) {
   if (!pending_.empty()) throw std::logic_error("IsolatedEvaluator: a request while submitted cases are in flight");
+  stop_reader();
   if (!worker_) start_worker();
   Worker& w = *worker_;
   const auto deadline = after(options_.timeout_seconds);
@@ -744,6 +832,7 @@ double now_seconds() { return std::chrono::duration<double>(Clock::now().time_si
 }  // namespace
 
 void IsolatedEvaluator::lose_pool() {
+  stop_reader();
   if (worker_) worker_->kill_and_reap();
   worker_.reset();
   for (auto& [id, p] : pending_) redo_.push_back(std::move(p));
@@ -810,20 +899,13 @@ IsolatedEvaluator::Finished IsolatedEvaluator::next_result() {
       oldest_sent = std::min(oldest_sent, p.sent);
     }
     if (std::isinf(deadline)) deadline = oldest_sent + options_.timeout_seconds;
-    Worker& w = *worker_;
-    std::string line;
-    const auto wait = w.next_line(after(std::max(0.0, deadline - now_seconds())), line);
-    if (wait != Worker::Wait::Line) {
-      lose_pool();  // crashed or hung: each case again alone says which
+    if (!reader_) reader_ = std::make_unique<Reader>(*worker_);
+    std::optional<Reader::Item> item = reader_->next(after(std::max(0.0, deadline - now_seconds())));
+    if (!item || item->kind != Reader::Item::Kind::Line) {
+      lose_pool();  // crashed, hung or garbled: each case again alone says which
       continue;
     }
-    json reply;
-    try {
-      reply = json::parse(line);
-    } catch (const json::parse_error&) {
-      lose_pool();
-      continue;
-    }
+    const json& reply = item->reply;
     const auto id_of = [&]() -> std::optional<std::uint64_t> {
       if (!reply.is_object()) return std::nullopt;
       for (const char* key : {"started", "id"})
@@ -848,14 +930,12 @@ IsolatedEvaluator::Finished IsolatedEvaluator::next_result() {
       pending_.erase(*id);
       return f;
     }
-    try {
-      if (!reply.contains("result")) throw InputError("no \"result\"");
-      f.result = case_result_from_json(reply["result"], "result");
-      if (p.draw) f.requested = case_from_json(reply.at("case"));
-    } catch (const std::exception&) {
+    if (item->malformed || !item->result || (p.draw && !item->drawn)) {
       lose_pool();  // a garbled reply: this case too, again alone
       continue;
     }
+    f.result = std::move(*item->result);
+    if (p.draw) f.requested = std::move(*item->drawn);
     // A lost CUDA context: the other cases' results are suspect, and this one's could be
     // another case's doing; all of them again, alone.
     if (reply.value("restart", false)) {
@@ -1083,9 +1163,10 @@ int serve_worker(Registry& registry, unsigned jobs) {
   // parent's stderr tail is complete when the result arrives. A parent that is gone ends
   // the worker, pool threads included.
   const auto send = [&](const json& reply) {
+    const std::string line = protocol_line(reply);  // serialised outside the lock: the pool's threads send at once
     std::lock_guard lock(send_mu);
     std::fflush(stdout);
-    if (!write_all(results.get(), protocol_line(reply), false)) std::_Exit(3);
+    if (!write_all(results.get(), line, false)) std::_Exit(3);
   };
   std::unique_ptr<CheckPool> pool;
   LineReader reader(requests.get());

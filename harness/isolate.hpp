@@ -182,6 +182,12 @@ class IsolatedEvaluator {
   std::string binary_;
   int workers_started_ = 0;
   std::unique_ptr<Worker> worker_;  // null when none runs
+  /// Pool mode: reads and parses the worker's replies on a thread of its own, so that the
+  /// campaign thread only takes finished results (next_result starts it; anything else
+  /// that touches the worker stops it first: stop_reader).
+  struct Reader;
+  std::unique_ptr<Reader> reader_;
+  void stop_reader();
   std::map<std::uint64_t, Pending> pending_;  // submitted to the running worker
   std::deque<Pending> redo_;                  // lost with a worker, to check alone
 };
