@@ -40,7 +40,7 @@ DoubleDouble target(Format f, const RefValue& x) {
 }
 
 // How element e's pair (d_e, r_e) is classified (see the header); r is r_e.
-enum class Class { Compared, Expected, Overflowed, UnexpectedNan, UnexpectedInf, Missed, Mismatched, Unwritten };
+enum class Class { Compared, Expected, Overflowed, UnexpectedNan, UnexpectedInf, Missed, Mismatched, Unwritten, Unreferenced };
 
 double accumulated_at(const OutputComparison& cmp, std::size_t e) {
   const auto& acc = cmp.accumulated.empty() ? cmp.condition : cmp.accumulated;
@@ -58,6 +58,10 @@ double input_abs_at(const OutputComparison& cmp, std::size_t e) {
 Class classify(const OutputComparison& cmp, std::size_t e, Code r) {
   if (e < cmp.unwritten.size() && cmp.unwritten[e]) return Class::Unwritten;
   const Format f = cmp.format;
+  if (e < cmp.unreferenced.size() && cmp.unreferenced[e]) {  // no x_e: only a non-finite d_e is judged
+    if (is_finite(f, cmp.got[e]) || accumulated_at(cmp, e) > cmp.accumulator_max) return Class::Unreferenced;
+    return is_nan(f, cmp.got[e]) ? Class::UnexpectedNan : Class::UnexpectedInf;
+  }
   const Code g = cmp.got[e];
   const bool g_finite = is_finite(f, g), r_finite = is_finite(f, r);
   const RefValue& x = cmp.exact[e];
@@ -145,9 +149,10 @@ ErrorMetrics analyze(const OutputComparison& cmp) {
         case Class::Missed: m.missed_nonfinite++; break;
         case Class::Mismatched: m.mismatched_nonfinite++; break;
         case Class::Unwritten:  // counted by the runner (ErrorMetrics::unwritten)
+        case Class::Unreferenced:
         case Class::Compared: break;
       }
-      if (k != Class::Expected && k != Class::Overflowed) {
+      if (k != Class::Expected && k != Class::Overflowed && k != Class::Unreferenced) {
         map.max_normalised[cell] = NAN;
         if (!worst_nonfinite) worst = e, worst_nonfinite = true;
       }

@@ -140,6 +140,11 @@ struct OutputComparison {
   /// its code is the poison, not a value, so it is counted in ErrorMetrics::unwritten only
   /// (not as an unexpected NaN, nor in the statistics). Empty: every element written.
   std::vector<char> unwritten;
+  /// Per element, 1 where the op computed no reference (attention's sampled query rows,
+  /// harness/ops/attention.cpp): the element is in no statistic and no check but one: a NaN
+  /// or Inf there (where the op says the true value is finite, accumulated_e within the
+  /// accumulator) is unexpected. Empty: every element has its reference.
+  std::vector<char> unreferenced;
   /// What the tolerance was, for messages ("accumulator 24 bits, n = 512"); empty: from
   /// the ToleranceModel and n.
   std::string tolerance_note;

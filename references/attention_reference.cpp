@@ -140,7 +140,7 @@ struct Row {
 }  // namespace
 
 AttentionReference attention_reference(const Case& c, const std::map<std::string, Tensor>& inputs,
-                                       unsigned threads) {
+                                       unsigned threads, const std::vector<char>* only) {
   const ReferenceFpEnv env;  // whatever a kernel left set; parallel_for's threads inherit it
   if (c.op != Op::Attention) throw InputError("attention reference: case.op is not attention");
   const AttentionShape& a = c.attention;
@@ -166,15 +166,22 @@ AttentionReference attention_reference(const Case& c, const std::map<std::string
   out.batch = a.batch, out.heads = a.heads, out.seq_q = a.seq_q, out.head_dim_v = dv;
   out.o_format = c.types.count("O") ? c.types.at("O") : Format::FP16;
   const std::int64_t rows = a.batch * a.heads * a.seq_q;
+  if (only && static_cast<std::int64_t>(only->size()) != rows)
+    throw std::invalid_argument("attention reference: the row mask has the wrong size");
   out.values.resize(static_cast<std::size_t>(rows * dv));
   out.magnitude.resize(static_cast<std::size_t>(rows * dv));
   out.lse.resize(static_cast<std::size_t>(rows));
 
   // A thread per 2^15 terms at least (each row also rounds its exp with MPFR): small
   // cases run on the calling thread.
-  threads = threads_for(static_cast<double>(rows) * static_cast<double>(a.seq_kv) * static_cast<double>(hd + dv), 0x1p15,
+  const std::int64_t computed = only ? std::count(only->begin(), only->end(), 1) : rows;
+  threads = threads_for(static_cast<double>(computed) * static_cast<double>(a.seq_kv) * static_cast<double>(hd + dv), 0x1p15,
                         threads);
   parallel_for(rows, [&](std::int64_t row) {
+    if (only && !(*only)[static_cast<std::size_t>(row)]) {
+      out.lse[static_cast<std::size_t>(row)] = RefValue::zero(false);
+      return;
+    }
     const std::int64_t i = row % a.seq_q, h = (row / a.seq_q) % a.heads, b = row / (a.seq_q * a.heads);
     const std::int64_t hk = a.kv_head(h);  // K and V head (grouped-query attention)
     std::vector<std::int64_t> keys;

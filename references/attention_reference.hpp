@@ -56,8 +56,10 @@ struct AttentionReference {
 
 /// Computes the reference for an attention case from its inputs "Q", "K", "V" (each in
 /// its operand's format, laid out as the case says). Throws InputError if a tensor is
-/// missing, of the wrong format, or too small.
+/// missing, of the wrong format, or too small. rows (size batch * heads * seq_q, indexed as
+/// AttentionReference::row), when given, names the query rows to compute; the others are
+/// left +0 (values, LSE) with magnitude 0.
 AttentionReference attention_reference(const Case& c, const std::map<std::string, Tensor>& inputs,
-                                       unsigned threads = default_threads());
+                                       unsigned threads = default_threads(), const std::vector<char>* rows = nullptr);
 
 }  // namespace ulpgate

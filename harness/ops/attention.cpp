@@ -29,12 +29,64 @@ constexpr std::int64_t kOutputTermBudget = std::int64_t{1} << 20;
 constexpr double kRefSecondsPerScore = 2.5e-6, kRefSecondsPerQkTerm = 4e-9, kRefSecondsPerPvTerm = 1.4e-7;
 /// One large case's reference at most this long (its relations add one or two more).
 constexpr double kLargeReferenceSeconds = 0.3;
+/// Queries per (batch, head) the reference keeps however long the case: the sampling below
+/// never goes under this (the generator keeps the cost within budget with it).
+constexpr std::int64_t kMinReferencedQueries = 16;
 
+double row_reference_seconds(const AttentionShape& a) {
+  return static_cast<double>(a.seq_kv) * (kRefSecondsPerScore + kRefSecondsPerQkTerm * static_cast<double>(a.head_dim) +
+                                          kRefSecondsPerPvTerm * static_cast<double>(a.eff_head_dim_v()));
+}
+
+}  // namespace
+
+// Long prefills: a kernel runs every query, the reference only as many as
+// kLargeReferenceSeconds affords (at least kMinReferencedQueries per batch and head), the
+// same ones in every (batch, head): the first two, the last four (a tail tile's), both sides
+// of the last 64- and 128-query tile boundaries, then queries spread evenly with a
+// seed-dependent offset. A kernel wrong on some queries only (a tile, a tail) is seen where
+// the picks meet them; one wrong on a path is seen on every pick.
+static std::int64_t affordable_queries(const AttentionShape& a) {
+  const double per_head = row_reference_seconds(a) * static_cast<double>(a.batch * a.heads);
+  const double afford = std::floor(kLargeReferenceSeconds / std::max(per_head, 1e-30));
+  return afford >= static_cast<double>(a.seq_q) ? a.seq_q : std::max<std::int64_t>(kMinReferencedQueries, static_cast<std::int64_t>(afford));
+}
+
+std::vector<std::int64_t> referenced_queries(const Case& c) {
+  const AttentionShape& a = c.attention;
+  const std::int64_t afford = affordable_queries(a);
+  std::vector<std::int64_t> all(static_cast<std::size_t>(a.seq_q));
+  std::iota(all.begin(), all.end(), std::int64_t{0});
+  if (a.seq_q <= afford) return all;
+  std::vector<char> taken(static_cast<std::size_t>(a.seq_q), 0);
+  std::vector<std::int64_t> picks;
+  const auto take = [&](std::int64_t i) {
+    if (i >= 0 && i < a.seq_q && !taken[static_cast<std::size_t>(i)] && static_cast<std::int64_t>(picks.size()) < afford)
+      taken[static_cast<std::size_t>(i)] = 1, picks.push_back(i);
+  };
+  for (std::int64_t i : {std::int64_t{0}, std::int64_t{1}}) take(i);
+  for (std::int64_t i = 1; i <= 4; ++i) take(a.seq_q - i);
+  for (std::int64_t tile : {128, 64}) {
+    const std::int64_t edge = (a.seq_q - 1) / tile * tile;  // the last tile's first query
+    take(edge), take(edge - 1);
+  }
+  const std::int64_t rest = afford - static_cast<std::int64_t>(picks.size());
+  if (rest > 0) {
+    const double step = static_cast<double>(a.seq_q) / static_cast<double>(rest);
+    const double offset = static_cast<double>(c.seed % 1024) / 1024.0 * step;
+    for (std::int64_t t = 0; t < rest; ++t) take(static_cast<std::int64_t>(offset + step * static_cast<double>(t)));
+  }
+  for (std::int64_t i = 0; i < a.seq_q && static_cast<std::int64_t>(picks.size()) < afford; ++i) take(i);  // collisions
+  std::sort(picks.begin(), picks.end());
+  return picks;
+}
+
+namespace {
+
+// The reference's cost with referenced_queries' sampling (every key taken as visible).
 double large_reference_seconds(const AttentionShape& a) {
-  const double scores = static_cast<double>(a.batch) * static_cast<double>(a.heads) * static_cast<double>(a.seq_q) *
-                        static_cast<double>(a.seq_kv);
-  return scores * (kRefSecondsPerScore + kRefSecondsPerQkTerm * static_cast<double>(a.head_dim) +
-                   kRefSecondsPerPvTerm * static_cast<double>(a.eff_head_dim_v()));
+  return static_cast<double>(std::min(a.seq_q, affordable_queries(a))) * static_cast<double>(a.batch * a.heads) *
+         row_reference_seconds(a);
 }
 
 // Families that put NaN, Inf or values near overflow into Q, K or V: an attention kernel's
@@ -160,8 +212,17 @@ class AttentionModule final : public OpModule {
     Inputs sanitized;
     std::vector<char> poisoned = poisoned_rows(c, given, sanitized);
     const Inputs& inputs = sanitized.empty() ? given : sanitized;
-    const AttentionReference ref = attention_reference(c, inputs);
     const AttentionShape& a = c.attention;
+    // Long prefills: the reference for the sampled queries only (referenced_queries).
+    const std::vector<std::int64_t> queries = referenced_queries(c);
+    const bool sampled = static_cast<std::int64_t>(queries.size()) < a.seq_q;
+    std::vector<char> rows;
+    if (sampled) {
+      rows.assign(static_cast<std::size_t>(a.batch * a.heads * a.seq_q), 0);
+      for (std::int64_t bh = 0; bh < a.batch * a.heads; ++bh)
+        for (std::int64_t i : queries) rows[static_cast<std::size_t>(bh * a.seq_q + i)] = 1;
+    }
+    const AttentionReference ref = attention_reference(c, inputs, default_threads(), sampled ? &rows : nullptr);
     const std::int64_t dv = a.eff_head_dim_v();
     OutputComparison cmp;
     cmp.format = c.types.at("O");
@@ -173,6 +234,11 @@ class AttentionModule final : public OpModule {
     cmp.accumulated.resize(n);
     cmp.exact = ref.values;
     cmp.condition = ref.magnitude;
+    if (sampled) {
+      cmp.unreferenced.assign(static_cast<std::size_t>(n), 1);
+      for (std::size_t row = 0; row < rows.size(); ++row)
+        if (rows[row]) std::fill_n(cmp.unreferenced.begin() + static_cast<std::ptrdiff_t>(row) * dv, dv, 0);
+    }
     const Format compute = c.types.at("compute");
     const Format acc_format = compute == Format::TF32 ? Format::FP32 : compute;
     cmp.accumulator_max = info(acc_format).max_finite();
@@ -186,6 +252,12 @@ class AttentionModule final : public OpModule {
     for (std::int64_t b = 0; b < a.batch; ++b)
       for (std::int64_t h = 0; h < a.heads; ++h)
         for (std::int64_t i = 0; i < a.seq_q; ++i) {
+          if (sampled && !rows[static_cast<std::size_t>(ref.row(b, h, i))]) {
+            // no reference: only a NaN or Inf is judged, unless the row met one in the inputs
+            for (std::int64_t d = 0; d < dv; ++d)
+              cmp.accumulated[ref.index(b, h, i, d)] = !poisoned.empty() && poisoned[ref.row(b, h, i)] ? INFINITY : 0.0;
+            continue;
+          }
           const RowFacts f = row_facts(c, inputs, b, h, i);
           const auto nk = static_cast<std::int64_t>(f.keys.size());
           const double eps = 2 * (2 * u_in + tol.gamma(a.head_dim + 2)) * f.s + 2 * u * (1 + 2 * f.s);
@@ -200,8 +272,9 @@ class AttentionModule final : public OpModule {
             if (!poisoned.empty() && poisoned[ref.row(b, h, i)]) cmp.accumulated[e] = INFINITY;
           }
         }
-    cmp.tolerance_note = fmt::format("accumulator {} bits{}, n = {} keys", tol.accumulator_bits,
-                                     tol.p_bits ? fmt::format(", P {} bits", tol.p_bits) : "", a.seq_kv);
+    cmp.tolerance_note = fmt::format("accumulator {} bits{}, n = {} keys{}", tol.accumulator_bits,
+                                     tol.p_bits ? fmt::format(", P {} bits", tol.p_bits) : "", a.seq_kv,
+                                     sampled ? fmt::format(", {} of {} queries referenced", queries.size(), a.seq_q) : "");
     return cmp;
   }
 
@@ -324,11 +397,13 @@ class AttentionModule final : public OpModule {
   // The large regime's shape (head_dim, head_dim_v already drawn): seq_kv log-spread over
   // [256, kLargeReduction], queries mostly decode (1) or a few (speculative decoding), else a
   // prefill as long as the keys or any length up to 8192; batch up to 4, heads up to 32 with
-  // GQA or MQA two times in three; then cut to kLargeReferenceSeconds of reference: batch,
-  // queries and heads first (down to a group of two K/V-sharing heads), then V's width down
-  // to 32, keys down to 4096, and the rest. At about 3 us per score, a prefill is cut to a
-  // few hundred queries: thousands of queries against thousands of keys would take
-  // minutes of exact reference per case.
+  // GQA or MQA two times in three; then cut to kLargeReferenceSeconds of reference and
+  // kLargeTermBudget of kernel work: batch first, then queries while every query is
+  // referenced, heads (down to a group of two K/V-sharing heads), V's width down to 32, then
+  // the longer of queries and keys while the kernel's work is over budget, keys down to
+  // 4096, and the rest. A prefill keeps its length up to the kernel budget (2^27 terms: some
+  // 700 to 1,400 queries against as many keys): the reference then computes a sample of its
+  // queries (referenced_queries), about 3 us per score each.
   template <class Keep>
   static void draw_large_shape(AttentionShape& a, Keep& keep_if_supported) {
     a.seq_kv = *log_length(256, kLargeReduction);
@@ -343,18 +418,24 @@ class AttentionModule final : public OpModule {
       const std::int64_t kv_heads = grouping == 2 ? 1 : *gen::pick(kv);
       keep_if_supported([&] { a.kv_heads = kv_heads; }, [&] { a.kv_heads = 0; });
     }
-    while (large_reference_seconds(a) > kLargeReferenceSeconds ||
-           static_cast<double>(a.batch) * a.heads * a.seq_q * a.seq_kv * (a.head_dim + a.eff_head_dim_v()) >
-               static_cast<double>(kLargeTermBudget)) {
+    const auto terms = [&] {
+      return static_cast<double>(a.batch) * a.heads * a.seq_q * a.seq_kv * (a.head_dim + a.eff_head_dim_v());
+    };
+    while (large_reference_seconds(a) > kLargeReferenceSeconds || terms() > static_cast<double>(kLargeTermBudget)) {
       const std::int64_t dv = a.eff_head_dim_v();
+      const bool over_terms = terms() > static_cast<double>(kLargeTermBudget);
+      // fewer queries cut the reference only while every query is referenced
+      const bool all_queries = affordable_queries(a) >= a.seq_q;
       if (a.batch > 1) a.batch /= 2;
-      else if (a.seq_q > 1) a.seq_q = (a.seq_q + 1) / 2;
+      else if (a.seq_q > 1 && all_queries && !over_terms) a.seq_q = (a.seq_q + 1) / 2;
       else if (a.kv_heads == 0 && a.heads > 1) a.heads /= 2;
       else if (a.kv_heads > 2 && a.kv_heads % 2 == 0) a.heads /= 2, a.kv_heads /= 2;  // the group stays
       else if (a.kv_heads > 0 && a.heads > 2 * a.kv_heads) a.heads = 2 * a.kv_heads;  // a group of two stays
       else if (dv > 32) a.head_dim_v = dv / 2 == a.head_dim ? 0 : dv / 2;
-      else if (a.seq_kv > 4096) a.seq_kv = (a.seq_kv + 1) / 2;
+      else if (over_terms && a.seq_q > 1 && a.seq_q >= a.seq_kv) a.seq_q = (a.seq_q + 1) / 2;  // the longer of the two
+      else if (a.seq_kv > 4096 || (over_terms && a.seq_kv > 1)) a.seq_kv = (a.seq_kv + 1) / 2;
       else if (dv > 1) a.head_dim_v = dv / 2 == a.head_dim ? 0 : dv / 2;
+      else if (a.seq_q > 1) a.seq_q = (a.seq_q + 1) / 2;
       else if (a.seq_kv > 1) a.seq_kv = (a.seq_kv + 1) / 2;
       else break;
     }

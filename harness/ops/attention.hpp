@@ -37,4 +37,11 @@ const OpModule& attention_module();
 /// head_dim 16. Throws InputError for another name.
 Case dtype_attention_case(std::string_view dtype);
 
+/// The queries (the same in every batch and head) whose reference the comparison computes:
+/// all of them when the exact reference affords it (about 0.3 s of it per case), else a
+/// sample of at least 16: the first two, the last four, both sides of the last 64- and
+/// 128-query tile boundaries, and queries spread evenly (offset by the case's seed). The
+/// other outputs are judged only for NaN or Inf (OutputComparison::unreferenced).
+std::vector<std::int64_t> referenced_queries(const Case& c);
+
 }  // namespace ulpgate

@@ -369,3 +369,30 @@ TEST(SameFailure, StatisticalChecksFollowTheOtherChecks) {
   EXPECT_FALSE(same_failure("D:tolerance@interior", "D:tolerance@edge"));
   EXPECT_TRUE(same_failure("D:tolerance@any", "D:tolerance@edge"));
 }
+
+// Elements without a reference (attention's sampled queries): no statistic counts them and
+// no value of theirs fails, but a NaN or Inf there still does, unless their accumulator
+// may have overflowed.
+TEST(Analyze, UnreferencedElementsAreJudgedOnlyForNaNAndInf) {
+  const double inf = INFINITY, nan = NAN;
+  //                 ref'd, far off, NaN, -Inf, NaN (overflow marked)
+  auto cmp = fp16({1.0, 123.0, nan, -inf, nan}, {1.0, 0.0, 0.0, 0.0, 0.0});
+  cmp.unreferenced = {0, 1, 1, 1, 1};
+  cmp.accumulated = {1.0, 1.0, 1.0, 1.0, 1e6};
+  cmp.accumulator_max = 65504.0;
+  const ErrorMetrics m = analyze(cmp);
+  EXPECT_EQ(m.compared, 1);
+  EXPECT_EQ(m.max_normalised, 0.0);  // 123 against no reference is no error
+  EXPECT_EQ(m.unexpected_nan, 1);
+  EXPECT_EQ(m.unexpected_inf, 1);
+  EXPECT_EQ(m.overflowed, 0);
+  const Verdict v = judge(cmp, m, ToleranceModel{}, 1);
+  EXPECT_FALSE(v.passed);
+  ASSERT_EQ(v.reasons.size(), 2u);
+  // The same without the non-finite ones passes: the far-off value is not judged.
+  auto fine = fp16({1.0, 123.0}, {1.0, 0.0});
+  fine.unreferenced = {0, 1};
+  EXPECT_TRUE(judge(fine, analyze(fine), ToleranceModel{}, 1).passed);
+  fine.unreferenced.clear();  // with its reference (0), 123 fails
+  EXPECT_FALSE(judge(fine, analyze(fine), ToleranceModel{}, 1).passed);
+}

@@ -13,6 +13,7 @@
 #include "distributions/fill.hpp"
 #include "harness/check.hpp"
 #include "harness/fuzz.hpp"
+#include "harness/ops/attention.hpp"
 #include "kernels/emulated/attention_models.hpp"
 
 using namespace ulpgate;
@@ -420,4 +421,49 @@ TEST(AttentionOp, FuzzFindsPlantedBugClasses) {
       EXPECT_TRUE(found) << "bug " << static_cast<int>(bug) << " not found in " << r.cases.size() << " cases";
     }
   }
+}
+
+// A long prefill: the kernel computes 1,100 queries, the reference a sample of them
+// (referenced_queries: the first two, the last four, the last tile boundaries, spread
+// evenly), about 0.3 s of it. A correct model passes; a kernel whose last, partial 64-query
+// tile is off by 1% is caught through the sampled tail; a NaN in a query outside the sample
+// is caught too (only values are left unjudged there, OutputComparison::unreferenced).
+TEST(AttentionOp, LongPrefillReferencesASampleOfItsQueries) {
+  Case c = small_case(Format::FP32, 1100, 64);
+  c.attention.seq_q = 1100;
+  c.dist = {{"Q", "normal(0,1)"}, {"K", "normal(0,1)"}, {"V", "normal(0,1)"}};
+  c.seed = 7;
+  const std::vector<std::int64_t> q = referenced_queries(c);
+  ASSERT_LT(q.size(), 1100u);
+  ASSERT_GE(q.size(), 16u);
+  for (std::int64_t i : {0, 1, 1023, 1024, 1087, 1088, 1096, 1097, 1098, 1099})
+    EXPECT_TRUE(std::binary_search(q.begin(), q.end(), i)) << i;
+  std::int64_t outside = -1;  // a query the reference skips
+  for (std::int64_t i = 500; outside < 0; ++i)
+    if (!std::binary_search(q.begin(), q.end(), i)) outside = i;
+
+  auto online = make_emulated_attention(AttentionModel{AttentionModel::Variant::Online, 64});
+  const Evaluation ok = check(*online, c);
+  EXPECT_TRUE(ok.verdict.passed) << ok.verdict.reasons.front();
+  ASSERT_EQ(ok.metrics.size(), 1u);
+  EXPECT_EQ(ok.metrics[0].compared, static_cast<std::int64_t>(q.size()) * 64);
+
+  Wrapped tail("tail_tile_off", [](const Case& cc, const KernelIo& io, Kernel& inner, RunNotes& n) {
+    inner.run(cc, io, n);
+    auto* o = static_cast<float*>(io.out.at("O"));
+    const std::int64_t dv = cc.attention.eff_head_dim_v(), from = cc.attention.seq_q / 64 * 64;
+    for (std::int64_t i = from; i < cc.attention.seq_q; ++i)
+      for (std::int64_t d = 0; d < dv; ++d) o[i * dv + d] *= 1.01f;  // bhsd, batch and heads 1
+  });
+  const Evaluation bad = check(tail, c);
+  EXPECT_FALSE(bad.verdict.passed);
+  EXPECT_NE(failure_signature(bad.verdict).find("O:tolerance"), std::string::npos) << failure_signature(bad.verdict);
+
+  Wrapped nan_row("nan_outside_the_sample", [outside](const Case& cc, const KernelIo& io, Kernel& inner, RunNotes& n) {
+    inner.run(cc, io, n);
+    static_cast<float*>(io.out.at("O"))[outside * cc.attention.eff_head_dim_v()] = NAN;
+  });
+  const Evaluation nan_ev = check(nan_row, c);
+  EXPECT_FALSE(nan_ev.verdict.passed);
+  EXPECT_NE(failure_signature(nan_ev.verdict).find("O:unexpected_nan"), std::string::npos) << failure_signature(nan_ev.verdict);
 }

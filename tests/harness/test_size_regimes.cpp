@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 
 #include "distributions/fill.hpp"
 #include "harness/fuzz.hpp"
@@ -34,7 +35,7 @@ bool mqa(const AttentionShape& a) { return a.kv_heads == 1 && a.heads > 1; }
 
 }  // namespace
 
-// 400 large draws: long keys (32768 reached), decode (seq_q 1) often, prefills, seq_q
+// 400 large draws: long keys (32768 reached), decode (seq_q 1) often, long prefills, seq_q
 // != seq_kv, head_dim_v != head_dim, GQA and MQA, ragged lengths, causal and kv_lengths;
 // every case valid. The reference of the ten costliest (by keys x queries x heads x batch x
 // width) takes at most 0.3 s each, with a factor 2 for a loaded CI machine.
@@ -42,6 +43,7 @@ TEST(AttentionLargeRegime, DrawsWhereKernelsSwitchPathsWithinTheCost) {
   const std::vector<Case> cases = large_draws(400);
   std::int64_t max_kv = 0, max_q = 0;
   int decode = 0, q_ne_kv = 0, dv_ne = 0, grouped = 0, multi = 0, ragged = 0, causal = 0, lengths = 0, long_kv = 0;
+  int long_prefill = 0;
   for (const Case& c : cases) {
     const AttentionShape& a = c.attention;
     ASSERT_NO_THROW(validate(c));
@@ -49,10 +51,13 @@ TEST(AttentionLargeRegime, DrawsWhereKernelsSwitchPathsWithinTheCost) {
     decode += a.seq_q == 1, q_ne_kv += a.seq_q != a.seq_kv, dv_ne += a.eff_head_dim_v() != a.head_dim;
     grouped += gqa(a), multi += mqa(a), ragged += a.seq_kv % 64 != 0, causal += a.causal;
     lengths += !a.kv_lengths.empty(), long_kv += a.seq_kv >= 4096;
+    long_prefill += a.seq_q >= 512;
   }
+  std::printf("max seq_q %lld, prefills of 512+ queries %d\n", static_cast<long long>(max_q), long_prefill);
   EXPECT_GE(max_kv, 32768);
   EXPECT_LE(max_kv, kLargeReduction);
-  EXPECT_GE(max_q, 32);  // prefills are cut to what the exact reference affords (attention.cpp)
+  EXPECT_GE(max_q, 1024);  // long prefills: the reference samples their queries (referenced_queries)
+  EXPECT_GE(long_prefill, 30);
   EXPECT_GE(decode, 100);
   EXPECT_GE(q_ne_kv, 280);
   EXPECT_GE(dv_ne, 120);
@@ -65,15 +70,21 @@ TEST(AttentionLargeRegime, DrawsWhereKernelsSwitchPathsWithinTheCost) {
   std::vector<Case> costly = cases;
   const auto work = [](const Case& c) {
     const AttentionShape& a = c.attention;
-    return static_cast<double>(a.batch * a.heads * a.seq_q) * static_cast<double>(a.seq_kv) * (8.0 + a.eff_head_dim_v());
+    return static_cast<double>(a.batch * a.heads) * static_cast<double>(referenced_queries(c).size()) *
+           static_cast<double>(a.seq_kv) * (8.0 + a.eff_head_dim_v());
   };
   std::sort(costly.begin(), costly.end(), [&](const Case& x, const Case& y) { return work(x) > work(y); });
   for (int i = 0; i < 10; ++i) {
     Case c = costly[static_cast<std::size_t>(i)];
     for (const char* op : {"Q", "K", "V"}) c.types[op] = Format::BF16, c.dist[op] = "normal(0,1)";  // finite scores
     const Inputs in = fill_inputs(c);
+    // the queries the comparison references, in every batch and head
+    const AttentionShape& a = c.attention;
+    std::vector<char> rows(static_cast<std::size_t>(a.batch * a.heads * a.seq_q), 0);
+    for (std::int64_t bh = 0; bh < a.batch * a.heads; ++bh)
+      for (std::int64_t i : referenced_queries(c)) rows[static_cast<std::size_t>(bh * a.seq_q + i)] = 1;
     const auto t0 = std::chrono::steady_clock::now();
-    attention_reference(c, in, 1);
+    attention_reference(c, in, 1, &rows);
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     EXPECT_LE(s, 0.6) << "batch " << c.attention.batch << " heads " << c.attention.heads << " seq_q " << c.attention.seq_q
                       << " seq_kv " << c.attention.seq_kv << " dv " << c.attention.eff_head_dim_v();
