@@ -286,6 +286,7 @@ RunRecord run_fuzz(Registry& registry, const FuzzOptions& o, const std::function
       std::optional<rc::Shrinkable<Case>> drawn;
       Case value;  // drawn->value(), taken here: RapidCheck recomputes it on each call, in this thread only
       CaseResult result;
+      std::string result_json, value_json;  // as the worker sent them (Finished), for the journal
       bool done = false;     // generation failed, or the journal had it, or it was checked
       bool checked = false;  // checked now: to be journaled
     };
@@ -317,7 +318,8 @@ RunRecord run_fuzz(Registry& registry, const FuzzOptions& o, const std::function
       p.waiting += std::chrono::duration<double>(std::chrono::steady_clock::now() - wait_start).count();
       Slot& s = slots.at(static_cast<std::int64_t>(f.id));
       s.result = std::move(f.result);
-      if (worker_draws) s.value = std::move(f.requested);
+      s.result_json = std::move(f.result_json);
+      if (worker_draws) s.value = std::move(f.requested), s.value_json = std::move(f.requested_json);
       s.done = s.checked = true;
     };
     const std::int64_t lookahead = pool ? kLookahead * static_cast<std::int64_t>(o.jobs) : 1;
@@ -350,7 +352,7 @@ RunRecord run_fuzz(Registry& registry, const FuzzOptions& o, const std::function
       }
       Slot s = std::move(it->second);
       slots.erase(it);
-      if (s.checked && journal) journal->append(k->name(), s.value, s.result);
+      if (s.checked && journal) journal->append(k->name(), s.value, s.result, s.value_json, s.result_json);
       CaseResult r = std::move(s.result);
       r.target = target_name(t);
       r.origin = "generated";
@@ -377,10 +379,14 @@ RunRecord run_fuzz(Registry& registry, const FuzzOptions& o, const std::function
       const bool shrink_it = !r.verdict.passed && s.drawn &&
                              std::none_of(shrunk_signatures.begin(), shrunk_signatures.end(),
                                           [&](const std::string& sig) { return same_failure(sig, r.signature); });
-      const CaseResult first = r;
+      if (!shrink_it) {
+        record.cases.push_back(std::move(r));
+        ++i;
+        continue;
+      }
+      const CaseResult first = r;  // kept for shrinking only
       record.cases.push_back(std::move(r));
       ++i;
-      if (!shrink_it) continue;
       // Shrinking checks one case at a time with the planning worker; the pool's cases in
       // flight finish first, so no case waits on it past its timeout.
       while (pool && pool->in_flight()) collect();

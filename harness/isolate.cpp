@@ -575,6 +575,7 @@ struct IsolatedEvaluator::Reader {
     std::optional<CaseResult> result;  ///< reply["result"], converted
     std::optional<Case> drawn;         ///< reply["case"], converted
     bool malformed = false;            ///< one of them present but not convertible
+    std::string result_text, case_text;  ///< the same, as JSON text (for the journal)
   };
 
   explicit Reader(Worker& w) : thread_([this, &w] { run(w); }) {}
@@ -623,8 +624,10 @@ struct IsolatedEvaluator::Reader {
         }
         if (it.reply.is_object()) {
           try {
-            if (const auto r = it.reply.find("result"); r != it.reply.end()) it.result = case_result_from_json(*r, "result");
-            if (const auto c = it.reply.find("case"); c != it.reply.end()) it.drawn = case_from_json(*c);
+            const auto text = [](const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); };
+            if (const auto r = it.reply.find("result"); r != it.reply.end())
+              it.result = case_result_from_json(*r, "result"), it.result_text = text(*r);
+            if (const auto c = it.reply.find("case"); c != it.reply.end()) it.drawn = case_from_json(*c), it.case_text = text(*c);
           } catch (const std::exception&) {
             it.malformed = true;
           }
@@ -866,7 +869,7 @@ void IsolatedEvaluator::submit(Pending p) {
 }
 
 IsolatedEvaluator::Finished IsolatedEvaluator::evaluate_alone(const Pending& p) {
-  if (!p.draw) return {p.id, evaluate(p.kernel, p.c, p.options), p.c};
+  if (!p.draw) return {p.id, evaluate(p.kernel, p.c, p.options), p.c, {}, {}};
   // The worker draws it (so that a crash or hang is recorded with the case that caused
   // it), then it is checked as any other. A draw that fails (the generator threw, or the
   // kernel's supports() took the worker down) names the op's basic case.
@@ -874,13 +877,13 @@ IsolatedEvaluator::Finished IsolatedEvaluator::evaluate_alone(const Pending& p) 
   Case c;
   try {
     Exchange x = exchange({{"draw_case", {{"kernel", p.kernel}, {"draw", draw_to_json(*p.draw)}}}}, "drawing the case");
-    if (x.status != Disposition::Ok) return {p.id, failed_result(p.kernel, basic, x.status, x.message), basic};
+    if (x.status != Disposition::Ok) return {p.id, failed_result(p.kernel, basic, x.status, x.message), basic, {}, {}};
     if (!x.reply.is_object() || !x.reply.contains("case")) throw InputError("worker sent a malformed reply");
     c = case_from_json(x.reply["case"]);
   } catch (const InputError& e) {
-    return {p.id, failed_result(p.kernel, basic, Disposition::Failed, std::string("harness error: ") + e.what()), basic};
+    return {p.id, failed_result(p.kernel, basic, Disposition::Failed, std::string("harness error: ") + e.what()), basic, {}, {}};
   }
-  return {p.id, evaluate(p.kernel, c, p.options), c};
+  return {p.id, evaluate(p.kernel, c, p.options), c, {}, {}};
 }
 
 IsolatedEvaluator::Finished IsolatedEvaluator::next_result() {
@@ -923,7 +926,7 @@ IsolatedEvaluator::Finished IsolatedEvaluator::next_result() {
       continue;
     }
     const Pending& p = pending_.at(*id);
-    Finished f{p.id, {}, p.c};
+    Finished f{p.id, {}, p.c, {}, {}};
     if (reply.contains("error") && reply["error"].is_string()) {
       if (p.draw) f.requested = op_module(p.draw->op).basic_case(p.draw->dtype);
       f.result = failed_result(p.kernel, f.requested, Disposition::Failed, "harness error: " + reply["error"].get<std::string>());
@@ -935,7 +938,8 @@ IsolatedEvaluator::Finished IsolatedEvaluator::next_result() {
       continue;
     }
     f.result = std::move(*item->result);
-    if (p.draw) f.requested = std::move(*item->drawn);
+    f.result_json = std::move(item->result_text);
+    if (p.draw) f.requested = std::move(*item->drawn), f.requested_json = std::move(item->case_text);
     // A lost CUDA context: the other cases' results are suspect, and this one's could be
     // another case's doing; all of them again, alone.
     if (reply.value("restart", false)) {

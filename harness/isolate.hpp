@@ -126,6 +126,9 @@ class IsolatedEvaluator {
     std::uint64_t id = 0;
     CaseResult result;
     Case requested;  ///< the case as submitted or drawn (result.spec is it after filling)
+    /// result's and (when the worker drew it) requested's JSON text as the worker sent
+    /// them, for the journal; empty where not known.
+    std::string result_json, requested_json;
   };
   Finished next_result();
 

@@ -249,9 +249,15 @@ std::optional<CaseResult> Journal::take(const std::string& kernel, const Case& r
   return entries_[index].result;
 }
 
-void Journal::append(const std::string& kernel, const Case& requested, const CaseResult& result) {
-  const json line = {{"kernel", kernel}, {"case", to_json(requested)}, {"result", case_result_to_json(result)}};
-  write_line(dump(line) + "\n");
+void Journal::append(const std::string& kernel, const Case& requested, const CaseResult& result,
+                     std::string_view case_json, std::string_view result_json) {
+  // The same line dump() gives the object {"case", "kernel", "result"} (keys sorted).
+  std::string line = "{\"case\":";
+  line += case_json.empty() ? dump(to_json(requested)) : std::string(case_json);
+  line += ",\"kernel\":" + dump(json(kernel)) + ",\"result\":";
+  line += result_json.empty() ? dump(case_result_to_json(result)) : std::string(result_json);
+  line += "}\n";
+  write_line(line);
   const std::size_t index = entries_.size();
   entries_.push_back({kernel, requested, result});
   // Visited at once: it goes among this key's visited entries, before any loaded ones

@@ -27,6 +27,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -71,8 +72,11 @@ class Journal {
   std::optional<CaseResult> take(const std::string& kernel, const Case& requested);
 
   /// Appends one evaluation (one line, written in one call; fsync'd as above) and
-  /// counts it as visited. Throws InputError when the file cannot be written.
-  void append(const std::string& kernel, const Case& requested, const CaseResult& result);
+  /// counts it as visited. Throws InputError when the file cannot be written. case_json and
+  /// result_json, when not empty, are requested's and result's JSON text already made (the
+  /// worker's reply, dumped off the campaign thread), written as they are.
+  void append(const std::string& kernel, const Case& requested, const CaseResult& result,
+              std::string_view case_json = {}, std::string_view result_json = {});
 
   /// take(), or else evaluate() and append its result: the one call a campaign loop needs.
   CaseResult resume_or_run(const std::string& kernel, const Case& requested,

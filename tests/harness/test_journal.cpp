@@ -414,3 +414,29 @@ TEST(Journal, CampaignKilledWithSigkillResumesToTheUninterruptedResult) {
 
 }  // namespace
 }  // namespace ulpgate
+
+namespace ulpgate {
+
+// The campaign passes the worker's own JSON text of a result and a case (dumped off the
+// campaign thread): the line is the one the structs give, byte for byte, and reads back.
+TEST(Journal, PreparedJsonTextGivesTheSameLine) {
+  const std::string dir = fresh_dir("prepared");
+  Registry registry = builtin_registry();
+  const CampaignCase next = small_campaign()[1];
+  Kernel* k = registry.resolve(next.kernel);
+  Case c = next.c;
+  const Evaluation ev = evaluate(*k, c, {}, &registry);
+  const CaseResult r = to_case_result(*k, c, ev, case_family(c));
+  const auto text = [](const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); };
+  {
+    Journal a(dir + "/a.jsonl", kCampaign, false), b(dir + "/b.jsonl", kCampaign, false);
+    a.append(next.kernel, next.c, r);
+    b.append(next.kernel, next.c, r, text(to_json(next.c)), text(case_result_to_json(r)));
+  }
+  EXPECT_EQ(read_text(dir + "/a.jsonl"), read_text(dir + "/b.jsonl"));
+  Journal back(dir + "/b.jsonl", kCampaign, true);
+  ASSERT_EQ(back.loaded(), 1u);
+  EXPECT_EQ(case_result_to_json(back.entries()[0].result), case_result_to_json(r));
+}
+
+}  // namespace ulpgate
