@@ -249,13 +249,32 @@ class AttentionModule final : public OpModule {
     const double eta_p = tol.p_bits > 0 ? info(p_format).min_subnormal() : 0.0;
     const double eta = tol.accumulator_eta;
     const Tensor& v = inputs.at("V");
+    // For the queries without a reference: per batch, K/V head and column, max_j |v_jd| over
+    // every key (a bound of |O_d|), and the magnitude at which O's format rounds to Inf.
+    std::vector<double> v_head_max;
+    const auto& fo_info = info(cmp.format);
+    const double o_overflow = fo_info.max_finite() + ulp_of(cmp.format, fo_info.max_finite()) / 2;
+    if (sampled) {
+      v_head_max.assign(static_cast<std::size_t>(a.batch * a.eff_kv_heads() * dv), 0.0);
+      for (std::int64_t b = 0; b < a.batch; ++b)
+        for (std::int64_t hk = 0; hk < a.eff_kv_heads(); ++hk)
+          for (std::int64_t j = 0; j < a.seq_kv; ++j)
+            for (std::int64_t d = 0; d < dv; ++d) {
+              double& m = v_head_max[static_cast<std::size_t>((b * a.eff_kv_heads() + hk) * dv + d)];
+              m = std::max(m, std::fabs(v.value(vv.offset(b, hk, j, d))));
+            }
+    }
     for (std::int64_t b = 0; b < a.batch; ++b)
       for (std::int64_t h = 0; h < a.heads; ++h)
         for (std::int64_t i = 0; i < a.seq_q; ++i) {
           if (sampled && !rows[static_cast<std::size_t>(ref.row(b, h, i))]) {
-            // no reference: only a NaN or Inf is judged, unless the row met one in the inputs
+            // No reference: only a NaN or Inf is judged, unless the row met one in the
+            // inputs, or O may round past its format's range (|O_d| <= max_j |v_jd|).
+            const bool row_poisoned = !poisoned.empty() && poisoned[ref.row(b, h, i)];
             for (std::int64_t d = 0; d < dv; ++d)
-              cmp.accumulated[ref.index(b, h, i, d)] = !poisoned.empty() && poisoned[ref.row(b, h, i)] ? INFINITY : 0.0;
+              cmp.accumulated[ref.index(b, h, i, d)] =
+                  row_poisoned || v_head_max[static_cast<std::size_t>((b * a.eff_kv_heads() + a.kv_head(h)) * dv + d)] >= o_overflow
+                      ? INFINITY : 0.0;
             continue;
           }
           const RowFacts f = row_facts(c, inputs, b, h, i);
