@@ -29,6 +29,11 @@ constexpr std::int64_t kOutputTermBudget = std::int64_t{1} << 20;
 constexpr double kRefSecondsPerScore = 2.5e-6, kRefSecondsPerQkTerm = 4e-9, kRefSecondsPerPvTerm = 1.4e-7;
 /// One large case's reference at most this long (its relations add one or two more).
 constexpr double kLargeReferenceSeconds = 0.3;
+/// The large regime's kernel work per case, batch x heads x seq_q x seq_kv x (head_dim +
+/// head_dim_v): half the GEMM regime's kLargeTermBudget, since each large attention case runs
+/// the kernel four or five times (relations) and a failing one is shrunk through up to 24
+/// more evaluations (a prefill keeps some 500 to 1,800 queries against as many keys).
+constexpr std::int64_t kLargeAttentionTermBudget = kLargeTermBudget / 2;
 /// Queries per (batch, head) the reference keeps however long the case: the sampling below
 /// never goes under this (the generator keeps the cost within budget with it).
 constexpr std::int64_t kMinReferencedQueries = 16;
@@ -417,11 +422,11 @@ class AttentionModule final : public OpModule {
   // [256, kLargeReduction], queries mostly decode (1) or a few (speculative decoding), else a
   // prefill as long as the keys or any length up to 8192; batch up to 4, heads up to 32 with
   // GQA or MQA two times in three; then cut to kLargeReferenceSeconds of reference and
-  // kLargeTermBudget of kernel work: batch first, then queries while every query is
+  // kLargeAttentionTermBudget of kernel work: batch first, then queries while every query is
   // referenced, heads (down to a group of two K/V-sharing heads), V's width down to 32, then
   // the longer of queries and keys while the kernel's work is over budget, keys down to
-  // 4096, and the rest. A prefill keeps its length up to the kernel budget (2^27 terms: some
-  // 700 to 1,400 queries against as many keys): the reference then computes a sample of its
+  // 4096, and the rest. A prefill keeps its length up to the kernel budget (2^26 terms: some
+  // 500 to 1,800 queries against as many keys): the reference then computes a sample of its
   // queries (referenced_queries), about 3 us per score each.
   template <class Keep>
   static void draw_large_shape(AttentionShape& a, Keep& keep_if_supported) {
@@ -440,9 +445,9 @@ class AttentionModule final : public OpModule {
     const auto terms = [&] {
       return static_cast<double>(a.batch) * a.heads * a.seq_q * a.seq_kv * (a.head_dim + a.eff_head_dim_v());
     };
-    while (large_reference_seconds(a) > kLargeReferenceSeconds || terms() > static_cast<double>(kLargeTermBudget)) {
+    while (large_reference_seconds(a) > kLargeReferenceSeconds || terms() > static_cast<double>(kLargeAttentionTermBudget)) {
       const std::int64_t dv = a.eff_head_dim_v();
-      const bool over_terms = terms() > static_cast<double>(kLargeTermBudget);
+      const bool over_terms = terms() > static_cast<double>(kLargeAttentionTermBudget);
       // fewer queries cut the reference only while every query is referenced
       const bool all_queries = affordable_queries(a) >= a.seq_q;
       if (a.batch > 1) a.batch /= 2;
