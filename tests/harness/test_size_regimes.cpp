@@ -37,8 +37,9 @@ bool mqa(const AttentionShape& a) { return a.kv_heads == 1 && a.heads > 1; }
 
 // 400 large draws: long keys (32768 reached), decode (seq_q 1) often, long prefills, seq_q
 // != seq_kv, head_dim_v != head_dim, GQA and MQA, ragged lengths, causal and kv_lengths;
-// every case valid. The reference of the ten costliest (by keys x queries x heads x batch x
-// width) takes at most 0.3 s each, with a factor 2 for a loaded CI machine.
+// every case valid. The reference of the ten costliest (by keys x referenced queries x heads
+// x batch x width) is within the generator's cost model's 0.3 s (the model, not the clock,
+// is checked: performance belongs in benchmarks).
 TEST(AttentionLargeRegime, DrawsWhereKernelsSwitchPathsWithinTheCost) {
   const std::vector<Case> cases = large_draws(400);
   std::int64_t max_kv = 0, max_q = 0;
@@ -83,11 +84,18 @@ TEST(AttentionLargeRegime, DrawsWhereKernelsSwitchPathsWithinTheCost) {
     std::vector<char> rows(static_cast<std::size_t>(a.batch * a.heads * a.seq_q), 0);
     for (std::int64_t bh = 0; bh < a.batch * a.heads; ++bh)
       for (std::int64_t i : referenced_queries(c)) rows[static_cast<std::size_t>(bh * a.seq_q + i)] = 1;
+    // The cost model harness/ops/attention.cpp cuts each case by (measured there: 2.5 us per
+    // score, 4 ns per Q.K term, 0.14 us per P.V term, one core), checked exactly rather than
+    // by the clock, which a loaded CI machine stretches; the time is printed.
+    const double modelled = static_cast<double>(a.batch * a.heads) * static_cast<double>(referenced_queries(c).size()) *
+                            static_cast<double>(a.seq_kv) * (2.5e-6 + 4e-9 * a.head_dim + 1.4e-7 * a.eff_head_dim_v());
+    EXPECT_LE(modelled, 0.3 * (1 + 1e-9)) << "batch " << a.batch << " heads " << a.heads << " seq_q " << a.seq_q
+                                          << " seq_kv " << a.seq_kv << " dv " << a.eff_head_dim_v();
     const auto t0 = std::chrono::steady_clock::now();
     attention_reference(c, in, 1, &rows);
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    EXPECT_LE(s, 0.6) << "batch " << c.attention.batch << " heads " << c.attention.heads << " seq_q " << c.attention.seq_q
-                      << " seq_kv " << c.attention.seq_kv << " dv " << c.attention.eff_head_dim_v();
+    std::printf("seq_q %lld seq_kv %lld dv %lld: modelled %.3f s, took %.3f s\n", static_cast<long long>(a.seq_q),
+                static_cast<long long>(a.seq_kv), static_cast<long long>(a.eff_head_dim_v()), modelled,
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
 }
 
