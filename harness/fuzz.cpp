@@ -8,6 +8,7 @@
 #include <cstring>
 #include <filesystem>
 #include <functional>
+#include <optional>
 #include <condition_variable>
 #include <mutex>
 #include <thread>
@@ -379,14 +380,12 @@ RunRecord run_fuzz(Registry& registry, const FuzzOptions& o, const std::function
       const bool shrink_it = !r.verdict.passed && s.drawn &&
                              std::none_of(shrunk_signatures.begin(), shrunk_signatures.end(),
                                           [&](const std::string& sig) { return same_failure(sig, r.signature); });
-      if (!shrink_it) {
-        record.cases.push_back(std::move(r));
-        ++i;
-        continue;
-      }
-      const CaseResult first = r;  // kept for shrinking only
+      std::optional<CaseResult> kept;  // for shrinking only
+      if (shrink_it) kept = r;
       record.cases.push_back(std::move(r));
       ++i;
+      if (!kept) continue;
+      const CaseResult& first = *kept;
       // Shrinking checks one case at a time with the planning worker; the pool's cases in
       // flight finish first, so no case waits on it past its timeout.
       while (pool && pool->in_flight()) collect();

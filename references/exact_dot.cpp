@@ -688,6 +688,20 @@ RefValue ExactAccumulator::magnitude() const {
   return summarise(magnitude_, true);
 }
 
+namespace {
+// out = (-1)^negative * (the little-endian words as an integer) * 2^exponent, exactly.
+template <class Word>
+void set_exact(mpfr_ptr out, const Word* words, std::size_t count, long exponent, bool negative) {
+  mpz_t z;
+  mpz_init(z);
+  mpz_import(z, count, -1, sizeof(Word), 0, 0, words);
+  mpfr_set_prec(out, std::max<mpfr_prec_t>(2, static_cast<mpfr_prec_t>(mpz_sizeinbase(z, 2))));
+  mpfr_set_z_2exp(out, z, exponent, MPFR_RNDN);  // exact: the precision holds z
+  mpz_clear(z);
+  if (negative) mpfr_neg(out, out, MPFR_RNDN);
+}
+}  // namespace
+
 void ExactAccumulator::exact_value(mpfr_ptr out) const {
   const RefValue v = value();
   if (v.kind != RefValue::Kind::Finite) {
@@ -698,13 +712,7 @@ void ExactAccumulator::exact_value(mpfr_ptr out) const {
     const bool negative = single_value_ < 0;
     const u128 m = static_cast<u128>(negative ? -single_value_ : single_value_);
     const std::uint64_t words[2] = {static_cast<std::uint64_t>(m), static_cast<std::uint64_t>(m >> 64)};
-    mpz_t z;
-    mpz_init(z);
-    mpz_import(z, 2, -1, sizeof(std::uint64_t), 0, 0, words);
-    mpfr_set_prec(out, std::max<mpfr_prec_t>(2, static_cast<mpfr_prec_t>(mpz_sizeinbase(z, 2))));
-    mpfr_set_z_2exp(out, z, single_position_ - kBias, MPFR_RNDN);  // exact: the precision holds z
-    mpz_clear(z);
-    if (negative) mpfr_neg(out, out, MPFR_RNDN);
+    set_exact(out, words, 2, single_position_ - kBias, negative);
     return;
   }
   std::array<std::uint32_t, kDigits> w;
@@ -712,13 +720,7 @@ void ExactAccumulator::exact_value(mpfr_ptr out) const {
   const int top = magnitude_digits(value_, w, negative);
   int low = digit_lo_;
   while (w[low] == 0) ++low;
-  mpz_t z;
-  mpz_init(z);
-  mpz_import(z, static_cast<std::size_t>(top - low + 1), -1, sizeof(std::uint32_t), 0, 0, &w[low]);
-  mpfr_set_prec(out, std::max<mpfr_prec_t>(2, static_cast<mpfr_prec_t>(mpz_sizeinbase(z, 2))));
-  mpfr_set_z_2exp(out, z, 32L * low - kBias, MPFR_RNDN);  // exact: the precision holds z
-  mpz_clear(z);
-  if (negative) mpfr_neg(out, out, MPFR_RNDN);
+  set_exact(out, &w[low], static_cast<std::size_t>(top - low + 1), 32L * low - kBias, negative);
 }
 
 // ---- MPFR oracle ----

@@ -43,6 +43,18 @@ double row_reference_seconds(const AttentionShape& a) {
                                           kRefSecondsPerPvTerm * static_cast<double>(a.eff_head_dim_v()));
 }
 
+std::int64_t affordable_queries(const AttentionShape& a) {
+  const double per_head = row_reference_seconds(a) * static_cast<double>(a.batch * a.heads);
+  const double afford = std::floor(kLargeReferenceSeconds / std::max(per_head, 1e-30));
+  return afford >= static_cast<double>(a.seq_q) ? a.seq_q : std::max<std::int64_t>(kMinReferencedQueries, static_cast<std::int64_t>(afford));
+}
+
+// The reference's cost with referenced_queries' sampling (every key taken as visible).
+double large_reference_seconds(const AttentionShape& a) {
+  return static_cast<double>(std::min(a.seq_q, affordable_queries(a))) * static_cast<double>(a.batch * a.heads) *
+         row_reference_seconds(a);
+}
+
 }  // namespace
 
 // Long prefills: a kernel runs every query, the reference only as many as
@@ -51,12 +63,6 @@ double row_reference_seconds(const AttentionShape& a) {
 // of the last 64- and 128-query tile boundaries, then queries spread evenly with a
 // seed-dependent offset. A kernel wrong on some queries only (a tile, a tail) is seen where
 // the picks meet them; one wrong on a path is seen on every pick.
-static std::int64_t affordable_queries(const AttentionShape& a) {
-  const double per_head = row_reference_seconds(a) * static_cast<double>(a.batch * a.heads);
-  const double afford = std::floor(kLargeReferenceSeconds / std::max(per_head, 1e-30));
-  return afford >= static_cast<double>(a.seq_q) ? a.seq_q : std::max<std::int64_t>(kMinReferencedQueries, static_cast<std::int64_t>(afford));
-}
-
 std::vector<std::int64_t> referenced_queries(const Case& c) {
   const AttentionShape& a = c.attention;
   const std::int64_t afford = affordable_queries(a);
@@ -87,12 +93,6 @@ std::vector<std::int64_t> referenced_queries(const Case& c) {
 }
 
 namespace {
-
-// The reference's cost with referenced_queries' sampling (every key taken as visible).
-double large_reference_seconds(const AttentionShape& a) {
-  return static_cast<double>(std::min(a.seq_q, affordable_queries(a))) * static_cast<double>(a.batch * a.heads) *
-         row_reference_seconds(a);
-}
 
 // Families that put NaN, Inf or values near overflow into Q, K or V: an attention kernel's
 // scores are then not finite, which the reference rejects (the case would test nothing).
