@@ -1,6 +1,9 @@
 #include "references/gemm_reference.hpp"
 
 #include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <span>
 #include <cfloat>
 #include <cmath>
 #include <limits>
@@ -12,6 +15,9 @@
 #include "core/format_mpfr.hpp"
 #include "references/exact_dot.hpp"
 #include "references/fp_env.hpp"
+#if ULPGATE_GPU_REFERENCE
+#include "references/sliced_gemm_gpu.hpp"
+#endif
 
 namespace ulpgate {
 namespace {
@@ -176,6 +182,19 @@ RefValue gelu_certified(mpfr_srcptr t, double scale_d, bool tanh_form) {
   throw std::runtime_error("gelu reference: rounding not decided at 2^20 bits");
 }
 
+std::atomic<ReferencePath> g_reference_path{ReferencePath::Auto};
+
+// The GPU sliced path, or nullptr where this build or machine has none.
+const SlicedPath* gpu_path() {
+#if ULPGATE_GPU_REFERENCE
+  if (!gpu_sliced_available()) return nullptr;
+  static const SlicedPath path = gpu_sliced_path();
+  return &path;
+#else
+  return nullptr;
+#endif
+}
+
 }  // namespace
 
 RefValue apply_activation(Epilogue e, mpfr_srcptr t, double scale_d) {
@@ -191,8 +210,18 @@ RefValue apply_activation(Epilogue e, mpfr_srcptr t, double scale_d) {
   return gelu_certified(t, scale_d, act == Act::GeluTanh);
 }
 
+void set_reference_path(ReferencePath p) { g_reference_path = p; }
+ReferencePath reference_path() { return g_reference_path; }
+std::optional<ReferencePath> parse_reference_path(std::string_view s) {
+  if (s == "auto") return ReferencePath::Auto;
+  if (s == "cpu") return ReferencePath::Cpu;
+  if (s == "gpu") return ReferencePath::Gpu;
+  return std::nullopt;
+}
+bool gpu_reference_available() { return gpu_path() != nullptr; }
+
 GemmReference gemm_reference(const Case& c, const std::map<std::string, Tensor>& inputs,
-                             unsigned threads, const DigitGemm* digits) {
+                             unsigned threads, const SlicedPath* sliced_path) {
   if (c.op != Op::Gemm) throw InputError("gemm reference: case.op is not gemm");
   const ReferenceFpEnv env;  // whatever a kernel left set; parallel_for's threads inherit it
   const GemmShape& g = c.gemm;
@@ -273,17 +302,34 @@ GemmReference gemm_reference(const Case& c, const std::map<std::string, Tensor>&
     }
   }, threads);
 
-  // The sliced path: every batch's dot products from the digits (certified, or recomputed).
+  // The sliced path: every batch's dot products from the digits (certified, or recomputed
+  // by the tiles below, which run the superaccumulator on the elements not certified).
+  const double terms = static_cast<double>(g.batch) * g.m * g.n * static_cast<double>(k);
+  std::string path_name = sliced_path ? "sliced" : "";
+  if (!sliced_path && fast) {
+    const ReferencePath want = reference_path();
+    if (want == ReferencePath::Gpu || (want == ReferencePath::Auto && terms >= kGpuReferenceTerms)) {
+      sliced_path = gpu_path();
+      if (!sliced_path && want == ReferencePath::Gpu) throw InputError("--reference gpu: no CUDA device here");
+      path_name = "gpu";
+    }
+  }
   std::vector<SlicedDots> sliced;
-  if (digits && fast) {
+  if (sliced_path && fast) {
     r.recomputed = 0;
+    r.path = path_name;
     const auto mk = static_cast<std::size_t>(g.m * k), nk = static_cast<std::size_t>(g.n * k);
-    for (std::int64_t bi = 0; bi < g.batch; ++bi) {
-      // (the elements the digits do not certify: the tiles below run the superaccumulator)
-      sliced.push_back(sliced_dots(std::span<const float>(a_rows).subspan(bi * mk, mk), g.m,
-                                   std::span<const float>(b_cols).subspan(bi * nk, nk), g.n, k, *digits,
-                                   kMaxSliceDigits, false));
-      r.recomputed += sliced.back().recomputed;
+    try {
+      for (std::int64_t bi = 0; bi < g.batch; ++bi) {
+        sliced.push_back((*sliced_path)(std::span<const float>(a_rows).subspan(bi * mk, mk), g.m,
+                                        std::span<const float>(b_cols).subspan(bi * nk, nk), g.n, k));
+        r.recomputed += sliced.back().recomputed;
+      }
+    } catch (const std::runtime_error& e) {
+      if (reference_path() != ReferencePath::Auto || path_name != "gpu") throw;
+      std::fprintf(stderr, "ulpgate: GPU exact reference failed (%s); this case's reference runs on the CPU\n", e.what());
+      sliced.clear();
+      r.recomputed = -1, r.path = "cpu";
     }
   }
 
@@ -309,11 +355,10 @@ GemmReference gemm_reference(const Case& c, const std::map<std::string, Tensor>&
       bool dot_negative_down = false;  // the sign of a zero dot product rounding down
       // The exact dot product into acc: the digits' pieces where they certify it.
       const SlicedDots* sd = sliced.empty() ? nullptr : &sliced[static_cast<std::size_t>(bi)];
-      const auto e = static_cast<std::size_t>(i * g.n + j);
-      const bool certified = sd && sd->certified[e];
+      const bool certified = sd && sd->certified[sd->index(i, j)];
       const auto add_dot = [&] {
         if (certified) {
-          for (const double piece : sd->pieces[e])
+          for (const double piece : sd->pieces(i, j))
             if (piece != 0.0) acc.add(piece);
         } else {
           acc.add_products(a_ops[ai], b_ops[bj]);
@@ -322,7 +367,7 @@ GemmReference gemm_reference(const Case& c, const std::map<std::string, Tensor>&
       if (fast) {
         acc.clear();
         add_dot();
-        condition = (certified ? sd->magnitude[e] : acc.magnitude()).to_double();
+        condition = certified ? sd->condition[sd->index(i, j)] : acc.magnitude().to_double();
         if (fold_epilogue) {
           // beta sC c joins the sum only if it is an exact double (FMA residual zero, and
           // far enough from underflow that the residual itself is exact), and it and the

@@ -24,7 +24,9 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "core/case.hpp"
@@ -54,9 +56,12 @@ struct GemmReference {
   /// activation: max(condition, |alpha sA sB| condition + |beta sC c_ij| + |bias_j|), over
   /// the finite terms only (an Inf or NaN input counts as 0 here).
   std::vector<double> intermediate;
-  /// With a sliced path (gemm_reference's `digits`): the elements whose dot product the
-  /// digits did not certify and the superaccumulator computed; -1 without one.
+  /// With a sliced path: the elements whose dot product the digits did not certify and the
+  /// superaccumulator computed; -1 without one.
   std::int64_t recomputed = -1;
+  /// Which path computed the dot products: "cpu" (superaccumulator), "sliced-cpu" (the
+  /// emulation), "gpu" (int8 digit products on the device; the rest on the CPU).
+  std::string path = "cpu";
 
   std::int64_t index(std::int64_t b, std::int64_t i, std::int64_t j) const { return (b * m + i) * n + j; }
   const RefValue& at(std::int64_t b, std::int64_t i, std::int64_t j) const { return values[index(b, i, j)]; }
@@ -67,12 +72,26 @@ struct GemmReference {
 /// Computes the reference for a GEMM case from its input tensors ("A", "B", and "C" when
 /// beta != 0, "bias" for bias epilogues), each in its operand's format and laid out as the
 /// case says. Throws InputError if a tensor is missing, of the wrong format, or too small.
-/// digits: take the dot products of FP32-or-narrower operands from integer digit products
-/// by this backend (references/sliced_gemm.hpp: cpu_digit_gemm, or a GPU's int8 GEMM),
-/// certified, the rest from the superaccumulator; the epilogue is the same either way, and
-/// so is every value. nullptr: the superaccumulator for every element.
+/// sliced: take the dot products of FP32-or-narrower operands from this sliced path
+/// (references/sliced_gemm.hpp), certified, the rest from the superaccumulator; the epilogue
+/// is the same either way, and so is every value. nullptr: as reference_path() says.
 GemmReference gemm_reference(const Case& c, const std::map<std::string, Tensor>& inputs,
-                             unsigned threads = default_threads(), const DigitGemm* digits = nullptr);
+                             unsigned threads = default_threads(), const SlicedPath* sliced = nullptr);
+
+/// Where GEMM references taken without an explicit sliced path compute their dot products:
+/// auto: on the GPU (int8 digit products, certified) when a CUDA device is present and the
+/// case has at least kGpuReferenceTerms product terms, on the CPU otherwise (and when the
+/// GPU path fails: a note on stderr); cpu: always the superaccumulator; gpu: the GPU path
+/// for every case it applies to (an error without a device).
+enum class ReferencePath { Auto, Cpu, Gpu };
+void set_reference_path(ReferencePath p);
+ReferencePath reference_path();
+/// "auto", "cpu" or "gpu"; nullopt otherwise.
+std::optional<ReferencePath> parse_reference_path(std::string_view s);
+/// batch x M x N x K at which auto takes the GPU (measured: docs/results/gpu_reference_h200.md).
+inline constexpr double kGpuReferenceTerms = 0x1p26;
+/// Whether this build and machine have the GPU path.
+bool gpu_reference_available();
 
 /// act applied to the exact value t (any precision), times scale_d, as a RefValue (the
 /// epilogue's last step, exposed for tests).

@@ -403,7 +403,8 @@ TEST(GemmReference, CallersFloatingPointEnvironment) {
 // same reference as the superaccumulator, field for field, through every epilogue, layout,
 // scale and format; many of its dot products certified by the digits, the rest recomputed.
 TEST(GemmReference, SlicedPathGivesTheSameReference) {
-  const DigitGemm digits = cpu_digit_gemm;
+  const SlicedPath digits = [](std::span<const float> a, std::int64_t m, std::span<const float> b, std::int64_t n,
+                               std::int64_t k) { return cpu_sliced_dots(a, m, b, n, k); };
   std::int64_t elements = 0, recomputed = 0;
   for (std::uint64_t seed = 0; seed < 3000; ++seed) {
     const GemmCase gc = random_case(seed);

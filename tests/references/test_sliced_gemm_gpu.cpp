@@ -1,12 +1,15 @@
-// The sliced path's integer products on the GPU (references/sliced_gemm_gpu.hpp): equal to
-// the CPU emulation on random digit planes (extremes, ragged K, K past the int32 chunk),
-// and the dot products through them bit-identical to the superaccumulator on every
-// dot-input family. Skipped without a CUDA device.
+// The sliced exact GEMM on the GPU (references/sliced_gemm_gpu.hpp): element for element
+// the same as the CPU emulation (plans, the 192-bit sums, conditions, certification) and
+// bit-identical to the superaccumulator, on >= 1,000 random cases of every input format and
+// on the adversarial dot-input families (cancellation, subnormals, spans that force the
+// fallback, Inf/NaN, signed zeros), with K not a multiple of anything, K past one int32
+// chunk, and B's columns split into many product blocks. Skipped without a CUDA device.
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <fmt/format.h>
 
-#include "kernels/kernel.hpp"
+#include "core/format.hpp"
 #include "references/exact_dot.hpp"
 #include "references/sliced_gemm_gpu.hpp"
 #include "tests/references/dot_inputs.hpp"
@@ -15,43 +18,95 @@
 using namespace ulpgate;
 using namespace ulpgate::test;
 
-TEST(SlicedGemmGpu, DigitProductsEqualTheCpuEmulation) {
-  if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device";
-  const DigitGemm gpu = gpu_digit_gemm();
-  for (std::uint64_t c = 0; c < 100; ++c) {
-    Bits bits(41, 1, c);
-    // (n past one 128-thread block; case 0: K past three int32 chunks)
-    const std::int64_t m = c == 0 ? 2 : bits.in(1, 40), n = c == 0 ? 3 : bits.in(1, 130);
-    const std::int64_t k = c == 0 ? 3 * kInt32Chunk + 5 : bits.in(1, 3000);
-    const bool extreme = bits.chance(0.3);  // every digit +-127: the largest sums
-    std::vector<std::int8_t> a(static_cast<std::size_t>(m * k)), b(static_cast<std::size_t>(n * k));
-    for (auto* v : {&a, &b})
-      for (auto& x : *v)
-        x = static_cast<std::int8_t>(extreme ? (bits.chance(0.5) ? 127 : -127) : bits.in(-127, 127));
-    if (c == 0) std::fill(b.begin(), b.end(), std::int8_t{127}), std::fill(a.begin(), a.end(), std::int8_t{127});
-    std::vector<std::int64_t> want(static_cast<std::size_t>(m * n)), got(want.size(), -1);
-    cpu_digit_gemm(a.data(), b.data(), m, n, k, want.data());
-    gpu(a.data(), b.data(), m, n, k, got.data());
-    ASSERT_EQ(got, want) << "case " << c << ": m " << m << " n " << n << " k " << k;
-  }
+namespace {
+
+// "" when the GPU's elements equal the emulation's in every field.
+std::string compare_elements(const SlicedDots& gpu, const SlicedDots& cpu) {
+  if (gpu.stacked_a != cpu.stacked_a || gpu.stacked_b != cpu.stacked_b)
+    return fmt::format("stacked rows {} x {}, emulation {} x {}", gpu.stacked_a, gpu.stacked_b, cpu.stacked_a, cpu.stacked_b);
+  for (std::int64_t j = 0; j < gpu.n; ++j)
+    for (std::int64_t i = 0; i < gpu.m; ++i) {
+      const std::size_t e = gpu.index(i, j);
+      if (gpu.certified[e] != cpu.certified[e] || gpu.condition[e] != cpu.condition[e] ||
+          gpu.limb[0][e] != cpu.limb[0][e] || gpu.limb[1][e] != cpu.limb[1][e] || gpu.limb[2][e] != cpu.limb[2][e])
+        return fmt::format("element ({}, {}): certified {} / {}, condition {:a} / {:a}, limbs {:x} {:x} {:x} / {:x} {:x} {:x}",
+                           i, j, gpu.certified[e], cpu.certified[e], gpu.condition[e], cpu.condition[e], gpu.limb[2][e],
+                           gpu.limb[1][e], gpu.limb[0][e], cpu.limb[2][e], cpu.limb[1][e], cpu.limb[0][e]);
+    }
+  if (gpu.recomputed != cpu.recomputed) return fmt::format("recomputed {}, emulation {}", gpu.recomputed, cpu.recomputed);
+  return "";
 }
 
-TEST(SlicedGemmGpu, DotsBitIdenticalToTheSuperaccumulator) {
-  if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device";
-  const DigitGemm gpu = gpu_digit_gemm();
+// A value of format f: ordinary (normal(0, 1)-like magnitudes), with a chance of the
+// format's extremes (subnormals, the largest finite), of zeros and of specials.
+float draw(Bits& bits, Format f, double specials) {
+  const FormatInfo& fi = info(f);
+  if (bits.chance(specials)) return bits.chance(0.5) ? INFINITY : NAN;
+  if (bits.chance(0.02)) return bits.chance(0.5) ? 0.0f : -0.0f;
+  if (bits.chance(0.03)) {  // any finite code: subnormals and extremes
+    for (;;) {
+      const Code c = bits.next() & fi.code_mask();
+      if (is_finite(f, c)) return static_cast<float>(decode(f, c));
+    }
+  }
+  const double v = std::ldexp(1.0 + static_cast<double>(bits.next() >> 12) * 0x1p-52, static_cast<int>(bits.in(-8, 2)));
+  return static_cast<float>(decode(f, encode(f, bits.chance(0.5) ? -v : v)));
+}
+
+}  // namespace
+
+TEST(SlicedGemmGpu, EqualsTheEmulationOnEveryInputFormat) {
+  if (!gpu_sliced_available()) GTEST_SKIP() << "no CUDA device";
+  const SlicedPath gpu = gpu_sliced_path(kMaxSliceDigits, std::size_t{1} << 16);  // many column blocks
+  const Format formats[] = {Format::FP32, Format::TF32, Format::FP16, Format::BF16, Format::E4M3, Format::E5M2};
+  std::int64_t elements = 0, certified = 0;
+  for (const Format f : formats)
+    for (std::uint64_t c = 0; c < 1000; ++c) {
+      Bits bits(61, static_cast<std::uint32_t>(f), c);
+      const std::int64_t m = bits.in(1, 24), n = bits.in(1, 40), k = bits.in(1, 700);
+      const double specials = bits.chance(0.1) ? 0.002 : 0.0;
+      std::vector<float> a(static_cast<std::size_t>(m * k)), b(static_cast<std::size_t>(n * k));
+      for (auto& x : a) x = draw(bits, f, specials);
+      for (auto& x : b) x = draw(bits, f, specials);
+      const SlicedDots g = gpu(a, m, b, n, k), e = cpu_sliced_dots(a, m, b, n, k);
+      ASSERT_EQ(compare_elements(g, e), "") << name(f) << " case " << c << ": m " << m << " n " << n << " k " << k;
+      if (c % 10 == 0) ASSERT_EQ(first_difference(g, a, b, k), "") << name(f) << " case " << c;
+      elements += m * n, certified += m * n - g.recomputed;
+    }
+  std::printf("%lld elements, %lld certified by the GPU's digit products\n", static_cast<long long>(elements),
+              static_cast<long long>(certified));
+  EXPECT_GT(certified, elements / 2);
+}
+
+TEST(SlicedGemmGpu, BitIdenticalToTheSuperaccumulatorOnEveryFamily) {
+  if (!gpu_sliced_available()) GTEST_SKIP() << "no CUDA device";
+  const SlicedPath gpu = gpu_sliced_path();
   std::int64_t elements = 0, certified = 0;
   for (const Family fam : kFamilies)
-    for (std::uint64_t c = 0; c < 100; ++c) {
+    for (std::uint64_t c = 0; c < 150; ++c) {
       const DotMatrices g = make_dot_matrices(fam, 9, c * 16, 1 + static_cast<std::int64_t>(c % 5),
                                               1 + static_cast<std::int64_t>((c / 5) % 7), 3000);
-      const SlicedDots s = sliced_dots(g.a, g.m, g.b, g.n, g.k, gpu);
+      const SlicedDots s = gpu(g.a, g.m, g.b, g.n, g.k);
       ASSERT_EQ(first_difference(s, g.a, g.b, g.k), "") << name(fam) << " case " << c;
-      const std::int64_t m = g.m, n = g.n;
-      elements += m * n, certified += m * n - s.recomputed;
+      ASSERT_EQ(compare_elements(s, cpu_sliced_dots(g.a, g.m, g.b, g.n, g.k)), "") << name(fam) << " case " << c;
+      elements += g.m * g.n, certified += g.m * g.n - s.recomputed;
     }
-  RecordProperty("elements", static_cast<int>(elements));
-  RecordProperty("certified", static_cast<int>(certified));
   std::printf("%lld elements, %lld certified by the GPU's digit products\n", static_cast<long long>(elements),
               static_cast<long long>(certified));
   EXPECT_GT(certified, 1000);
+}
+
+// K past one int32 chunk (two GEMMs per digit set, summed in the combination), with the
+// largest digit products: rows of -128 2^lowest-scaled values against each other.
+TEST(SlicedGemmGpu, KPastOneInt32Chunk) {
+  if (!gpu_sliced_available()) GTEST_SKIP() << "no CUDA device";
+  const std::int64_t k = kInt32Chunk + 37, m = 3, n = 2;
+  Bits bits(5, 5, 0);
+  std::vector<float> a(static_cast<std::size_t>(m * k)), b(static_cast<std::size_t>(n * k));
+  for (auto& x : a) x = bits.chance(0.9) ? -128.0f : make_float(bits, -3, 3);
+  for (auto& x : b) x = bits.chance(0.9) ? -128.0f : make_float(bits, -3, 3);
+  const SlicedDots s = gpu_sliced_path()(a, m, b, n, k);
+  EXPECT_EQ(s.products, 2 * 2);
+  EXPECT_EQ(first_difference(s, a, b, k), "");
+  EXPECT_EQ(compare_elements(s, cpu_sliced_dots(a, m, b, n, k)), "");
 }
