@@ -145,6 +145,9 @@ struct OutputComparison {
   /// or Inf there (where the op says the true value is finite, accumulated_e within the
   /// accumulator) is unexpected. Empty: every element has its reference.
   std::vector<char> unreferenced;
+  /// How the reference was computed where it is worth saying (the GPU exact path: how many
+  /// elements the CPU recomputed); goes into the case record's notes as "reference".
+  std::string reference_note;
   /// What the tolerance was, for messages ("accumulator 24 bits, n = 512"); empty: from
   /// the ToleranceModel and n.
   std::string tolerance_note;

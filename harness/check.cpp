@@ -108,6 +108,7 @@ Evaluation evaluate_with_inputs(Kernel& k, const Case& c, const Inputs& inputs, 
       if (model->supports(c)) base = run_kernel(*model, c, inputs);
     }
     Judged j = judge_run(c, inputs, ev.run, ev.tolerance);  // the reference, once
+    if (!j.cmp.reference_note.empty()) ev.run.notes["reference"] = j.cmp.reference_note;
     if (base && base->status == Disposition::Ok) {
       baseline = rejudge(j, c, *base, ev.tolerance).metrics.max_normalised;
       judge_into(j, c, ev.run, ev.tolerance, baseline, *options.baseline);

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
+#include <cstdlib>
 #include <span>
 #include <cfloat>
 #include <cmath>
@@ -182,7 +183,12 @@ RefValue gelu_certified(mpfr_srcptr t, double scale_d, bool tanh_form) {
   throw std::runtime_error("gelu reference: rounding not decided at 2^20 bits");
 }
 
-std::atomic<ReferencePath> g_reference_path{ReferencePath::Auto};
+// ULPGATE_REFERENCE (auto, cpu, gpu) where set, else auto; set_reference_path overrides it.
+std::atomic<ReferencePath> g_reference_path{[] {
+  const char* s = std::getenv("ULPGATE_REFERENCE");
+  const std::optional<ReferencePath> p = s ? parse_reference_path(s) : std::nullopt;
+  return p.value_or(ReferencePath::Auto);
+}()};
 
 // The GPU sliced path, or nullptr where this build or machine has none.
 const SlicedPath* gpu_path() {

@@ -235,7 +235,7 @@ void gpu_sliced_elements(const float* a, long long m, const float* b, long long 
   // block (value and magnitude, every K chunk) fit the budget.
   const long long chunks = (pitch + slicing::kChunk - 1) / slicing::kChunk;
   const long long max_block_rows = std::max<long long>(
-      16, static_cast<long long>(product_budget / (2 * static_cast<std::size_t>(chunks * rows_a) * 4)) / 16 * 16);
+      16, static_cast<long long>(product_budget / (2 * static_cast<std::size_t>(chunks * std::max<long long>(rows_a, 16)) * 4)) / 16 * 16);
   const RowPlan* a_plans = plans;
   const RowPlan* b_plans = plans + m;
   const long long* a_offsets = dev_offsets;

@@ -13,6 +13,7 @@
 #include "distributions/spec.hpp"
 #include "core/error.hpp"
 #include "core/format.hpp"
+#include "references/gemm_reference.hpp"
 #include "harness/isolate.hpp"
 #include "harness/gate.hpp"
 #include "harness/probe.hpp"
@@ -97,6 +98,12 @@ int main(int argc, char** argv) {
   app.add_option("--plugin", plugins, "Load kernels from a plugin shared library (repeatable)")
       ->allow_extra_args(false)
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  std::string reference_path;
+  app.add_option("--reference", reference_path,
+                 "Where GEMM references compute their exact dot products: auto (default: the GPU's int8 digit "
+                 "products for cases of 2^26 terms or more where a CUDA device is present, else the CPU), cpu, gpu "
+                 "(sets ULPGATE_REFERENCE for worker processes)")
+      ->check(CLI::IsMember({"auto", "cpu", "gpu"}));
 
   auto* list = app.add_subcommand("list", "Kernels, formats and distributions available here");
   // Hidden (no group): the isolation worker that runs kernels for fuzz (harness/isolate.hpp).
@@ -227,6 +234,12 @@ int main(int argc, char** argv) {
 
   try {
     if (report->parsed()) return report_command(report_args);  // needs no kernels
+    if (!reference_path.empty()) {
+      ::setenv("ULPGATE_REFERENCE", reference_path.c_str(), 1);  // worker processes inherit it
+      ulpgate::set_reference_path(*ulpgate::parse_reference_path(reference_path));
+      if (reference_path == "gpu" && !ulpgate::gpu_reference_available())
+        return usage_error("--reference gpu: no CUDA device here (or a build without CUDA)");
+    }
     plugins = ulpgate::resolve_plugins(plugins);  // "" refused, "foo.so" here found
     const auto max_memory = [](const std::string& text) {
       return text.empty() ? ulpgate::default_max_memory() : ulpgate::parse_memory_size(text);

@@ -415,6 +415,9 @@ class GemmModule final : public OpModule {
     cmp.exact = ref.values;
     cmp.condition = ref.magnitude;
     cmp.accumulated = ref.intermediate;
+    if (ref.path == "gpu")
+      cmp.reference_note = fmt::format("exact on the GPU (int8 digit products); {} of {} elements recomputed on the CPU",
+                                       ref.recomputed, ref.values.size());
     const Format compute = c.types.at("compute");
     // FP64 too: the intermediate bound is a double, +Inf once the terms pass DBL_MAX.
     cmp.accumulator_max = info(compute == Format::TF32 ? Format::FP32 : compute).max_finite();
