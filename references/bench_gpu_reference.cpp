@@ -2,18 +2,23 @@
 // one run (docs/results/gpu_reference_h200.md):
 //   bench_gpu_reference [--m 8192] [--n 8192] [--k 1024,...,65536] [--formats fp16,bf16,fp32]
 //                       [--reps 3] [--cpu-rows 32] [--check 256] [--seed 1]
+//                       [--crossover 128,256,...]
 // Inputs: normal(0, 1) rounded to the format, op(A) rows and op(B) columns as floats.
 // Per format and K: DGEMM's median time (CUDA events, after a warm-up); the GPU path's
 // median time per phase (slice, int8 products, combination: the certified exact result on
 // the device) and its transfers; the CPU exact reference on all cores, timed on --cpu-rows
 // rows of A and scaled to M rows (its B preparation counted once); --check elements of the
 // GPU result compared bit for bit with the superaccumulator. Markdown rows to stdout, one
-// JSON object per row to stderr.
+// JSON object per row to stderr. --crossover S,...: instead, the whole GEMM reference
+// (gemm_reference: packing, exact dot products, epilogue) for BF16 M = N = K = S on the CPU
+// (all cores) and through the GPU, medians of --reps: where auto should switch.
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <map>
 #include <cstdio>
 #include <stdexcept>
 #include <string>
@@ -25,7 +30,10 @@
 #include "core/format.hpp"
 #include "core/parallel.hpp"
 #include "core/rng.hpp"
+#include "core/case.hpp"
+#include "core/tensor.hpp"
 #include "references/exact_dot.hpp"
+#include "references/gemm_reference.hpp"
 #include "references/sliced_gemm_gpu.hpp"
 
 using namespace ulpgate;
@@ -84,6 +92,8 @@ int main(int argc, char** argv) {
   app.add_option("--cpu-rows", cpu_rows)->check(CLI::Range(std::int64_t{0}, std::int64_t{1} << 20));
   app.add_option("--check", check_count)->check(CLI::Range(std::int64_t{0}, std::int64_t{1} << 20));
   app.add_option("--seed", seed);
+  std::vector<std::int64_t> crossover;
+  app.add_option("--crossover", crossover)->delimiter(',')->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 14));
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -103,6 +113,40 @@ int main(int argc, char** argv) {
     return 2;
   }
   cpu_rows = std::min(cpu_rows, m);
+  if (!crossover.empty()) {
+    std::printf("| M = N = K | product terms | CPU reference ms (%u threads) | GPU reference ms | CPU / GPU |\n|---|---|---|---|---|\n",
+                default_threads());
+    for (const std::int64_t size : crossover) {
+      Case c;
+      c.op = Op::Gemm;
+      c.gemm.m = c.gemm.n = c.gemm.k = size;
+      c.types = {{"A", Format::BF16}, {"B", Format::BF16}, {"D", Format::FP32}, {"compute", Format::FP32}};
+      validate(c);
+      std::map<std::string, Tensor> in;
+      for (const char* op : {"A", "B"}) {
+        const std::vector<float> v = normal_rows(Format::BF16, size, size, seed, op[0] == 'A' ? 1 : 2);
+        Tensor t(Format::BF16, v.size());
+        for (std::size_t e = 0; e < v.size(); ++e) t.set_value(e, v[e]);
+        in.emplace(op, std::move(t));
+      }
+      double ms[2];
+      for (const ReferencePath path : {ReferencePath::Cpu, ReferencePath::Gpu}) {
+        set_reference_path(path);
+        std::vector<double> times;
+        for (int r = 0; r <= reps; ++r) {
+          const auto t0 = std::chrono::steady_clock::now();
+          const GemmReference ref = gemm_reference(c, in);
+          const auto t1 = std::chrono::steady_clock::now();
+          if (r > 0) times.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+        }
+        ms[path == ReferencePath::Gpu] = median(times);
+      }
+      std::printf("| %lld | %.3g | %.2f | %.2f | %.2f |\n", static_cast<long long>(size), std::pow(static_cast<double>(size), 3.0),
+                  ms[0], ms[1], ms[0] / ms[1]);
+      std::fflush(stdout);
+    }
+    return 0;
+  }
   cublasHandle_t handle;
   check(cublasCreate(&handle), "cublasCreate");
   const SlicedPath gpu = gpu_sliced_path();

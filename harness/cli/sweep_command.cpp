@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <memory>
@@ -102,6 +103,7 @@ int sweep_command(const SweepArgs& a, const LocalRegistry& local, const std::str
               record.environment.device.c_str(),
               gemm ? fmt::format("M = N = {}", a.mn).c_str() : fmt::format("seq_q = {}, head_dim 64", a.seq_q).c_str(),
               vary.parameter.c_str(), static_cast<long long>(vary.values.front()), static_cast<long long>(vary.values.back()));
+  std::fflush(stdout);  // each series' table is flushed as it completes: logs show long sweeps' progress
   std::int64_t failed_points = 0, series_run = 0;
   for (const Series& series : plan) {
     Kernel* k = series.kernel;
@@ -115,8 +117,12 @@ int sweep_command(const SweepArgs& a, const LocalRegistry& local, const std::str
     const PointChecker check = [&](const Case& c, const EvaluationOptions& eo) {
       return isolated ? isolated->evaluate(c.kernel, c, eo) : check_case(*k, c, eo, &registry);
     };
+    // Progress: a line per point where stderr is not a terminal (logs of long sweeps).
+    const auto series_start = std::chrono::steady_clock::now();
     const SweepOutcome s = run_sweep(o, check, [&](std::size_t i, std::size_t n) {
-      if (tty) std::fprintf(stderr, "\r  %s %s %s: %zu/%zu points", k->name().c_str(), dtype.c_str(), dist.c_str(), i, n);
+      const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - series_start).count();
+      std::fprintf(stderr, tty ? "\r  %s %s %s: %zu/%zu points, %.1f s" : "  %s %s %s: %zu/%zu points, %.1f s\n",
+                   k->name().c_str(), dtype.c_str(), dist.c_str(), i, n, seconds);
     });
     if (tty) std::fprintf(stderr, "\r\033[K");
     std::printf("\n  %s  %s  %s  (%s)\n  %8s  %16s  %14s\n", k->name().c_str(), dtype.c_str(), dist.c_str(),
@@ -137,6 +143,7 @@ int sweep_command(const SweepArgs& a, const LocalRegistry& local, const std::str
     else
       std::printf("  growth exponent %.3f +- %.3f (error ~ seq_kv^exponent)\n", s.series.fit.exponent,
                   s.series.fit.exponent_stderr);
+    std::fflush(stdout);
     record.sweeps.push_back(s.series);
     for (const auto& r : s.cases) record.cases.push_back(r);
   }
