@@ -89,7 +89,7 @@ ReferencePath reference_path();
 /// "auto", "cpu" or "gpu"; nullopt otherwise.
 std::optional<ReferencePath> parse_reference_path(std::string_view s);
 /// batch x M x N x K at which auto takes the GPU (measured: docs/results/gpu_reference_h200.md).
-inline constexpr double kGpuReferenceTerms = 0x1p26;
+inline constexpr double kGpuReferenceTerms = 0x1p29;
 /// Whether this build and machine have the GPU path.
 bool gpu_reference_available();
 

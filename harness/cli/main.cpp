@@ -101,7 +101,7 @@ int main(int argc, char** argv) {
   std::string reference_path;
   app.add_option("--reference", reference_path,
                  "Where GEMM references compute their exact dot products: auto (default: the GPU's int8 digit "
-                 "products for cases of 2^26 terms or more where a CUDA device is present, else the CPU), cpu, gpu "
+                 "products for cases of 2^29 terms or more where a CUDA device is present, else the CPU), cpu, gpu "
                  "(sets ULPGATE_REFERENCE for worker processes)")
       ->check(CLI::IsMember({"auto", "cpu", "gpu"}));
 

@@ -174,7 +174,7 @@ TEST(GemmReferenceGpu, SameReferenceAsTheCpu) {
 // and both give the CPU's values.
 TEST(GemmReferenceGpu, AutoTakesTheGpuForLargeCases) {
   if (!gpu_sliced_available()) GTEST_SKIP() << "no CUDA device";
-  for (const std::int64_t size : {64, 512}) {
+  for (const std::int64_t size : {64, 1024}) {
     Case c;
     c.op = Op::Gemm;
     c.gemm.m = c.gemm.n = c.gemm.k = size;
