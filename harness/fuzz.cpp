@@ -254,8 +254,22 @@ RunRecord run_fuzz(Registry& registry, const FuzzOptions& o, const std::function
     // Shrinks a failing case towards a minimal one with the same signature: the first
     // shrink that still fails that way is taken, until none does (or the step or time
     // budget ends it: the smallest so far is the result).
+    // A candidate that passes is rejected, and one that fails only a metamorphic relation
+    // has another signature: unless the failure is a relation's, candidates run without
+    // the relations (a passing one would otherwise run the kernel four or five more times,
+    // seconds for a large case), which changes no decision. They bypass the journal, whose
+    // results are complete evaluations.
+    EvaluationOptions shrink_options = options;
+    shrink_options.relations = false;
     const auto shrink = [&](rc::Shrinkable<Case> failing, const CaseResult& first, int max_steps) {
       CaseResult best = first;
+      const bool relation_failure = first.signature.find("relation:") != std::string::npos;
+      const auto evaluate_candidate = [&](const Case& c) {
+        if (relation_failure) return evaluate(c);
+        CaseResult r = check_generated(registry, *k, c, shrink_options, isolated);
+        r.target = target_name(t);
+        return r;
+      };
       int steps = 0;
       for (bool progressed = true; progressed;) {
         progressed = false;
@@ -268,7 +282,7 @@ RunRecord run_fuzz(Registry& registry, const FuzzOptions& o, const std::function
           } catch (const std::exception&) {
             continue;  // a shrink the generator cannot build
           }
-          CaseResult cr = evaluate(cc);
+          CaseResult cr = evaluate_candidate(cc);
           if (!cr.verdict.passed && same_failure(cr.signature, first.signature)) {
             failing = *child;
             best = std::move(cr);

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <map>
 #include <set>
 
 #include <nlohmann/json.hpp>
@@ -142,6 +143,65 @@ TEST(Fuzz, KeepsLookingAfterAFailureAndShrinksEachSignature) {
     EXPECT_LE(m.spec.gemm.k, from->spec.gemm.k);
   }
   EXPECT_GE(shrunk, 2);
+}
+
+namespace {
+
+// DropsOddTail, recording every case it runs (as JSON) in order.
+class RecordsRuns final : public Kernel {
+ public:
+  explicit RecordsRuns(std::vector<std::string>& runs) : runs_(runs) {}
+  std::string name() const override { return "planted.records_runs"; }
+  std::string description() const override { return "planted.odd_tail, recording its runs"; }
+  KernelTraits traits() const override { return {Memory::Host, true}; }
+  std::optional<std::string> unsupported(const Case& c) const override { return inner_.unsupported(c); }
+  void run(const Case& c, const KernelIo& io, RunNotes& notes) override {
+    runs_.push_back(to_json(c).dump());
+    inner_.run(c, io, notes);
+  }
+
+ private:
+  std::vector<std::string>& runs_;
+  DropsOddTail inner_;
+};
+
+}  // namespace
+
+// Shrinking a failure that is not a relation's runs each candidate without the
+// metamorphic relations (a passing candidate is rejected either way): with relations on,
+// every case that is not a generated one runs exactly as often as with relations off (a
+// passing candidate would otherwise run again for repeatability and scaling), and the
+// shrunk case is the same.
+TEST(Fuzz, ShrinkCandidatesRunWithoutRelationsUnlessTheFailureIsOne) {
+  std::vector<std::string> runs;
+  Registry reg = builtin_registry();
+  reg.add(std::make_unique<RecordsRuns>(runs));
+  FuzzOptions o = options("planted.records_runs", "fp16", "");
+  const auto campaign = [&](bool relations, std::map<std::string, int>& count) {
+    runs.clear();
+    o.metamorphic = relations;
+    RunRecord r = run_fuzz(reg, o);
+    for (const auto& j : runs) ++count[j];
+    return r;
+  };
+  std::map<std::string, int> without, with;
+  const RunRecord a = campaign(false, without), b = campaign(true, with);
+  const auto shrunk_of = [](const RunRecord& r) {
+    const auto it = std::find_if(r.cases.begin(), r.cases.end(), [](const CaseResult& c) { return c.origin == "shrunk"; });
+    return it == r.cases.end() ? std::string() : it->id;
+  };
+  ASSERT_NE(shrunk_of(a), "") << "the planted bug was not found";
+  EXPECT_EQ(shrunk_of(b), shrunk_of(a)) << "the same minimal case";
+  std::set<std::string> generated;
+  for (const auto& c : b.cases)
+    if (c.origin == "generated") generated.insert(to_json(c.spec).dump());
+  int candidates = 0;
+  for (const auto& [j, n] : with) {
+    if (generated.count(j)) continue;
+    if (without.count(j)) ++candidates;  // (a transposed case of a relation runs only with relations on)
+    if (without.count(j)) EXPECT_EQ(n, without.at(j)) << "a shrink candidate ran more often with relations on: " << j;
+  }
+  EXPECT_GT(candidates, 5);
 }
 
 // Case i of a target is the same case whatever --cases is (so a longer campaign runs the
