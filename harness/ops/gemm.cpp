@@ -166,7 +166,7 @@ std::vector<double> input_rounding_abs(const Case& c, const Inputs& inputs, int 
 // times |alpha sA sB sD|, plus (K + 4) eta_acc sD and the input rounding's absolute part.
 // Columns of op(B) go 64 at a time, k-major, so the inner loop runs over j (vectorised).
 std::vector<double> precision_scale(const Case& c, const Inputs& inputs, const ToleranceModel& tol,
-                                    const std::vector<double>& input_abs) {
+                                    const std::vector<double>& input_abs, const std::vector<std::int64_t>& rows) {
   const GemmShape& g = c.gemm;
   const MatrixView av = gemm_view(c, "A"), bv = gemm_view(c, "B");
   const Tensor &a = inputs.at("A"), &b = inputs.at("B");
@@ -180,14 +180,16 @@ std::vector<double> precision_scale(const Case& c, const Inputs& inputs, const T
   const double sd = scale_of("D"), scale = std::fabs(c.alpha * scale_of("A") * scale_of("B") * sd);
   const double floor = static_cast<double>(K + 4) * tol.accumulator_eta * std::max(1.0, sd);
   const auto finite_or_zero = [](double v) { return std::isfinite(v) ? v : 0.0; };
-  std::vector<double> out(static_cast<std::size_t>(g.batch * M * N));
+  // rows not covered (precision_rows) have no scale: NaN, which the rule skips
+  std::vector<double> out(static_cast<std::size_t>(g.batch * M * N), static_cast<std::int64_t>(rows.size()) == M ? 0.0 : NAN);
   std::vector<double> bk(static_cast<std::size_t>(K * N));
   constexpr std::int64_t W = 64;
   for (std::int64_t bi = 0; bi < g.batch; ++bi) {
     parallel_for(K, [&](std::int64_t k) {
       for (std::int64_t j = 0; j < N; ++j) bk[k * N + j] = finite_or_zero(b.value(op_b_offset(c, bv, bi, k, j)));
     }, threads_for(static_cast<double>(K) * N, 0x1p15));
-    parallel_for(M, [&](std::int64_t i) {
+    parallel_for(static_cast<std::int64_t>(rows.size()), [&](std::int64_t row) {
+      const std::int64_t i = rows[static_cast<std::size_t>(row)];
       std::vector<double> ar(static_cast<std::size_t>(K));
       for (std::int64_t k = 0; k < K; ++k) ar[k] = finite_or_zero(a.value(op_a_offset(c, av, bi, i, k)));
       for (std::int64_t j0 = 0; j0 < N; j0 += W) {
@@ -219,24 +221,27 @@ std::vector<double> precision_scale(const Case& c, const Inputs& inputs, const T
           out[e] = scale * acc + floor + (input_abs.empty() ? 0.0 : input_abs[e]);
         }
       }
-    }, threads_for(static_cast<double>(M) * N * K, 0x1p16));
+    }, threads_for(static_cast<double>(rows.size()) * N * K, 0x1p16));
   }
   return out;
 }
 
 // The calibrator's mean normalised error on the same inputs at `bits`, before any output
 // rounding (so that only its accumulation shows): mean over elements of |cal_e - x_e| / c_e.
-double calibration_mean_normalised(const std::vector<double>& arows, const std::vector<double>& bcols, std::int64_t M,
-                                   std::int64_t N, std::int64_t K, const OutputComparison& cmp, int bits) {
-  std::vector<double> err(M * N, 0.0);
-  parallel_for(M, [&](std::int64_t i) {
+double calibration_mean_normalised(const std::vector<double>& arows, const std::vector<double>& bcols,
+                                   const std::vector<std::int64_t>& rows, std::int64_t N, std::int64_t K,
+                                   const OutputComparison& cmp, int bits) {
+  const auto R = static_cast<std::int64_t>(rows.size());
+  std::vector<double> err(static_cast<std::size_t>(R * N), 0.0);
+  parallel_for(R, [&](std::int64_t row) {
+    const std::int64_t i = rows[static_cast<std::size_t>(row)];
     for (std::int64_t j = 0; j < N; ++j) {
       const double cal = calibration_dot(&arows[i * K], &bcols[j * K], K, bits);
       const DoubleDouble x = cmp.exact[i * N + j].double_double();
       const double cond = cmp.condition[i * N + j];
-      err[i * N + j] = cond > 0 ? std::fabs((cal - x.hi) - x.lo) / cond : 0.0;
+      err[row * N + j] = cond > 0 ? std::fabs((cal - x.hi) - x.lo) / cond : 0.0;
     }
-  }, threads_for(static_cast<double>(M) * N * K, 0x1p16));
+  }, threads_for(static_cast<double>(R) * N * K, 0x1p16));
   double sum = 0;
   for (double e : err) sum += e;
   return sum / static_cast<double>(err.size());
@@ -427,7 +432,8 @@ class GemmModule final : public OpModule {
     }
     // The precision rule: where D is alpha x the accumulation through at most a ReLU (a
     // GELU's own evaluation error is not in its scale).
-    if (c.alpha != 0 && !has_gelu(c.epilogue)) cmp.precision_scale = precision_scale(c, inputs, tol, cmp.input_abs);
+    if (c.alpha != 0 && !has_gelu(c.epilogue))
+      cmp.precision_scale = precision_scale(c, inputs, tol, cmp.input_abs, precision_rows(c));
     return cmp;  // allowed: empty, the ToleranceModel's GEMM bound with n = K applies
   }
 
@@ -507,6 +513,9 @@ class GemmModule final : public OpModule {
     const std::int64_t M = c.gemm.m, N = c.gemm.n, K = c.gemm.k;
     std::vector<double> arows(M * K), bcols(N * K);
     const Tensor &a = inputs.at("A"), &b = inputs.at("B");
+    // (the calibrator's mean over precision_rows: the same expectation as the kernel's
+    // mean over every row, for rows drawn alike)
+    const std::vector<std::int64_t> rows = precision_rows(c);
     parallel_for(M, [&](std::int64_t i) {
       for (std::int64_t k = 0; k < K; ++k) arows[i * K + k] = a.value(op_a_offset(c, av, 0, i, k));
     }, threads_for(static_cast<double>(M) * K, 0x1p15));
@@ -515,7 +524,7 @@ class GemmModule final : public OpModule {
     }, threads_for(static_cast<double>(N) * K, 0x1p15));
     for (int bits = kCalibrationBits; bits >= 12; bits -= 4) {
       if (std::ldexp(static_cast<double>(K), -bits) > 1.0 / 16) break;
-      const double cal = calibration_mean_normalised(arows, bcols, M, N, K, cmp, bits);
+      const double cal = calibration_mean_normalised(arows, bcols, rows, N, K, cmp, bits);
       if (cal > 0) return bits + std::log2(cal / kernel_mean);
     }
     return NAN;
@@ -543,6 +552,37 @@ Case dtype_gemm_case(std::string_view dtype, std::int64_t m, std::int64_t n, std
   c.types = {{"A", in}, {"B", in_b}, {"D", out.value_or(d)}, {"compute", compute}};
   validate(c);
   return c;
+}
+
+std::vector<std::int64_t> precision_rows(const Case& c) {
+  const GemmShape& g = c.gemm;
+  std::vector<std::int64_t> all(static_cast<std::size_t>(g.m));
+  std::iota(all.begin(), all.end(), std::int64_t{0});
+  const double per_row = static_cast<double>(g.batch) * static_cast<double>(g.n) * static_cast<double>(g.k);
+  if (per_row * static_cast<double>(g.m) <= kPrecisionRowTerms) return all;
+  const std::int64_t afford = std::max<std::int64_t>(16, static_cast<std::int64_t>(kPrecisionRowTerms / per_row));
+  if (afford >= g.m) return all;
+  std::vector<char> taken(static_cast<std::size_t>(g.m), 0);
+  std::vector<std::int64_t> picks;
+  const auto take = [&](std::int64_t i) {
+    if (i >= 0 && i < g.m && !taken[static_cast<std::size_t>(i)] && static_cast<std::int64_t>(picks.size()) < afford)
+      taken[static_cast<std::size_t>(i)] = 1, picks.push_back(i);
+  };
+  take(0), take(1);
+  for (std::int64_t i = 1; i <= 4; ++i) take(g.m - i);
+  for (std::int64_t tile : {128, 64}) {
+    const std::int64_t edge = (g.m - 1) / tile * tile;  // the last tile's first row
+    take(edge), take(edge - 1);
+  }
+  const std::int64_t rest = afford - static_cast<std::int64_t>(picks.size());
+  if (rest > 0) {
+    const double step = static_cast<double>(g.m) / static_cast<double>(rest);
+    const double offset = static_cast<double>(c.seed % 1024) / 1024.0 * step;
+    for (std::int64_t t = 0; t < rest; ++t) take(static_cast<std::int64_t>(offset + step * static_cast<double>(t)));
+  }
+  for (std::int64_t i = 0; i < g.m && static_cast<std::int64_t>(picks.size()) < afford; ++i) take(i);  // collisions
+  std::sort(picks.begin(), picks.end());
+  return picks;
 }
 
 const OpModule& gemm_module() {

@@ -16,6 +16,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "harness/ops/op.hpp"
 
@@ -30,6 +31,16 @@ Case dtype_gemm_case(std::string_view dtype, std::int64_t m, std::int64_t n, std
 
 /// The GEMM module (op_module(Op::Gemm)).
 const OpModule& gemm_module();
+
+/// batch x M x N x K up to which the precision rule's scale and the effective-bits
+/// calibrator (each an O(M N K) pass on the CPU) cover every row of D.
+inline constexpr double kPrecisionRowTerms = 0x1p30;
+/// The rows of D (the same in every batch) that the precision rule and the calibrator
+/// cover: all of them up to kPrecisionRowTerms, else a sample of max(16, the rows that
+/// kPrecisionRowTerms affords): the first two, the last four, both sides of the last 64-
+/// and 128-row tile boundaries, and rows spread evenly (offset by the case's seed). The
+/// other rows' elements have no precision scale: the tolerance bound alone judges them.
+std::vector<std::int64_t> precision_rows(const Case& c);
 
 /// The transposed problem on the same memory: D^T = op(B)^T op(A)^T in the other layout,
 /// A and B (types, scales, leading dimensions) swapped, no distributions (the inputs are

@@ -14,6 +14,7 @@
 
 #include "core/parallel.hpp"
 #include "harness/check.hpp"
+#include "harness/ops/gemm.hpp"
 #include "harness/ops/op.hpp"
 #include "kernels/emulated/gemm_models.hpp"
 
@@ -439,4 +440,39 @@ TEST(Evaluate, SmallCasesStartNoThreads) {
     }
   }
   ::unsetenv("ULPGATE_THREADS");
+}
+
+// Past kPrecisionRowTerms the precision rule and the effective-bits calibrator cover a
+// sample of D's rows (harness/ops/gemm.hpp precision_rows): the edges and tile boundaries,
+// then rows spread evenly; every row below the threshold.
+TEST(PrecisionRows, AllRowsUpToTheThresholdThenASampleWithTheEdges) {
+  Case c = dtype_gemm_case("fp32", 64, 64, 1024);
+  EXPECT_EQ(precision_rows(c).size(), 64u);
+  c.gemm.m = 1000, c.gemm.n = 1000, c.gemm.k = 65536;  // 6.6e10 terms: 16 rows
+  c.seed = 3;
+  const std::vector<std::int64_t> rows = precision_rows(c);
+  EXPECT_EQ(rows.size(), 16u);
+  EXPECT_TRUE(std::is_sorted(rows.begin(), rows.end()));
+  for (std::int64_t i : {0, 1, 895, 896, 959, 960, 996, 997, 998, 999})
+    EXPECT_TRUE(std::binary_search(rows.begin(), rows.end(), i)) << i;
+  c.gemm.m = 2000, c.gemm.n = 100, c.gemm.k = 10000;  // 2e9 terms: 2^30 / 1e6 = 1073 rows
+  EXPECT_EQ(precision_rows(c).size(), 1073u);
+}
+
+// A case past the threshold: the correct model passes, its precision scale covers the
+// sampled rows only (the rule's elements: rows x N), and the calibrator over those rows
+// still measures FP32's 24 bits.
+TEST(PrecisionRows, SampledRuleAndCalibratorOnAHugeCase) {
+  Case c = dtype_gemm_case("fp32", 64, 64, 300000);  // 1.2e9 terms: 55 of 64 rows
+  c.kernel = "cpu.fp32_seq";
+  c.dist = {{"A", "normal(0,1)"}, {"B", "normal(0,1)"}};
+  c.seed = 11;
+  ASSERT_EQ(precision_rows(c).size(), 55u);
+  auto k = make_emulated_gemm(default_models()[0]);
+  EvaluationOptions o;
+  o.effective_bits = true;
+  o.relations = false;
+  const Evaluation ev = evaluate(*k, c, o);
+  EXPECT_TRUE(ev.verdict.passed) << (ev.verdict.reasons.empty() ? "" : ev.verdict.reasons.front());
+  EXPECT_NEAR(ev.effective_bits, 24.0, 0.5);
 }
