@@ -172,6 +172,16 @@ TEST(Cli, FuzzPrintsProgressWithoutATerminal) {
   EXPECT_NE(r.err.find("progress: 3/3 cases"), std::string::npos) << r.err;
 }
 
+// Without a terminal, sweep prints a line per point to stderr, and its tables reach stdout
+// as each series ends (a 500 s sweep on the H200 wrote nothing to its log before).
+TEST(Cli, SweepPrintsProgressWithoutATerminal) {
+  const Result r = run("sweep --kernel cpu.fp32_seq --vary K=16:64 --mn 4");
+  EXPECT_EQ(r.code, 0) << r.out << r.err;
+  EXPECT_NE(r.err.find("cpu.fp32_seq fp32 normal(0,1): 1/3 points, "), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("cpu.fp32_seq fp32 normal(0,1): 3/3 points, "), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find('\r'), std::string::npos) << "terminal control in a log";
+}
+
 namespace {
 
 // Reads a whole file ("" when it cannot be opened).
