@@ -301,11 +301,6 @@ GemmReference gemm_reference(const Case& c, const std::map<std::string, Tensor>&
       if (fast) (is_a ? a_rows : b_cols)[at] = static_cast<float>(v);
       else (is_a ? a_rows64 : b_cols64)[at] = v;
     }
-    if (fast) {
-      const auto* base = (is_a ? a_rows.data() : b_cols.data()) + r2 * k;
-      (is_a ? a_ops : b_ops)[static_cast<std::size_t>(r2)] =
-          Operand(std::span<const float>(base, static_cast<std::size_t>(k)));
-    }
   }, threads);
 
   // The sliced path: every batch's dot products from the digits (certified, or recomputed
@@ -337,6 +332,27 @@ GemmReference gemm_reference(const Case& c, const std::map<std::string, Tensor>&
       sliced.clear();
       r.recomputed = -1, r.path = "cpu";
     }
+  }
+
+  // Prepared operands for the superaccumulator: every row and column, or with the sliced
+  // path only those of elements the digits did not certify (preparing all of them would
+  // cost as much as the GPU's whole product at large K).
+  if (fast) {
+    std::vector<char> need_a(static_cast<std::size_t>(g.batch * g.m), sliced.empty()),
+        need_b(static_cast<std::size_t>(g.batch * g.n), sliced.empty());
+    for (std::size_t bi = 0; bi < sliced.size(); ++bi)
+      for (std::int64_t j = 0; j < g.n; ++j)
+        for (std::int64_t i = 0; i < g.m; ++i)
+          if (!sliced[bi].certified[sliced[bi].index(i, j)])
+            need_a[bi * static_cast<std::size_t>(g.m) + static_cast<std::size_t>(i)] = 1,
+            need_b[bi * static_cast<std::size_t>(g.n) + static_cast<std::size_t>(j)] = 1;
+    parallel_for(g.batch * (g.m + g.n), [&](std::int64_t row) {
+      const bool is_a = row < g.batch * g.m;
+      const auto r2 = static_cast<std::size_t>(is_a ? row : row - g.batch * g.m);
+      if (!(is_a ? need_a : need_b)[r2]) return;
+      const auto* base = (is_a ? a_rows.data() : b_cols.data()) + r2 * static_cast<std::size_t>(k);
+      (is_a ? a_ops : b_ops)[r2] = Operand(std::span<const float>(base, static_cast<std::size_t>(k)));
+    }, threads);
   }
 
   // Tiles of 8 rows x col_block columns, so that a tile's B columns (about 256 KB) stay in
