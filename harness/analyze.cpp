@@ -8,6 +8,8 @@
 
 #include <fmt/format.h>
 
+#include "core/parallel.hpp"
+
 namespace ulpgate {
 namespace {
 
@@ -110,29 +112,28 @@ std::pair<double, double> ulp_histogram_edges(int bin) {
   return {std::ldexp(1.0, bin - 2), std::ldexp(1.0, bin - 1)};
 }
 
-ErrorMetrics analyze(const OutputComparison& cmp) {
-  ErrorMetrics m;
-  m.format = cmp.format;
-  const Format f = cmp.format;
-  const std::int64_t n = static_cast<std::int64_t>(cmp.got.size());
-  m.elements = n;
+namespace {
 
-  // Error map geometry: GEMM {batch, M, N} folds batches; attention {b, h, i, d} has rows b*h*i.
-  ErrorMap& map = m.map;
-  map.cols = cmp.shape.empty() ? n : cmp.shape.back();
-  map.rows = cmp.shape.size() == 3 ? cmp.shape[1] : (map.cols ? n / map.cols : 0);
-  map.cell_rows = std::max<std::int64_t>(1, (map.rows + 63) / 64);
-  map.cell_cols = std::max<std::int64_t>(1, (map.cols + 63) / 64);
-  map.grid_rows = (map.rows + map.cell_rows - 1) / map.cell_rows;
-  map.grid_cols = (map.cols + map.cell_cols - 1) / map.cell_cols;
-  map.max_normalised.assign(map.grid_rows * map.grid_cols, 0.0);
-
+// What one stretch of elements adds to analyze's metrics; stretches are merged in order, so
+// the metrics do not depend on how many threads took them (and an output of one stretch
+// sums exactly as a single loop does).
+struct Stretch {
+  ErrorMetrics m;  // counts, maxima and histogram
   double sum_abs = 0, sum_rel = 0, sum_norm = 0, sum_ulp = 0, sum_signed_ulp = 0, sum_err2 = 0, sum_x2 = 0;
   std::int64_t rel_count = 0, norm_count = 0;
-  std::int64_t worst = -1;
+  std::int64_t worst = -1;  // the first non-finite failure, else the first largest normalised error
   bool worst_nonfinite = false;
   double worst_norm = -1;
-  for (std::int64_t e = 0; e < n; ++e) {
+  std::vector<double> cells;  // the error map's maxima (NaN: a non-finite failure there)
+};
+
+constexpr std::int64_t kStretch = std::int64_t{1} << 16;
+
+void analyze_stretch(const OutputComparison& cmp, const ErrorMap& map, std::int64_t from, std::int64_t to, Stretch& s) {
+  const Format f = cmp.format;
+  ErrorMetrics& m = s.m;
+  s.cells.assign(map.max_normalised.size(), 0.0);
+  for (std::int64_t e = from; e < to; ++e) {
     const Code g = cmp.got[e];
     const RefValue& x = cmp.exact[e];
     const Code r = x.round_to(f, Rounding::NearestEven, output_overflow(f));
@@ -153,8 +154,8 @@ ErrorMetrics analyze(const OutputComparison& cmp) {
         case Class::Compared: break;
       }
       if (k != Class::Expected && k != Class::Overflowed && k != Class::Unreferenced) {
-        map.max_normalised[cell] = NAN;
-        if (!worst_nonfinite) worst = e, worst_nonfinite = true;
+        s.cells[cell] = NAN;
+        if (!s.worst_nonfinite) s.worst = e, s.worst_nonfinite = true;
       }
       continue;
     }
@@ -169,36 +170,85 @@ ErrorMetrics analyze(const OutputComparison& cmp) {
     if (dist && *dist == 0) ++m.exact_matches;
     m.max_ulp_distance = std::max<std::uint64_t>(m.max_ulp_distance, dist.value_or(0));
     m.max_abs = std::max(m.max_abs, err);
-    sum_abs += err;
+    s.sum_abs += err;
     if (xabs > 0) {
       const double rel = err / xabs;
       m.max_rel = std::max(m.max_rel, rel);
-      sum_rel += rel;
-      ++rel_count;
+      s.sum_rel += rel;
+      ++s.rel_count;
     }
     const double norm = c > 0 ? err / c : (err == 0 ? 0.0 : INFINITY);
     m.max_normalised = std::max(m.max_normalised, norm);
-    sum_norm += norm;
-    ++norm_count;
+    s.sum_norm += norm;
+    ++s.norm_count;
     m.max_ulp = std::max(m.max_ulp, std::fabs(ulp));
-    sum_ulp += std::fabs(ulp);
-    sum_signed_ulp += ulp;
+    s.sum_ulp += std::fabs(ulp);
+    s.sum_signed_ulp += ulp;
     m.ulp_histogram[ulp_histogram_bin(std::fabs(ulp))]++;
-    sum_err2 += err * err;
-    sum_x2 += xabs * xabs;
-    if (!std::isnan(map.max_normalised[cell])) map.max_normalised[cell] = std::max(map.max_normalised[cell], norm);
-    if (!worst_nonfinite && norm > worst_norm) worst_norm = norm, worst = e;
+    s.sum_err2 += err * err;
+    s.sum_x2 += xabs * xabs;
+    if (!std::isnan(s.cells[cell])) s.cells[cell] = std::max(s.cells[cell], norm);
+    if (!s.worst_nonfinite && norm > s.worst_norm) s.worst_norm = norm, s.worst = e;
   }
-  if (m.compared) {
-    m.mean_abs = sum_abs / m.compared;
-    m.mean_ulp = sum_ulp / m.compared;
-    m.bias_ulp = sum_signed_ulp / m.compared;
-  }
-  if (rel_count) m.mean_rel = sum_rel / rel_count;
-  if (norm_count) m.mean_normalised = sum_norm / norm_count;
-  m.normwise = sum_x2 > 0 ? std::sqrt(sum_err2) / std::sqrt(sum_x2) : (sum_err2 > 0 ? INFINITY : 0.0);
+}
 
-  if (worst >= 0) m.worst = describe_element(cmp, worst);
+}  // namespace
+
+ErrorMetrics analyze(const OutputComparison& cmp) {
+  ErrorMetrics m;
+  m.format = cmp.format;
+  const std::int64_t n = static_cast<std::int64_t>(cmp.got.size());
+  m.elements = n;
+
+  // Error map geometry: GEMM {batch, M, N} folds batches; attention {b, h, i, d} has rows b*h*i.
+  ErrorMap& map = m.map;
+  map.cols = cmp.shape.empty() ? n : cmp.shape.back();
+  map.rows = cmp.shape.size() == 3 ? cmp.shape[1] : (map.cols ? n / map.cols : 0);
+  map.cell_rows = std::max<std::int64_t>(1, (map.rows + 63) / 64);
+  map.cell_cols = std::max<std::int64_t>(1, (map.cols + 63) / 64);
+  map.grid_rows = (map.rows + map.cell_rows - 1) / map.cell_rows;
+  map.grid_cols = (map.cols + map.cell_cols - 1) / map.cell_cols;
+  map.max_normalised.assign(map.grid_rows * map.grid_cols, 0.0);
+
+  // Stretches of kStretch elements, on several threads for large outputs, merged in order.
+  const std::int64_t stretches = std::max<std::int64_t>(1, (n + kStretch - 1) / kStretch);
+  std::vector<Stretch> part(static_cast<std::size_t>(stretches));
+  parallel_for(stretches, [&](std::int64_t i) {
+    analyze_stretch(cmp, map, i * kStretch, std::min(n, (i + 1) * kStretch), part[static_cast<std::size_t>(i)]);
+  }, threads_for(static_cast<double>(n), 2.0 * kStretch));
+  Stretch all;
+  all.cells = map.max_normalised;
+  for (const Stretch& s : part) {
+    const ErrorMetrics& p = s.m;
+    m.compared += p.compared, m.exact_matches += p.exact_matches;
+    m.expected_nonfinite += p.expected_nonfinite, m.overflowed += p.overflowed;
+    m.unexpected_nan += p.unexpected_nan, m.unexpected_inf += p.unexpected_inf;
+    m.missed_nonfinite += p.missed_nonfinite, m.mismatched_nonfinite += p.mismatched_nonfinite;
+    m.max_ulp_distance = std::max(m.max_ulp_distance, p.max_ulp_distance);
+    m.max_abs = std::max(m.max_abs, p.max_abs), m.max_rel = std::max(m.max_rel, p.max_rel);
+    m.max_normalised = std::max(m.max_normalised, p.max_normalised), m.max_ulp = std::max(m.max_ulp, p.max_ulp);
+    for (std::size_t b = 0; b < m.ulp_histogram.size(); ++b) m.ulp_histogram[b] += p.ulp_histogram[b];
+    all.sum_abs += s.sum_abs, all.sum_rel += s.sum_rel, all.sum_norm += s.sum_norm, all.sum_ulp += s.sum_ulp;
+    all.sum_signed_ulp += s.sum_signed_ulp, all.sum_err2 += s.sum_err2, all.sum_x2 += s.sum_x2;
+    all.rel_count += s.rel_count, all.norm_count += s.norm_count;
+    for (std::size_t c = 0; c < all.cells.size(); ++c)
+      all.cells[c] = std::isnan(all.cells[c]) || std::isnan(s.cells[c]) ? NAN : std::max(all.cells[c], s.cells[c]);
+    if (!all.worst_nonfinite) {
+      if (s.worst_nonfinite) all.worst = s.worst, all.worst_nonfinite = true;
+      else if (s.worst_norm > all.worst_norm) all.worst_norm = s.worst_norm, all.worst = s.worst;
+    }
+  }
+  map.max_normalised = all.cells;
+  if (m.compared) {
+    m.mean_abs = all.sum_abs / m.compared;
+    m.mean_ulp = all.sum_ulp / m.compared;
+    m.bias_ulp = all.sum_signed_ulp / m.compared;
+  }
+  if (all.rel_count) m.mean_rel = all.sum_rel / all.rel_count;
+  if (all.norm_count) m.mean_normalised = all.sum_norm / all.norm_count;
+  m.normwise = all.sum_x2 > 0 ? std::sqrt(all.sum_err2) / std::sqrt(all.sum_x2) : (all.sum_err2 > 0 ? INFINITY : 0.0);
+
+  if (all.worst >= 0) m.worst = describe_element(cmp, all.worst);
   return m;
 }
 
