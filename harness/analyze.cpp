@@ -307,24 +307,12 @@ Verdict judge(const OutputComparison& cmp, const ErrorMetrics& m, const Toleranc
   // all of them are in the output's last row or last column.
   const std::int64_t rows = cmp.shape.size() >= 2 ? cmp.shape[cmp.shape.size() - 2] : 1;
   const std::int64_t cols = cmp.shape.empty() ? static_cast<std::int64_t>(cmp.got.size()) : cmp.shape.back();
-  std::map<std::string, bool> interior;  // check -> some failing element off the edge
-  std::int64_t first_nonfinite = -1, first_unwritten = -1, worst_beyond = -1;  // Verdict::worst_element
-  const auto failing = [&](const char* check, std::size_t e) {
-    if (first_nonfinite < 0 && std::string_view(check) != "tolerance") first_nonfinite = static_cast<std::int64_t>(e);
-    const std::int64_t col = cols ? static_cast<std::int64_t>(e) % cols : 0;
-    const std::int64_t row = cols && rows ? (static_cast<std::int64_t>(e) / cols) % rows : 0;
-    bool& in = interior[check];
-    in = in || (row != rows - 1 && col != cols - 1);
-  };
-  const auto token = [&](const char* check) {
-    const char* region = rows < 2 || cols < 2 ? "any" : interior[check] ? "interior" : "edge";
-    return fmt::format("{}:{}@{}", out, check, region);
-  };
-
-  // One pass over the elements. Compared ones are held to the tolerance. An Inf where r_e
-  // is finite, or a finite d_e where x_e overflows D, is within tolerance when the
-  // tolerance interval around x_e crosses D's overflow threshold (RNE: max finite plus half
-  // its unit) on d_e's side: the kernel's unrounded result may lie beyond it.
+  // One pass over the elements (in stretches of kStretch, on several threads for large
+  // outputs, merged in order: the same verdict as one loop). Compared ones are held to the
+  // tolerance. An Inf where r_e is finite, or a finite d_e where x_e overflows D, is within
+  // tolerance when the tolerance interval around x_e crosses D's overflow threshold (RNE:
+  // max finite plus half its unit) on d_e's side: the kernel's unrounded result may lie
+  // beyond it.
   const Format f = cmp.format;
   const auto& fi = info(f);
   const double threshold = fi.max_finite() + ulp_of(f, fi.max_finite()) / 2;
@@ -333,67 +321,115 @@ Verdict judge(const OutputComparison& cmp, const ErrorMetrics& m, const Toleranc
     if (cmp.allowed.empty()) return tol.bound(condition_at(cmp, e), exact_abs, f, n, input_abs_at(cmp, e));
     return cmp.allowed[e] + u_out * exact_abs + fi.min_subnormal() / 2;  // as bound()'s output terms
   };
-  std::int64_t nan = 0, inf = 0, missed = 0, mismatched = 0, over = 0;
-  double worst_ratio = 0;
   // The precision rule's sums (analyze.hpp): z_e, w_e over its N elements, and the element
   // furthest beyond its own scale (shown when only this rule fails).
   const bool precision = !cmp.precision_scale.empty();
   const double u_acc = std::ldexp(1.0, 1 - tol.accumulator_bits);
-  double sum_z = 0, sum_w = 0, worst_zw = -1, worst_beyond_ratio = 0;
-  std::int64_t n_precision = 0, worst_precision = -1, misrounded = 0, worst_misrounded = -1;
-  for (std::size_t e = 0; e < cmp.got.size(); ++e) {
-    const Code g = cmp.got[e];
-    const RefValue& x = cmp.exact[e];
-    const Code r = x.round_to(f, Rounding::NearestEven, output_overflow(f));
-    const Class k = classify(cmp, e, r);
-    if (k == Class::Unwritten) {  // the write audit's failure (m.unwritten), not a value
-      if (first_unwritten < 0) first_unwritten = static_cast<std::int64_t>(e);
-    } else if (k == Class::Compared) {
-      const DoubleDouble xd = target(f, x);
-      const double err = std::fabs(signed_error(decode(f, g), xd));
-      const double b = bound(e, magnitude_of(xd));
-      const double ce = condition_at(cmp, e);
-      if (precision && ce > 0 && std::isfinite(cmp.precision_scale[e])) {
-        const double d = decode(f, g);
-        const double z = std::max(0.0, err - u_out * std::fabs(d) - fi.min_subnormal() / 2) / ce, w = cmp.precision_scale[e] / ce;
-        sum_z += z, sum_w += w, ++n_precision;
-        const double zw = w > 0 ? z / w : z > 0 ? INFINITY : 0;
-        if (zw > worst_zw) worst_zw = zw, worst_precision = static_cast<std::int64_t>(e);
-        // The rounding test: d_e on the wrong side of a rounding boundary of D, further
-        // beyond it than the declared arithmetic's error reaches.
-        if (d != decode(f, r)) {
-          const Code toward = signed_error(d, xd) < 0 ? next_up(f, g) : next_down(f, g);
-          const double beyond = err - std::fabs(decode(f, toward) - d) / 2;  // dist(x_e, R(d_e)); NaN: no neighbour
-          const double reach = kMisroundReach * cmp.precision_scale[e] + 4 * u_acc * ce;
-          if (beyond > reach) {
-            ++misrounded;
-            if (beyond / reach > worst_beyond_ratio) worst_beyond_ratio = beyond / reach, worst_misrounded = static_cast<std::int64_t>(e);
+  struct Pass {
+    std::map<std::string, bool> interior;  // check -> some failing element off the edge
+    std::int64_t first_nonfinite = -1, first_unwritten = -1, worst_beyond = -1;  // Verdict::worst_element
+    std::int64_t nan = 0, inf = 0, missed = 0, mismatched = 0, over = 0;
+    double worst_ratio = 0;
+    double sum_z = 0, sum_w = 0, worst_zw = -1, worst_beyond_ratio = 0;
+    std::int64_t n_precision = 0, worst_precision = -1, misrounded = 0, worst_misrounded = -1;
+  };
+  const auto pass = [&](Pass& p, std::size_t from, std::size_t to) {
+    const auto failing = [&](const char* check, std::size_t e) {
+      if (p.first_nonfinite < 0 && std::string_view(check) != "tolerance") p.first_nonfinite = static_cast<std::int64_t>(e);
+      const std::int64_t col = cols ? static_cast<std::int64_t>(e) % cols : 0;
+      const std::int64_t row = cols && rows ? (static_cast<std::int64_t>(e) / cols) % rows : 0;
+      bool& in = p.interior[check];
+      in = in || (row != rows - 1 && col != cols - 1);
+    };
+    for (std::size_t e = from; e < to; ++e) {
+      const Code g = cmp.got[e];
+      const RefValue& x = cmp.exact[e];
+      const Code r = x.round_to(f, Rounding::NearestEven, output_overflow(f));
+      const Class k = classify(cmp, e, r);
+      if (k == Class::Unwritten) {  // the write audit's failure (m.unwritten), not a value
+        if (p.first_unwritten < 0) p.first_unwritten = static_cast<std::int64_t>(e);
+      } else if (k == Class::Compared) {
+        const DoubleDouble xd = target(f, x);
+        const double err = std::fabs(signed_error(decode(f, g), xd));
+        const double b = bound(e, magnitude_of(xd));
+        const double ce = condition_at(cmp, e);
+        if (precision && ce > 0 && std::isfinite(cmp.precision_scale[e])) {
+          const double d = decode(f, g);
+          const double z = std::max(0.0, err - u_out * std::fabs(d) - fi.min_subnormal() / 2) / ce, w = cmp.precision_scale[e] / ce;
+          p.sum_z += z, p.sum_w += w, ++p.n_precision;
+          const double zw = w > 0 ? z / w : z > 0 ? INFINITY : 0;
+          if (zw > p.worst_zw) p.worst_zw = zw, p.worst_precision = static_cast<std::int64_t>(e);
+          // The rounding test: d_e on the wrong side of a rounding boundary of D, further
+          // beyond it than the declared arithmetic's error reaches.
+          if (d != decode(f, r)) {
+            const Code toward = signed_error(d, xd) < 0 ? next_up(f, g) : next_down(f, g);
+            const double beyond = err - std::fabs(decode(f, toward) - d) / 2;  // dist(x_e, R(d_e)); NaN: no neighbour
+            const double reach = kMisroundReach * cmp.precision_scale[e] + 4 * u_acc * ce;
+            if (beyond > reach) {
+              ++p.misrounded;
+              if (beyond / reach > p.worst_beyond_ratio)
+                p.worst_beyond_ratio = beyond / reach, p.worst_misrounded = static_cast<std::int64_t>(e);
+            }
           }
         }
-      }
-      if (err > b) {
-        ++over;
-        if (worst_beyond < 0 || err / b > worst_ratio) worst_beyond = static_cast<std::int64_t>(e);
-        worst_ratio = std::max(worst_ratio, err / b);
-        failing("tolerance", e);
-      }
-    } else if (k == Class::UnexpectedNan) {
-      ++nan;
-      failing("unexpected_nan", e);
-    } else if (k == Class::Mismatched) {
-      ++mismatched;
-      failing("mismatched_nonfinite", e);
-    } else if (k == Class::UnexpectedInf || k == Class::Missed) {
-      const DoubleDouble xd = x.double_double();
-      const double b = bound(e, magnitude_of(xd));
-      if (k == Class::UnexpectedInf) {
-        const double toward = is_negative(f, g) ? -(xd.hi + xd.lo) : xd.hi + xd.lo;
-        if (toward + b < threshold) ++inf, failing("unexpected_inf", e);
-      } else if (!(std::fabs(signed_error(decode(f, g), xd)) <= b)) {  // NaN (x_e infinite): missed
-        ++missed, failing("missed_nonfinite", e);
+        if (err > b) {
+          ++p.over;
+          if (p.worst_beyond < 0 || err / b > p.worst_ratio) p.worst_beyond = static_cast<std::int64_t>(e);
+          p.worst_ratio = std::max(p.worst_ratio, err / b);
+          failing("tolerance", e);
+        }
+      } else if (k == Class::UnexpectedNan) {
+        ++p.nan;
+        failing("unexpected_nan", e);
+      } else if (k == Class::Mismatched) {
+        ++p.mismatched;
+        failing("mismatched_nonfinite", e);
+      } else if (k == Class::UnexpectedInf || k == Class::Missed) {
+        const DoubleDouble xd = x.double_double();
+        const double b = bound(e, magnitude_of(xd));
+        if (k == Class::UnexpectedInf) {
+          const double toward = is_negative(f, g) ? -(xd.hi + xd.lo) : xd.hi + xd.lo;
+          if (toward + b < threshold) ++p.inf, failing("unexpected_inf", e);
+        } else if (!(std::fabs(signed_error(decode(f, g), xd)) <= b)) {  // NaN (x_e infinite): missed
+          ++p.missed, failing("missed_nonfinite", e);
+        }
       }
     }
+  };
+  const auto total = static_cast<std::int64_t>(cmp.got.size());
+  const std::int64_t stretches = std::max<std::int64_t>(1, (total + kStretch - 1) / kStretch);
+  std::vector<Pass> parts(static_cast<std::size_t>(stretches));
+  parallel_for(stretches, [&](std::int64_t i) {
+    pass(parts[static_cast<std::size_t>(i)], static_cast<std::size_t>(i * kStretch),
+         static_cast<std::size_t>(std::min(total, (i + 1) * kStretch)));
+  }, threads_for(static_cast<double>(total), 2.0 * kStretch));
+  // Merged in order: a first index from the first stretch that has one, a worst one from
+  // the first stretch holding the largest (ties: the earlier, as one loop keeps it).
+  Pass all;
+  for (const Pass& q : parts) {
+    for (const auto& [check, in] : q.interior) all.interior[check] = all.interior[check] || in;
+    if (all.first_nonfinite < 0) all.first_nonfinite = q.first_nonfinite;
+    if (all.first_unwritten < 0) all.first_unwritten = q.first_unwritten;
+    if (q.worst_beyond >= 0 && (all.worst_beyond < 0 || q.worst_ratio > all.worst_ratio)) all.worst_beyond = q.worst_beyond;
+    all.worst_ratio = std::max(all.worst_ratio, q.worst_ratio);
+    all.nan += q.nan, all.inf += q.inf, all.missed += q.missed, all.mismatched += q.mismatched, all.over += q.over;
+    all.sum_z += q.sum_z, all.sum_w += q.sum_w, all.n_precision += q.n_precision;
+    if (q.worst_zw > all.worst_zw) all.worst_zw = q.worst_zw, all.worst_precision = q.worst_precision;
+    all.misrounded += q.misrounded;
+    if (q.worst_beyond_ratio > all.worst_beyond_ratio)
+      all.worst_beyond_ratio = q.worst_beyond_ratio, all.worst_misrounded = q.worst_misrounded;
   }
+  std::map<std::string, bool>& interior = all.interior;
+  const std::int64_t first_nonfinite = all.first_nonfinite, first_unwritten = all.first_unwritten,
+                     worst_beyond = all.worst_beyond;
+  const std::int64_t nan = all.nan, inf = all.inf, missed = all.missed, mismatched = all.mismatched, over = all.over;
+  const double worst_ratio = all.worst_ratio, sum_z = all.sum_z, sum_w = all.sum_w, worst_beyond_ratio = all.worst_beyond_ratio;
+  const std::int64_t n_precision = all.n_precision, worst_precision = all.worst_precision, misrounded = all.misrounded,
+                     worst_misrounded = all.worst_misrounded;
+  const auto token = [&](const char* check) {
+    const char* region = rows < 2 || cols < 2 ? "any" : interior[check] ? "interior" : "edge";
+    return fmt::format("{}:{}@{}", out, check, region);
+  };
   v.worst_element = first_nonfinite >= 0 ? first_nonfinite : worst_beyond >= 0 ? worst_beyond : first_unwritten;
   if (n_precision > 0) {
     const double nn = static_cast<double>(n_precision), mean_z = sum_z / nn, mean_w = sum_w / nn;

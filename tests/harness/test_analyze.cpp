@@ -399,20 +399,22 @@ TEST(Analyze, UnreferencedElementsAreJudgedOnlyForNaNAndInf) {
   EXPECT_FALSE(judge(fine, analyze(fine), ToleranceModel{}, 1).passed);
 }
 
-// A large output is analysed in stretches of 2^16 elements (several threads), merged in
-// order: the counts, maxima, histogram, means, error map and worst element are those of
-// one pass. Known answers on 200,003 elements (four stretches): errors of 1, 2 and 3 ulps
-// at known places, the largest twice (the first is the worst), and the first non-finite
-// failure beating every finite error.
+// A large output is analysed and judged in stretches of 2^16 elements (several threads),
+// merged in order: the counts, maxima, histogram, means, error map, regions and worst
+// elements are those of one pass. Known answers on a 1000 x 200 output (four stretches):
+// errors of 1, 2 and 3 ulps at known places in the last column and row, the largest twice
+// (the first is the worst), then one off the edges, then a NaN, the first non-finite
+// failure, beating every finite error.
 TEST(Analyze, LargeOutputsMergeTheirStretchesInOrder) {
-  const std::int64_t n = 200003;
+  const std::int64_t rows = 1000, cols = 200, n = rows * cols;
+  const auto at = [&](std::int64_t i, std::int64_t j) { return static_cast<std::size_t>(i * cols + j); };
   std::vector<double> got(static_cast<std::size_t>(n), 1.0), exact(static_cast<std::size_t>(n), 1.0);
-  got[5] = 1.0 + 0x1p-10;                // 1 ulp, stretch 0
-  got[70000] = 1.0 + 3 * 0x1p-10;        // 3 ulps, stretch 1: the worst
-  got[140000] = 1.0 + 3 * 0x1p-10;       // 3 ulps again, stretch 2: a tie, not the worst
-  got[199999] = 1.0 + 2 * 0x1p-10;       // 2 ulps, stretch 3
+  got[at(5, 199)] = 1.0 + 0x1p-10;        // 1 ulp, stretch 0
+  got[at(350, 199)] = 1.0 + 3 * 0x1p-10;  // 3 ulps, stretch 1: the worst
+  got[at(700, 199)] = 1.0 + 3 * 0x1p-10;  // 3 ulps again, stretch 2: a tie, not the worst
+  got[at(999, 10)] = 1.0 + 2 * 0x1p-10;   // 2 ulps, last row, stretch 3
   OutputComparison cmp = fp16(got, exact);
-  cmp.shape = {1, 1, n};
+  cmp.shape = {1, rows, cols};
   const ErrorMetrics m = analyze(cmp);
   EXPECT_EQ(m.compared, n);
   EXPECT_EQ(m.exact_matches, n - 4);
@@ -421,17 +423,28 @@ TEST(Analyze, LargeOutputsMergeTheirStretchesInOrder) {
   EXPECT_EQ(m.mean_ulp, 9.0 / static_cast<double>(n));
   EXPECT_EQ(std::accumulate(m.ulp_histogram.begin(), m.ulp_histogram.end(), std::int64_t{0}), n);
   EXPECT_GE(m.ulp_histogram[ulp_histogram_bin(3.0)], 2);
-  EXPECT_EQ(m.worst.index, (std::vector<std::int64_t>{0, 0, 70000}));
+  EXPECT_EQ(m.worst.index, (std::vector<std::int64_t>{0, 350, 199}));
   double cells_max = 0;
   for (double c : m.map.max_normalised) cells_max = std::max(cells_max, c);
   EXPECT_EQ(cells_max, 3 * 0x1p-10);
+  Verdict v = judge(cmp, m, ToleranceModel{}, 1);
+  EXPECT_EQ(failure_signature(v), "out:tolerance@edge");
+  EXPECT_EQ(v.worst_element, static_cast<std::int64_t>(at(350, 199)));
 
-  // A NaN in stretch 3 (where the exact value is finite) is the worst element over any
+  cmp.got[at(900, 50)] = encode(Format::FP16, 1.0 + 2 * 0x1p-10);  // off the edges, stretch 2
+  v = judge(cmp, analyze(cmp), ToleranceModel{}, 1);
+  EXPECT_EQ(failure_signature(v), "out:tolerance@interior");
+  EXPECT_EQ(v.worst_element, static_cast<std::int64_t>(at(350, 199)));
+
+  // A NaN in stretch 2 (where the exact value is finite) is the worst element over any
   // finite error, and its map cell is NaN.
-  cmp.got[180000] = encode(Format::FP16, NAN);
+  cmp.got[at(950, 100)] = encode(Format::FP16, NAN);
   const ErrorMetrics w = analyze(cmp);
   EXPECT_EQ(w.unexpected_nan, 1);
   EXPECT_EQ(w.compared, n - 1);
-  EXPECT_EQ(w.worst.index, (std::vector<std::int64_t>{0, 0, 180000}));
+  EXPECT_EQ(w.worst.index, (std::vector<std::int64_t>{0, 950, 100}));
   EXPECT_EQ(std::count_if(w.map.max_normalised.begin(), w.map.max_normalised.end(), [](double c) { return std::isnan(c); }), 1);
+  v = judge(cmp, w, ToleranceModel{}, 1);
+  EXPECT_EQ(v.worst_element, static_cast<std::int64_t>(at(950, 100)));
+  EXPECT_NE(failure_signature(v).find("out:unexpected_nan@interior"), std::string::npos) << failure_signature(v);
 }
