@@ -45,19 +45,67 @@ std::string ProbedAccumulation::describe() const {
                                : "; not validated (a parameter is not known)");
 }
 
-ProbeDot kernel_unit(Kernel& kernel) {
-  return [&kernel](std::span<const double> p) {
+namespace {
+
+// x is a normal finite value of f.
+bool normal_value(double x, Format f) {
+  if (!std::isfinite(x) || x == 0) return false;
+  const FormatInfo& fi = info(f);
+  return std::fabs(x) >= fi.min_normal() && std::fabs(x) <= fi.max_finite() && decode(f, encode(f, x)) == x;
+}
+
+}  // namespace
+
+std::optional<std::pair<double, double>> split_product(double p, Format input) {
+  if (p == 0) return std::pair{0.0, 1.0};
+  if (!std::isfinite(p)) return std::nullopt;
+  int e = 0;
+  const double frac = std::frexp(std::fabs(p), &e);  // |p| = frac 2^e, frac in [0.5, 1)
+  auto m = static_cast<std::uint64_t>(std::ldexp(frac, 53));
+  int q = e - 53;  // |p| = m 2^q
+  const int tz = std::countr_zero(m);
+  m >>= tz, q += tz;  // m odd
+  const int bits = std::min(info(input).frac_bits + 1, 20);  // significand bits (FP32's split: m < 2^20 only)
+  const std::uint64_t limit = std::uint64_t{1} << bits;
+  if (m >= limit * limit) return std::nullopt;
+  for (std::uint64_t d = 1; d < limit; d += 2) {
+    if (m % d != 0 || m / d >= limit) continue;
+    const std::uint64_t other = m / d;
+    // a = d 2^qa near sqrt(|p|), then outwards until both are normal values
+    const int target = static_cast<int>(std::floor(std::log2(std::fabs(p)) / 2));
+    const int qa0 = target - static_cast<int>(std::floor(std::log2(static_cast<double>(d))));
+    for (int step = 0; step <= 600; ++step) {
+      const int qa = qa0 + (step % 2 ? (step + 1) / 2 : -(step / 2));
+      const double a = std::ldexp(static_cast<double>(d), qa), b = std::ldexp(static_cast<double>(other), q - qa);
+      if (normal_value(a, input) && normal_value(b, input)) return std::pair{p < 0 ? -a : a, b};
+    }
+  }
+  return std::nullopt;
+}
+
+ProbeDot kernel_unit(Kernel& kernel, Format input) {
+  return [&kernel, input](std::span<const double> p) {
     Case c;
     c.op = Op::Gemm;
     c.kernel = kernel.name();
     c.gemm.k = static_cast<std::int64_t>(p.size());
-    c.types = {{"A", Format::FP32}, {"B", Format::FP32}, {"D", Format::FP32}, {"compute", Format::FP32}};
+    // TF32 inputs are FP32 tensors of TF32 values with TF32 compute (dtype tf32).
+    const Format stored = input == Format::TF32 ? Format::FP32 : input;
+    c.types = {{"A", stored}, {"B", stored}, {"D", Format::FP32}, {"compute", input == Format::TF32 ? Format::TF32 : Format::FP32}};
     validate(c);
     if (const auto why = kernel.unsupported(c))
-      throw InputError(fmt::format("kernel '{}' does not take the probe's 1 x 1 x {} FP32 GEMM: {}", kernel.name(),
-                                   p.size(), *why));
-    std::map<std::string, Tensor> in{{"A", Tensor(Format::FP32, p.size())}, {"B", Tensor(Format::FP32, p.size())}};
-    for (std::size_t i = 0; i < p.size(); ++i) in.at("A").set_value(i, p[i]), in.at("B").set_value(i, 1.0);
+      throw InputError(fmt::format("kernel '{}' does not take the probe's 1 x 1 x {} {} GEMM: {}", kernel.name(),
+                                   p.size(), name(input), *why));
+    std::map<std::string, Tensor> in{{"A", Tensor(stored, p.size())}, {"B", Tensor(stored, p.size())}};
+    for (std::size_t i = 0; i < p.size(); ++i) {
+      if (input == Format::FP32) {
+        in.at("A").set_value(i, p[i]), in.at("B").set_value(i, 1.0);
+        continue;
+      }
+      const auto ab = split_product(p[i], input);
+      if (!ab) throw std::logic_error(fmt::format("probe: {:a} is not a product of two normal {} values", p[i], name(input)));
+      in.at("A").set_value(i, ab->first), in.at("B").set_value(i, ab->second);
+    }
     const RunOutcome out = run_kernel(kernel, c, in);
     if (out.status != Disposition::Ok)
       throw std::runtime_error(fmt::format("kernel '{}' failed on a probe case: {}", kernel.name(), out.message));
@@ -65,39 +113,50 @@ ProbeDot kernel_unit(Kernel& kernel) {
   };
 }
 
-ProbedAccumulation probe_accumulation(const ProbeDot& dot, int max_block, int max_promote, int validate) {
+ProbedAccumulation probe_accumulation(const ProbeDot& dot, int max_block, int max_promote, int validate, Format input) {
   const auto run = [&](const std::vector<double>& p) { return static_cast<double>(dot(p)); };
   ProbedAccumulation r;
+  // Which products the unit's inputs can make: FP32 numbers (B = 1), else products of two
+  // normal values of the input format; the tiny term 2^-tiny_bits of the block experiment.
+  const bool fp32 = input == Format::FP32;
+  const auto can = [&](double v) {
+    return fp32 ? static_cast<double>(static_cast<float>(v)) == v : split_product(v, input).has_value();
+  };
+  int tiny_bits = 100;
+  while (tiny_bits > 2 && !can(std::ldexp(1.0, -tiny_bits))) --tiny_bits;
+  const double tiny = std::ldexp(1.0, -tiny_bits);
 
   // Block: 2^-100 after (1, -1) is lost while it shares their step.
   for (int t = 2; t <= max_block && r.block == 0; ++t) {
     std::vector<double> p(static_cast<std::size_t>(t) + 1, 0.0);
-    p[0] = 1.0, p[1] = -1.0, p[static_cast<std::size_t>(t)] = 0x1p-100;
-    if (run(p) == 0x1p-100) r.block = t;
+    p[0] = 1.0, p[1] = -1.0, p[static_cast<std::size_t>(t)] = tiny;
+    if (run(p) == tiny) r.block = t;
   }
   if (r.block == 0)
-    throw std::runtime_error(fmt::format("probe: 2^-100 lost behind (1, -1) at every distance up to {} products", max_block));
+    throw std::runtime_error(fmt::format("probe: 2^-{} lost behind (1, -1) at every distance up to {} products", tiny_bits, max_block));
 
   // Fraction bits with (1), (-1, 2^-j): kept up to frac when the two share a step. Where
   // nothing is lost and the first experiment could not tell 1 from 2, the unit adds one
   // product at a time (the -1 cancels the accumulator before 2^-j arrives).
   const int pad = std::max(r.block, 2);
-  const int lost = first_lost(1, 60, [&](double e) { return run(in_steps({{1.0}, {-1.0, e}}, pad)) == e; });
+  const int widest = std::min(60, tiny_bits);
+  const int lost = first_lost(1, widest, [&](double e) { return run(in_steps({{1.0}, {-1.0, e}}, pad)) == e; });
   if (lost > 0) {
     r.block = pad, r.frac = lost - 1;
   } else if (r.block >= 3) {
-    r.frac_at_least = 60;
+    r.frac_at_least = widest;
   } else {
     r.block = 1;  // one product per step: a lone 1 + 2^-j is aligned to itself, up to 23
-    const int lost1 = first_lost(1, 23, [&](double e) { return run(std::vector<double>{1.0 + e}) == 1.0 + e; });
-    if (lost1 > 0) r.frac = lost1 - 1;
-    else r.frac_at_least = 23;
+    int j = 1;    // (where the format can make 1 + 2^-j)
+    while (j <= 23 && can(1.0 + std::ldexp(1.0, -j)) && run(std::vector<double>{1.0 + std::ldexp(1.0, -j)}) == 1.0 + std::ldexp(1.0, -j)) ++j;
+    if (j <= 23 && can(1.0 + std::ldexp(1.0, -j))) r.frac = j - 1;
+    else r.frac_at_least = j - 1;
   }
 
   // Promotion, where the width is below FP32's: 2^-(frac+1) kept once it starts a new chunk.
   // Kept exactly from the promotion length on (t a multiple of the block): doubling, then
   // bisection.
-  if (r.frac && *r.frac < 23) {
+  if (r.frac && *r.frac < 23 && can(std::ldexp(1.0, -(*r.frac + 1)))) {
     const double e = std::ldexp(1.0, -(*r.frac + 1));
     const auto kept_at = [&](int t) {
       std::vector<double> p(static_cast<std::size_t>(t) + 1, 0.0);
@@ -129,6 +188,12 @@ ProbedAccumulation probe_accumulation(const ProbeDot& dot, int max_block, int ma
       double rest = sum;  // exact: multiples of g below 2^(e_top + 1)
       while (rest >= top && terms.size() <= static_cast<std::size_t>(r.block)) terms.push_back(top), rest -= top;
       if (rest > 0) terms.push_back(rest);
+      const auto makeable = [&] { return std::all_of(terms.begin(), terms.end(), can); };
+      if (!makeable()) {  // a narrow input format: ones and the remainder below 1 (3 g, say)
+        terms.assign(static_cast<std::size_t>(std::floor(sum)), 1.0);
+        if (sum > std::floor(sum)) terms.push_back(sum - std::floor(sum));
+        if (terms.size() > static_cast<std::size_t>(r.block) + 1 || !makeable()) return std::nullopt;
+      }
       const auto n = static_cast<std::int64_t>(terms.size());
       if (n <= r.block) {
         terms.resize(static_cast<std::size_t>(r.block), 0.0);
@@ -166,7 +231,7 @@ ProbedAccumulation probe_accumulation(const ProbeDot& dot, int max_block, int ma
   // a tie broken upward by 2^-j when kept; toward zero or down: -2^-j, 1 - 2^-24 when kept;
   // up: 2^-j, 1 + 2^-23 when kept), observable up to 47 (the products are FP32 numbers).
   // Nearest-away is left at "at least 23".
-  if (r.block == 1 && !r.frac && r.rounding && *r.rounding != Rounding::NearestAway) {
+  if (fp32 && r.block == 1 && !r.frac && r.rounding && *r.rounding != Rounding::NearestAway) {
     const Rounding mode = *r.rounding;
     const auto kept = [&](double e) {
       if (mode == Rounding::NearestEven) return run({1.0, 0x1p-24 + e}) == 1.0 + 0x1p-23;
@@ -198,8 +263,14 @@ ProbedAccumulation probe_accumulation(const ProbeDot& dot, int max_block, int ma
     std::vector<double> p(static_cast<std::size_t>(k)), ones(p.size(), 1.0);
     for (std::int64_t q = 0; q < k; ++q) {
       const RandomBlock b = random_block(0x9e3779b9, 19, (static_cast<std::uint64_t>(i) << 24) + static_cast<std::uint64_t>(q));
-      // a sign, an exponent in [-8, 8], 23 random fraction bits: an FP32 number
-      const double v = std::ldexp(1.0 + static_cast<double>(b.w[0] >> 9) * 0x1p-23, static_cast<int>(b.w[1] % 17) - 8);
+      // a sign, an exponent in [-8, 8], 23 random fraction bits: an FP32 number; for other
+      // inputs the product of two such values rounded to the input format
+      const auto draw = [&](std::uint32_t bits, std::uint32_t exp) {  // (narrow formats: exponents in [-4, 4], normal)
+        const int e = fp32 ? static_cast<int>(exp % 17) - 8 : static_cast<int>(exp % 9) - 4;
+        const double v = std::ldexp(1.0 + static_cast<double>(bits >> 9) * 0x1p-23, e);
+        return fp32 ? v : decode(input, encode(input, v));
+      };
+      const double v = fp32 ? draw(b.w[0], b.w[1]) : draw(b.w[0], b.w[1]) * draw(b.w[3], b.w[1] >> 8);
       p[static_cast<std::size_t>(q)] = (b.w[2] & 1) ? -v : v;
     }
     const float want = model_dot(m, p.data(), ones.data(), k), got = dot(p);

@@ -37,6 +37,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <utility>
 
 #include "core/format.hpp"
 #include "kernels/kernel.hpp"
@@ -67,16 +68,30 @@ struct ProbedAccumulation {
   std::string describe() const;     ///< "block 4, 23 fraction bits, rz"
 };
 
-/// A GEMM kernel as a unit under probe: each dot product is a 1 x 1 x K case with FP32
-/// A (the products, all FP32 numbers here), B of ones, D FP32, alpha 1, beta 0, run in this
-/// process (harness/runner.hpp). Throws InputError when the kernel does not take that case,
-/// std::runtime_error when a run fails.
-ProbeDot kernel_unit(Kernel& kernel);
+/// a = x, b = y with a b = p exactly, both normal finite values of `input` (so that no
+/// unit's handling of subnormal inputs enters the experiments); nullopt where there is no
+/// such pair. p is split into an odd integer M and a power of two; M into two factors that
+/// fit the format's significand (trial division), the power between them.
+std::optional<std::pair<double, double>> split_product(double p, Format input);
+
+/// A GEMM kernel as a unit under probe: each dot product is a 1 x 1 x K case with A and B
+/// in `input` (FP32: A the products, B ones; otherwise each product split by
+/// split_product), D FP32, alpha 1, beta 0, run in this process (harness/runner.hpp).
+/// Throws InputError when the kernel does not take that case, std::runtime_error when a
+/// run fails, std::logic_error for a product the format cannot make.
+ProbeDot kernel_unit(Kernel& kernel, Format input = Format::FP32);
 
 /// Runs the experiments above on `dot`, trying blocks up to max_block and promotion
 /// lengths up to max_promote, and validates the result on `validate` random dot products.
+/// input: the format the unit's products come from. For FP32 the experiments are as above.
+/// For narrower formats every product must be a product of two normal values of the
+/// format: the tiny term of the block experiment is the smallest such power of two (2^-28
+/// for FP16 and E5M2, 2^-12 for E4M3; BF16 and TF32 reach 2^-100), which also bounds the
+/// widths observed; an experiment whose terms the format cannot make is left unobserved
+/// (the rounding, typically: its terms 2 - 2^-w need w + 1 significant bits); validation
+/// draws products of random pairs of the format's values.
 /// Throws std::runtime_error for a unit the block-FMA model does not describe.
 ProbedAccumulation probe_accumulation(const ProbeDot& dot, int max_block = 512, int max_promote = 4096,
-                                      int validate = 1000);
+                                      int validate = 1000, Format input = Format::FP32);
 
 }  // namespace ulpgate

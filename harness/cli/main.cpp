@@ -183,6 +183,10 @@ int main(int argc, char** argv) {
   probe->add_option("--max-block", probe_max_block, "Largest block size tried (default 512)")->check(CLI::Range(2, 65536));
   probe->add_option("--max-promote", probe_max_promote, "Largest promotion length tried (default 4096)")
       ->check(CLI::Range(1, 1 << 20));
+  std::string probe_dtype;
+  probe->add_option("--dtype", probe_dtype, "Input type of the probe's cases: fp32, tf32, fp16, bf16, e4m3, e5m2 "
+                                            "(default: implied by each kernel's name)")
+      ->check(CLI::IsMember({"fp32", "tf32", "fp16", "bf16", "e4m3", "e5m2"}));
 
   std::string gate_baseline, gate_run, gate_junit;
   auto* gate = app.add_subcommand("gate", "Compare a run record with a baseline: exit 0 pass, 1 regression");
@@ -270,9 +274,11 @@ int main(int argc, char** argv) {
         ulpgate::Kernel* k = registry.resolve(name);
         if (!k) throw ulpgate::InputError(fmt::format("unknown kernel '{}' (see ulpgate list)", name));
         try {
-          const ulpgate::ProbedAccumulation p =
-              ulpgate::probe_accumulation(ulpgate::kernel_unit(*k), probe_max_block, probe_max_promote);
-          std::printf("%s: %s\n", name.c_str(), p.describe().c_str());
+          const std::string dtype = probe_dtype.empty() ? ulpgate::default_dtype(name) : probe_dtype;
+          const ulpgate::Format input = *ulpgate::parse_format(dtype);
+          const ulpgate::ProbedAccumulation p = ulpgate::probe_accumulation(
+              ulpgate::kernel_unit(*k, input), probe_max_block, probe_max_promote, 1000, input);
+          std::printf("%s (%s inputs): %s\n", name.c_str(), dtype.c_str(), p.describe().c_str());
         } catch (const ulpgate::InputError&) {
           throw;  // the kernel does not take the probe's cases: exit 2
         } catch (const std::runtime_error& e) {

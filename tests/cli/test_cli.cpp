@@ -668,8 +668,14 @@ TEST(CliBadInput, BaselineVersionIsReadWithoutWrapping) {
 TEST(Cli, ProbeReportsHowAKernelAccumulates) {
   const Result ok = run("probe --kernel cpu.blockfma:block=4,frac=23,round=rz");
   EXPECT_EQ(ok.code, 0) << ok.err;
-  EXPECT_EQ(ok.out, "cpu.blockfma:block=4,frac=23,round=rz: block 4, 23 fraction bits, rz; the model agrees on 1000 "
-                    "random dot products\n");
+  EXPECT_EQ(ok.out, "cpu.blockfma:block=4,frac=23,round=rz (fp32 inputs): block 4, 23 fraction bits, rz; the model "
+                    "agrees on 1000 random dot products\n");
+  // The same model through BF16 inputs (each product split into two BF16 values).
+  const Result bf16 = run("probe --kernel cpu.blockfma:block=4,frac=23,round=rz --dtype bf16");
+  EXPECT_EQ(bf16.code, 0) << bf16.err;
+  EXPECT_EQ(bf16.out, "cpu.blockfma:block=4,frac=23,round=rz (bf16 inputs): block 4, 23 fraction bits, rz; the model "
+                      "agrees on 1000 random dot products\n");
+  EXPECT_EQ(run("probe --kernel cpu.fp32_seq --dtype fp8").code, 2);
   const Result tree = run("probe --kernel cpu.fp32_pairwise");
   EXPECT_EQ(tree.code, 1);
   EXPECT_NE(tree.out.find("cpu.fp32_pairwise: not a block-FMA unit"), std::string::npos) << tree.out;

@@ -101,3 +101,53 @@ TEST(Probe, RefusesAUnitOutsideTheModel) {
   };
   EXPECT_THROW(probe_accumulation(flush, 64), std::runtime_error);
 }
+
+// Products of two normal values of a narrow format (the probe's inputs for BF16, FP16,
+// TF32 and FP8 kernels): found where they exist, refused where they do not.
+TEST(Probe, SplitsProductsIntoTwoValuesOfTheInputFormat) {
+  const auto check = [](double p, Format f) {
+    const auto ab = split_product(p, f);
+    if (!ab) return false;
+    EXPECT_EQ(ab->first * ab->second, p) << p;
+    for (const double v : {ab->first, ab->second}) EXPECT_EQ(decode(f, encode(f, v)), v) << p << " " << name(f);
+    return true;
+  };
+  EXPECT_TRUE(check(0x1p-100, Format::BF16));
+  EXPECT_TRUE(check(0x1p-28, Format::FP16));       // 2^-14 2^-14, both normal
+  EXPECT_FALSE(check(0x1p-29, Format::FP16));      // would need a subnormal
+  EXPECT_TRUE(check(1.0 + 0x1p-10, Format::FP16)); // one value
+  EXPECT_TRUE(check(1.0 + 0x1p-11, Format::FP16)); // 2049 = 3 x 683
+  EXPECT_FALSE(check(2.0 - 0x1p-23, Format::FP16)); // 2^24 - 1 = 4095 x 4097: 4097 needs 13 bits
+  EXPECT_TRUE(check(-(2.0 - 0x1p-7), Format::BF16));
+  EXPECT_TRUE(check(0x1p-12, Format::E4M3));
+  EXPECT_FALSE(check(0x1p-13, Format::E4M3));
+  EXPECT_TRUE(check(0.0, Format::E5M2));
+}
+
+// The probe through a kernel with BF16 or FP16 inputs (every product split into two
+// values of the format) recovers the CPU models' block and width; the rounding where the
+// format can make its terms (widths up to 7 bits for BF16, 10 for FP16), else it says it
+// is not observable, never a wrong one; validated on products of the format's values.
+TEST(Probe, RecoversModelsThroughNarrowInputFormats) {
+  int models = 0, rounding_known = 0;
+  for (const Format input : {Format::BF16, Format::FP16})
+    for (const int block : {4, 8, 16})
+      for (const int frac : {5, 10, 13, 23, 24})
+        for (const Rounding rounding : {Rounding::NearestEven, Rounding::TowardZero}) {
+          AccumulationModel m;
+          m.order = AccumulationModel::Order::BlockFma, m.block = block, m.frac_bits = frac, m.rounding = rounding;
+          const auto kernel = make_emulated_gemm(m);
+          const ProbedAccumulation got = probe_accumulation(kernel_unit(*kernel, input), 64, 256, 200, input);
+          const std::string what = fmt::format("{} through {}: probed {}", m.name(), name(input), got.describe());
+          EXPECT_EQ(got.block, block) << what;
+          EXPECT_EQ(got.frac, frac) << what;
+          if (got.rounding) {
+            EXPECT_EQ(*got.rounding, rounding) << what;
+            EXPECT_EQ(got.validated, 200) << what;
+            ++rounding_known;
+          }
+          ++models;
+        }
+  EXPECT_EQ(models, 60);
+  EXPECT_GT(rounding_known, 8);
+}
