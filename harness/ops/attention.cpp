@@ -64,32 +64,7 @@ double large_reference_seconds(const AttentionShape& a) {
 // seed-dependent offset. A kernel wrong on some queries only (a tile, a tail) is seen where
 // the picks meet them; one wrong on a path is seen on every pick.
 std::vector<std::int64_t> referenced_queries(const Case& c) {
-  const AttentionShape& a = c.attention;
-  const std::int64_t afford = affordable_queries(a);
-  std::vector<std::int64_t> all(static_cast<std::size_t>(a.seq_q));
-  std::iota(all.begin(), all.end(), std::int64_t{0});
-  if (a.seq_q <= afford) return all;
-  std::vector<char> taken(static_cast<std::size_t>(a.seq_q), 0);
-  std::vector<std::int64_t> picks;
-  const auto take = [&](std::int64_t i) {
-    if (i >= 0 && i < a.seq_q && !taken[static_cast<std::size_t>(i)] && static_cast<std::int64_t>(picks.size()) < afford)
-      taken[static_cast<std::size_t>(i)] = 1, picks.push_back(i);
-  };
-  for (std::int64_t i : {std::int64_t{0}, std::int64_t{1}}) take(i);
-  for (std::int64_t i = 1; i <= 4; ++i) take(a.seq_q - i);
-  for (std::int64_t tile : {128, 64}) {
-    const std::int64_t edge = (a.seq_q - 1) / tile * tile;  // the last tile's first query
-    take(edge), take(edge - 1);
-  }
-  const std::int64_t rest = afford - static_cast<std::int64_t>(picks.size());
-  if (rest > 0) {
-    const double step = static_cast<double>(a.seq_q) / static_cast<double>(rest);
-    const double offset = static_cast<double>(c.seed % 1024) / 1024.0 * step;
-    for (std::int64_t t = 0; t < rest; ++t) take(static_cast<std::int64_t>(offset + step * static_cast<double>(t)));
-  }
-  for (std::int64_t i = 0; i < a.seq_q && static_cast<std::int64_t>(picks.size()) < afford; ++i) take(i);  // collisions
-  std::sort(picks.begin(), picks.end());
-  return picks;
+  return edge_and_spread_sample(c.attention.seq_q, affordable_queries(c.attention), c.seed);
 }
 
 namespace {

@@ -556,33 +556,9 @@ Case dtype_gemm_case(std::string_view dtype, std::int64_t m, std::int64_t n, std
 
 std::vector<std::int64_t> precision_rows(const Case& c) {
   const GemmShape& g = c.gemm;
-  std::vector<std::int64_t> all(static_cast<std::size_t>(g.m));
-  std::iota(all.begin(), all.end(), std::int64_t{0});
   const double per_row = static_cast<double>(g.batch) * static_cast<double>(g.n) * static_cast<double>(g.k);
-  if (per_row * static_cast<double>(g.m) <= kPrecisionRowTerms) return all;
-  const std::int64_t afford = std::max<std::int64_t>(16, static_cast<std::int64_t>(kPrecisionRowTerms / per_row));
-  if (afford >= g.m) return all;
-  std::vector<char> taken(static_cast<std::size_t>(g.m), 0);
-  std::vector<std::int64_t> picks;
-  const auto take = [&](std::int64_t i) {
-    if (i >= 0 && i < g.m && !taken[static_cast<std::size_t>(i)] && static_cast<std::int64_t>(picks.size()) < afford)
-      taken[static_cast<std::size_t>(i)] = 1, picks.push_back(i);
-  };
-  take(0), take(1);
-  for (std::int64_t i = 1; i <= 4; ++i) take(g.m - i);
-  for (std::int64_t tile : {128, 64}) {
-    const std::int64_t edge = (g.m - 1) / tile * tile;  // the last tile's first row
-    take(edge), take(edge - 1);
-  }
-  const std::int64_t rest = afford - static_cast<std::int64_t>(picks.size());
-  if (rest > 0) {
-    const double step = static_cast<double>(g.m) / static_cast<double>(rest);
-    const double offset = static_cast<double>(c.seed % 1024) / 1024.0 * step;
-    for (std::int64_t t = 0; t < rest; ++t) take(static_cast<std::int64_t>(offset + step * static_cast<double>(t)));
-  }
-  for (std::int64_t i = 0; i < g.m && static_cast<std::int64_t>(picks.size()) < afford; ++i) take(i);  // collisions
-  std::sort(picks.begin(), picks.end());
-  return picks;
+  if (per_row * static_cast<double>(g.m) <= kPrecisionRowTerms) return edge_and_spread_sample(g.m, g.m, c.seed);
+  return edge_and_spread_sample(g.m, std::max<std::int64_t>(16, static_cast<std::int64_t>(kPrecisionRowTerms / per_row)), c.seed);
 }
 
 const OpModule& gemm_module() {

@@ -1,5 +1,8 @@
 #include "harness/ops/op.hpp"
 
+#include <algorithm>
+#include <numeric>
+
 #include <fmt/format.h>
 
 #include "distributions/spec.hpp"
@@ -39,6 +42,35 @@ std::string op_family(const Case& c, const char* op, const char* in, const char*
   const auto it = c.dist.find(in);
   return fmt::format("{} {}->{} {} {}", op, name(c.types.at(in)), name(c.types.at(out)), name(c.types.at("compute")),
                      it == c.dist.end() ? std::string(kDefaultDist) : it->second);
+}
+
+std::vector<std::int64_t> edge_and_spread_sample(std::int64_t n, std::int64_t afford, std::uint64_t seed) {
+  std::vector<std::int64_t> picks;
+  if (afford >= n) {
+    picks.resize(static_cast<std::size_t>(n));
+    std::iota(picks.begin(), picks.end(), std::int64_t{0});
+    return picks;
+  }
+  std::vector<char> taken(static_cast<std::size_t>(n), 0);
+  const auto take = [&](std::int64_t i) {
+    if (i >= 0 && i < n && !taken[static_cast<std::size_t>(i)] && static_cast<std::int64_t>(picks.size()) < afford)
+      taken[static_cast<std::size_t>(i)] = 1, picks.push_back(i);
+  };
+  take(0), take(1);
+  for (std::int64_t i = 1; i <= 4; ++i) take(n - i);
+  for (std::int64_t tile : {128, 64}) {
+    const std::int64_t edge = (n - 1) / tile * tile;  // the last tile's first index
+    take(edge), take(edge - 1);
+  }
+  const std::int64_t rest = afford - static_cast<std::int64_t>(picks.size());
+  if (rest > 0) {
+    const double step = static_cast<double>(n) / static_cast<double>(rest);
+    const double offset = static_cast<double>(seed % 1024) / 1024.0 * step;
+    for (std::int64_t t = 0; t < rest; ++t) take(static_cast<std::int64_t>(offset + step * static_cast<double>(t)));
+  }
+  for (std::int64_t i = 0; i < n && static_cast<std::int64_t>(picks.size()) < afford; ++i) take(i);  // collisions
+  std::sort(picks.begin(), picks.end());
+  return picks;
 }
 
 }  // namespace ulpgate

@@ -118,4 +118,10 @@ const OpModule& op_module(Op op);
 /// Every op's module, GEMM first.
 std::vector<const OpModule*> all_op_modules();
 
+/// Up to `afford` of the indices 0..n-1 (all of them when afford >= n), sorted: the first
+/// two, the last four, both sides of the last 64- and 128-index tile boundaries, then
+/// indices spread evenly (offset by seed). The rows an op judges in full where it cannot
+/// afford them all (attention's referenced queries, GEMM's precision rows).
+std::vector<std::int64_t> edge_and_spread_sample(std::int64_t n, std::int64_t afford, std::uint64_t seed);
+
 }  // namespace ulpgate
