@@ -125,14 +125,15 @@ TEST(Probe, SplitsProductsIntoTwoValuesOfTheInputFormat) {
 }
 
 // The probe through a kernel with BF16 or FP16 inputs (every product split into two
-// values of the format) recovers the CPU models' block and width; the rounding where the
-// format can make its terms (widths up to 7 bits for BF16, 10 for FP16), else it says it
-// is not observable, never a wrong one; validated on products of the format's values.
+// values of the format) recovers the CPU models' block and width; the rounding wherever a
+// step's terms can reach FP32's 24 bits (from ones and a remainder where the format cannot
+// make 2 - 2^-w), else it says it is not observable, never a wrong one; validated on
+// products of the format's values.
 TEST(Probe, RecoversModelsThroughNarrowInputFormats) {
   int models = 0, rounding_known = 0;
   for (const Format input : {Format::BF16, Format::FP16})
     for (const int block : {4, 8, 16})
-      for (const int frac : {5, 10, 13, 23, 24})
+      for (const int frac : {5, 10, 13, 21, 22, 23, 24})
         for (const Rounding rounding : {Rounding::NearestEven, Rounding::TowardZero}) {
           AccumulationModel m;
           m.order = AccumulationModel::Order::BlockFma, m.block = block, m.frac_bits = frac, m.rounding = rounding;
@@ -148,6 +149,8 @@ TEST(Probe, RecoversModelsThroughNarrowInputFormats) {
           }
           ++models;
         }
-  EXPECT_EQ(models, 60);
-  EXPECT_GT(rounding_known, 8);
+  EXPECT_EQ(models, 84);
+  // widths of 23 and more (1, 1, 3 2^-23) on every block; 22 (four ones and the rest, in
+  // two steps) on every block; 21 (eight ones) from a block of 8
+  EXPECT_EQ(rounding_known, 2 * 2 * (3 + 3 + 3 + 2));
 }
