@@ -145,13 +145,15 @@ TEST(SliceRows, CapturedRowsHoldEveryValueExactly) {
 
 // The m x n dot products through the digits equal the superaccumulator's value and
 // condition on every certified element, for every family and two digit caps, and every
-// element of captured rows and columns with a nonzero sum is certified.
+// element of captured rows and columns with a nonzero sum is certified. 500 matrices per
+// family and cap (about 50,000 elements), scaled by ULPGATE_REF_DOTS / 10^6 for long runs.
 TEST(SlicedDots, BitIdenticalToTheSuperaccumulator) {
   std::int64_t elements = 0, recomputed = 0;
   std::map<std::pair<std::string, int>, std::pair<std::int64_t, std::int64_t>> per_family;
+  const std::uint64_t cases = std::max<std::uint64_t>(1, 500 * dots_budget() / 1'000'000);
   for (const int cap : {kMaxSliceDigits, 4})
     for (const Family fam : kFamilies)
-      for (std::uint64_t c = 0; c < 500; ++c) {
+      for (std::uint64_t c = 0; c < cases; ++c) {
         const DotMatrices g = make_dot_matrices(fam, 5, c * 16, 1 + static_cast<std::int64_t>(c % 4),
                                                 1 + static_cast<std::int64_t>((c / 4) % 5), 600);
         const SlicedDots s = cpu_sliced_dots(g.a, g.m, g.b, g.n, g.k, cap);
@@ -161,8 +163,10 @@ TEST(SlicedDots, BitIdenticalToTheSuperaccumulator) {
         per_family[{name(fam), cap}].first += g.m * g.n;
         per_family[{name(fam), cap}].second += s.recomputed;
       }
-  EXPECT_GT(elements, 50000);
+  EXPECT_GT(elements, 50000 * static_cast<std::int64_t>(cases) / 500);
   EXPECT_GT(recomputed, 0);
+  std::printf("%lld elements against the superaccumulator, %lld recomputed\n", static_cast<long long>(elements),
+              static_cast<long long>(recomputed));
   // Ordinary data is certified by the digits (the rest: zero sums); the adversarial
   // families spread beyond 62 bits per row or hold specials, and are mostly recomputed.
   for (const char* fam : {"narrow", "small_integers"}) {
@@ -176,7 +180,8 @@ TEST(SlicedDots, BitIdenticalToTheSuperaccumulator) {
 // tiny remainders of large terms; every nonzero element is certified and bit-identical.
 TEST(SlicedDots, CertifiedUnderHeavyCancellation) {
   std::int64_t certified = 0;
-  for (std::uint64_t c = 0; c < 400; ++c) {
+  const std::uint64_t cases = std::max<std::uint64_t>(1, 400 * dots_budget() / 1'000'000);  // ULPGATE_REF_DOTS
+  for (std::uint64_t c = 0; c < cases; ++c) {
     Bits bits(23, 7, c);
     const std::int64_t m = 1 + bits.in(0, 4), n = 1 + bits.in(0, 4);
     const std::int64_t k = 2 * bits.in(1, 200);
@@ -196,7 +201,8 @@ TEST(SlicedDots, CertifiedUnderHeavyCancellation) {
     ASSERT_EQ(first_difference(s, a, b, k), "") << "case " << c;
     for (const auto x : s.certified) certified += x;
   }
-  EXPECT_GT(certified, 2000);
+  std::printf("%lld cancelling elements certified and bit-identical\n", static_cast<long long>(certified));
+  EXPECT_GT(certified, 2000 * static_cast<std::int64_t>(cases) / 400);
 }
 
 // Which elements the digits certify: those of captured rows and columns with a nonzero sum.
