@@ -245,31 +245,27 @@ RunRecord run_fuzz(Registry& registry, const FuzzOptions& o, const std::function
       return gens[l.large ? 1 + static_cast<std::size_t>(l.large_kind) : 0];
     };
     const std::uint64_t seed_of_target = target_seed(o.seed, t);
-    const auto evaluate = [&](const Case& c) {
-      CaseResult r = journal ? journal->resume_or_run(k->name(), c, [&] { return check_generated(registry, *k, c, options, isolated); })
-                             : check_generated(registry, *k, c, options, isolated);
+    // A shrink candidate that passes is rejected, and one that fails only a metamorphic
+    // relation has another signature: unless the failure being shrunk is a relation's,
+    // candidates run without the relations (a passing one would otherwise run the kernel
+    // four or five more times, seconds for a large case), which changes no decision. Those
+    // bypass the journal, whose results are complete evaluations.
+    EvaluationOptions without_relations = options;
+    without_relations.relations = false;
+    const auto evaluate = [&](const Case& c, bool relations = true) {
+      const EvaluationOptions& eo = relations ? options : without_relations;
+      CaseResult r = journal && relations
+                         ? journal->resume_or_run(k->name(), c, [&] { return check_generated(registry, *k, c, eo, isolated); })
+                         : check_generated(registry, *k, c, eo, isolated);
       r.target = target_name(t);
       return r;
     };
     // Shrinks a failing case towards a minimal one with the same signature: the first
     // shrink that still fails that way is taken, until none does (or the step or time
     // budget ends it: the smallest so far is the result).
-    // A candidate that passes is rejected, and one that fails only a metamorphic relation
-    // has another signature: unless the failure is a relation's, candidates run without
-    // the relations (a passing one would otherwise run the kernel four or five more times,
-    // seconds for a large case), which changes no decision. They bypass the journal, whose
-    // results are complete evaluations.
-    EvaluationOptions shrink_options = options;
-    shrink_options.relations = false;
     const auto shrink = [&](rc::Shrinkable<Case> failing, const CaseResult& first, int max_steps) {
       CaseResult best = first;
       const bool relation_failure = first.signature.find("relation:") != std::string::npos;
-      const auto evaluate_candidate = [&](const Case& c) {
-        if (relation_failure) return evaluate(c);
-        CaseResult r = check_generated(registry, *k, c, shrink_options, isolated);
-        r.target = target_name(t);
-        return r;
-      };
       int steps = 0;
       for (bool progressed = true; progressed;) {
         progressed = false;
@@ -282,7 +278,7 @@ RunRecord run_fuzz(Registry& registry, const FuzzOptions& o, const std::function
           } catch (const std::exception&) {
             continue;  // a shrink the generator cannot build
           }
-          CaseResult cr = evaluate_candidate(cc);
+          CaseResult cr = evaluate(cc, relation_failure);
           if (!cr.verdict.passed && same_failure(cr.signature, first.signature)) {
             failing = *child;
             best = std::move(cr);

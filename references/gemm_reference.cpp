@@ -341,7 +341,7 @@ GemmReference gemm_reference(const Case& c, const std::map<std::string, Tensor>&
     std::vector<char> need_a(static_cast<std::size_t>(g.batch * g.m), sliced.empty()),
         need_b(static_cast<std::size_t>(g.batch * g.n), sliced.empty());
     for (std::size_t bi = 0; bi < sliced.size(); ++bi)
-      for (std::int64_t j = 0; j < g.n; ++j)
+      for (std::int64_t j = 0; j < g.n && sliced[bi].recomputed > 0; ++j)
         for (std::int64_t i = 0; i < g.m; ++i)
           if (!sliced[bi].certified[sliced[bi].index(i, j)])
             need_a[bi * static_cast<std::size_t>(g.m) + static_cast<std::size_t>(i)] = 1,

@@ -59,8 +59,9 @@ struct GemmReference {
   /// With a sliced path: the elements whose dot product the digits did not certify and the
   /// superaccumulator computed; -1 without one.
   std::int64_t recomputed = -1;
-  /// Which path computed the dot products: "cpu" (superaccumulator), "sliced-cpu" (the
-  /// emulation), "gpu" (int8 digit products on the device; the rest on the CPU).
+  /// Which path computed the dot products: "cpu" (superaccumulator), "sliced" (a sliced
+  /// path the caller gave, e.g. the CPU emulation), "gpu" (int8 digit products on the
+  /// device; the rest on the CPU).
   std::string path = "cpu";
 
   std::int64_t index(std::int64_t b, std::int64_t i, std::int64_t j) const { return (b * m + i) * n + j; }

@@ -67,8 +67,8 @@ SlicedDots cpu_sliced_dots(std::span<const float> a, std::int64_t m, std::span<c
   std::vector<std::int32_t> pv, pm;
   cpu_digit_products(sa.value.data(), sa.stacked, sb.value.data(), sb.stacked, k, sa.pitch, pv);
   cpu_digit_products(sa.magnitude.data(), sa.stacked, sb.magnitude.data(), sb.stacked, k, sa.pitch, pm);
-  out.products = 2 * std::max<std::int64_t>(1, (k + kInt32Chunk - 1) / kInt32Chunk);
-  const int chunks = static_cast<int>(pv.size() / std::max<std::size_t>(1, static_cast<std::size_t>(sa.stacked * sb.stacked)));
+  const int chunks = static_cast<int>(std::max<std::int64_t>(1, (k + kInt32Chunk - 1) / kInt32Chunk));  // as cpu_digit_products
+  out.products = 2 * chunks;
   const auto mn = static_cast<std::size_t>(m * n);
   for (auto& l : out.limb) l.assign(mn, 0);
   out.condition.assign(mn, 0.0);

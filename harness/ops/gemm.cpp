@@ -227,7 +227,8 @@ std::vector<double> precision_scale(const Case& c, const Inputs& inputs, const T
 }
 
 // The calibrator's mean normalised error on the same inputs at `bits`, before any output
-// rounding (so that only its accumulation shows): mean over elements of |cal_e - x_e| / c_e.
+// rounding (so that only its accumulation shows): mean over the elements of D's `rows` of
+// |cal_e - x_e| / c_e (arows: those rows of op(A), in that order).
 double calibration_mean_normalised(const std::vector<double>& arows, const std::vector<double>& bcols,
                                    const std::vector<std::int64_t>& rows, std::int64_t N, std::int64_t K,
                                    const OutputComparison& cmp, int bits) {
@@ -236,7 +237,7 @@ double calibration_mean_normalised(const std::vector<double>& arows, const std::
   parallel_for(R, [&](std::int64_t row) {
     const std::int64_t i = rows[static_cast<std::size_t>(row)];
     for (std::int64_t j = 0; j < N; ++j) {
-      const double cal = calibration_dot(&arows[i * K], &bcols[j * K], K, bits);
+      const double cal = calibration_dot(&arows[row * K], &bcols[j * K], K, bits);
       const DoubleDouble x = cmp.exact[i * N + j].double_double();
       const double cond = cmp.condition[i * N + j];
       err[row * N + j] = cond > 0 ? std::fabs((cal - x.hi) - x.lo) / cond : 0.0;
@@ -511,14 +512,16 @@ class GemmModule final : public OpModule {
     if (!(kernel_mean > 0) || c.gemm.batch != 1) return NAN;
     const MatrixView av = gemm_view(c, "A"), bv = gemm_view(c, "B");
     const std::int64_t M = c.gemm.m, N = c.gemm.n, K = c.gemm.k;
-    std::vector<double> arows(M * K), bcols(N * K);
-    const Tensor &a = inputs.at("A"), &b = inputs.at("B");
     // (the calibrator's mean over precision_rows: the same expectation as the kernel's
-    // mean over every row, for rows drawn alike)
+    // mean over every row, for rows drawn alike); arows holds those rows only
     const std::vector<std::int64_t> rows = precision_rows(c);
-    parallel_for(M, [&](std::int64_t i) {
-      for (std::int64_t k = 0; k < K; ++k) arows[i * K + k] = a.value(op_a_offset(c, av, 0, i, k));
-    }, threads_for(static_cast<double>(M) * K, 0x1p15));
+    const auto R = static_cast<std::int64_t>(rows.size());
+    std::vector<double> arows(R * K), bcols(N * K);
+    const Tensor &a = inputs.at("A"), &b = inputs.at("B");
+    parallel_for(R, [&](std::int64_t row) {
+      const std::int64_t i = rows[static_cast<std::size_t>(row)];
+      for (std::int64_t k = 0; k < K; ++k) arows[row * K + k] = a.value(op_a_offset(c, av, 0, i, k));
+    }, threads_for(static_cast<double>(R) * K, 0x1p15));
     parallel_for(N, [&](std::int64_t j) {
       for (std::int64_t k = 0; k < K; ++k) bcols[j * K + k] = b.value(op_b_offset(c, bv, 0, k, j));
     }, threads_for(static_cast<double>(N) * K, 0x1p15));
@@ -557,8 +560,10 @@ Case dtype_gemm_case(std::string_view dtype, std::int64_t m, std::int64_t n, std
 std::vector<std::int64_t> precision_rows(const Case& c) {
   const GemmShape& g = c.gemm;
   const double per_row = static_cast<double>(g.batch) * static_cast<double>(g.n) * static_cast<double>(g.k);
-  if (per_row * static_cast<double>(g.m) <= kPrecisionRowTerms) return edge_and_spread_sample(g.m, g.m, c.seed);
-  return edge_and_spread_sample(g.m, std::max<std::int64_t>(16, static_cast<std::int64_t>(kPrecisionRowTerms / per_row)), c.seed);
+  const std::int64_t afford = per_row * static_cast<double>(g.m) <= kPrecisionRowTerms
+                                  ? g.m
+                                  : std::max<std::int64_t>(16, static_cast<std::int64_t>(kPrecisionRowTerms / per_row));
+  return edge_and_spread_sample(g.m, afford, c.seed);
 }
 
 const OpModule& gemm_module() {
