@@ -31,7 +31,6 @@
 #include "core/parallel.hpp"
 #include "core/rng.hpp"
 #include "core/case.hpp"
-#include "kernels/cuda_check.hpp"
 #include "core/tensor.hpp"
 #include "references/exact_dot.hpp"
 #include "references/gemm_reference.hpp"
@@ -40,6 +39,13 @@
 using namespace ulpgate;
 
 namespace {
+
+void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) throw std::runtime_error(fmt::format("{}: {}", what, cudaGetErrorString(e)));
+}
+void check(cublasStatus_t s, const char* what) {
+  if (s != CUBLAS_STATUS_SUCCESS) throw std::runtime_error(fmt::format("{}: {}", what, cublasGetStatusString(s)));
+}
 
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -142,7 +148,7 @@ int main(int argc, char** argv) {
     return 0;
   }
   cublasHandle_t handle;
-  ULPGATE_CHECK(cublasCreate(&handle));
+  check(cublasCreate(&handle), "cublasCreate");
   const SlicedPath gpu = gpu_sliced_path();
   std::printf("| format | K | digits A / B | DGEMM ms | slice ms | int8 products ms | combine ms | GPU exact ms | / DGEMM | "
               "upload + download ms | CPU exact s (%u threads) | GPU speed-up | recomputed | checked |\n",
@@ -159,24 +165,24 @@ int main(int argc, char** argv) {
       {
         std::vector<double> ad(a.begin(), a.end()), bd(b.begin(), b.end());
         double *da = nullptr, *db = nullptr, *dc = nullptr;
-        ULPGATE_CHECK(cudaMalloc(&da, ad.size() * 8));
-        ULPGATE_CHECK(cudaMalloc(&db, bd.size() * 8));
-        ULPGATE_CHECK(cudaMalloc(&dc, static_cast<std::size_t>(m * n) * 8));
-        ULPGATE_CHECK(cudaMemcpy(da, ad.data(), ad.size() * 8, cudaMemcpyHostToDevice));
-        ULPGATE_CHECK(cudaMemcpy(db, bd.data(), bd.size() * 8, cudaMemcpyHostToDevice));
+        check(cudaMalloc(&da, ad.size() * 8), "cudaMalloc");
+        check(cudaMalloc(&db, bd.size() * 8), "cudaMalloc");
+        check(cudaMalloc(&dc, static_cast<std::size_t>(m * n) * 8), "cudaMalloc");
+        check(cudaMemcpy(da, ad.data(), ad.size() * 8, cudaMemcpyHostToDevice), "upload");
+        check(cudaMemcpy(db, bd.data(), bd.size() * 8, cudaMemcpyHostToDevice), "upload");
         cudaEvent_t e0, e1;
-        ULPGATE_CHECK(cudaEventCreate(&e0));
-        ULPGATE_CHECK(cudaEventCreate(&e1));
+        check(cudaEventCreate(&e0), "event"), check(cudaEventCreate(&e1), "event");
         const double one = 1, zero = 0;
         std::vector<double> times;
         for (int r = 0; r <= reps; ++r) {
-          ULPGATE_CHECK(cudaEventRecord(e0));
-          ULPGATE_CHECK(cublasDgemm(handle, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(m), static_cast<int>(n), static_cast<int>(k),
-                            &one, da, static_cast<int>(k), db, static_cast<int>(k), &zero, dc, static_cast<int>(m)));
-          ULPGATE_CHECK(cudaEventRecord(e1));
-          ULPGATE_CHECK(cudaEventSynchronize(e1));
+          check(cudaEventRecord(e0), "record");
+          check(cublasDgemm(handle, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(m), static_cast<int>(n), static_cast<int>(k),
+                            &one, da, static_cast<int>(k), db, static_cast<int>(k), &zero, dc, static_cast<int>(m)),
+                "cublasDgemm");
+          check(cudaEventRecord(e1), "record");
+          check(cudaEventSynchronize(e1), "sync");
           float ms = 0;
-          ULPGATE_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+          check(cudaEventElapsedTime(&ms, e0, e1), "elapsed");
           if (r > 0) times.push_back(ms);  // r = 0: the warm-up
         }
         row.dgemm = median(times);
