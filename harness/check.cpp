@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "core/error.hpp"
+#include "core/profile.hpp"
 #include "distributions/fill.hpp"
 
 namespace ulpgate {
@@ -49,7 +50,11 @@ void judge_into(Judged& j, const Case& c, const RunOutcome& run, const Tolerance
 
 Judged judge_run(const Case& c, const Inputs& inputs, const RunOutcome& run, const ToleranceModel& tol) {
   Judged j;
-  j.cmp = op_module(c.op).compare(c, inputs, run.outputs.at(outputs_of(c).front()), tol);
+  {
+    const Phase phase("compare");
+    j.cmp = op_module(c.op).compare(c, inputs, run.outputs.at(outputs_of(c).front()), tol);
+  }
+  const Phase phase("judge");
   judge_into(j, c, run, tol);
   return j;
 }
@@ -93,7 +98,10 @@ Evaluation evaluate_with_inputs(Kernel& k, const Case& c, const Inputs& inputs, 
   const OpModule& op = op_module(c.op);
   Evaluation ev;
   ev.tolerance = options.tolerance.value_or(op.tolerance(c, k.traits()));
-  ev.run = run_kernel(k, c, inputs);
+  {
+    const Phase phase("kernel");
+    ev.run = run_kernel(k, c, inputs);
+  }
   if (ev.run.status != Disposition::Ok) {
     ev.verdict.passed = ev.run.status == Disposition::NotSupported;
     if (!ev.verdict.passed)
@@ -115,6 +123,7 @@ Evaluation evaluate_with_inputs(Kernel& k, const Case& c, const Inputs& inputs, 
     }
     ev.baseline_max_normalised = baseline;
     ev.verdict = j.verdict;
+    const Phase phase("effective_bits");
     if (options.effective_bits) ev.effective_bits = op.effective_bits(c, inputs, j.cmp, j.metrics.mean_normalised);
     ev.metrics.push_back(std::move(j.metrics));
     if (options.relations && ev.verdict.passed) {
@@ -150,7 +159,10 @@ Evaluation evaluate_with_inputs(Kernel& k, const Case& c, const Inputs& inputs, 
 }
 
 Evaluation evaluate(Kernel& k, Case& c, const EvaluationOptions& options, const Registry* registry) {
-  const auto inputs = fill_inputs(c);
+  const auto inputs = [&] {
+    const Phase phase("inputs");
+    return fill_inputs(c);
+  }();
   return evaluate_with_inputs(k, c, inputs, options, registry);
 }
 

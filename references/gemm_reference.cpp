@@ -14,6 +14,7 @@
 
 #include "core/error.hpp"
 #include "core/format_mpfr.hpp"
+#include "core/profile.hpp"
 #include "references/exact_dot.hpp"
 #include "references/fp_env.hpp"
 #if ULPGATE_GPU_REFERENCE
@@ -291,6 +292,7 @@ GemmReference gemm_reference(const Case& c, const std::map<std::string, Tensor>&
   }
   // A thread per 2^17 product terms at least: small cases run on the calling thread.
   threads = threads_for(static_cast<double>(g.batch) * g.m * g.n * static_cast<double>(k), 0x1p17, threads);
+  std::optional<Phase> phase(std::in_place, "reference.pack");
   parallel_for(g.batch * (g.m + g.n), [&](std::int64_t row) {
     const bool is_a = row < g.batch * g.m;
     const std::int64_t r2 = is_a ? row : row - g.batch * g.m;
@@ -316,6 +318,7 @@ GemmReference gemm_reference(const Case& c, const std::map<std::string, Tensor>&
     }
   }
   std::vector<SlicedDots> sliced;
+  phase.emplace("reference.sliced");
   if (sliced_path && fast) {
     r.recomputed = 0;
     r.path = path_name;
@@ -337,6 +340,7 @@ GemmReference gemm_reference(const Case& c, const std::map<std::string, Tensor>&
   // Prepared operands for the superaccumulator: every row and column, or with the sliced
   // path only those of elements the digits did not certify (preparing all of them would
   // cost as much as the GPU's whole product at large K).
+  phase.emplace("reference.prepare");
   if (fast) {
     std::vector<char> need_a(static_cast<std::size_t>(g.batch * g.m), sliced.empty()),
         need_b(static_cast<std::size_t>(g.batch * g.n), sliced.empty());
@@ -358,6 +362,7 @@ GemmReference gemm_reference(const Case& c, const std::map<std::string, Tensor>&
   // Tiles of 8 rows x col_block columns, so that a tile's B columns (about 256 KB) stay in
   // the core's L2 while its rows use them; consecutive tiles share their columns, which the
   // threads taking them in turn then find in L3.
+  phase.emplace("reference.finish");
   const std::int64_t row_block = 8, m_blocks = (g.m + row_block - 1) / row_block;
   const std::int64_t col_block = std::clamp<std::int64_t>((std::int64_t{1} << 16) / std::max<std::int64_t>(k, 1), 8, 256);
   const std::int64_t n_blocks = (g.n + col_block - 1) / col_block, tiles_per_batch = m_blocks * n_blocks;

@@ -1,5 +1,7 @@
 #include "harness/ops/gemm.hpp"
 
+#include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 
@@ -7,6 +9,7 @@
 
 #include "core/error.hpp"
 #include "core/parallel.hpp"
+#include "core/profile.hpp"
 #include "distributions/case_gen.hpp"
 #include "references/gemm_reference.hpp"
 
@@ -86,13 +89,18 @@ void mark_input_rounding_overflow(const Case& c, const Inputs& inputs, int input
     const double v = std::fabs(t.value(off));
     return std::isfinite(v) && v >= limit;
   };
+  const unsigned threads = threads_for(static_cast<double>(g.m + g.n) * static_cast<double>(g.k), 0x1p16);
   for (std::int64_t bi = 0; bi < g.batch; ++bi) {
     std::vector<char> row(static_cast<std::size_t>(g.m), 0), col(static_cast<std::size_t>(g.n), 0);
-    bool any = false;
-    for (std::int64_t k = 0; k < g.k; ++k) {
-      for (std::int64_t i = 0; i < g.m; ++i) any |= row[i] |= over(a, op_a_offset(c, av, bi, i, k), limit_a);
-      for (std::int64_t j = 0; j < g.n; ++j) any |= col[j] |= over(b, op_b_offset(c, bv, bi, k, j), limit_b);
-    }
+    parallel_for(g.m + g.n, [&](std::int64_t r) {
+      const bool is_a = r < g.m;
+      for (std::int64_t k = 0; k < g.k; ++k)
+        if (is_a ? over(a, op_a_offset(c, av, bi, r, k), limit_a) : over(b, op_b_offset(c, bv, bi, k, r - g.m), limit_b)) {
+          (is_a ? row[static_cast<std::size_t>(r)] : col[static_cast<std::size_t>(r - g.m)]) = 1;
+          break;
+        }
+    }, threads);
+    const bool any = std::count(row.begin(), row.end(), 1) + std::count(col.begin(), col.end(), 1) > 0;
     if (!any) continue;
     for (std::int64_t i = 0; i < g.m; ++i)
       for (std::int64_t j = 0; j < g.n; ++j)
@@ -117,27 +125,35 @@ std::vector<double> input_rounding_abs(const Case& c, const Inputs& inputs, int 
   };
   // op(A) rows and op(B) columns as |value|, and which of them round absolutely.
   const std::int64_t M = g.m, N = g.n, K = g.k;
-  std::vector<double> ar(M * K), bc(N * K);
-  std::vector<char> as(M * K), bs(N * K);
+  std::vector<double> ar, bc;  // sized when needed
+  std::vector<char> as, bs;
   const double sa = c.scales.count("A") ? c.scales.at("A") : 1.0, sb = c.scales.count("B") ? c.scales.at("B") : 1.0;
   const double sd = c.scales.count("D") ? c.scales.at("D") : 1.0;
   const double scale = std::fabs(c.alpha * sa * sb * sd);
   std::vector<double> out;
+  const unsigned threads = threads_for(static_cast<double>(M + N) * static_cast<double>(K), 0x1p16);
+  const double min_a = info(a.format()).min_normal(), min_b = info(b.format()).min_normal();
   for (std::int64_t bi = 0; bi < g.batch; ++bi) {
-    bool any = false;
-    for (std::int64_t i = 0; i < M; ++i)
-      for (std::int64_t k = 0; k < K; ++k) {
-        const double v = a.value(op_a_offset(c, av, bi, i, k));
-        ar[i * K + k] = std::isfinite(v) ? std::fabs(v) : 0.0;
-        any |= as[i * K + k] = rounds_absolutely(v, eta_a, info(a.format()).min_normal());
-      }
-    for (std::int64_t j = 0; j < N; ++j)
-      for (std::int64_t k = 0; k < K; ++k) {
-        const double v = b.value(op_b_offset(c, bv, bi, k, j));
-        bc[j * K + k] = std::isfinite(v) ? std::fabs(v) : 0.0;
-        any |= bs[j * K + k] = rounds_absolutely(v, eta_b, info(b.format()).min_normal());
-      }
+    // Usually no input rounds absolutely: then nothing is copied and no O(M N K) pass runs.
+    std::atomic<bool> any{false};
+    parallel_for(M + N, [&](std::int64_t r) {
+      const bool is_a = r < M;
+      for (std::int64_t k = 0; k < K && !any.load(std::memory_order_relaxed); ++k)
+        if (is_a ? rounds_absolutely(a.value(op_a_offset(c, av, bi, r, k)), eta_a, min_a)
+                 : rounds_absolutely(b.value(op_b_offset(c, bv, bi, k, r - M)), eta_b, min_b))
+          any = true;
+    }, threads);
     if (!any || scale == 0) continue;
+    if (ar.empty()) ar.resize(M * K), bc.resize(N * K), as.resize(M * K), bs.resize(N * K);
+    parallel_for(M + N, [&](std::int64_t r) {
+      const bool is_a = r < M;
+      const std::int64_t i = is_a ? r : r - M;
+      for (std::int64_t k = 0; k < K; ++k) {
+        const double v = is_a ? a.value(op_a_offset(c, av, bi, i, k)) : b.value(op_b_offset(c, bv, bi, k, i));
+        (is_a ? ar : bc)[i * K + k] = std::isfinite(v) ? std::fabs(v) : 0.0;
+        (is_a ? as : bs)[i * K + k] = is_a ? rounds_absolutely(v, eta_a, min_a) : rounds_absolutely(v, eta_b, min_b);
+      }
+    }, threads);
     if (out.empty()) out.assign(static_cast<std::size_t>(g.batch * M * N), 0.0);
     parallel_for(M, [&](std::int64_t i) {
       for (std::int64_t j = 0; j < N; ++j) {
@@ -164,9 +180,10 @@ std::vector<double> input_rounding_abs(const Case& c, const Inputs& inputs, int 
 // and, where the kernel rounds its inputs to u_in = 2^-input_bits (two roundings per
 // product), u_in sqrt(2 sum_k p_k^2 / 3) [+ 2 u_in |sum_k p_k| unless tol.nearest], all
 // times |alpha sA sB sD|, plus (K + 4) eta_acc sD and the input rounding's absolute part.
-// Columns of op(B) go 64 at a time, k-major, so the inner loop runs over j (vectorised).
+// The sample's columns of op(B) go 64 at a time, k-major, so the inner loop runs over them
+// (vectorised).
 std::vector<double> precision_scale(const Case& c, const Inputs& inputs, const ToleranceModel& tol,
-                                    const std::vector<double>& input_abs, const std::vector<std::int64_t>& rows) {
+                                    const std::vector<double>& input_abs, const PrecisionSample& sample) {
   const GemmShape& g = c.gemm;
   const MatrixView av = gemm_view(c, "A"), bv = gemm_view(c, "B");
   const Tensor &a = inputs.at("A"), &b = inputs.at("B");
@@ -180,25 +197,29 @@ std::vector<double> precision_scale(const Case& c, const Inputs& inputs, const T
   const double sd = scale_of("D"), scale = std::fabs(c.alpha * scale_of("A") * scale_of("B") * sd);
   const double floor = static_cast<double>(K + 4) * tol.accumulator_eta * std::max(1.0, sd);
   const auto finite_or_zero = [](double v) { return std::isfinite(v) ? v : 0.0; };
-  // rows not covered (precision_rows) have no scale: NaN, which the rule skips
-  std::vector<double> out(static_cast<std::size_t>(g.batch * M * N), static_cast<std::int64_t>(rows.size()) == M ? 0.0 : NAN);
-  std::vector<double> bk(static_cast<std::size_t>(K * N));
+  // elements outside the sample (precision_sample) have no scale: NaN, which the rule skips
+  const std::vector<std::int64_t>& rows = sample.rows;
+  const std::vector<std::int64_t>& cols = sample.cols;
+  const auto C = static_cast<std::int64_t>(cols.size());
+  std::vector<double> out(static_cast<std::size_t>(g.batch * M * N), sample.all(g) ? 0.0 : NAN);
+  std::vector<double> bk(static_cast<std::size_t>(K * C));
   constexpr std::int64_t W = 64;
   for (std::int64_t bi = 0; bi < g.batch; ++bi) {
-    parallel_for(K, [&](std::int64_t k) {
-      for (std::int64_t j = 0; j < N; ++j) bk[k * N + j] = finite_or_zero(b.value(op_b_offset(c, bv, bi, k, j)));
-    }, threads_for(static_cast<double>(K) * N, 0x1p15));
+    parallel_for(C, [&](std::int64_t col) {
+      const std::int64_t j = cols[static_cast<std::size_t>(col)];
+      for (std::int64_t k = 0; k < K; ++k) bk[k * C + col] = finite_or_zero(b.value(op_b_offset(c, bv, bi, k, j)));
+    }, threads_for(static_cast<double>(K) * C, 0x1p15));
     parallel_for(static_cast<std::int64_t>(rows.size()), [&](std::int64_t row) {
       const std::int64_t i = rows[static_cast<std::size_t>(row)];
       std::vector<double> ar(static_cast<std::size_t>(K));
       for (std::int64_t k = 0; k < K; ++k) ar[k] = finite_or_zero(a.value(op_a_offset(c, av, bi, i, k)));
-      for (std::int64_t j0 = 0; j0 < N; j0 += W) {
-        const std::int64_t w = std::min(W, N - j0);
+      for (std::int64_t j0 = 0; j0 < C; j0 += W) {
+        const std::int64_t w = std::min(W, C - j0);
         double sum[W] = {}, sq[W] = {}, lin[W] = {}, pp[W] = {}, seq[W] = {};
         for (std::int64_t k = 0; k < K; ++k) {
           const double x = ar[k];
           if (x == 0) continue;  // adds exact zeros: no rounding
-          const double* y = &bk[k * N + j0];
+          const double* y = &bk[k * C + j0];
           for (std::int64_t jj = 0; jj < w; ++jj) {
             const double p = x * y[jj];
             sum[jj] += p;
@@ -217,32 +238,34 @@ std::vector<double> precision_scale(const Case& c, const Inputs& inputs, const T
           double acc = std::max(u * std::sqrt(sq[jj] / 3), std::fabs(seq[jj] - sum[jj]));
           if (!tol.nearest) acc += u * std::fabs(lin[jj]);
           if (ui > 0) acc += ui * std::sqrt(2 * pp[jj] / 3) + (tol.nearest ? 0.0 : 2 * ui * std::fabs(sum[jj]));
-          const std::size_t e = static_cast<std::size_t>((bi * M + i) * N + j0 + jj);
+          const std::size_t e = static_cast<std::size_t>((bi * M + i) * N + cols[static_cast<std::size_t>(j0 + jj)]);
           out[e] = scale * acc + floor + (input_abs.empty() ? 0.0 : input_abs[e]);
         }
       }
-    }, threads_for(static_cast<double>(rows.size()) * N * K, 0x1p16));
+    }, threads_for(static_cast<double>(rows.size()) * C * K, 0x1p16));
   }
   return out;
 }
 
 // The calibrator's mean normalised error on the same inputs at `bits`, before any output
-// rounding (so that only its accumulation shows): mean over the elements of D's `rows` of
-// |cal_e - x_e| / c_e (arows: those rows of op(A), in that order).
+// rounding (so that only its accumulation shows): mean over the sample's elements of
+// |cal_e - x_e| / c_e (arows, bcols: the sample's rows of op(A) and columns of op(B), in
+// that order).
 double calibration_mean_normalised(const std::vector<double>& arows, const std::vector<double>& bcols,
-                                   const std::vector<std::int64_t>& rows, std::int64_t N, std::int64_t K,
+                                   const PrecisionSample& sample, std::int64_t N, std::int64_t K,
                                    const OutputComparison& cmp, int bits) {
-  const auto R = static_cast<std::int64_t>(rows.size());
-  std::vector<double> err(static_cast<std::size_t>(R * N), 0.0);
+  const auto R = static_cast<std::int64_t>(sample.rows.size()), C = static_cast<std::int64_t>(sample.cols.size());
+  std::vector<double> err(static_cast<std::size_t>(R * C), 0.0);
   parallel_for(R, [&](std::int64_t row) {
-    const std::int64_t i = rows[static_cast<std::size_t>(row)];
-    for (std::int64_t j = 0; j < N; ++j) {
-      const double cal = calibration_dot(&arows[row * K], &bcols[j * K], K, bits);
-      const DoubleDouble x = cmp.exact[i * N + j].double_double();
-      const double cond = cmp.condition[i * N + j];
-      err[row * N + j] = cond > 0 ? std::fabs((cal - x.hi) - x.lo) / cond : 0.0;
+    const std::int64_t i = sample.rows[static_cast<std::size_t>(row)];
+    for (std::int64_t col = 0; col < C; ++col) {
+      const std::int64_t e = i * N + sample.cols[static_cast<std::size_t>(col)];
+      const double cal = calibration_dot(&arows[row * K], &bcols[col * K], K, bits);
+      const DoubleDouble x = cmp.exact[e].double_double();
+      const double cond = cmp.condition[e];
+      err[row * C + col] = cond > 0 ? std::fabs((cal - x.hi) - x.lo) / cond : 0.0;
     }
-  }, threads_for(static_cast<double>(R) * N * K, 0x1p16));
+  }, threads_for(static_cast<double>(R) * C * K, 0x1p16));
   double sum = 0;
   for (double e : err) sum += e;
   return sum / static_cast<double>(err.size());
@@ -413,28 +436,33 @@ class GemmModule final : public OpModule {
   ToleranceModel tolerance(const Case& c, const KernelTraits& traits) const override { return precision_terms(c, traits); }
 
   OutputComparison compare(const Case& c, const Inputs& inputs, const Tensor& d, const ToleranceModel& tol) const override {
-    const GemmReference ref = gemm_reference(c, inputs);
+    GemmReference ref = [&] {
+      const Phase phase("reference");
+      return gemm_reference(c, inputs);
+    }();
     OutputComparison cmp;
     cmp.format = c.types.at("D");
     cmp.shape = {c.gemm.batch, c.gemm.m, c.gemm.n};
     cmp.got = logical_output(c, d);
-    cmp.exact = ref.values;
-    cmp.condition = ref.magnitude;
-    cmp.accumulated = ref.intermediate;
+    cmp.exact = std::move(ref.values);
+    cmp.condition = std::move(ref.magnitude);
+    cmp.accumulated = std::move(ref.intermediate);
     if (ref.path == "gpu")
       cmp.reference_note = fmt::format("exact on the GPU (int8 digit products); {} of {} elements recomputed on the CPU",
-                                       ref.recomputed, ref.values.size());
+                                       ref.recomputed, cmp.exact.size());
     const Format compute = c.types.at("compute");
     // FP64 too: the intermediate bound is a double, +Inf once the terms pass DBL_MAX.
     cmp.accumulator_max = info(compute == Format::TF32 ? Format::FP32 : compute).max_finite();
     if (tol.input_bits > 0) {
+      const Phase phase("input_rounding");
       mark_input_rounding_overflow(c, inputs, tol.input_bits, cmp);
       if (c.alpha != 0) cmp.input_abs = input_rounding_abs(c, inputs, tol.input_bits);
     }
     // The precision rule: where D is alpha x the accumulation through at most a ReLU (a
     // GELU's own evaluation error is not in its scale).
+    const Phase phase("precision_scale");
     if (c.alpha != 0 && !has_gelu(c.epilogue))
-      cmp.precision_scale = precision_scale(c, inputs, tol, cmp.input_abs, precision_rows(c));
+      cmp.precision_scale = precision_scale(c, inputs, tol, cmp.input_abs, precision_sample(c));
     return cmp;  // allowed: empty, the ToleranceModel's GEMM bound with n = K applies
   }
 
@@ -511,23 +539,26 @@ class GemmModule final : public OpModule {
                         double kernel_mean) const override {
     if (!(kernel_mean > 0) || c.gemm.batch != 1) return NAN;
     const MatrixView av = gemm_view(c, "A"), bv = gemm_view(c, "B");
-    const std::int64_t M = c.gemm.m, N = c.gemm.n, K = c.gemm.k;
-    // (the calibrator's mean over precision_rows: the same expectation as the kernel's
-    // mean over every row, for rows drawn alike); arows holds those rows only
-    const std::vector<std::int64_t> rows = precision_rows(c);
-    const auto R = static_cast<std::int64_t>(rows.size());
-    std::vector<double> arows(R * K), bcols(N * K);
+    const std::int64_t N = c.gemm.n, K = c.gemm.k;
+    // (the calibrator's mean over precision_sample: the same expectation as the kernel's
+    // mean over every element, for elements drawn alike); arows and bcols hold its rows and
+    // columns only
+    const PrecisionSample sample = precision_sample(c);
+    const std::vector<std::int64_t>& rows = sample.rows;
+    const auto R = static_cast<std::int64_t>(rows.size()), C = static_cast<std::int64_t>(sample.cols.size());
+    std::vector<double> arows(R * K), bcols(C * K);
     const Tensor &a = inputs.at("A"), &b = inputs.at("B");
     parallel_for(R, [&](std::int64_t row) {
       const std::int64_t i = rows[static_cast<std::size_t>(row)];
       for (std::int64_t k = 0; k < K; ++k) arows[row * K + k] = a.value(op_a_offset(c, av, 0, i, k));
     }, threads_for(static_cast<double>(R) * K, 0x1p15));
-    parallel_for(N, [&](std::int64_t j) {
-      for (std::int64_t k = 0; k < K; ++k) bcols[j * K + k] = b.value(op_b_offset(c, bv, 0, k, j));
-    }, threads_for(static_cast<double>(N) * K, 0x1p15));
+    parallel_for(C, [&](std::int64_t col) {
+      const std::int64_t j = sample.cols[static_cast<std::size_t>(col)];
+      for (std::int64_t k = 0; k < K; ++k) bcols[col * K + k] = b.value(op_b_offset(c, bv, 0, k, j));
+    }, threads_for(static_cast<double>(C) * K, 0x1p15));
     for (int bits = kCalibrationBits; bits >= 12; bits -= 4) {
       if (std::ldexp(static_cast<double>(K), -bits) > 1.0 / 16) break;
-      const double cal = calibration_mean_normalised(arows, bcols, rows, N, K, cmp, bits);
+      const double cal = calibration_mean_normalised(arows, bcols, sample, N, K, cmp, bits);
       if (cal > 0) return bits + std::log2(cal / kernel_mean);
     }
     return NAN;
@@ -557,13 +588,17 @@ Case dtype_gemm_case(std::string_view dtype, std::int64_t m, std::int64_t n, std
   return c;
 }
 
-std::vector<std::int64_t> precision_rows(const Case& c) {
+PrecisionSample precision_sample(const Case& c) {
   const GemmShape& g = c.gemm;
   const double per_row = static_cast<double>(g.batch) * static_cast<double>(g.n) * static_cast<double>(g.k);
-  const std::int64_t afford = per_row * static_cast<double>(g.m) <= kPrecisionRowTerms
-                                  ? g.m
-                                  : std::max<std::int64_t>(16, static_cast<std::int64_t>(kPrecisionRowTerms / per_row));
-  return edge_and_spread_sample(g.m, afford, c.seed);
+  if (per_row * static_cast<double>(g.m) <= kPrecisionTerms)
+    return {edge_and_spread_sample(g.m, g.m, c.seed), edge_and_spread_sample(g.n, g.n, c.seed)};
+  const std::int64_t rows = std::max<std::int64_t>(16, static_cast<std::int64_t>(kPrecisionTerms / per_row));
+  const double per_col = static_cast<double>(g.batch) * static_cast<double>(std::min(rows, g.m)) * static_cast<double>(g.k);
+  const std::int64_t cols = per_col * static_cast<double>(g.n) <= kPrecisionTerms
+                                ? g.n
+                                : std::max<std::int64_t>(64, static_cast<std::int64_t>(kPrecisionTerms / per_col));
+  return {edge_and_spread_sample(g.m, rows, c.seed), edge_and_spread_sample(g.n, cols, c.seed >> 10)};
 }
 
 const OpModule& gemm_module() {

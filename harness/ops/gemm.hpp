@@ -33,14 +33,23 @@ Case dtype_gemm_case(std::string_view dtype, std::int64_t m, std::int64_t n, std
 const OpModule& gemm_module();
 
 /// batch x M x N x K up to which the precision rule's scale and the effective-bits
-/// calibrator (each an O(M N K) pass on the CPU) cover every row of D.
-inline constexpr double kPrecisionRowTerms = 0x1p30;
-/// The rows of D (the same in every batch) that the precision rule and the calibrator
-/// cover: all of them up to kPrecisionRowTerms, else a sample of max(16, the rows that
-/// kPrecisionRowTerms affords): the first two, the last four, both sides of the last 64-
-/// and 128-row tile boundaries, and rows spread evenly (offset by the case's seed). The
-/// other rows' elements have no precision scale: the tolerance bound alone judges them.
-std::vector<std::int64_t> precision_rows(const Case& c);
+/// calibrator (each an O(M N K) pass on the CPU) cover every element of D; past it, a
+/// sample of about this many terms (beyond every fuzz regime: 2^27).
+inline constexpr double kPrecisionTerms = 0x1p28;
+/// The elements of D (rows x cols, the same in every batch) that the precision rule and the
+/// calibrator cover: every one up to kPrecisionTerms; past it the rows that the budget
+/// affords with every column, at least 16, and when 16 full rows are too many, the columns
+/// it affords with those rows, at least 64. Either sample holds the first two, the last
+/// four, both sides of the last 64- and 128-wide tile boundaries, and indices spread evenly
+/// (offset by the case's seed). Other elements have no precision scale: the tolerance bound
+/// alone judges them.
+struct PrecisionSample {
+  std::vector<std::int64_t> rows, cols;  ///< sorted
+  bool all(const GemmShape& g) const {
+    return static_cast<std::int64_t>(rows.size()) == g.m && static_cast<std::int64_t>(cols.size()) == g.n;
+  }
+};
+PrecisionSample precision_sample(const Case& c);
 
 /// The transposed problem on the same memory: D^T = op(B)^T op(A)^T in the other layout,
 /// A and B (types, scales, leading dimensions) swapped, no distributions (the inputs are

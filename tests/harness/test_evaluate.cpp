@@ -442,32 +442,41 @@ TEST(Evaluate, SmallCasesStartNoThreads) {
   ::unsetenv("ULPGATE_THREADS");
 }
 
-// Past kPrecisionRowTerms the precision rule and the effective-bits calibrator cover a
-// sample of D's rows (harness/ops/gemm.hpp precision_rows): the edges and tile boundaries,
-// then rows spread evenly; every row below the threshold.
-TEST(PrecisionRows, AllRowsUpToTheThresholdThenASampleWithTheEdges) {
+// Past kPrecisionTerms the precision rule and the effective-bits calibrator cover a sample
+// of D's elements (harness/ops/gemm.hpp precision_sample): rows, then columns when 16 full
+// rows cost too much, each with the edges and tile boundaries, then indices spread evenly;
+// every element below the threshold.
+TEST(PrecisionSample, AllElementsUpToTheThresholdThenRowsThenColumnsWithTheEdges) {
   Case c = dtype_gemm_case("fp32", 64, 64, 1024);
-  EXPECT_EQ(precision_rows(c).size(), 64u);
-  c.gemm.m = 1000, c.gemm.n = 1000, c.gemm.k = 65536;  // 6.6e10 terms: 16 rows
+  EXPECT_TRUE(precision_sample(c).all(c.gemm));
+  c.gemm.m = 1000, c.gemm.n = 1000, c.gemm.k = 65536;  // 6.6e10 terms: 16 rows x 2^28 / (16 K) columns
   c.seed = 3;
-  const std::vector<std::int64_t> rows = precision_rows(c);
-  EXPECT_EQ(rows.size(), 16u);
-  EXPECT_TRUE(std::is_sorted(rows.begin(), rows.end()));
-  for (std::int64_t i : {0, 1, 895, 896, 959, 960, 996, 997, 998, 999})
-    EXPECT_TRUE(std::binary_search(rows.begin(), rows.end(), i)) << i;
-  c.gemm.m = 2000, c.gemm.n = 100, c.gemm.k = 10000;  // 2e9 terms: 2^30 / 1e6 = 1073 rows
-  EXPECT_EQ(precision_rows(c).size(), 1073u);
+  const PrecisionSample s = precision_sample(c);
+  EXPECT_EQ(s.rows.size(), 16u);
+  EXPECT_EQ(s.cols.size(), 256u);
+  for (const auto* v : {&s.rows, &s.cols}) {
+    EXPECT_TRUE(std::is_sorted(v->begin(), v->end()));
+    for (std::int64_t i : {0, 1, 895, 896, 959, 960, 996, 997, 998, 999})
+      EXPECT_TRUE(std::binary_search(v->begin(), v->end(), i)) << i;
+  }
+  c.gemm.m = 2000, c.gemm.n = 100, c.gemm.k = 10000;  // 2e9 terms: 2^28 / 1e6 = 268 full rows
+  EXPECT_EQ(precision_sample(c).rows.size(), 268u);
+  EXPECT_EQ(precision_sample(c).cols.size(), 100u);
+  c.gemm.m = 4096, c.gemm.n = 4096, c.gemm.k = 1 << 20;  // the floors: 16 rows, 64 columns
+  EXPECT_EQ(precision_sample(c).rows.size(), 16u);
+  EXPECT_EQ(precision_sample(c).cols.size(), 64u);
 }
 
 // A case past the threshold: the correct model passes, its precision scale covers the
-// sampled rows only (the rule's elements: rows x N), and the calibrator over those rows
-// still measures FP32's 24 bits.
-TEST(PrecisionRows, SampledRuleAndCalibratorOnAHugeCase) {
-  Case c = dtype_gemm_case("fp32", 64, 64, 300000);  // 1.2e9 terms: 55 of 64 rows
+// sample only (16 of 64 rows x 64 columns), and the calibrator over it still measures
+// FP32's 24 bits.
+TEST(PrecisionSample, SampledRuleAndCalibratorOnAHugeCase) {
+  Case c = dtype_gemm_case("fp32", 64, 64, 300000);  // 1.2e9 terms
   c.kernel = "cpu.fp32_seq";
   c.dist = {{"A", "normal(0,1)"}, {"B", "normal(0,1)"}};
   c.seed = 11;
-  ASSERT_EQ(precision_rows(c).size(), 55u);
+  ASSERT_EQ(precision_sample(c).rows.size(), 16u);
+  ASSERT_EQ(precision_sample(c).cols.size(), 64u);
   auto k = make_emulated_gemm(default_models()[0]);
   EvaluationOptions o;
   o.effective_bits = true;
