@@ -45,19 +45,21 @@ namespace {
 // without subnormals or overflow) must double D exactly. The products are checked with and
 // without the scales and alpha (a kernel may apply them to each product or to the sum);
 // sums of normal numbers that fall below the normal range are exact, so only the top needs
-// a bound: K times the largest product. Where the kernel rounds its inputs (TF32 compute),
-// A must be normal too: rounding a subnormal keeps its absolute unit, so round(2a) need
-// not be 2 round(a) (a = 2^-137 + 2^-149 rounds to 2^-136 in TF32, and so does 2a).
+// a bound: K times the largest product. A must be normal too (in its format): rounding a
+// subnormal keeps its absolute unit, so where the kernel rounds its inputs (TF32 compute)
+// round(2a) need not be 2 round(a) (a = 2^-137 + 2^-149 rounds to 2^-136 in TF32, and so
+// does 2a), and a unit that aligns its products on the inputs' exponents without
+// normalising a subnormal's significand (the H200's FP16 tensor cores through cuBLAS: D(2A)
+// != 2 D(A) with subnormal A, within the tolerance) truncates 2a b on the grid of a b.
 bool scaling_applies(const Case& c, const Inputs& in) {
   if (c.beta != 0 || has_bias(c.epilogue) || !(c.epilogue == Epilogue::None || c.epilogue == Epilogue::Relu)) return false;
-  const bool rounds_inputs = c.types.at("compute") == Format::TF32;
   double lo[2] = {INFINITY, INFINITY}, hi[2] = {0, 0};
   int i = 0;
   for (const char* op : {"A", "B"}) {
     const Tensor& t = in.at(op);
     const MatrixView v = gemm_view(c, op);
     const double max = info(t.format()).max_finite();
-    const double min_a = rounds_inputs && i == 0 ? info(t.format()).min_normal() : 0.0;
+    const double min_a = i == 0 ? info(t.format()).min_normal() : 0.0;
     for (std::size_t e = 0; e < t.size(); ++e) {
       if (v.is_padding(static_cast<std::int64_t>(e))) continue;
       const double x = std::fabs(t.value(e));
