@@ -145,6 +145,9 @@ struct OutputComparison {
   /// or Inf there (where the op says the true value is finite, accumulated_e within the
   /// accumulator) is unexpected. Empty: every element has its reference.
   std::vector<char> unreferenced;
+  /// D is a ReLU's output: where x_e is NaN, +0 is right too (max(NaN, 0) is 0 under IEEE
+  /// 754-2008 maxNum and CUDA's fmaxf, as cuBLASLt's RELU epilogue computes it).
+  bool relu_output = false;
   /// How the reference was computed where it is worth saying (the GPU exact path: how many
   /// elements the CPU recomputed); goes into the case record's notes as "reference".
   std::string reference_note;

@@ -284,6 +284,7 @@ OutputComparison transposed_reference(const OutputComparison& cmp) {
   t.shape = {batch, n, m};
   t.accumulator_max = cmp.accumulator_max;
   t.tolerance_note = cmp.tolerance_note;
+  t.relu_output = cmp.relu_output;
   const auto permute = [&](const auto& v) {
     std::decay_t<decltype(v)> out(v.size());
     if (v.empty()) return out;
@@ -449,6 +450,7 @@ class GemmModule final : public OpModule {
     cmp.exact = std::move(ref.values);
     cmp.condition = std::move(ref.magnitude);
     cmp.accumulated = std::move(ref.intermediate);
+    cmp.relu_output = c.epilogue == Epilogue::Relu || c.epilogue == Epilogue::BiasRelu;
     if (ref.path == "gpu")
       cmp.reference_note = fmt::format("exact on the GPU (int8 digit products); {} of {} elements recomputed on the CPU",
                                        ref.recomputed, cmp.exact.size());

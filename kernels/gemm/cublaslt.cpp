@@ -166,6 +166,15 @@ class CublasLtGemm final : public Kernel {
     Preference pref(pref_raw);
     const std::size_t ws = kWorkspaceBytes;
     ULPGATE_CHECK(cublasLtMatmulPreferenceSetAttribute(pref_raw, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
+    // A split-K algorithm may reduce its partial sums in D's type (in place in D, or through
+    // the workspace): with a D narrower than FP32 that rounds every partial sum to FP16 or
+    // BF16, which is not the FP32 accumulation these backends declare. Only reductions in
+    // the compute type then (cuBLAS's CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION).
+    if (fd != Format::FP32) {
+      const std::uint32_t schemes = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+      ULPGATE_CHECK(cublasLtMatmulPreferenceSetAttribute(pref_raw, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &schemes,
+                                                         sizeof schemes));
+    }
     // Ask for several algorithms and take the first that runs: the heuristic can offer one
     // that the matmul call then declines (cuBLASLt's own samples do the same).
     constexpr int kTry = 8;

@@ -108,6 +108,27 @@ TEST(Analyze, NonFiniteClassification) {
   EXPECT_TRUE(judge(ok, analyze(ok), ToleranceModel{}, 1).passed);
 }
 
+// A ReLU's max(x, 0) may return +0 for x = NaN (IEEE 754-2008 maxNum, CUDA's fmaxf:
+// cuBLASLt's RELU epilogue on the H200) or propagate the NaN (PyTorch): both are right for
+// a ReLU output. Any other finite value for a NaN is still a missed NaN, and without a ReLU
+// +0 is one too.
+TEST(Analyze, ReluOutputMayTurnNanIntoPositiveZero) {
+  const double nan = NAN;
+  auto cmp = fp16({0.0, nan, -0.0, 1.0}, {nan, nan, nan, nan});
+  EXPECT_EQ(analyze(cmp).missed_nonfinite, 3);
+  cmp.relu_output = true;
+  const ErrorMetrics m = analyze(cmp);
+  EXPECT_EQ(m.expected_nonfinite, 2);  // +0 and NaN
+  EXPECT_EQ(m.missed_nonfinite, 2);    // -0 and 1.0
+  EXPECT_FALSE(judge(cmp, m, ToleranceModel{}, 1).passed);
+  const auto ok = [&] {
+    auto c = fp16({0.0, nan}, {nan, nan});
+    c.relu_output = true;
+    return c;
+  }();
+  EXPECT_TRUE(judge(ok, analyze(ok), ToleranceModel{}, 1).passed);
+}
+
 // Beyond D's range: FP16's max finite value (a round-toward-zero overflow) is an overflow,
 // not a missed Inf, but only with the exact value's sign; FP8 outputs saturate, and the
 // saturated value is judged as what it is: correctly rounded, error 0.
