@@ -50,7 +50,7 @@ void Tensor::set_code(std::size_t i, Code c) { store_code(format_, bytes_.data()
 
 namespace {
 template <class Word>
-void fill_words(std::vector<std::byte>& bytes, std::uint64_t word) {
+void fill_words(std::vector<std::byte, DefaultInitAllocator<std::byte>>& bytes, std::uint64_t word) {
   const auto w = static_cast<Word>(word);
   for (std::size_t i = 0, n = bytes.size() / sizeof(Word); i < n; ++i) std::memcpy(bytes.data() + i * sizeof(Word), &w, sizeof w);
 }

@@ -7,6 +7,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <memory>
+#include <utility>
 #include <vector>
 
 #include "core/format.hpp"
@@ -24,10 +26,40 @@ Code storage_to_code(Format f, std::uint64_t word);
 Code load_code(Format f, const void* base, std::int64_t index);
 void store_code(Format f, void* base, std::int64_t index, Code c);
 
+/// An allocator whose value-initialisation leaves trivial elements uninitialised: a vector
+/// of 10^9 of them then costs no single-threaded zero-fill; whoever writes it first pays,
+/// on as many threads as write it.
+template <class T>
+struct DefaultInitAllocator : std::allocator<T> {
+  template <class U>
+  struct rebind {
+    using other = DefaultInitAllocator<U>;
+  };
+  DefaultInitAllocator() = default;
+  template <class U>
+  DefaultInitAllocator(const DefaultInitAllocator<U>&) noexcept {}
+  template <class U>
+  void construct(U* p) noexcept(std::is_nothrow_default_constructible_v<U>) {
+    ::new (static_cast<void*>(p)) U;
+  }
+  template <class U, class... Args>
+  void construct(U* p, Args&&... args) {
+    ::new (static_cast<void*>(p)) U(std::forward<Args>(args)...);
+  }
+};
+
 class Tensor {
  public:
+  /// Tensor(f, n, Tensor::uninitialized): storage the caller writes in full.
+  struct Uninitialized {};
+  static constexpr Uninitialized uninitialized{};
+
   Tensor() = default;
-  Tensor(Format f, std::size_t elements) : format_(f), bytes_(elements * storage_bytes(f)) {}
+  /// n elements, every storage word zero.
+  Tensor(Format f, std::size_t elements) : format_(f), bytes_(elements * storage_bytes(f)) {
+    if (!bytes_.empty()) std::memset(bytes_.data(), 0, bytes_.size());
+  }
+  Tensor(Format f, std::size_t elements, Uninitialized) : format_(f), bytes_(elements * storage_bytes(f)) {}
 
   Format format() const { return format_; }
   std::size_t size() const { return bytes_.size() / storage_bytes(format_); }
@@ -46,7 +78,7 @@ class Tensor {
 
  private:
   Format format_ = Format::FP32;
-  std::vector<std::byte> bytes_;
+  std::vector<std::byte, DefaultInitAllocator<std::byte>> bytes_;
 };
 
 }  // namespace ulpgate

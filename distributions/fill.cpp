@@ -1,8 +1,14 @@
 #include "distributions/fill.hpp"
+#include "distributions/fill_gpu.hpp"
+
+#include <cstdlib>
+#include <string_view>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <functional>
+#include <string_view>
 #include <vector>
 
 #include <fmt/format.h>
@@ -18,6 +24,8 @@ namespace {
 
 using sampling::Kind;
 using sampling::Sampler;
+// An operand's values before rounding to its format, every one written by the fill.
+using Values = std::vector<double, DefaultInitAllocator<double>>;
 
 [[noreturn]] void fail(std::string_view op, const std::string& msg) {
   throw InputError(fmt::format("case.dist.{}: {}", op, msg));
@@ -183,9 +191,11 @@ void check_scope(const DistSpec& s, const Case& c, const std::string& op) {
 
 // Writes logical values into a poisoned buffer of the operand's storage size, a line along
 // the last axis at a time (its coordinates found once, then stepped).
-Tensor store(const Operand& o, const std::vector<double>& vals) {
-  Tensor t(o.format, static_cast<std::size_t>(o.storage));
-  t.fill_code(padding_poison(o.format));
+Tensor store(const Operand& o, const Values& vals) {
+  // Every logical element is written below, on the fill's threads; padding (storage beyond
+  // them) gets the poison first.
+  Tensor t(o.format, static_cast<std::size_t>(o.storage), Tensor::uninitialized);
+  if (o.storage > o.count()) t.fill_code(padding_poison(o.format));
   const std::int64_t n = o.count(), line = o.dims.empty() ? 1 : std::max<std::int64_t>(1, o.dims.back());
   const std::int64_t lines = line ? n / line : 0;
   const int last = static_cast<int>(o.dims.size()) - 1;
@@ -233,18 +243,34 @@ void sample_core_range(const Sampler& s, std::uint64_t seed, std::uint32_t strea
 
 namespace {
 
+#ifdef ULPGATE_GPU_FILL
+// ULPGATE_FILL=cpu keeps every fill on the CPU (tests compare the two paths).
+bool gpu_fill_enabled() {
+  const char* e = std::getenv("ULPGATE_FILL");
+  return !(e && std::string_view(e) == "cpu");
+}
+#endif
+
 // Per-element families, softmax normalisation, modifiers and amax scaling.
 Tensor fill_operand(Case& c, const Operand& o, const DistSpec& spec) {
   const Sampler sampler = resolve(spec, c, o);
   const std::uint64_t seed = c.seed;
-  std::vector<double> vals(static_cast<std::size_t>(o.count()));
+  Values vals(static_cast<std::size_t>(o.count()));
   const std::int64_t channel_stride = o.stride(o.channel_axis), channels = o.dims[o.channel_axis];
   const std::int64_t n = o.count(), chunks = (n + kFillGrain - 1) / kFillGrain;
-  parallel_for(chunks, [&](std::int64_t chunk) {
-    const std::int64_t begin = chunk * kFillGrain;
-    sample_core_range(sampler, seed, o.stream, begin, std::min(n, begin + kFillGrain), channel_stride, channels,
-                      vals.data() + begin);
-  }, threads_for(static_cast<double>(n), kFillPerThread));
+  // Large operands on the GPU where there is one: the same bits, core and modifiers at once
+  // (softmax weights normalise between the two: on the CPU).
+  bool modified = false;
+#ifdef ULPGATE_GPU_FILL
+  if (n >= detail::kGpuFillValues && sampler.kind != Kind::SoftmaxWeight && gpu_fill_enabled())
+    modified = detail::gpu_sample_range(sampler, seed, o.stream, n, channel_stride, channels, vals.data());
+#endif
+  if (!modified)
+    parallel_for(chunks, [&](std::int64_t chunk) {
+      const std::int64_t begin = chunk * kFillGrain;
+      sample_core_range(sampler, seed, o.stream, begin, std::min(n, begin + kFillGrain), channel_stride, channels,
+                        vals.data() + begin);
+    }, threads_for(static_cast<double>(n), kFillPerThread));
   if (sampler.kind == Kind::SoftmaxWeight) {
     // Normalise each line along the reduction axis, summing in coordinate order.
     const std::int64_t len = o.dims[o.reduction_axis], stride = o.stride(o.reduction_axis);
@@ -255,10 +281,11 @@ Tensor fill_operand(Case& c, const Operand& o, const DistSpec& spec) {
       for (std::int64_t r = 0; r < len; ++r) vals[static_cast<std::size_t>(idx + r * stride)] /= sum;
     });
   }
-  o.for_each_parallel([&](std::int64_t i) {
-    const auto e = static_cast<std::size_t>(i);
-    vals[e] = sampling::apply_modifiers(sampler, seed, o.stream, e, vals[e]);
-  });
+  if (!modified)
+    o.for_each_parallel([&](std::int64_t i) {
+      const auto e = static_cast<std::size_t>(i);
+      vals[e] = sampling::apply_modifiers(sampler, seed, o.stream, e, vals[e]);
+    });
   // amax is FP8's storage step: any other operand holds its base values, unscaled (scales
   // are FP8-only, takes_scale; a plugin gets 1 there and a kernel would ignore anything else).
   if (spec.family == "amax" && takes_scale(o.format)) {
@@ -314,7 +341,7 @@ void fill_gendot(Case& c, const DistSpec& spec, std::map<std::string, Tensor>& o
   };
   for (const char* op : {"A", "B"}) {
     const Operand o = describe(c, op);
-    std::vector<double> vals(static_cast<std::size_t>(o.count()));
+    Values vals(static_cast<std::size_t>(o.count()));
     const bool is_a = o.name == "A";
     o.for_each([&](std::int64_t idx, const std::int64_t* x) {
       const std::int64_t b = x[0], line = is_a ? x[1] : x[2], k = is_a ? x[2] : x[1];
@@ -347,7 +374,7 @@ void fill_attention_qk(Case& c, const DistSpec& spec, std::map<std::string, Tens
   for (const char* op : {"Q", "K"}) {
     const Operand o = describe(c, op);
     const bool is_q = o.name == "Q";
-    std::vector<double> vals(static_cast<std::size_t>(o.count()));
+    Values vals(static_cast<std::size_t>(o.count()));
     o.for_each([&](std::int64_t idx, const std::int64_t* x) {
       double v = sampling::sample(normal, c.seed, o.stream, static_cast<std::uint64_t>(idx), 0);
       if (sink && x[3] == 0) {

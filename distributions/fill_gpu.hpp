@@ -1,0 +1,22 @@
+// Per-element sampling on the GPU (built with CUDA only; fill.cpp uses it for operands of
+// kGpuFillValues values and more, where the CPU's portable sampling took seconds).
+#pragma once
+
+#include <cstdint>
+
+#include "distributions/sampling.hpp"
+
+namespace ulpgate::detail {
+
+/// Values from which an operand is sampled on the GPU when one is present.
+inline constexpr std::int64_t kGpuFillValues = std::int64_t{1} << 23;
+
+/// Whether a CUDA device is present (asked once).
+bool gpu_fill_available();
+
+/// out[i] = sampling::sample(s, seed, stream, i, (i / channel_stride) % channels) for i in
+/// [0, n), computed on the GPU; false (out undefined) without a device or on a CUDA error.
+bool gpu_sample_range(const sampling::Sampler& s, std::uint64_t seed, std::uint32_t stream, std::int64_t n,
+                      std::int64_t channel_stride, std::int64_t channels, double* out);
+
+}  // namespace ulpgate::detail

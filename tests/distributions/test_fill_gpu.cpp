@@ -1,0 +1,44 @@
+// Large operands are sampled on the GPU (distributions/fill_gpu.cu): the filled tensors
+// are the CPU's bit for bit, for every per-element family and modifier, in every input
+// format (label gpu: skips without a device).
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "fill_test_util.hpp"
+#include "distributions/fill_gpu.hpp"
+
+using namespace ulpgate;
+using namespace ulpgate::test;
+
+TEST(FillGpu, LargeOperandsEqualTheCpuFillOnEveryFamily) {
+  if (!detail::gpu_fill_available()) GTEST_SKIP() << "no CUDA device";
+  // A is 1024 x 8192 (2^23 values: the GPU path), B 8192 x 16 (the CPU path either way).
+  const char* dists[] = {"normal(0,1)", "uniform(-3,5)", "lognormal(-1,2)", "student_t(3,0.5)", "cauchy(0,0.01)",
+                         "activations(std=1,rate=0.01,scale=20)", "weights(gain=1)", "sparse(density=0.1,std=1)",
+                         "relu(mean=0,std=1)", "positive(1)", "near_overflow(lo=0.5,hi=1)", "subnormal(rate=0.5)",
+                         "exact(max=4,frac=3)", "specials(nan=0.01,inf=0.01,negzero=0.1,base=student_t(3))",
+                         "outliers(rate=0.001,scale=100,base=normal(0,1))", "amax(frac=1,base=normal(0,1))"};
+  int compared = 0;
+  for (const Format f : {Format::FP32, Format::FP16, Format::BF16, Format::E4M3})
+    for (const char* dist : dists) {
+      std::string spec = dist;
+      if (f == Format::E4M3 && spec.rfind("specials", 0) == 0) spec = "specials(nan=0.01,inf=0,negzero=0.1,base=student_t(3))";
+      Case gpu = gemm_case(1024, 16, 8192, f, spec, "normal(0,1)", 1, 77);
+      if (f == Format::E4M3) gpu.types["D"] = Format::FP32;
+      Case cpu = gpu;
+      ::unsetenv("ULPGATE_FILL");
+      const auto on_gpu = fill_inputs(gpu);
+      ::setenv("ULPGATE_FILL", "cpu", 1);
+      const auto on_cpu = fill_inputs(cpu);
+      ::unsetenv("ULPGATE_FILL");
+      const Tensor &a = on_gpu.at("A"), &b = on_cpu.at("A");
+      ASSERT_EQ(a.size_bytes(), b.size_bytes());
+      EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size_bytes()), 0) << name(f) << " " << dist;
+      EXPECT_EQ(gpu.scales, cpu.scales) << name(f) << " " << dist;
+      ++compared;
+    }
+  EXPECT_EQ(compared, 64);
+}
