@@ -194,7 +194,11 @@ CaseResult check_case(Kernel& k, const Case& c, const EvaluationOptions& options
   const std::string family = case_family(c);
   try {
     Case filled = c;  // filling may add derived fields (amax scales, kv_lengths): recorded
-    const Evaluation ev = evaluate(k, filled, options, registry);
+    const Evaluation ev = [&] {
+      const Phase phase("evaluate");
+      return evaluate(k, filled, options, registry);
+    }();
+    const Phase phase("result");
     return to_case_result(k, filled, ev, family);
   } catch (const InputError&) {
     throw;

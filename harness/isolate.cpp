@@ -33,6 +33,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.hpp"
+#include "core/profile.hpp"
 #include "harness/fuzz.hpp"
 #include "kernels/device.hpp"
 
@@ -477,6 +478,7 @@ struct IsolatedEvaluator::Worker {
       const ssize_t n = ::read(err.get(), chunk, sizeof chunk);
       if (n < 0 && errno == EINTR) continue;
       if (n <= 0) return;  // EAGAIN (nothing more now) or end of file
+      if (profiling()) std::fwrite(chunk, 1, static_cast<std::size_t>(n), stderr);  // the worker's phase timings
       stderr_tail.append(chunk, static_cast<std::size_t>(n));
       if (stderr_tail.size() > 2 * tail_limit) stderr_tail.erase(0, stderr_tail.size() - tail_limit);
     }
@@ -808,6 +810,7 @@ IsolatedEvaluator::Exchange IsolatedEvaluator::exchange(const json& request, con
 }
 
 CaseResult IsolatedEvaluator::evaluate(const std::string& kernel, const Case& c, const EvaluationOptions& options) {
+  const Phase phase("worker round trip");
   const auto start = Clock::now();
   // What the record says about a case whose worker gave no result.
   const auto lost = [&](Disposition status, const std::string& message) {
