@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <optional>
 #include <stdexcept>
 #include <vector>
 
@@ -85,18 +86,39 @@ std::optional<std::pair<double, double>> split_product(double p, Format input) {
 
 ProbeDot kernel_unit(Kernel& kernel, Format input) {
   return [&kernel, input](std::span<const double> p) {
-    Case c;
-    c.op = Op::Gemm;
-    c.kernel = kernel.name();
-    c.gemm.k = static_cast<std::int64_t>(p.size());
     // TF32 inputs are FP32 tensors of TF32 values with TF32 compute (dtype tf32).
     const Format stored = input == Format::TF32 ? Format::FP32 : input;
-    c.types = {{"A", stored}, {"B", stored}, {"D", Format::FP32}, {"compute", input == Format::TF32 ? Format::TF32 : Format::FP32}};
-    validate(c);
-    if (const auto why = kernel.unsupported(c))
-      throw InputError(fmt::format("kernel '{}' does not take the probe's 1 x 1 x {} {} GEMM: {}", kernel.name(),
-                                   p.size(), name(input), *why));
-    std::map<std::string, Tensor> in{{"A", Tensor(stored, p.size())}, {"B", Tensor(stored, p.size())}};
+    // A 1 x 1 x K GEMM: op(A) and op(B) are contiguous vectors in every layout and transpose,
+    // so any of them the kernel takes will do (cuBLASLt FP8: TN only). A kernel that needs K
+    // a multiple of 16 (FP8 again) gets zero products appended: they add nothing, after the
+    // probe's terms, and leave its blocks where they were.
+    const auto k = static_cast<std::int64_t>(p.size());
+    Case c;
+    std::optional<std::string> why;
+    for (const std::int64_t padded : {k, (k + 15) / 16 * 16}) {
+      for (int variant = 0; variant < 8; ++variant) {
+        c = Case{};
+        c.op = Op::Gemm;
+        c.kernel = kernel.name();
+        c.gemm.k = padded;
+        c.gemm.trans_a = variant & 1, c.gemm.trans_b = variant & 2;
+        c.gemm.layout = variant & 4 ? Layout::ColMajor : Layout::RowMajor;
+        c.types = {{"A", stored}, {"B", stored}, {"D", Format::FP32}, {"compute", input == Format::TF32 ? Format::TF32 : Format::FP32}};
+        validate(c);
+        const auto no = kernel.unsupported(c);
+        if (!no) {
+          why.reset();
+          break;
+        }
+        if (!why) why = no;
+      }
+      if (!why) break;
+    }
+    if (why)
+      throw InputError(fmt::format("kernel '{}' does not take the probe's 1 x 1 x {} {} GEMM in any layout: {}",
+                                   kernel.name(), p.size(), name(input), *why));
+    const auto n = static_cast<std::size_t>(c.gemm.k);
+    std::map<std::string, Tensor> in{{"A", Tensor(stored, n)}, {"B", Tensor(stored, n)}};
     for (std::size_t i = 0; i < p.size(); ++i) {
       if (input == Format::FP32) {
         in.at("A").set_value(i, p[i]), in.at("B").set_value(i, 1.0);

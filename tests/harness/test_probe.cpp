@@ -154,3 +154,39 @@ TEST(Probe, RecoversModelsThroughNarrowInputFormats) {
   // two steps) on every block; 21 (eight ones) from a block of 8
   EXPECT_EQ(rounding_known, 2 * 2 * (3 + 3 + 3 + 2));
 }
+
+namespace {
+
+// A unit that takes one layout only and K a multiple of 16, as cuBLASLt's FP8 GEMMs (TN,
+// row-major here), around a CPU model.
+class Picky final : public Kernel {
+ public:
+  explicit Picky(std::unique_ptr<Kernel> inner) : inner_(std::move(inner)) {}
+  std::string name() const override { return "test.picky"; }
+  std::string description() const override { return "TN only, K a multiple of 16"; }
+  KernelTraits traits() const override { return inner_->traits(); }
+  std::optional<std::string> unsupported(const Case& c) const override {
+    if (c.gemm.trans_a || !c.gemm.trans_b || c.gemm.layout != Layout::RowMajor) return std::string("TN only");
+    if (c.gemm.k % 16) return std::string("K must be a multiple of 16");
+    return inner_->unsupported(c);
+  }
+  void run(const Case& c, const KernelIo& io, RunNotes& notes) override { inner_->run(c, io, notes); }
+
+ private:
+  std::unique_ptr<Kernel> inner_;
+};
+
+}  // namespace
+
+// The probe's 1 x 1 x K GEMM goes in whatever layout the kernel takes (op(A) and op(B) are
+// contiguous vectors in all of them), padded with zero products to a K it takes: the model
+// behind a TN-only, K % 16 unit is still recovered (cublaslt.fp8 refused the probe before).
+TEST(Probe, FindsALayoutAndKTheKernelTakes) {
+  AccumulationModel m;
+  m.order = AccumulationModel::Order::BlockFma, m.block = 16, m.frac_bits = 13, m.rounding = Rounding::TowardZero;
+  Picky kernel(make_emulated_gemm(m));
+  const ProbedAccumulation got = probe_accumulation(kernel_unit(kernel, Format::BF16), 64, 256, 100, Format::BF16);
+  EXPECT_EQ(got.block, 16) << got.describe();
+  EXPECT_EQ(got.frac, 13) << got.describe();
+  if (got.rounding) EXPECT_EQ(got.validated, 100) << got.describe();
+}
