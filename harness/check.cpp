@@ -37,7 +37,10 @@ void judge_into(Judged& j, const Case& c, const RunOutcome& run, const Tolerance
                 double baseline_max_normalised = -1, const BaselineRule& rule = {}) {
   const OpModule& op = op_module(c.op);
   j.cmp.unwritten = unwritten_mask(c, run);
-  j.metrics = analyze(j.cmp);
+  {
+    const Phase phase("judge.analyze");
+    j.metrics = analyze(j.cmp);
+  }
   j.metrics.output = outputs_of(c).front();
   j.metrics.unwritten = run.unwritten;
   j.metrics.padding_written = run.padding_written;

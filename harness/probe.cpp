@@ -84,14 +84,17 @@ std::optional<std::pair<double, double>> split_product(double p, Format input) {
   return std::nullopt;
 }
 
-ProbeDot kernel_unit(Kernel& kernel, Format input) {
-  return [&kernel, input](std::span<const double> p) {
+ProbeDot kernel_unit(Kernel& kernel, Format input, std::int64_t mn) {
+  if (mn < 1) throw InputError("probe: M = N must be at least 1");
+  return [&kernel, input, mn](std::span<const double> p) {
     // TF32 inputs are FP32 tensors of TF32 values with TF32 compute (dtype tf32).
     const Format stored = input == Format::TF32 ? Format::FP32 : input;
-    // A 1 x 1 x K GEMM: op(A) and op(B) are contiguous vectors in every layout and transpose,
-    // so any of them the kernel takes will do (cuBLASLt FP8: TN only). A kernel that needs K
-    // a multiple of 16 (FP8 again) gets zero products appended: they add nothing, after the
-    // probe's terms, and leave its blocks where they were.
+    // An mn x mn x K GEMM whose D[0][0] is the probe's dot product: row 0 of op(A) and
+    // column 0 of op(B) hold its factors, every other element zero (mn > 1 makes a library
+    // take the path it takes for real shapes: at 1 x 1 cuBLAS reduces like a GEMV). Any
+    // layout and transpose the kernel takes will do (cuBLASLt FP8: TN only). A kernel that
+    // needs K a multiple of 16 (FP8 again) gets zero products appended: they add nothing,
+    // after the probe's terms, and leave its blocks where they were.
     const auto k = static_cast<std::int64_t>(p.size());
     Case c;
     std::optional<std::string> why;
@@ -100,6 +103,7 @@ ProbeDot kernel_unit(Kernel& kernel, Format input) {
         c = Case{};
         c.op = Op::Gemm;
         c.kernel = kernel.name();
+        c.gemm.m = c.gemm.n = mn;
         c.gemm.k = padded;
         c.gemm.trans_a = variant & 1, c.gemm.trans_b = variant & 2;
         c.gemm.layout = variant & 4 ? Layout::ColMajor : Layout::RowMajor;
@@ -115,23 +119,28 @@ ProbeDot kernel_unit(Kernel& kernel, Format input) {
       if (!why) break;
     }
     if (why)
-      throw InputError(fmt::format("kernel '{}' does not take the probe's 1 x 1 x {} {} GEMM in any layout: {}",
-                                   kernel.name(), p.size(), name(input), *why));
-    const auto n = static_cast<std::size_t>(c.gemm.k);
-    std::map<std::string, Tensor> in{{"A", Tensor(stored, n)}, {"B", Tensor(stored, n)}};
+      throw InputError(fmt::format("kernel '{}' does not take the probe's {} x {} x {} {} GEMM in any layout: {}",
+                                   kernel.name(), mn, mn, p.size(), name(input), *why));
+    const MatrixView av = gemm_view(c, "A"), bv = gemm_view(c, "B");
+    std::map<std::string, Tensor> in{{"A", Tensor(stored, static_cast<std::size_t>(av.elements()))},
+                                     {"B", Tensor(stored, static_cast<std::size_t>(bv.elements()))}};
     for (std::size_t i = 0; i < p.size(); ++i) {
+      const auto k = static_cast<std::int64_t>(i);
+      const auto at_a = static_cast<std::size_t>(op_a_offset(c, av, 0, 0, k));
+      const auto at_b = static_cast<std::size_t>(op_b_offset(c, bv, 0, k, 0));
       if (input == Format::FP32) {
-        in.at("A").set_value(i, p[i]), in.at("B").set_value(i, 1.0);
+        in.at("A").set_value(at_a, p[i]), in.at("B").set_value(at_b, 1.0);
         continue;
       }
       const auto ab = split_product(p[i], input);
       if (!ab) throw std::logic_error(fmt::format("probe: {:a} is not a product of two normal {} values", p[i], name(input)));
-      in.at("A").set_value(i, ab->first), in.at("B").set_value(i, ab->second);
+      in.at("A").set_value(at_a, ab->first), in.at("B").set_value(at_b, ab->second);
     }
     const RunOutcome out = run_kernel(kernel, c, in);
     if (out.status != Disposition::Ok)
       throw std::runtime_error(fmt::format("kernel '{}' failed on a probe case: {}", kernel.name(), out.message));
-    return static_cast<float>(decode(Format::FP32, out.outputs.at("D").code(0)));
+    const auto d00 = static_cast<std::size_t>(gemm_view(c, "D").offset(0, 0, 0));
+    return static_cast<float>(decode(Format::FP32, out.outputs.at("D").code(d00)));
   };
 }
 

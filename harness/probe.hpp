@@ -74,12 +74,13 @@ struct ProbedAccumulation {
 /// fit the format's significand (trial division), the power between them.
 std::optional<std::pair<double, double>> split_product(double p, Format input);
 
-/// A GEMM kernel as a unit under probe: each dot product is a 1 x 1 x K case with A and B
-/// in `input` (FP32: A the products, B ones; otherwise each product split by
-/// split_product), D FP32, alpha 1, beta 0, run in this process (harness/runner.hpp).
-/// Throws InputError when the kernel does not take that case, std::runtime_error when a
-/// run fails, std::logic_error for a product the format cannot make.
-ProbeDot kernel_unit(Kernel& kernel, Format input = Format::FP32);
+/// A GEMM kernel as a unit under probe: each dot product is D[0][0] of an mn x mn x K case
+/// (row 0 of op(A) and column 0 of op(B) its factors, zeros elsewhere) with A and B in
+/// `input` (FP32: A the products, B ones; otherwise each product split by split_product),
+/// D FP32, alpha 1, beta 0, in the first layout and transpose the kernel takes, run in this
+/// process (harness/runner.hpp). Throws InputError when the kernel takes no such case,
+/// std::runtime_error when a run fails, std::logic_error for a product the format cannot make.
+ProbeDot kernel_unit(Kernel& kernel, Format input = Format::FP32, std::int64_t mn = 1);
 
 /// Runs the experiments above on `dot`, trying blocks up to max_block and promotion
 /// lengths up to max_promote, and validates the result on `validate` random dot products.

@@ -208,7 +208,7 @@ int main(int argc, char** argv) {
   int probe_max_block = 512, probe_max_promote = 4096;
   auto* probe = app.add_subcommand(
       "probe", "How each GEMM kernel accumulates FP32 dot products (block size, fraction bits after alignment, "
-               "rounding, promotion), from known-answer 1 x 1 x K cases run in this process");
+               "rounding, promotion), from known-answer M x N x K cases (D[0][0] the dot product) run in this process");
   probe->add_option("--kernel", probe_kernels, "Kernel to probe (repeatable)")->required();
   probe->add_option("--max-block", probe_max_block, "Largest block size tried (default 512)")->check(CLI::Range(2, 65536));
   probe->add_option("--max-promote", probe_max_promote, "Largest promotion length tried (default 4096)")
@@ -217,6 +217,10 @@ int main(int argc, char** argv) {
   probe->add_option("--dtype", probe_dtype, "Input type of the probe's cases: fp32, tf32, fp16, bf16, e4m3, e5m2 "
                                             "(default: implied by each kernel's name)")
       ->check(CLI::IsMember({"fp32", "tf32", "fp16", "bf16", "e4m3", "e5m2"}));
+  std::int64_t probe_mn = 1;
+  probe->add_option("--mn", probe_mn, "M = N of the probe's cases: its dot product is D[0][0], every other input "
+                                      "zero; a library takes the path of that shape (default 1)")
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{16384}));
 
   std::string gate_baseline, gate_run, gate_junit;
   auto* gate = app.add_subcommand("gate", "Compare a run record with a baseline: exit 0 pass, 1 regression");
@@ -307,7 +311,7 @@ int main(int argc, char** argv) {
           const std::string dtype = probe_dtype.empty() ? ulpgate::default_dtype(name) : probe_dtype;
           const ulpgate::Format input = *ulpgate::parse_format(dtype);
           const ulpgate::ProbedAccumulation p = ulpgate::probe_accumulation(
-              ulpgate::kernel_unit(*k, input), probe_max_block, probe_max_promote, 1000, input);
+              ulpgate::kernel_unit(*k, input, probe_mn), probe_max_block, probe_max_promote, 1000, input);
           std::printf("%s (%s inputs): %s\n", name.c_str(), dtype.c_str(), p.describe().c_str());
         } catch (const ulpgate::InputError&) {
           throw;  // the kernel does not take the probe's cases: exit 2

@@ -185,8 +185,16 @@ TEST(Probe, FindsALayoutAndKTheKernelTakes) {
   AccumulationModel m;
   m.order = AccumulationModel::Order::BlockFma, m.block = 16, m.frac_bits = 13, m.rounding = Rounding::TowardZero;
   Picky kernel(make_emulated_gemm(m));
-  const ProbedAccumulation got = probe_accumulation(kernel_unit(kernel, Format::BF16), 64, 256, 100, Format::BF16);
-  EXPECT_EQ(got.block, 16) << got.describe();
-  EXPECT_EQ(got.frac, 13) << got.describe();
-  if (got.rounding) EXPECT_EQ(got.validated, 100) << got.describe();
+  for (const std::int64_t mn : {1, 37}) {  // 37: D[0][0] of a larger GEMM, every other input zero
+    const ProbedAccumulation got = probe_accumulation(kernel_unit(kernel, Format::BF16, mn), 64, 256, 100, Format::BF16);
+    EXPECT_EQ(got.block, 16) << mn << ": " << got.describe();
+    EXPECT_EQ(got.frac, 13) << mn << ": " << got.describe();
+    if (got.rounding) EXPECT_EQ(got.validated, 100) << mn << ": " << got.describe();
+  }
+  // Every layout and transpose puts the dot product in D[0][0] (a kernel taking them all).
+  AccumulationModel seq;
+  const auto any = make_emulated_gemm(seq);
+  const ProbedAccumulation s = probe_accumulation(kernel_unit(*any, Format::FP32, 5), 64, 256, 100, Format::FP32);
+  EXPECT_EQ(s.block, 1) << s.describe();
+  EXPECT_EQ(s.validated, 100) << s.describe();
 }
