@@ -1,9 +1,6 @@
 #include "distributions/fill.hpp"
 #include "distributions/fill_gpu.hpp"
 
-#include <cstdlib>
-#include <string_view>
-
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -260,12 +257,12 @@ Tensor fill_operand(Case& c, const Operand& o, const DistSpec& spec) {
   const std::int64_t n = o.count(), chunks = (n + kFillGrain - 1) / kFillGrain;
   // Large operands on the GPU where there is one: the same bits, core and modifiers at once
   // (softmax weights normalise between the two: on the CPU).
-  bool modified = false;
+  bool sampled_on_gpu = false;
 #ifdef ULPGATE_GPU_FILL
   if (n >= detail::kGpuFillValues && sampler.kind != Kind::SoftmaxWeight && gpu_fill_enabled())
-    modified = detail::gpu_sample_range(sampler, seed, o.stream, n, channel_stride, channels, vals.data());
+    sampled_on_gpu = detail::gpu_sample_range(sampler, seed, o.stream, n, channel_stride, channels, vals.data());
 #endif
-  if (!modified)
+  if (!sampled_on_gpu)
     parallel_for(chunks, [&](std::int64_t chunk) {
       const std::int64_t begin = chunk * kFillGrain;
       sample_core_range(sampler, seed, o.stream, begin, std::min(n, begin + kFillGrain), channel_stride, channels,
@@ -281,7 +278,7 @@ Tensor fill_operand(Case& c, const Operand& o, const DistSpec& spec) {
       for (std::int64_t r = 0; r < len; ++r) vals[static_cast<std::size_t>(idx + r * stride)] /= sum;
     });
   }
-  if (!modified)
+  if (!sampled_on_gpu)
     o.for_each_parallel([&](std::int64_t i) {
       const auto e = static_cast<std::size_t>(i);
       vals[e] = sampling::apply_modifiers(sampler, seed, o.stream, e, vals[e]);

@@ -126,8 +126,10 @@ Evaluation evaluate_with_inputs(Kernel& k, const Case& c, const Inputs& inputs, 
     }
     ev.baseline_max_normalised = baseline;
     ev.verdict = j.verdict;
-    const Phase phase("effective_bits");
-    if (options.effective_bits) ev.effective_bits = op.effective_bits(c, inputs, j.cmp, j.metrics.mean_normalised);
+    if (options.effective_bits) {
+      const Phase phase("effective_bits");
+      ev.effective_bits = op.effective_bits(c, inputs, j.cmp, j.metrics.mean_normalised);
+    }
     ev.metrics.push_back(std::move(j.metrics));
     if (options.relations && ev.verdict.passed) {
       const RelationContext ctx{

@@ -97,9 +97,10 @@ ProbeDot kernel_unit(Kernel& kernel, Format input, std::int64_t mn) {
     // after the probe's terms, and leave its blocks where they were.
     const auto k = static_cast<std::int64_t>(p.size());
     Case c;
-    std::optional<std::string> why;
-    for (const std::int64_t padded : {k, (k + 15) / 16 * 16}) {
-      for (int variant = 0; variant < 8; ++variant) {
+    bool taken = false;
+    std::optional<std::string> why;  // the first refusal
+    for (const std::int64_t padded : {k, (k + 15) / 16 * 16})
+      for (int variant = 0; variant < 8 && !taken; ++variant) {
         c = Case{};
         c.op = Op::Gemm;
         c.kernel = kernel.name();
@@ -110,15 +111,10 @@ ProbeDot kernel_unit(Kernel& kernel, Format input, std::int64_t mn) {
         c.types = {{"A", stored}, {"B", stored}, {"D", Format::FP32}, {"compute", input == Format::TF32 ? Format::TF32 : Format::FP32}};
         validate(c);
         const auto no = kernel.unsupported(c);
-        if (!no) {
-          why.reset();
-          break;
-        }
-        if (!why) why = no;
+        taken = !no;
+        if (no && !why) why = no;
       }
-      if (!why) break;
-    }
-    if (why)
+    if (!taken)
       throw InputError(fmt::format("kernel '{}' does not take the probe's {} x {} x {} {} GEMM in any layout: {}",
                                    kernel.name(), mn, mn, p.size(), name(input), *why));
     const MatrixView av = gemm_view(c, "A"), bv = gemm_view(c, "B");

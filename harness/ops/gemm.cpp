@@ -102,8 +102,7 @@ void mark_input_rounding_overflow(const Case& c, const Inputs& inputs, int input
           break;
         }
     }, threads);
-    const bool any = std::count(row.begin(), row.end(), 1) + std::count(col.begin(), col.end(), 1) > 0;
-    if (!any) continue;
+    if (std::find(row.begin(), row.end(), 1) == row.end() && std::find(col.begin(), col.end(), 1) == col.end()) continue;
     for (std::int64_t i = 0; i < g.m; ++i)
       for (std::int64_t j = 0; j < g.n; ++j)
         if (row[i] || col[j]) cmp.accumulated[static_cast<std::size_t>((bi * g.m + i) * g.n + j)] = INFINITY;
