@@ -63,19 +63,6 @@ std::optional<Rounding> parse_rounding(std::string_view t) {
   return std::nullopt;
 }
 
-bool is_nan(Format f, Code c) {
-  const auto& fi = info(f);
-  const Code mag = magnitude(fi, c);
-  if (!fi.ieee_specials) return mag == fi.sign_mask() - 1;
-  return mag > fi.max_finite_code + 1;
-}
-
-bool is_inf(Format f, Code c) {
-  const auto& fi = info(f);
-  return fi.has_inf && magnitude(fi, c) == fi.max_finite_code + 1;
-}
-
-bool is_negative(Format f, Code c) { return (c & info(f).sign_mask()) != 0; }
 Code canonical_nan(Format f) { return info(f).sign_mask() - 1; }
 
 double decode(Format f, Code c) {
@@ -207,12 +194,6 @@ Code special_code(Format f, bool neg, bool nan, Overflow o) {
 }
 }  // namespace detail
 
-std::optional<std::int64_t> ordinal(Format f, Code c) {
-  if (is_nan(f, c)) return std::nullopt;
-  const auto mag = static_cast<std::int64_t>(magnitude(info(f), c));
-  return is_negative(f, c) ? -mag : mag;
-}
-
 namespace {
 Code from_ordinal(const FormatInfo& fi, std::int64_t o, bool negative_zero) {
   if (o > 0) return static_cast<Code>(o);
@@ -236,12 +217,6 @@ Code next_down(Format f, Code c) {
   const Code s = info(f).sign_mask();
   const Code n = next_up(f, c ^ s);
   return is_nan(f, n) ? n : n ^ s;
-}
-
-std::optional<std::uint64_t> ulp_distance(Format f, Code a, Code b) {
-  const auto oa = ordinal(f, a), ob = ordinal(f, b);
-  if (!oa || !ob) return std::nullopt;
-  return static_cast<std::uint64_t>(*oa > *ob ? *oa - *ob : *ob - *oa);
 }
 
 double ulp_of(Format f, double x) {

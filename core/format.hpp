@@ -107,10 +107,19 @@ inline double round_to(Format f, double x, Rounding r = Rounding::NearestEven,
   return decode(f, encode(f, x, r, o));
 }
 
-bool is_nan(Format f, Code c);
-bool is_inf(Format f, Code c);
+// The classification of codes, inline: the analyzers ask it of every output element.
+inline bool is_nan(Format f, Code c) {
+  const auto& fi = info(f);
+  const Code mag = c & (fi.sign_mask() - 1);
+  if (!fi.ieee_specials) return mag == fi.sign_mask() - 1;
+  return mag > fi.max_finite_code + 1;
+}
+inline bool is_inf(Format f, Code c) {
+  const auto& fi = info(f);
+  return fi.has_inf && (c & (fi.sign_mask() - 1)) == fi.max_finite_code + 1;
+}
 inline bool is_finite(Format f, Code c) { return !is_nan(f, c) && !is_inf(f, c); }
-bool is_negative(Format f, Code c);  ///< the sign bit (also for -0 and NaN)
+inline bool is_negative(Format f, Code c) { return (c & info(f).sign_mask()) != 0; }  ///< the sign bit (also for -0 and NaN)
 Code canonical_nan(Format f);
 
 /// The next value above / below c. NaN stays NaN; +Inf is the top and -Inf the bottom;
@@ -122,11 +131,18 @@ Code next_down(Format f, Code c);
 /// Integer ULP distance: how many steps through representable values from a to b,
 /// i.e. |ordinal(a) - ordinal(b)|. +0 and -0 are one value (distance 0); Inf is one step
 /// beyond max finite. nullopt when either is NaN: a NaN is never silently "close".
-std::optional<std::uint64_t> ulp_distance(Format f, Code a, Code b);
-
 /// The position of c on the number line of the format, with +0 and -0 both at 0
 /// (NaN: nullopt).
-std::optional<std::int64_t> ordinal(Format f, Code c);
+inline std::optional<std::int64_t> ordinal(Format f, Code c) {
+  if (is_nan(f, c)) return std::nullopt;
+  const auto mag = static_cast<std::int64_t>(c & (info(f).sign_mask() - 1));
+  return is_negative(f, c) ? -mag : mag;
+}
+inline std::optional<std::uint64_t> ulp_distance(Format f, Code a, Code b) {
+  const auto oa = ordinal(f, a), ob = ordinal(f, b);
+  if (!oa || !ob) return std::nullopt;
+  return static_cast<std::uint64_t>(*oa > *ob ? *oa - *ob : *ob - *oa);
+}
 
 /// ulp(x): the gap between consecutive values of the format at magnitude |x|:
 /// 2^(max(floor(log2|x|), emin) - frac_bits); for |x| above max finite (and Inf) the gap

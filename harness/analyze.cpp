@@ -1,6 +1,7 @@
 #include "harness/analyze.hpp"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <map>
 #include <set>
@@ -21,14 +22,6 @@ double signed_error(double d, const DoubleDouble& x) {
   const double s = d - x.hi;
   const double bv = s - d, e = (d - (s - bv)) + (-x.hi - bv);  // TwoSum(d, -hi)
   return s + (e - x.lo);
-}
-
-// ulp of the format at the binade of the exact value (RefValue keeps floor(log2|x|)).
-double ulp_at(Format f, const RefValue& x) {
-  const auto& fi = info(f);
-  if (x.kind != RefValue::Kind::Finite) return fi.min_subnormal();
-  const int e = std::min(std::max<int>(x.exponent, fi.emin()), fi.emax());
-  return std::ldexp(1.0, e - fi.frac_bits);
 }
 
 // x_e as a double-double, clamped to +-max finite where D saturates (see the header).
@@ -128,21 +121,169 @@ struct Stretch {
   std::vector<double> cells;  // the error map's maxima (NaN: a non-finite failure there)
 };
 
+// What one stretch adds to judge's verdict, merged in order likewise.
+struct Pass {
+  std::map<std::string, bool> interior;  // check -> some failing element off the edge
+  std::int64_t first_nonfinite = -1, first_unwritten = -1, worst_beyond = -1;  // Verdict::worst_element
+  std::int64_t nan = 0, inf = 0, missed = 0, mismatched = 0, over = 0;
+  double worst_ratio = 0;
+  double sum_z = 0, sum_w = 0, worst_zw = -1, worst_beyond_ratio = 0;
+  std::int64_t n_precision = 0, worst_precision = -1, misrounded = 0, worst_misrounded = -1;
+};
+
 constexpr std::int64_t kStretch = std::int64_t{1} << 16;
 
-void analyze_stretch(const OutputComparison& cmp, const ErrorMap& map, std::int64_t from, std::int64_t to, Stretch& s) {
+// 2^e for e in the normal range of doubles (the units of the formats' ulps), without ldexp.
+double pow2(int e) {
+  if (e < -1022 || e > 1023) return std::ldexp(1.0, e);
+  return std::bit_cast<double>(static_cast<std::uint64_t>(e + 1023) << 52);
+}
+
+// ulp of the format at the binade of the exact value (RefValue keeps floor(log2|x|)).
+double ulp_at(Format f, const RefValue& x) {
+  const auto& fi = info(f);
+  if (x.kind != RefValue::Kind::Finite) return fi.min_subnormal();
+  const int e = std::min(std::max<int>(x.exponent, fi.emin()), fi.emax());
+  return pow2(e - fi.frac_bits);
+}
+
+// The error map's geometry (analyze.hpp): GEMM {batch, M, N} folds batches; attention
+// {b, h, i, d} has rows b*h*i.
+ErrorMap map_geometry(const OutputComparison& cmp) {
+  const auto n = static_cast<std::int64_t>(cmp.got.size());
+  ErrorMap map;
+  map.cols = cmp.shape.empty() ? n : cmp.shape.back();
+  map.rows = cmp.shape.size() == 3 ? cmp.shape[1] : (map.cols ? n / map.cols : 0);
+  map.cell_rows = std::max<std::int64_t>(1, (map.rows + 63) / 64);
+  map.cell_cols = std::max<std::int64_t>(1, (map.cols + 63) / 64);
+  map.grid_rows = (map.rows + map.cell_rows - 1) / map.cell_rows;
+  map.grid_cols = (map.cols + map.cell_cols - 1) / map.cell_cols;
+  map.max_normalised.assign(map.grid_rows * map.grid_cols, 0.0);
+  return map;
+}
+
+// judge()'s constants for one comparison, tolerance and reduction length.
+struct JudgeTerms {
+  const OutputComparison& cmp;
+  const ToleranceModel& tol;
+  std::int64_t n;
+  Format f;
+  const FormatInfo& fi;
+  // Where the failing elements of each check lie (the region of the signature): edge when
+  // all of them are in the output's last row or last column.
+  std::int64_t rows, cols;
+  // An Inf where r_e is finite, or a finite d_e where x_e overflows D, is within tolerance
+  // when the tolerance interval around x_e crosses D's overflow threshold (RNE: max finite
+  // plus half its unit) on d_e's side: the kernel's unrounded result may lie beyond it.
+  double threshold, u_out, u_acc;
+  bool precision;  // the precision rule's sums (analyze.hpp) apply
+  ToleranceModel::Terms terms;
+
+  JudgeTerms(const OutputComparison& c, const ToleranceModel& t, std::int64_t reduction)
+      : cmp(c), tol(t), n(reduction), f(c.format), fi(info(c.format)),
+        rows(c.shape.size() >= 2 ? c.shape[c.shape.size() - 2] : 1),
+        cols(c.shape.empty() ? static_cast<std::int64_t>(c.got.size()) : c.shape.back()),
+        threshold(fi.max_finite() + ulp_of(f, fi.max_finite()) / 2), u_out(std::ldexp(1.0, -(fi.frac_bits + 1))),
+        u_acc(std::ldexp(1.0, 1 - t.accumulator_bits)), precision(!c.precision_scale.empty()),
+        terms(t.terms(c.format, reduction)) {}
+
+  // The tolerance of element e: cmp.allowed when the op gives it, else tol.bound with n.
+  double bound(std::size_t e, double exact_abs) const {
+    if (cmp.allowed.empty()) return terms.bound(condition_at(cmp, e), exact_abs, input_abs_at(cmp, e));
+    return cmp.allowed[e] + u_out * exact_abs + fi.min_subnormal() / 2;  // as bound()'s output terms
+  }
+  void failing(Pass& p, const char* check, std::size_t e) const {
+    if (p.first_nonfinite < 0 && std::string_view(check) != "tolerance") p.first_nonfinite = static_cast<std::int64_t>(e);
+    const std::int64_t col = cols ? static_cast<std::int64_t>(e) % cols : 0;
+    const std::int64_t row = cols && rows ? (static_cast<std::int64_t>(e) / cols) % rows : 0;
+    bool& in = p.interior[check];
+    in = in || (row != rows - 1 && col != cols - 1);
+  }
+};
+
+// One pass over elements [from, to): analyze's metrics into s (kMetrics), judge's sums into
+// p (kVerdict), or both, sharing what both need of an element (its correct rounding, its
+// class, the exact value as a double-double, the error).
+template <bool kMetrics, bool kVerdict>
+void scan(const OutputComparison& cmp, const ErrorMap& map, const JudgeTerms* jt, std::int64_t from, std::int64_t to,
+          Stretch& s, Pass& p) {
   const Format f = cmp.format;
   ErrorMetrics& m = s.m;
-  s.cells.assign(map.max_normalised.size(), 0.0);
+  if constexpr (kMetrics) s.cells.assign(map.max_normalised.size(), 0.0);
   for (std::int64_t e = from; e < to; ++e) {
-    const Code g = cmp.got[e];
-    const RefValue& x = cmp.exact[e];
+    const auto ue = static_cast<std::size_t>(e);
+    const Code g = cmp.got[ue];
+    const RefValue& x = cmp.exact[ue];
     const Code r = x.round_to(f, Rounding::NearestEven, output_overflow(f));
-    const std::int64_t cell = map.cols ? ((e / map.cols) % std::max<std::int64_t>(map.rows, 1)) / map.cell_rows * map.grid_cols +
-                                             (e % map.cols) / map.cell_cols
-                                       : 0;
-    const Class k = classify(cmp, e, r);
-    if (k != Class::Compared) {
+    const Class k = classify(cmp, ue, r);
+    std::int64_t cell = 0;
+    if constexpr (kMetrics)
+      cell = map.cols ? ((e / map.cols) % std::max<std::int64_t>(map.rows, 1)) / map.cell_rows * map.grid_cols +
+                            (e % map.cols) / map.cell_cols
+                      : 0;
+    if (k == Class::Compared) {
+      const double d = decode(f, g);
+      const DoubleDouble xd = target(f, x);
+      const double err_signed = signed_error(d, xd), err = std::fabs(err_signed);
+      const double xabs = magnitude_of(xd);
+      const double c = condition_at(cmp, ue);
+      if constexpr (kMetrics) {
+        ++m.compared;
+        const double ulp = err_signed / ulp_at(f, x);
+        const auto dist = ulp_distance(f, g, r);
+        if (dist && *dist == 0) ++m.exact_matches;
+        m.max_ulp_distance = std::max<std::uint64_t>(m.max_ulp_distance, dist.value_or(0));
+        m.max_abs = std::max(m.max_abs, err);
+        s.sum_abs += err;
+        if (xabs > 0) {
+          const double rel = err / xabs;
+          m.max_rel = std::max(m.max_rel, rel);
+          s.sum_rel += rel;
+          ++s.rel_count;
+        }
+        const double norm = c > 0 ? err / c : (err == 0 ? 0.0 : INFINITY);
+        m.max_normalised = std::max(m.max_normalised, norm);
+        s.sum_norm += norm;
+        ++s.norm_count;
+        m.max_ulp = std::max(m.max_ulp, std::fabs(ulp));
+        s.sum_ulp += std::fabs(ulp);
+        s.sum_signed_ulp += ulp;
+        m.ulp_histogram[ulp_histogram_bin(std::fabs(ulp))]++;
+        s.sum_err2 += err * err;
+        s.sum_x2 += xabs * xabs;
+        if (!std::isnan(s.cells[cell])) s.cells[cell] = std::max(s.cells[cell], norm);
+        if (!s.worst_nonfinite && norm > s.worst_norm) s.worst_norm = norm, s.worst = e;
+      }
+      if constexpr (kVerdict) {
+        const double b = jt->bound(ue, xabs);
+        if (jt->precision && c > 0 && std::isfinite(cmp.precision_scale[ue])) {
+          const double z = std::max(0.0, err - jt->u_out * std::fabs(d) - jt->fi.min_subnormal() / 2) / c,
+                       w = cmp.precision_scale[ue] / c;
+          p.sum_z += z, p.sum_w += w, ++p.n_precision;
+          const double zw = w > 0 ? z / w : z > 0 ? INFINITY : 0;
+          if (zw > p.worst_zw) p.worst_zw = zw, p.worst_precision = e;
+          // The rounding test: d_e on the wrong side of a rounding boundary of D, further
+          // beyond it than the declared arithmetic's error reaches.
+          if (g != r && d != decode(f, r)) {
+            const Code toward = err_signed < 0 ? next_up(f, g) : next_down(f, g);
+            const double beyond = err - std::fabs(decode(f, toward) - d) / 2;  // dist(x_e, R(d_e)); NaN: no neighbour
+            const double reach = kMisroundReach * cmp.precision_scale[ue] + 4 * jt->u_acc * c;
+            if (beyond > reach) {
+              ++p.misrounded;
+              if (beyond / reach > p.worst_beyond_ratio) p.worst_beyond_ratio = beyond / reach, p.worst_misrounded = e;
+            }
+          }
+        }
+        if (err > b) {
+          ++p.over;
+          if (p.worst_beyond < 0 || err / b > p.worst_ratio) p.worst_beyond = e;
+          p.worst_ratio = std::max(p.worst_ratio, err / b);
+          jt->failing(p, "tolerance", ue);
+        }
+      }
+      continue;
+    }
+    if constexpr (kMetrics) {
       switch (k) {
         case Class::Expected: m.expected_nonfinite++; break;
         case Class::Overflowed: m.overflowed++; break;
@@ -158,65 +299,49 @@ void analyze_stretch(const OutputComparison& cmp, const ErrorMap& map, std::int6
         s.cells[cell] = NAN;
         if (!s.worst_nonfinite) s.worst = e, s.worst_nonfinite = true;
       }
-      continue;
     }
-    ++m.compared;
-    const double d = decode(f, g);
-    const DoubleDouble xd = target(f, x);
-    const double err_signed = signed_error(d, xd), err = std::fabs(err_signed);
-    const double xabs = magnitude_of(xd);
-    const double c = condition_at(cmp, static_cast<std::size_t>(e));
-    const double ulp = err_signed / ulp_at(f, x);
-    const auto dist = ulp_distance(f, g, r);
-    if (dist && *dist == 0) ++m.exact_matches;
-    m.max_ulp_distance = std::max<std::uint64_t>(m.max_ulp_distance, dist.value_or(0));
-    m.max_abs = std::max(m.max_abs, err);
-    s.sum_abs += err;
-    if (xabs > 0) {
-      const double rel = err / xabs;
-      m.max_rel = std::max(m.max_rel, rel);
-      s.sum_rel += rel;
-      ++s.rel_count;
+    if constexpr (kVerdict) {
+      if (k == Class::Unwritten) {  // the write audit's failure (m.unwritten), not a value
+        if (p.first_unwritten < 0) p.first_unwritten = e;
+      } else if (k == Class::UnexpectedNan) {
+        ++p.nan;
+        jt->failing(p, "unexpected_nan", ue);
+      } else if (k == Class::Mismatched) {
+        ++p.mismatched;
+        jt->failing(p, "mismatched_nonfinite", ue);
+      } else if (k == Class::UnexpectedInf || k == Class::Missed) {
+        const DoubleDouble xd = x.double_double();
+        const double b = jt->bound(ue, magnitude_of(xd));
+        if (k == Class::UnexpectedInf) {
+          const double toward = is_negative(f, g) ? -(xd.hi + xd.lo) : xd.hi + xd.lo;
+          if (toward + b < jt->threshold) ++p.inf, jt->failing(p, "unexpected_inf", ue);
+        } else if (!(std::fabs(signed_error(decode(f, g), xd)) <= b)) {  // NaN (x_e infinite): missed
+          ++p.missed, jt->failing(p, "missed_nonfinite", ue);
+        }
+      }
     }
-    const double norm = c > 0 ? err / c : (err == 0 ? 0.0 : INFINITY);
-    m.max_normalised = std::max(m.max_normalised, norm);
-    s.sum_norm += norm;
-    ++s.norm_count;
-    m.max_ulp = std::max(m.max_ulp, std::fabs(ulp));
-    s.sum_ulp += std::fabs(ulp);
-    s.sum_signed_ulp += ulp;
-    m.ulp_histogram[ulp_histogram_bin(std::fabs(ulp))]++;
-    s.sum_err2 += err * err;
-    s.sum_x2 += xabs * xabs;
-    if (!std::isnan(s.cells[cell])) s.cells[cell] = std::max(s.cells[cell], norm);
-    if (!s.worst_nonfinite && norm > s.worst_norm) s.worst_norm = norm, s.worst = e;
   }
 }
 
-}  // namespace
+// The stretches' scan on several threads for large outputs (each stretch on one thread).
+template <bool kMetrics, bool kVerdict>
+void scan_all(const OutputComparison& cmp, const ErrorMap& map, const JudgeTerms* jt, std::vector<Stretch>& stretches,
+              std::vector<Pass>& passes) {
+  const auto n = static_cast<std::int64_t>(cmp.got.size());
+  const std::int64_t count = std::max<std::int64_t>(1, (n + kStretch - 1) / kStretch);
+  stretches.resize(static_cast<std::size_t>(count));
+  passes.resize(static_cast<std::size_t>(count));
+  parallel_for(count, [&](std::int64_t i) {
+    const auto ui = static_cast<std::size_t>(i);
+    scan<kMetrics, kVerdict>(cmp, map, jt, i * kStretch, std::min(n, (i + 1) * kStretch), stretches[ui], passes[ui]);
+  }, threads_for(static_cast<double>(n), 2.0 * kStretch));
+}
 
-ErrorMetrics analyze(const OutputComparison& cmp) {
+// analyze()'s metrics from its stretches, merged in order.
+ErrorMetrics merge_metrics(const OutputComparison& cmp, ErrorMap map, const std::vector<Stretch>& part) {
   ErrorMetrics m;
   m.format = cmp.format;
-  const std::int64_t n = static_cast<std::int64_t>(cmp.got.size());
-  m.elements = n;
-
-  // Error map geometry: GEMM {batch, M, N} folds batches; attention {b, h, i, d} has rows b*h*i.
-  ErrorMap& map = m.map;
-  map.cols = cmp.shape.empty() ? n : cmp.shape.back();
-  map.rows = cmp.shape.size() == 3 ? cmp.shape[1] : (map.cols ? n / map.cols : 0);
-  map.cell_rows = std::max<std::int64_t>(1, (map.rows + 63) / 64);
-  map.cell_cols = std::max<std::int64_t>(1, (map.cols + 63) / 64);
-  map.grid_rows = (map.rows + map.cell_rows - 1) / map.cell_rows;
-  map.grid_cols = (map.cols + map.cell_cols - 1) / map.cell_cols;
-  map.max_normalised.assign(map.grid_rows * map.grid_cols, 0.0);
-
-  // Stretches of kStretch elements, on several threads for large outputs, merged in order.
-  const std::int64_t stretches = std::max<std::int64_t>(1, (n + kStretch - 1) / kStretch);
-  std::vector<Stretch> part(static_cast<std::size_t>(stretches));
-  parallel_for(stretches, [&](std::int64_t i) {
-    analyze_stretch(cmp, map, i * kStretch, std::min(n, (i + 1) * kStretch), part[static_cast<std::size_t>(i)]);
-  }, threads_for(static_cast<double>(n), 2.0 * kStretch));
+  m.elements = static_cast<std::int64_t>(cmp.got.size());
   Stretch all;
   all.cells = map.max_normalised;
   for (const Stretch& s : part) {
@@ -240,6 +365,7 @@ ErrorMetrics analyze(const OutputComparison& cmp) {
     }
   }
   map.max_normalised = all.cells;
+  m.map = std::move(map);
   if (m.compared) {
     m.mean_abs = all.sum_abs / m.compared;
     m.mean_ulp = all.sum_ulp / m.compared;
@@ -251,6 +377,95 @@ ErrorMetrics analyze(const OutputComparison& cmp) {
 
   if (all.worst >= 0) m.worst = describe_element(cmp, all.worst);
   return m;
+}
+
+// judge()'s verdict from its passes (merged in order: a first index from the first stretch
+// that has one, a worst one from the first stretch holding the largest; ties: the earlier,
+// as one loop keeps it) and the metrics (write audit, baseline rule).
+Verdict verdict_of(const JudgeTerms& jt, const std::vector<Pass>& parts, const ErrorMetrics& m,
+                   double baseline_max_normalised, const BaselineRule& rule) {
+  Verdict v;
+  const std::string out = m.output.empty() ? "out" : m.output;
+  if (m.unwritten) v.fail(out + ":unwritten", fmt::format("{} output elements never written", m.unwritten));
+  if (m.padding_written)
+    v.fail(out + ":padding_written", fmt::format("{} padding elements of the output overwritten", m.padding_written));
+  Pass all;
+  for (const Pass& q : parts) {
+    for (const auto& [check, in] : q.interior) all.interior[check] = all.interior[check] || in;
+    if (all.first_nonfinite < 0) all.first_nonfinite = q.first_nonfinite;
+    if (all.first_unwritten < 0) all.first_unwritten = q.first_unwritten;
+    if (q.worst_beyond >= 0 && (all.worst_beyond < 0 || q.worst_ratio > all.worst_ratio)) all.worst_beyond = q.worst_beyond;
+    all.worst_ratio = std::max(all.worst_ratio, q.worst_ratio);
+    all.nan += q.nan, all.inf += q.inf, all.missed += q.missed, all.mismatched += q.mismatched, all.over += q.over;
+    all.sum_z += q.sum_z, all.sum_w += q.sum_w, all.n_precision += q.n_precision;
+    if (q.worst_zw > all.worst_zw) all.worst_zw = q.worst_zw, all.worst_precision = q.worst_precision;
+    all.misrounded += q.misrounded;
+    if (q.worst_beyond_ratio > all.worst_beyond_ratio)
+      all.worst_beyond_ratio = q.worst_beyond_ratio, all.worst_misrounded = q.worst_misrounded;
+  }
+  const ToleranceModel& tol = jt.tol;
+  const Format f = jt.f;
+  const auto token = [&](const char* check) {
+    const char* region = jt.rows < 2 || jt.cols < 2 ? "any" : all.interior[check] ? "interior" : "edge";
+    return fmt::format("{}:{}@{}", out, check, region);
+  };
+  v.worst_element = all.first_nonfinite >= 0 ? all.first_nonfinite
+                    : all.worst_beyond >= 0  ? all.worst_beyond
+                                             : all.first_unwritten;
+  if (all.n_precision > 0) {
+    const double nn = static_cast<double>(all.n_precision), mean_z = all.sum_z / nn, mean_w = all.sum_w / nn;
+    const double factor = kPrecisionKappa + kPrecisionLambda / std::sqrt(nn);
+    const double allowed = factor * mean_w + 4 * jt.u_acc;
+    v.precision_ratio = mean_z / allowed;
+    if (mean_z > allowed) {
+      if (v.worst_element < 0) v.worst_element = all.worst_precision;
+      v.fail(out + ":precision",
+             fmt::format("mean normalised error {:.3g} over {} elements is {:.3g}x what the declared arithmetic allows "
+                         "({:.3g} = {:.3g} x the scale of a correct {}-bit {} accumulation {:.3g} + 4 ulp)",
+                         mean_z, all.n_precision, mean_z / allowed, allowed, factor, tol.accumulator_bits,
+                         tol.nearest ? "round-to-nearest" : "nearest or truncating", mean_w));
+    }
+    const std::int64_t most = misrounded_allowance(all.n_precision);
+    v.misrounded = all.misrounded, v.misrounded_allowed = most;
+    if (all.misrounded > most) {
+      if (v.worst_element < 0) v.worst_element = all.worst_misrounded;
+      v.fail(out + ":misrounded",
+             fmt::format("{} of {} elements are rounded to the wrong side of a {} rounding boundary, further beyond it than "
+                         "the declared arithmetic's error reaches ({} x its scale + 4 ulp; worst {:.3g}x); a correct kernel "
+                         "rounding to nearest has at most {}",
+                         all.misrounded, all.n_precision, name(f), kMisroundReach, all.worst_beyond_ratio, most));
+    }
+  }
+  if (all.nan) v.fail(token("unexpected_nan"), fmt::format("{} unexpected NaN", all.nan));
+  if (all.inf) v.fail(token("unexpected_inf"), fmt::format("{} unexpected Inf", all.inf));
+  if (all.missed)
+    v.fail(token("missed_nonfinite"), fmt::format("{} missed NaN/Inf (the exact result is not finite)", all.missed));
+  if (all.mismatched)
+    v.fail(token("mismatched_nonfinite"), fmt::format("{} wrong non-finite values (NaN vs Inf or wrong sign)", all.mismatched));
+  if (all.over)
+    v.fail(token("tolerance"),
+           fmt::format("{} elements exceed the tolerance (worst {:.3g}x the bound; {})", all.over, all.worst_ratio,
+                       !jt.cmp.tolerance_note.empty()
+                           ? jt.cmp.tolerance_note
+                           : fmt::format("accumulator {} bits{}, n = {}", tol.accumulator_bits,
+                                         tol.input_bits ? fmt::format(", inputs {} bits", tol.input_bits) : "", jt.n)));
+  if (baseline_max_normalised >= 0) {
+    const double allowed = rule.factor * baseline_max_normalised + jt.u_out;
+    if (m.max_normalised > allowed)
+      v.fail(out + ":baseline_rule", fmt::format("max normalised error {:.3g} is above {} x {} ({:.3g}) + u_D",
+                                                 m.max_normalised, rule.factor, rule.model, baseline_max_normalised));
+  }
+  return v;
+}
+
+}  // namespace
+
+ErrorMetrics analyze(const OutputComparison& cmp) {
+  const ErrorMap map = map_geometry(cmp);
+  std::vector<Stretch> stretches;
+  std::vector<Pass> passes;
+  scan_all<true, false>(cmp, map, nullptr, stretches, passes);
+  return merge_metrics(cmp, map, stretches);
 }
 
 WorstElement describe_element(const OutputComparison& cmp, std::int64_t e) {
@@ -286,195 +501,41 @@ double ToleranceModel::gamma(std::int64_t n) const {
   return k * u_acc < 1 ? k * u_acc / (1 - k * u_acc) : INFINITY;
 }
 
-double ToleranceModel::bound(double condition, double exact_abs, Format out, std::int64_t n, double input_abs) const {
+ToleranceModel::Terms ToleranceModel::terms(Format out, std::int64_t n) const {
   const double u_in = input_bits > 0 ? std::ldexp(1.0, 1 - input_bits) : 0.0;
-  const double k = static_cast<double>(n + 4);
   const auto& fo = info(out);
-  const double u_out = std::ldexp(1.0, -(fo.frac_bits + 1));
   const double g = gamma(n + 4);
-  return (2 * u_in + u_in * u_in + g) * condition + (input_abs > 0 ? (1 + g) * input_abs : 0.0) + u_out * exact_abs +
-         k * accumulator_eta + fo.min_subnormal() / 2;
+  return {2 * u_in + u_in * u_in + g, 1 + g, std::ldexp(1.0, -(fo.frac_bits + 1)),
+          static_cast<double>(n + 4) * accumulator_eta, fo.min_subnormal() / 2};
+}
+
+double ToleranceModel::bound(double condition, double exact_abs, Format out, std::int64_t n, double input_abs) const {
+  return terms(out, n).bound(condition, exact_abs, input_abs);
 }
 
 Verdict judge(const OutputComparison& cmp, const ErrorMetrics& m, const ToleranceModel& tol, std::int64_t n,
               double baseline_max_normalised, const BaselineRule& rule) {
-  Verdict v;
-  const std::string out = m.output.empty() ? "out" : m.output;
-  if (m.unwritten) v.fail(out + ":unwritten", fmt::format("{} output elements never written", m.unwritten));
-  if (m.padding_written)
-    v.fail(out + ":padding_written", fmt::format("{} padding elements of the output overwritten", m.padding_written));
+  const JudgeTerms jt(cmp, tol, n);
+  std::vector<Stretch> stretches;
+  std::vector<Pass> passes;
+  scan_all<false, true>(cmp, ErrorMap{}, &jt, stretches, passes);
+  return verdict_of(jt, passes, m, baseline_max_normalised, rule);
+}
 
-  // Where the failing elements of each check lie (the region of the signature): edge when
-  // all of them are in the output's last row or last column.
-  const std::int64_t rows = cmp.shape.size() >= 2 ? cmp.shape[cmp.shape.size() - 2] : 1;
-  const std::int64_t cols = cmp.shape.empty() ? static_cast<std::int64_t>(cmp.got.size()) : cmp.shape.back();
-  // One pass over the elements (in stretches of kStretch, on several threads for large
-  // outputs, merged in order: the same verdict as one loop). Compared ones are held to the
-  // tolerance. An Inf where r_e is finite, or a finite d_e where x_e overflows D, is within
-  // tolerance when the tolerance interval around x_e crosses D's overflow threshold (RNE:
-  // max finite plus half its unit) on d_e's side: the kernel's unrounded result may lie
-  // beyond it.
-  const Format f = cmp.format;
-  const auto& fi = info(f);
-  const double threshold = fi.max_finite() + ulp_of(f, fi.max_finite()) / 2;
-  const double u_out = std::ldexp(1.0, -(fi.frac_bits + 1));
-  const auto bound = [&](std::size_t e, double exact_abs) {
-    if (cmp.allowed.empty()) return tol.bound(condition_at(cmp, e), exact_abs, f, n, input_abs_at(cmp, e));
-    return cmp.allowed[e] + u_out * exact_abs + fi.min_subnormal() / 2;  // as bound()'s output terms
-  };
-  // The precision rule's sums (analyze.hpp): z_e, w_e over its N elements, and the element
-  // furthest beyond its own scale (shown when only this rule fails).
-  const bool precision = !cmp.precision_scale.empty();
-  const double u_acc = std::ldexp(1.0, 1 - tol.accumulator_bits);
-  struct Pass {
-    std::map<std::string, bool> interior;  // check -> some failing element off the edge
-    std::int64_t first_nonfinite = -1, first_unwritten = -1, worst_beyond = -1;  // Verdict::worst_element
-    std::int64_t nan = 0, inf = 0, missed = 0, mismatched = 0, over = 0;
-    double worst_ratio = 0;
-    double sum_z = 0, sum_w = 0, worst_zw = -1, worst_beyond_ratio = 0;
-    std::int64_t n_precision = 0, worst_precision = -1, misrounded = 0, worst_misrounded = -1;
-  };
-  const auto pass = [&](Pass& p, std::size_t from, std::size_t to) {
-    const auto failing = [&](const char* check, std::size_t e) {
-      if (p.first_nonfinite < 0 && std::string_view(check) != "tolerance") p.first_nonfinite = static_cast<std::int64_t>(e);
-      const std::int64_t col = cols ? static_cast<std::int64_t>(e) % cols : 0;
-      const std::int64_t row = cols && rows ? (static_cast<std::int64_t>(e) / cols) % rows : 0;
-      bool& in = p.interior[check];
-      in = in || (row != rows - 1 && col != cols - 1);
-    };
-    for (std::size_t e = from; e < to; ++e) {
-      const Code g = cmp.got[e];
-      const RefValue& x = cmp.exact[e];
-      const Code r = x.round_to(f, Rounding::NearestEven, output_overflow(f));
-      const Class k = classify(cmp, e, r);
-      if (k == Class::Unwritten) {  // the write audit's failure (m.unwritten), not a value
-        if (p.first_unwritten < 0) p.first_unwritten = static_cast<std::int64_t>(e);
-      } else if (k == Class::Compared) {
-        const DoubleDouble xd = target(f, x);
-        const double err = std::fabs(signed_error(decode(f, g), xd));
-        const double b = bound(e, magnitude_of(xd));
-        const double ce = condition_at(cmp, e);
-        if (precision && ce > 0 && std::isfinite(cmp.precision_scale[e])) {
-          const double d = decode(f, g);
-          const double z = std::max(0.0, err - u_out * std::fabs(d) - fi.min_subnormal() / 2) / ce, w = cmp.precision_scale[e] / ce;
-          p.sum_z += z, p.sum_w += w, ++p.n_precision;
-          const double zw = w > 0 ? z / w : z > 0 ? INFINITY : 0;
-          if (zw > p.worst_zw) p.worst_zw = zw, p.worst_precision = static_cast<std::int64_t>(e);
-          // The rounding test: d_e on the wrong side of a rounding boundary of D, further
-          // beyond it than the declared arithmetic's error reaches.
-          if (d != decode(f, r)) {
-            const Code toward = signed_error(d, xd) < 0 ? next_up(f, g) : next_down(f, g);
-            const double beyond = err - std::fabs(decode(f, toward) - d) / 2;  // dist(x_e, R(d_e)); NaN: no neighbour
-            const double reach = kMisroundReach * cmp.precision_scale[e] + 4 * u_acc * ce;
-            if (beyond > reach) {
-              ++p.misrounded;
-              if (beyond / reach > p.worst_beyond_ratio)
-                p.worst_beyond_ratio = beyond / reach, p.worst_misrounded = static_cast<std::int64_t>(e);
-            }
-          }
-        }
-        if (err > b) {
-          ++p.over;
-          if (p.worst_beyond < 0 || err / b > p.worst_ratio) p.worst_beyond = static_cast<std::int64_t>(e);
-          p.worst_ratio = std::max(p.worst_ratio, err / b);
-          failing("tolerance", e);
-        }
-      } else if (k == Class::UnexpectedNan) {
-        ++p.nan;
-        failing("unexpected_nan", e);
-      } else if (k == Class::Mismatched) {
-        ++p.mismatched;
-        failing("mismatched_nonfinite", e);
-      } else if (k == Class::UnexpectedInf || k == Class::Missed) {
-        const DoubleDouble xd = x.double_double();
-        const double b = bound(e, magnitude_of(xd));
-        if (k == Class::UnexpectedInf) {
-          const double toward = is_negative(f, g) ? -(xd.hi + xd.lo) : xd.hi + xd.lo;
-          if (toward + b < threshold) ++p.inf, failing("unexpected_inf", e);
-        } else if (!(std::fabs(signed_error(decode(f, g), xd)) <= b)) {  // NaN (x_e infinite): missed
-          ++p.missed, failing("missed_nonfinite", e);
-        }
-      }
-    }
-  };
-  const auto total = static_cast<std::int64_t>(cmp.got.size());
-  const std::int64_t stretches = std::max<std::int64_t>(1, (total + kStretch - 1) / kStretch);
-  std::vector<Pass> parts(static_cast<std::size_t>(stretches));
-  parallel_for(stretches, [&](std::int64_t i) {
-    pass(parts[static_cast<std::size_t>(i)], static_cast<std::size_t>(i * kStretch),
-         static_cast<std::size_t>(std::min(total, (i + 1) * kStretch)));
-  }, threads_for(static_cast<double>(total), 2.0 * kStretch));
-  // Merged in order: a first index from the first stretch that has one, a worst one from
-  // the first stretch holding the largest (ties: the earlier, as one loop keeps it).
-  Pass all;
-  for (const Pass& q : parts) {
-    for (const auto& [check, in] : q.interior) all.interior[check] = all.interior[check] || in;
-    if (all.first_nonfinite < 0) all.first_nonfinite = q.first_nonfinite;
-    if (all.first_unwritten < 0) all.first_unwritten = q.first_unwritten;
-    if (q.worst_beyond >= 0 && (all.worst_beyond < 0 || q.worst_ratio > all.worst_ratio)) all.worst_beyond = q.worst_beyond;
-    all.worst_ratio = std::max(all.worst_ratio, q.worst_ratio);
-    all.nan += q.nan, all.inf += q.inf, all.missed += q.missed, all.mismatched += q.mismatched, all.over += q.over;
-    all.sum_z += q.sum_z, all.sum_w += q.sum_w, all.n_precision += q.n_precision;
-    if (q.worst_zw > all.worst_zw) all.worst_zw = q.worst_zw, all.worst_precision = q.worst_precision;
-    all.misrounded += q.misrounded;
-    if (q.worst_beyond_ratio > all.worst_beyond_ratio)
-      all.worst_beyond_ratio = q.worst_beyond_ratio, all.worst_misrounded = q.worst_misrounded;
-  }
-  std::map<std::string, bool>& interior = all.interior;
-  const std::int64_t first_nonfinite = all.first_nonfinite, first_unwritten = all.first_unwritten,
-                     worst_beyond = all.worst_beyond;
-  const std::int64_t nan = all.nan, inf = all.inf, missed = all.missed, mismatched = all.mismatched, over = all.over;
-  const double worst_ratio = all.worst_ratio, sum_z = all.sum_z, sum_w = all.sum_w, worst_beyond_ratio = all.worst_beyond_ratio;
-  const std::int64_t n_precision = all.n_precision, worst_precision = all.worst_precision, misrounded = all.misrounded,
-                     worst_misrounded = all.worst_misrounded;
-  const auto token = [&](const char* check) {
-    const char* region = rows < 2 || cols < 2 ? "any" : interior[check] ? "interior" : "edge";
-    return fmt::format("{}:{}@{}", out, check, region);
-  };
-  v.worst_element = first_nonfinite >= 0 ? first_nonfinite : worst_beyond >= 0 ? worst_beyond : first_unwritten;
-  if (n_precision > 0) {
-    const double nn = static_cast<double>(n_precision), mean_z = sum_z / nn, mean_w = sum_w / nn;
-    const double factor = kPrecisionKappa + kPrecisionLambda / std::sqrt(nn);
-    const double allowed = factor * mean_w + 4 * u_acc;
-    v.precision_ratio = mean_z / allowed;
-    if (mean_z > allowed) {
-      if (v.worst_element < 0) v.worst_element = worst_precision;
-      v.fail(out + ":precision",
-             fmt::format("mean normalised error {:.3g} over {} elements is {:.3g}x what the declared arithmetic allows "
-                         "({:.3g} = {:.3g} x the scale of a correct {}-bit {} accumulation {:.3g} + 4 ulp)",
-                         mean_z, n_precision, mean_z / allowed, allowed, factor, tol.accumulator_bits,
-                         tol.nearest ? "round-to-nearest" : "nearest or truncating", mean_w));
-    }
-    const std::int64_t most = misrounded_allowance(n_precision);
-    v.misrounded = misrounded, v.misrounded_allowed = most;
-    if (misrounded > most) {
-      if (v.worst_element < 0) v.worst_element = worst_misrounded;
-      v.fail(out + ":misrounded",
-             fmt::format("{} of {} elements are rounded to the wrong side of a {} rounding boundary, further beyond it than "
-                         "the declared arithmetic's error reaches ({} x its scale + 4 ulp; worst {:.3g}x); a correct kernel "
-                         "rounding to nearest has at most {}",
-                         misrounded, n_precision, name(f), kMisroundReach, worst_beyond_ratio, most));
-    }
-  }
-  if (nan) v.fail(token("unexpected_nan"), fmt::format("{} unexpected NaN", nan));
-  if (inf) v.fail(token("unexpected_inf"), fmt::format("{} unexpected Inf", inf));
-  if (missed) v.fail(token("missed_nonfinite"), fmt::format("{} missed NaN/Inf (the exact result is not finite)", missed));
-  if (mismatched)
-    v.fail(token("mismatched_nonfinite"), fmt::format("{} wrong non-finite values (NaN vs Inf or wrong sign)", mismatched));
-  if (over)
-    v.fail(token("tolerance"),
-           fmt::format("{} elements exceed the tolerance (worst {:.3g}x the bound; {})", over, worst_ratio,
-                       !cmp.tolerance_note.empty()
-                           ? cmp.tolerance_note
-                           : fmt::format("accumulator {} bits{}, n = {}", tol.accumulator_bits,
-                                         tol.input_bits ? fmt::format(", inputs {} bits", tol.input_bits) : "", n)));
-  if (baseline_max_normalised >= 0) {
-    const double allowed = rule.factor * baseline_max_normalised + u_out;
-    if (m.max_normalised > allowed)
-      v.fail(out + ":baseline_rule", fmt::format("max normalised error {:.3g} is above {} x {} ({:.3g}) + u_D",
-                                                 m.max_normalised, rule.factor, rule.model, baseline_max_normalised));
-  }
-  return v;
+Assessment analyze_and_judge(const OutputComparison& cmp, const ToleranceModel& tol, std::int64_t n,
+                             const ErrorMetrics& audit, double baseline_max_normalised, const BaselineRule& rule) {
+  const ErrorMap map = map_geometry(cmp);
+  const JudgeTerms jt(cmp, tol, n);
+  std::vector<Stretch> stretches;
+  std::vector<Pass> passes;
+  scan_all<true, true>(cmp, map, &jt, stretches, passes);
+  Assessment a;
+  a.metrics = merge_metrics(cmp, map, stretches);
+  a.metrics.output = audit.output;
+  a.metrics.unwritten = audit.unwritten;
+  a.metrics.padding_written = audit.padding_written;
+  a.verdict = verdict_of(jt, passes, a.metrics, baseline_max_normalised, rule);
+  return a;
 }
 
 std::string failure_signature(const Verdict& v) {

@@ -256,6 +256,15 @@ struct ToleranceModel {
   double gamma(std::int64_t n) const;
   /// The bound for one element (input_abs: a_e).
   double bound(double condition, double exact_abs, Format out, std::int64_t n, double input_abs = 0) const;
+  /// bound()'s coefficients for one output format and n, computed once for many elements:
+  /// terms(out, n).bound(c, x, a) == bound(c, x, out, n, a), bit for bit.
+  struct Terms {
+    double condition = 0, input_abs = 0, exact_abs = 0, accumulator_floor = 0, output_floor = 0;
+    double bound(double c, double x, double a = 0) const {
+      return condition * c + (a > 0 ? input_abs * a : 0.0) + exact_abs * x + accumulator_floor + output_floor;
+    }
+  };
+  Terms terms(Format out, std::int64_t n) const;
 };
 
 /// The baseline-relative rule: the kernel's max normalised error must be at most
@@ -317,5 +326,17 @@ bool same_failure(const std::string& a, const std::string& b);
 /// elements fail). baseline_max_normalised < 0: no baseline rule.
 Verdict judge(const OutputComparison& cmp, const ErrorMetrics& m, const ToleranceModel& tol, std::int64_t n,
               double baseline_max_normalised = -1.0, const BaselineRule& rule = {});
+
+/// analyze() and judge() in one pass over the elements, what the check path calls (an
+/// element's rounding, class and error are found once for both): metrics equal to
+/// analyze(cmp) with output, unwritten and padding_written taken from audit, and the verdict
+/// judge(cmp, those metrics, tol, n, baseline_max_normalised, rule) gives.
+struct Assessment {
+  ErrorMetrics metrics;
+  Verdict verdict;
+};
+Assessment analyze_and_judge(const OutputComparison& cmp, const ToleranceModel& tol, std::int64_t n,
+                             const ErrorMetrics& audit, double baseline_max_normalised = -1.0,
+                             const BaselineRule& rule = {});
 
 }  // namespace ulpgate

@@ -37,14 +37,13 @@ void judge_into(Judged& j, const Case& c, const RunOutcome& run, const Tolerance
                 double baseline_max_normalised = -1, const BaselineRule& rule = {}) {
   const OpModule& op = op_module(c.op);
   j.cmp.unwritten = unwritten_mask(c, run);
-  {
-    const Phase phase("judge.analyze");
-    j.metrics = analyze(j.cmp);
-  }
-  j.metrics.output = outputs_of(c).front();
-  j.metrics.unwritten = run.unwritten;
-  j.metrics.padding_written = run.padding_written;
-  j.verdict = judge(j.cmp, j.metrics, tol, op.reduction_length(c), baseline_max_normalised, rule);
+  ErrorMetrics audit;
+  audit.output = outputs_of(c).front();
+  audit.unwritten = run.unwritten;
+  audit.padding_written = run.padding_written;
+  Assessment a = analyze_and_judge(j.cmp, tol, op.reduction_length(c), audit, baseline_max_normalised, rule);
+  j.metrics = std::move(a.metrics);
+  j.verdict = std::move(a.verdict);
   if (j.verdict.worst_element >= 0) j.metrics.worst = describe_element(j.cmp, j.verdict.worst_element);
   if (!run.inputs_modified.empty()) {
     j.verdict.fail("inputs_modified", fmt::format("the kernel wrote to its inputs ({})", fmt::join(run.inputs_modified, ", ")));

@@ -1,3 +1,4 @@
+#include <bit>
 #include "references/ref_value.hpp"
 
 #include <gmp.h>
@@ -109,10 +110,13 @@ DoubleDouble RefValue::double_double() const {
     // rounds (d + s2) + s3 = |x| - |hi| correctly: lo = RN(x - hi), as the MPFR path.
     const u128 sig = (static_cast<u128>(sig_hi) << 64) | sig_lo;
     const auto m53 = (std::uint64_t{1} << 53) - 1;
-    const double s1 = std::ldexp(static_cast<double>(static_cast<std::uint64_t>(sig >> 75)), exponent - 52);
-    const double s2 = std::ldexp(static_cast<double>(static_cast<std::uint64_t>(sig >> 22) & m53), exponent - 105);
-    const double s3 = std::ldexp(static_cast<double>((static_cast<std::uint64_t>(sig) & 0x3FFFFF) * 2 + (inexact ? 1 : 0)),
-                                 exponent - 128);
+    // (Scaled by exact powers of two: exponent - 128 >= -1018 and exponent - 52 <= 971, so
+    // each power is a normal double, and so is each nonzero product.)
+    const auto pow2 = [](int e) { return std::bit_cast<double>(static_cast<std::uint64_t>(e + 1023) << 52); };
+    const double s1 = static_cast<double>(static_cast<std::uint64_t>(sig >> 75)) * pow2(exponent - 52);
+    const double s2 = static_cast<double>(static_cast<std::uint64_t>(sig >> 22) & m53) * pow2(exponent - 105);
+    const double s3 =
+        static_cast<double>((static_cast<std::uint64_t>(sig) & 0x3FFFFF) * 2 + (inexact ? 1 : 0)) * pow2(exponent - 128);
     const double lo = ((s1 - std::fabs(hi)) + s2) + s3;
     return {hi, lo == 0.0 ? 0.0 : negative ? -lo : lo};  // an exact zero difference is +0, as in MPFR
   }

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <random>
 
 #include "harness/analyze.hpp"
 #include "core/format_mpfr.hpp"
@@ -468,4 +469,116 @@ TEST(Analyze, LargeOutputsMergeTheirStretchesInOrder) {
   v = judge(cmp, w, ToleranceModel{}, 1);
   EXPECT_EQ(v.worst_element, static_cast<std::int64_t>(at(950, 100)));
   EXPECT_NE(failure_signature(v).find("out:unexpected_nan@interior"), std::string::npos) << failure_signature(v);
+}
+
+namespace {
+
+bool same_double(double a, double b) { return (std::isnan(a) && std::isnan(b)) || a == b; }
+
+void expect_same_metrics(const ErrorMetrics& a, const ErrorMetrics& b) {
+  EXPECT_EQ(a.output, b.output);
+  EXPECT_EQ(a.elements, b.elements);
+  EXPECT_EQ(a.compared, b.compared);
+  EXPECT_EQ(a.exact_matches, b.exact_matches);
+  for (const auto& [x, y] : {std::pair{a.max_abs, b.max_abs}, {a.mean_abs, b.mean_abs}, {a.max_rel, b.max_rel},
+                             {a.mean_rel, b.mean_rel}, {a.normwise, b.normwise}, {a.max_normalised, b.max_normalised},
+                             {a.mean_normalised, b.mean_normalised}, {a.max_ulp, b.max_ulp}, {a.mean_ulp, b.mean_ulp},
+                             {a.bias_ulp, b.bias_ulp}})
+    EXPECT_TRUE(same_double(x, y)) << x << " vs " << y;
+  EXPECT_EQ(a.max_ulp_distance, b.max_ulp_distance);
+  EXPECT_EQ(a.ulp_histogram, b.ulp_histogram);
+  EXPECT_EQ(a.expected_nonfinite, b.expected_nonfinite);
+  EXPECT_EQ(a.unexpected_nan, b.unexpected_nan);
+  EXPECT_EQ(a.unexpected_inf, b.unexpected_inf);
+  EXPECT_EQ(a.missed_nonfinite, b.missed_nonfinite);
+  EXPECT_EQ(a.mismatched_nonfinite, b.mismatched_nonfinite);
+  EXPECT_EQ(a.overflowed, b.overflowed);
+  EXPECT_EQ(a.unwritten, b.unwritten);
+  EXPECT_EQ(a.padding_written, b.padding_written);
+  EXPECT_EQ(a.worst.index, b.worst.index);
+  EXPECT_EQ(a.worst.got, b.worst.got);
+  EXPECT_EQ(a.worst.expected, b.worst.expected);
+  EXPECT_EQ(a.worst.exact, b.worst.exact);
+  EXPECT_TRUE(same_double(a.worst.normalised, b.worst.normalised));
+  EXPECT_TRUE(same_double(a.worst.ulp, b.worst.ulp));
+  ASSERT_EQ(a.map.max_normalised.size(), b.map.max_normalised.size());
+  for (std::size_t c = 0; c < a.map.max_normalised.size(); ++c)
+    EXPECT_TRUE(same_double(a.map.max_normalised[c], b.map.max_normalised[c]));
+}
+
+}  // namespace
+
+// The check path's one pass (analyze_and_judge) gives the metrics and verdict of analyze()
+// then judge(), field for field, on random outputs of several stretches with every kind of
+// element: errors of 0 to hundreds of ulps, NaN and Inf on either side, overflow of the
+// format and of the accumulator, unwritten and unreferenced elements, per-element allowances
+// and input terms, a precision scale with gaps, and a baseline rule, in each output format.
+TEST(Analyze, OnePassEqualsAnalyzeThenJudge) {
+  std::mt19937_64 rng(11);
+  std::uniform_real_distribution<double> unit(0.0, 1.0);
+  for (const Format f : {Format::FP32, Format::BF16, Format::FP16, Format::E4M3, Format::E5M2, Format::FP64}) {
+    for (int variant = 0; variant < 4; ++variant) {
+      const std::int64_t rows = 700, cols = 211, n = rows * cols;  // three stretches
+      OutputComparison cmp;
+      cmp.format = f;
+      cmp.shape = {1, rows, cols};
+      cmp.accumulator_max = variant == 1 ? 1e3 : INFINITY;
+      cmp.relu_output = variant == 2;
+      const double top = info(f).max_finite();
+      for (std::int64_t e = 0; e < n; ++e) {
+        const double kind = unit(rng);
+        double x = (unit(rng) - 0.5) * std::ldexp(1.0, static_cast<int>(unit(rng) * 16) - 8);
+        if (kind < 0.002) x = NAN;
+        else if (kind < 0.004) x = unit(rng) < 0.5 ? INFINITY : -INFINITY;
+        else if (kind < 0.006) x = top * (1.5 + unit(rng));  // beyond the format
+        Code g = encode(f, std::isfinite(x) ? x : 1.0);
+        const double off = unit(rng);
+        if (off < 0.3) {
+          for (int s = static_cast<int>(unit(rng) * 300); s > 0; --s) g = next_up(f, g);
+        } else if (off < 0.301) {
+          g = encode(f, NAN);
+        } else if (off < 0.302 && info(f).has_inf) {
+          g = encode(f, -INFINITY);
+        } else if (!std::isfinite(x) && off < 0.8) {
+          g = encode(f, x);
+        }
+        cmp.got.push_back(g);
+        cmp.exact.push_back(ref(x));
+        const double c = std::fabs(std::isfinite(x) ? x : 1.0) * (1 + 4 * unit(rng));
+        cmp.condition.push_back(c);
+        cmp.precision_scale.push_back(unit(rng) < 0.1 ? NAN : 0x1p-20 * c);
+        if (variant == 1) cmp.accumulated.push_back(c * (unit(rng) < 0.01 ? 1e4 : 1.0));
+        if (variant == 2) cmp.unwritten.push_back(unit(rng) < 0.001);
+        if (variant == 3) {
+          cmp.unreferenced.push_back(unit(rng) < 0.05);
+          cmp.allowed.push_back(0x1p-10 * c);
+          cmp.input_abs.push_back(unit(rng) < 0.5 ? 0.0 : 0x1p-30);
+        }
+      }
+      if (variant == 0) cmp.input_abs.assign(static_cast<std::size_t>(n), 0x1p-40);
+      ToleranceModel tol;
+      tol.accumulator_bits = variant == 2 ? 11 : 24;
+      tol.input_bits = variant == 0 ? 11 : 0;
+      ErrorMetrics audit;
+      audit.output = "D";
+      audit.unwritten = variant == 2 ? 3 : 0;
+      audit.padding_written = variant == 3 ? 1 : 0;
+      const double baseline = variant == 1 ? 1e-3 : -1;
+      const BaselineRule rule;
+      ErrorMetrics m = analyze(cmp);
+      m.output = audit.output, m.unwritten = audit.unwritten, m.padding_written = audit.padding_written;
+      const Verdict v = judge(cmp, m, tol, 1000, baseline, rule);
+      const Assessment a = analyze_and_judge(cmp, tol, 1000, audit, baseline, rule);
+      SCOPED_TRACE(std::string(name(f)) + " variant " + std::to_string(variant));
+      expect_same_metrics(a.metrics, m);
+      EXPECT_EQ(a.verdict.passed, v.passed);
+      EXPECT_EQ(a.verdict.reasons, v.reasons);
+      EXPECT_EQ(a.verdict.checks, v.checks);
+      EXPECT_EQ(a.verdict.worst_element, v.worst_element);
+      EXPECT_TRUE(same_double(a.verdict.precision_ratio, v.precision_ratio));
+      EXPECT_EQ(a.verdict.misrounded, v.misrounded);
+      EXPECT_EQ(a.verdict.misrounded_allowed, v.misrounded_allowed);
+      EXPECT_FALSE(v.passed);  // every variant has failing elements: the comparison covers the failure paths
+    }
+  }
 }
