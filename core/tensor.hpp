@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/format.hpp"
+#include "core/uninitialized.hpp"
 
 namespace ulpgate {
 
@@ -25,28 +26,6 @@ Code storage_to_code(Format f, std::uint64_t word);
 /// Reads / writes element `index` of a raw buffer of format f's storage words.
 Code load_code(Format f, const void* base, std::int64_t index);
 void store_code(Format f, void* base, std::int64_t index, Code c);
-
-/// An allocator whose value-initialisation leaves trivial elements uninitialised: a vector
-/// of 10^9 of them then costs no single-threaded zero-fill; whoever writes it first pays,
-/// on as many threads as write it.
-template <class T>
-struct DefaultInitAllocator : std::allocator<T> {
-  template <class U>
-  struct rebind {
-    using other = DefaultInitAllocator<U>;
-  };
-  DefaultInitAllocator() = default;
-  template <class U>
-  DefaultInitAllocator(const DefaultInitAllocator<U>&) noexcept {}
-  template <class U>
-  void construct(U* p) noexcept(std::is_nothrow_default_constructible_v<U>) {
-    ::new (static_cast<void*>(p)) U;
-  }
-  template <class U, class... Args>
-  void construct(U* p, Args&&... args) {
-    ::new (static_cast<void*>(p)) U(std::forward<Args>(args)...);
-  }
-};
 
 class Tensor {
  public:

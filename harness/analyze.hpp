@@ -62,6 +62,7 @@
 
 #include "core/case.hpp"
 #include "core/tensor.hpp"
+#include "core/uninitialized.hpp"
 #include "references/ref_value.hpp"
 
 namespace ulpgate {
@@ -123,8 +124,8 @@ struct ErrorMetrics {
 struct OutputComparison {
   Format format = Format::FP32;
   std::vector<std::int64_t> shape;  ///< GEMM {batch, M, N}; attention {batch, heads, seq_q, dv}
-  std::vector<Code> got;
-  std::vector<RefValue> exact;
+  UninitVector<Code> got;
+  UninitVector<RefValue> exact;  ///< (resize leaves new elements unwritten)
   std::vector<double> condition;
   /// Largest finite value of the kernel's accumulator (FP32's for FP32 compute), and per
   /// element the largest intermediate it holds (see accumulated_e; empty: condition).

@@ -278,8 +278,8 @@ GemmReference gemm_reference(const Case& c, const std::map<std::string, Tensor>&
   // op(A) rows and op(B) columns packed contiguously: every dot product reads two
   // streams. Formats up to FP32 are exact as float; FP64 operands stay double.
   const bool fast = a.format() != Format::FP64 && b.format() != Format::FP64;
-  std::vector<float> a_rows, b_cols;
-  std::vector<double> a_rows64, b_cols64;
+  UninitVector<float> a_rows, b_cols;  // written in full by the packing below
+  UninitVector<double> a_rows64, b_cols64;
   std::vector<Operand> a_ops, b_ops;
   if (fast) {
     a_rows.resize(static_cast<std::size_t>(g.batch * g.m * k));

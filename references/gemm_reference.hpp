@@ -32,6 +32,7 @@
 #include "core/case.hpp"
 #include "core/parallel.hpp"
 #include "core/tensor.hpp"
+#include "core/uninitialized.hpp"
 #include "references/ref_value.hpp"
 #include "references/sliced_gemm.hpp"
 
@@ -46,7 +47,7 @@ struct GemmReference {
   /// follows BLAS: A and B are not referenced, D = act(beta sC C + bias) even where A B has
   /// NaN or Inf (and `intermediate` is then +Inf, so that the analyzers also accept the
   /// NaN of a kernel that multiplies by alpha anyway).
-  std::vector<RefValue> values;
+  UninitVector<RefValue> values;
   /// The condition term sum_k |op(A)_ik op(B)_kj|, computed exactly, rounded to nearest.
   std::vector<double> condition;
   /// The same scale for the whole epilogue input, in D's units:

@@ -31,6 +31,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/uninitialized.hpp"
+
 #if defined(__CUDACC__)
 #define ULPGATE_HD __host__ __device__ inline
 #else
@@ -228,9 +230,10 @@ struct SlicedElements {
   std::int64_t m = 0, n = 0;
   std::vector<RowPlan> a_plan, b_plan;
   std::int64_t stacked_a = 0, stacked_b = 0;  ///< digit rows of A and of B (the GEMMs' sizes)
-  std::vector<std::uint64_t> limb[3];         ///< S, two's complement (certified elements)
-  std::vector<double> condition;              ///< RN(sum |a b|) (certified elements)
-  std::vector<std::uint8_t> certified;
+  // (resize leaves these unwritten: the GPU's download writes them in full)
+  UninitVector<std::uint64_t> limb[3];        ///< S, two's complement (certified elements)
+  UninitVector<double> condition;             ///< RN(sum |a b|) (certified elements)
+  UninitVector<std::uint8_t> certified;
   std::int64_t products = 0;                  ///< int8 GEMM calls run
   /// Milliseconds per phase on the GPU (CUDA events; zeros for the CPU emulation).
   double ms_upload = 0, ms_slice = 0, ms_products = 0, ms_combine = 0, ms_download = 0;

@@ -173,9 +173,9 @@ void gpu_sliced_elements(const float* a, long long m, const float* b, long long 
   cudaStream_t st = cx.stream;
   out.m = m, out.n = n;
   const std::size_t mn = static_cast<std::size_t>(m * n);
-  for (auto& l : out.limb) l.assign(mn, 0);
-  out.condition.assign(mn, 0.0);
-  out.certified.assign(mn, 0);
+  for (auto& l : out.limb) l.resize(mn);  // written in full by the download below
+  out.condition.resize(mn);
+  out.certified.resize(mn);
   out.a_plan.assign(static_cast<std::size_t>(m), RowPlan{});
   out.b_plan.assign(static_cast<std::size_t>(n), RowPlan{});
   out.stacked_a = out.stacked_b = 0, out.products = 0;

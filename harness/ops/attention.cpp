@@ -212,7 +212,7 @@ class AttentionModule final : public OpModule {
     cmp.got = logical_output(c, o);
     cmp.allowed.resize(n);
     cmp.accumulated.resize(n);
-    cmp.exact = ref.values;
+    cmp.exact.assign(ref.values.begin(), ref.values.end());
     cmp.condition = ref.magnitude;
     if (sampled) {
       cmp.unreferenced.assign(static_cast<std::size_t>(n), 1);

@@ -250,21 +250,33 @@ std::vector<double> precision_scale(const Case& c, const Inputs& inputs, const T
 
 // The calibrator's mean normalised error on the same inputs at `bits`, before any output
 // rounding (so that only its accumulation shows): mean over the sample's elements of
-// |cal_e - x_e| / c_e (arows, bcols: the sample's rows of op(A) and columns of op(B), in
-// that order).
-double calibration_mean_normalised(const std::vector<double>& arows, const std::vector<double>& bcols,
+// |cal_e - x_e| / c_e (arows: the sample's rows of op(A), row after row; bk: its columns of
+// op(B), bk[k * C + col]). Each element is calibration_dot's sum, term by term in order;
+// kCalibrationBlock columns at once keep that many independent sums in flight.
+constexpr std::int64_t kCalibrationBlock = 16;
+double calibration_mean_normalised(const std::vector<double>& arows, const std::vector<double>& bk,
                                    const PrecisionSample& sample, std::int64_t N, std::int64_t K,
                                    const OutputComparison& cmp, int bits) {
   const auto R = static_cast<std::int64_t>(sample.rows.size()), C = static_cast<std::int64_t>(sample.cols.size());
   std::vector<double> err(static_cast<std::size_t>(R * C), 0.0);
   parallel_for(R, [&](std::int64_t row) {
     const std::int64_t i = sample.rows[static_cast<std::size_t>(row)];
-    for (std::int64_t col = 0; col < C; ++col) {
-      const std::int64_t e = i * N + sample.cols[static_cast<std::size_t>(col)];
-      const double cal = calibration_dot(&arows[row * K], &bcols[col * K], K, bits);
-      const DoubleDouble x = cmp.exact[e].double_double();
-      const double cond = cmp.condition[e];
-      err[row * C + col] = cond > 0 ? std::fabs((cal - x.hi) - x.lo) / cond : 0.0;
+    const double* a = &arows[static_cast<std::size_t>(row * K)];
+    for (std::int64_t c0 = 0; c0 < C; c0 += kCalibrationBlock) {
+      const std::int64_t w = std::min(kCalibrationBlock, C - c0);
+      double acc[kCalibrationBlock] = {};
+      for (std::int64_t k = 0; k < K; ++k) {
+        const double x = a[k];
+        const double* y = &bk[static_cast<std::size_t>(k * C + c0)];
+        for (std::int64_t jj = 0; jj < w; ++jj) acc[jj] = round_to_bits(acc[jj] + x * y[jj], bits);
+      }
+      for (std::int64_t jj = 0; jj < w; ++jj) {
+        const std::int64_t col = c0 + jj;
+        const std::int64_t e = i * N + sample.cols[static_cast<std::size_t>(col)];
+        const DoubleDouble x = cmp.exact[e].double_double();
+        const double cond = cmp.condition[e];
+        err[row * C + col] = cond > 0 ? std::fabs((acc[jj] - x.hi) - x.lo) / cond : 0.0;
+      }
     }
   }, threads_for(static_cast<double>(R) * C * K, 0x1p16));
   double sum = 0;
@@ -471,11 +483,11 @@ class GemmModule final : public OpModule {
 
   std::vector<std::int64_t> output_offsets(const Case& c) const override {
     const MatrixView dv = gemm_view(c, "D");
-    std::vector<std::int64_t> at;
-    at.reserve(static_cast<std::size_t>(c.gemm.batch * c.gemm.m * c.gemm.n));
-    for (std::int64_t b = 0; b < c.gemm.batch; ++b)
-      for (std::int64_t i = 0; i < c.gemm.m; ++i)
-        for (std::int64_t j = 0; j < c.gemm.n; ++j) at.push_back(dv.offset(b, i, j));
+    const std::int64_t m = c.gemm.m, n = c.gemm.n;
+    std::vector<std::int64_t> at(static_cast<std::size_t>(c.gemm.batch * m * n));
+    parallel_for(c.gemm.batch * m, [&](std::int64_t row) {  // row = b * m + i
+      for (std::int64_t j = 0; j < n; ++j) at[static_cast<std::size_t>(row * n + j)] = dv.offset(row / m, row % m, j);
+    }, threads_for(static_cast<double>(at.size()), 0x1p20));
     return at;
   }
 
@@ -549,7 +561,7 @@ class GemmModule final : public OpModule {
     const PrecisionSample sample = precision_sample(c);
     const std::vector<std::int64_t>& rows = sample.rows;
     const auto R = static_cast<std::int64_t>(rows.size()), C = static_cast<std::int64_t>(sample.cols.size());
-    std::vector<double> arows(R * K), bcols(C * K);
+    std::vector<double> arows(R * K), bk(C * K);  // bk[k * C + col]
     const Tensor &a = inputs.at("A"), &b = inputs.at("B");
     parallel_for(R, [&](std::int64_t row) {
       const std::int64_t i = rows[static_cast<std::size_t>(row)];
@@ -557,11 +569,11 @@ class GemmModule final : public OpModule {
     }, threads_for(static_cast<double>(R) * K, 0x1p15));
     parallel_for(C, [&](std::int64_t col) {
       const std::int64_t j = sample.cols[static_cast<std::size_t>(col)];
-      for (std::int64_t k = 0; k < K; ++k) bcols[col * K + k] = b.value(op_b_offset(c, bv, 0, k, j));
+      for (std::int64_t k = 0; k < K; ++k) bk[k * C + col] = b.value(op_b_offset(c, bv, 0, k, j));
     }, threads_for(static_cast<double>(C) * K, 0x1p15));
     for (int bits = kCalibrationBits; bits >= 12; bits -= 4) {
       if (std::ldexp(static_cast<double>(K), -bits) > 1.0 / 16) break;
-      const double cal = calibration_mean_normalised(arows, bcols, sample, N, K, cmp, bits);
+      const double cal = calibration_mean_normalised(arows, bk, sample, N, K, cmp, bits);
       if (cal > 0) return bits + std::log2(cal / kernel_mean);
     }
     return NAN;

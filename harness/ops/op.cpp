@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 
+#include "core/parallel.hpp"
 #include "distributions/spec.hpp"
 #include "harness/ops/attention.hpp"
 #include "harness/ops/gemm.hpp"
@@ -15,10 +16,15 @@ const OpModule& op_module(Op op) { return op == Op::Gemm ? gemm_module() : atten
 
 std::vector<const OpModule*> all_op_modules() { return {&gemm_module(), &attention_module()}; }
 
-std::vector<Code> OpModule::logical_output(const Case& c, const Tensor& output) const {
+UninitVector<Code> OpModule::logical_output(const Case& c, const Tensor& output) const {
   const std::vector<std::int64_t> offsets = output_offsets(c);
-  std::vector<Code> got(offsets.size());
-  for (std::size_t e = 0; e < offsets.size(); ++e) got[e] = output.code(static_cast<std::size_t>(offsets[e]));
+  UninitVector<Code> got(offsets.size());
+  constexpr std::int64_t kGrain = std::int64_t{1} << 14;
+  const auto n = static_cast<std::int64_t>(offsets.size());
+  parallel_for((n + kGrain - 1) / kGrain, [&](std::int64_t chunk) {
+    for (std::int64_t e = chunk * kGrain; e < std::min(n, (chunk + 1) * kGrain); ++e)
+      got[static_cast<std::size_t>(e)] = output.code(static_cast<std::size_t>(offsets[static_cast<std::size_t>(e)]));
+  }, threads_for(static_cast<double>(n), 0x1p20));
   return got;
 }
 

@@ -93,7 +93,7 @@ class OpModule {
   /// (b, h, i, d)).
   virtual std::vector<std::int64_t> output_offsets(const Case& c) const = 0;
   /// The output's codes in logical order.
-  std::vector<Code> logical_output(const Case& c, const Tensor& output) const;
+  UninitVector<Code> logical_output(const Case& c, const Tensor& output) const;
   /// Runs the op's metamorphic relations that apply to a case whose first run passed
   /// (repeatability, common to every op, is checked by harness/check).
   virtual std::vector<RelationFailure> relations(const RelationContext& ctx, const Case& c, const Inputs& inputs,

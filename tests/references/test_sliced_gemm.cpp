@@ -214,7 +214,7 @@ TEST(SlicedDots, CertifiesOnlyCapturedNonzeroSums) {
   const SlicedDots s = cpu_sliced_dots(a, 3, b, 2, 2);
   // certified: (0, 0) only; (0, 1) sums to 0; rows 1 and 2 are not captured
   EXPECT_EQ(s.recomputed, 5);
-  EXPECT_EQ(s.certified, (std::vector<std::uint8_t>{1, 0, 0, 0, 0, 0}));
+  EXPECT_EQ(std::vector<std::uint8_t>(s.certified.begin(), s.certified.end()), (std::vector<std::uint8_t>{1, 0, 0, 0, 0, 0}));
   EXPECT_EQ(s.value(0, 0).to_double(), 2.0);
   EXPECT_EQ(s.condition[s.index(0, 0)], 4.0);
   EXPECT_EQ(first_difference(s, a, b, 2), "");
