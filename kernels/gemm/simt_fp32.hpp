@@ -8,10 +8,10 @@
 #include <cstddef>
 #include <cstdint>
 
-#ifdef __CUDACC__
-#define ULPGATE_HD __host__ __device__
+#if defined(__CUDACC__)  // as core/rng.hpp defines it
+#define ULPGATE_HD __host__ __device__ __forceinline__
 #else
-#define ULPGATE_HD
+#define ULPGATE_HD inline
 #endif
 
 namespace ulpgate::simt {
@@ -28,7 +28,7 @@ struct Panel {
   bool along_k = true;
 };
 
-ULPGATE_HD inline std::int64_t offset(const Panel& P, std::int64_t b, std::int64_t mn, std::int64_t k) {
+ULPGATE_HD std::int64_t offset(const Panel& P, std::int64_t b, std::int64_t mn, std::int64_t k) {
   return b * P.batch_stride + (P.along_k ? mn * P.ld + k : k * P.ld + mn);
 }
 
