@@ -5,7 +5,8 @@
 #   tests     tests/kernels/test_ladder_gpu (every ladder kernel through the check path, steps
 #             1-7 bit for bit equal to cpu.fp32_seq, misaligned buffers)
 #   fuzz      ulpgate fuzz on every ladder.* kernel, 100 cases each, seed 1, no time budget
-#             (--time 0: all cases run), record and reports in OUT_DIR/fuzz
+#             (--time 0: all cases run), record and reports in OUT_DIR/fuzz (--no-html: the
+#             machine may lack gnuplot; `ulpgate report OUT_DIR/fuzz/fuzz.json --html F` later)
 #   timing    build/bench/bench_ladder: each ladder kernel and cuBLAS SGEMM at 4096^3, median
 #             of 20 runs after 3 warm-up runs, L2 flushed before each (OUT_DIR/timing.md)
 #   sanitize  compute-sanitizer memcheck and racecheck on the GPU test's smaller tests
@@ -39,9 +40,9 @@ if has fuzz; then
     t0=$(now)
     rm -rf "$out/fuzz"  # a fresh campaign (an earlier unfinished journal would be refused)
     # shellcheck disable=SC2086
-    "$build/ulpgate" fuzz $kernels --cases 100 --seed 1 --time 0 --out "$out/fuzz" > "$out/fuzz.log" 2>&1
+    "$build/ulpgate" fuzz $kernels --cases 100 --seed 1 --time 0 --no-html --out "$out/fuzz" > "$out/fuzz.log" 2>&1
     rc=$?
-    echo "fuzz: rc $rc in $(took "$t0")"; tail -n 3 "$out/fuzz.log"
+    echo "fuzz: rc $rc in $(took "$t0"), $(grep -m1 -E '^[0-9]+ cases, [0-9]+ failed' "$out/fuzz.log")"
     [ $rc -eq 0 ] || status=1
   fi
 fi
