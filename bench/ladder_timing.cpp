@@ -131,7 +131,8 @@ int main(int argc, char** argv) {
     copy_to_host(want.data(), d_ref.get(), nd * sizeof(float), stream);
     double ref_max = 0;
     for (float v : want) ref_max = std::max(ref_max, static_cast<double>(std::fabs(v)));
-    std::printf("| kernel | median ms | min - max ms | TFLOP/s | %% of cuBLAS | max abs diff / max abs (cuBLAS) | notes |\n");
+    std::printf("| kernel | median ms | min - max ms | TFLOP/s | %% of cuBLAS | max abs diff / max abs (cuBLAS) "
+                "| notes |\n");
     std::printf("|---|---|---|---|---|---|---|\n");
     const auto row = [&](const std::string& name, const Timing& t, double diff, const std::string& notes) {
       std::printf("| %s | %.3f | %.3f - %.3f | %.2f | %.1f | %s | %s |\n", name.c_str(), t.median_ms, t.min_ms,

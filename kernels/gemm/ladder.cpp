@@ -103,7 +103,8 @@ std::vector<std::unique_ptr<Kernel>> make_ladder_kernels() {
   const LadderStep steps[] = {
       {Step::Naive, "ladder.fp32_naive", "GEMM ladder 1: FP32 SIMT, one thread per element down a column (uncoalesced)",
        "1 thread per element, 32 x 8 threads along columns"},
-      {Step::Coalesced, "ladder.fp32_coalesced", "GEMM ladder 2: FP32 SIMT, one thread per element along a row (coalesced)",
+      {Step::Coalesced, "ladder.fp32_coalesced",
+       "GEMM ladder 2: FP32 SIMT, one thread per element along a row (coalesced)",
        "1 thread per element, 32 x 8 threads along rows"},
       {Step::Smem, "ladder.fp32_smem", "GEMM ladder 3: FP32 SIMT, 32 x 32 tiles in shared memory",
        "32 x 32 x 32 tiles in shared memory, 1 element per thread"},

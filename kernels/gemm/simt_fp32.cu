@@ -439,7 +439,9 @@ cudaError_t plan(Step s, const Problem& p, Plan* out) {
   if (s >= Step::VecDb && p.alpha != 0.0f) {
     pl.vec_a = aligned16(p.a.p, p.a.ld, p.a.batch_stride);
     pl.vec_b = aligned16(p.b.p, p.b.ld, p.b.batch_stride);
-    pl.vec_d = aligned16(p.d, p.ldd, p.stride_d) && (!p.c || aligned16(p.c, p.ldc, p.stride_c));
+    // Steps 8 and 9 write D element by element (the ordered sum, atomics).
+    pl.vec_d = s <= Step::Warptile && aligned16(p.d, p.ldd, p.stride_d) &&
+               (!p.c || aligned16(p.c, p.ldc, p.stride_c));
   }
   if ((s == Step::SplitK || s == Step::SplitKAtomic) && p.alpha != 0.0f) {
     int device = 0, sms = 0;
@@ -470,7 +472,8 @@ cudaError_t launch(Step s, const Problem& p, const Plan& pl, void* workspace, cu
     case Step::Smem: return start(smem, tiles(kT3, p.batch), dim3(kT3, kT3), stream, p);
     case Step::Reg1d: return start(reg1d, tiles(kB4, p.batch), dim3(kThreads4), stream, p);
     case Step::Reg2d: return start(reg2d, tiles(kB5, p.batch), dim3(kThreads5), stream, p);
-    case Step::VecDb: return start(vec_db, tiles(kB6, p.batch), dim3(kThreads6), stream, p, pl.vec_a, pl.vec_b, pl.vec_d);
+    case Step::VecDb:
+      return start(vec_db, tiles(kB6, p.batch), dim3(kThreads6), stream, p, pl.vec_a, pl.vec_b, pl.vec_d);
     case Step::Warptile:
       return start(warptile, tiles(kB7, p.batch), dim3(kThreads7), stream, p, pl.vec_a, pl.vec_b, pl.vec_d,
                    Split{1, p.k, Sink::D, nullptr, 0});

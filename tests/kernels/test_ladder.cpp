@@ -99,8 +99,8 @@ TEST(Ladder, RowMajorProblemAddressesTheCasesElements) {
               EXPECT_EQ(bt * p.stride_d + pi * p.ldd + pj, dv.offset(bt, i, j)) << what;
               EXPECT_EQ(bt * p.stride_c + pi * p.ldc + pj, cv.offset(bt, i, j)) << what;
               for (std::int64_t k = 0; k < g.k; ++k) {
-                EXPECT_EQ(simt::offset(pa, bt, i, k), op_a_offset(c, av, bt, i, k)) << what << " A(" << i << "," << k << ")";
-                EXPECT_EQ(simt::offset(pb, bt, j, k), op_b_offset(c, bv, bt, k, j)) << what << " B(" << k << "," << j << ")";
+                EXPECT_EQ(simt::offset(pa, bt, i, k), op_a_offset(c, av, bt, i, k)) << what << " A " << i << "," << k;
+                EXPECT_EQ(simt::offset(pb, bt, j, k), op_b_offset(c, bv, bt, k, j)) << what << " B " << k << "," << j;
               }
             }
         ++cases;
