@@ -7,6 +7,7 @@
 #if ULPGATE_HAVE_CUDA
 #include <cuda_runtime.h>
 
+#include "kernels/gemm/ladder.hpp"
 #include "kernels/gemm/library.hpp"
 #endif
 
@@ -63,8 +64,10 @@ Registry builtin_registry() {
   for (const auto& m : default_models()) r.add(make_emulated_gemm(m));
   for (const auto& m : default_attention_models()) r.add(make_emulated_attention(m));
 #if ULPGATE_HAVE_CUDA
-  if (cuda_device_available())
+  if (cuda_device_available()) {
     for (auto& k : make_library_kernels()) r.add(std::move(k));
+    for (auto& k : make_ladder_kernels()) r.add(std::move(k));
+  }
 #endif
   return r;
 }

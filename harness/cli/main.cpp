@@ -64,7 +64,7 @@ void list_kernels(const ulpgate::Registry& registry) {
     std::printf("  %-40s %-6s %s\n", k->name().c_str(), k->traits().memory == Memory::Host ? "host" : "device",
                 k->description().c_str());
   if (!cuda_device_available())
-    std::printf("  (cublas.* and cublaslt.* need a CUDA device; none here)\n");
+    std::printf("  (cublas.*, cublaslt.* and ladder.* need a CUDA device; none here)\n");
   std::printf("  cpu.blockfma:block=B,frac=F,round=R[,promote=N] builds any block-FMA model (B 1..512, F 1..52; promoted to FP32 every N products, N a multiple of B)\n");
 }
 
