@@ -249,9 +249,41 @@ bool gpu_fill_enabled() {
 #endif
 
 // Per-element families, softmax normalisation, modifiers and amax scaling.
+#ifdef ULPGATE_GPU_FILL
+// Whether the operand's storage is its logical elements in index order (no padding, no
+// transposition): its offset function is affine, so it is the identity when the origin and
+// each axis's unit step land where the packed row-major order puts them.
+bool stored_in_order(const Operand& o) {
+  if (o.storage != o.count()) return false;
+  std::int64_t x[kMaxDims] = {};
+  if (o.offset(x) != 0) return false;
+  for (int a = 0; a < static_cast<int>(o.dims.size()); ++a) {
+    if (o.dims[a] < 2) continue;
+    x[a] = 1;
+    const bool in_order = o.offset(x) == o.stride(a);
+    x[a] = 0;
+    if (!in_order) return false;
+  }
+  return true;
+}
+#endif
+
 Tensor fill_operand(Case& c, const Operand& o, const DistSpec& spec) {
   const Sampler sampler = resolve(spec, c, o);
   const std::uint64_t seed = c.seed;
+#ifdef ULPGATE_GPU_FILL
+  // A large operand stored in order, not normalised (softmax) nor scaled (amax) after
+  // sampling: sampled, rounded and stored on the GPU, its storage words copied straight
+  // into the tensor (encode's bits: core/format_rne.hpp).
+  if (o.count() >= detail::kGpuFillValues && sampler.kind != Kind::SoftmaxWeight && spec.family != "amax" &&
+      o.format != Format::FP64 && stored_in_order(o) && gpu_fill_enabled()) {
+    Tensor t(o.format, static_cast<std::size_t>(o.storage), Tensor::uninitialized);
+    const std::int64_t channel_stride = o.stride(o.channel_axis), channels = o.dims[o.channel_axis];
+    if (detail::gpu_sample_store(sampler, seed, o.stream, o.count(), channel_stride, channels, rne_format(o.format),
+                                 static_cast<int>(storage_bytes(o.format)), t.data()))
+      return t;
+  }
+#endif
   Values vals(static_cast<std::size_t>(o.count()));
   const std::int64_t channel_stride = o.stride(o.channel_axis), channels = o.dims[o.channel_axis];
   const std::int64_t n = o.count(), chunks = (n + kFillGrain - 1) / kFillGrain;

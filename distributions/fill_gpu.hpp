@@ -4,6 +4,7 @@
 
 #include <cstdint>
 
+#include "core/format_rne.hpp"
 #include "distributions/sampling.hpp"
 
 namespace ulpgate::detail {
@@ -18,5 +19,12 @@ bool gpu_fill_available();
 /// [0, n), computed on the GPU; false (out undefined) without a device or on a CUDA error.
 bool gpu_sample_range(const sampling::Sampler& s, std::uint64_t seed, std::uint32_t stream, std::int64_t n,
                       std::int64_t channel_stride, std::int64_t channels, double* out);
+
+/// The same values rounded to a format on the GPU (rne_storage: encode's bits) and stored
+/// as its storage words of `word_bytes` bytes each into out[0, n): a quarter to an eighth of
+/// the doubles' transfer. false (out undefined) without a device or on a CUDA error.
+bool gpu_sample_store(const sampling::Sampler& s, std::uint64_t seed, std::uint32_t stream, std::int64_t n,
+                      std::int64_t channel_stride, std::int64_t channels, const RneFormat& format, int word_bytes,
+                      void* out);
 
 }  // namespace ulpgate::detail

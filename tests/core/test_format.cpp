@@ -6,9 +6,13 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <cfloat>
+#include <random>
 
 #include "core/format.hpp"
 #include "core/format_mpfr.hpp"
+#include "core/format_rne.hpp"
+#include "core/tensor.hpp"
 
 using namespace ulpgate;
 
@@ -421,4 +425,33 @@ RC_GTEST_PROP(Format, EncodeScaledMatchesExactRounding, (std::uint64_t sig, bool
   for (Format f : kAllFormats)
     for (Rounding r : kRoundings)
       for (Overflow o : kOverflows) RC_ASSERT(encode_scaled(f, neg, sig, e, r, o) == encode_exact(f, x, r, o));
+}
+
+// The device-capable rounding (format_rne.hpp) gives encode's storage word for every format
+// below FP64: on the special values, at every exponent from far below the smallest
+// subnormal to past the overflow threshold, on ties and their neighbours, and on random bits.
+TEST(Format, RneStorageEqualsEncode) {
+  std::mt19937_64 rng(5);
+  for (const Format f : {Format::FP32, Format::TF32, Format::FP16, Format::BF16, Format::E4M3, Format::E5M2}) {
+    const RneFormat p = rne_format(f);
+    const auto& fi = info(f);
+    const auto check = [&](double x) {
+      ASSERT_EQ(rne_storage(p, x), code_to_storage(f, encode(f, x))) << name(f) << " " << hex_float(x);
+    };
+    for (double x : std::initializer_list<double>{0.0, -0.0, INFINITY, -INFINITY, NAN, -NAN, 5e-324, -5e-324, DBL_MAX, -DBL_MAX, fi.max_finite(),
+                     fi.min_subnormal(), fi.min_subnormal() / 2, fi.min_normal()})
+      check(x);
+    std::uniform_int_distribution<std::uint64_t> bits;
+    const int low = fi.emin() - fi.frac_bits - 3, high = fi.emax() + 2;
+    for (int e = low; e <= high; ++e)
+      for (int t = 0; t < 2000; ++t) {
+        // a random significand at 2^e, and one ending exactly on a tie of the format there
+        const double m = 1.0 + static_cast<double>(bits(rng) >> 12) * 0x1p-52;
+        check(std::ldexp(t % 2 ? m : -m, e));
+        const int q = std::max(e, fi.emin()) - fi.frac_bits;
+        const double tie = std::ldexp(static_cast<double>((bits(rng) >> 40) | 1) + 0.5, q);
+        check(tie), check(std::nextafter(tie, 0.0)), check(std::nextafter(tie, INFINITY));
+      }
+    for (int t = 0; t < 1000000; ++t) check(std::bit_cast<double>(bits(rng)));
+  }
 }

@@ -22,12 +22,12 @@ TEST(FillGpu, LargeOperandsEqualTheCpuFillOnEveryFamily) {
                          "exact(max=4,frac=3)", "specials(nan=0.01,inf=0.01,negzero=0.1,base=student_t(3))",
                          "outliers(rate=0.001,scale=100,base=normal(0,1))", "amax(frac=1,base=normal(0,1))"};
   int compared = 0;
-  for (const Format f : {Format::FP32, Format::FP16, Format::BF16, Format::E4M3})
+  for (const Format f : {Format::FP32, Format::FP16, Format::BF16, Format::E4M3, Format::E5M2})
     for (const char* dist : dists) {
       std::string spec = dist;
       if (f == Format::E4M3 && spec.rfind("specials", 0) == 0) spec = "specials(nan=0.01,inf=0,negzero=0.1,base=student_t(3))";
       Case gpu = gemm_case(1024, 16, 8192, f, spec, "normal(0,1)", 1, 77);
-      if (f == Format::E4M3) gpu.types["D"] = Format::FP32;
+      if (f == Format::E4M3 || f == Format::E5M2) gpu.types["D"] = Format::FP32;
       Case cpu = gpu;
       ::unsetenv("ULPGATE_FILL");
       const auto on_gpu = fill_inputs(gpu);
@@ -40,5 +40,33 @@ TEST(FillGpu, LargeOperandsEqualTheCpuFillOnEveryFamily) {
       EXPECT_EQ(gpu.scales, cpu.scales) << name(f) << " " << dist;
       ++compared;
     }
-  EXPECT_EQ(compared, 64);
+  EXPECT_EQ(compared, 80);
+}
+
+// Stored in order (packed, any transpose or layout, batches) the GPU writes the storage
+// words itself; padded it samples and the CPU stores: the same bits either way.
+TEST(FillGpu, LargeOperandsInEveryLayoutEqualTheCpuFill) {
+  if (!detail::gpu_fill_available()) GTEST_SKIP() << "no CUDA device";
+  int compared = 0;
+  for (const Format f : {Format::FP32, Format::BF16, Format::E4M3})
+    for (const bool trans_a : {false, true})
+      for (const Layout layout : {Layout::RowMajor, Layout::ColMajor})
+        for (const std::int64_t pad : {0, 3}) {
+          Case gpu = gemm_case(512, 16, 8192, f, "specials(nan=0.01,inf=0,negzero=0.1,base=student_t(3))", "", 2, 78);
+          if (f == Format::E4M3) gpu.types["D"] = Format::FP32;
+          gpu.gemm.trans_a = trans_a, gpu.gemm.layout = layout;
+          if (pad) gpu.gemm.lda = gpu.gemm.packed_ld(gpu.gemm.a_rows(), gpu.gemm.a_cols()) + pad;
+          Case cpu = gpu;
+          ::unsetenv("ULPGATE_FILL");
+          const auto on_gpu = fill_inputs(gpu);
+          ::setenv("ULPGATE_FILL", "cpu", 1);
+          const auto on_cpu = fill_inputs(cpu);
+          ::unsetenv("ULPGATE_FILL");
+          const Tensor &a = on_gpu.at("A"), &b = on_cpu.at("A");
+          ASSERT_EQ(a.size_bytes(), b.size_bytes());
+          EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size_bytes()), 0)
+              << name(f) << " trans_a " << trans_a << " layout " << static_cast<int>(layout) << " pad " << pad;
+          ++compared;
+        }
+  EXPECT_EQ(compared, 24);
 }
