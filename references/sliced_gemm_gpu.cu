@@ -173,14 +173,19 @@ void gpu_sliced_elements(const float* a, long long m, const float* b, long long 
   cudaStream_t st = cx.stream;
   out.m = m, out.n = n;
   const std::size_t mn = static_cast<std::size_t>(m * n);
-  for (auto& l : out.limb) l.resize(mn);  // written in full by the download below
+  for (auto& l : out.limb) l.resize(mn);  // written in full by the download below (or zeroed)
   out.condition.resize(mn);
   out.certified.resize(mn);
   out.a_plan.assign(static_cast<std::size_t>(m), RowPlan{});
   out.b_plan.assign(static_cast<std::size_t>(n), RowPlan{});
   out.stacked_a = out.stacked_b = 0, out.products = 0;
   out.ms_upload = out.ms_slice = out.ms_products = out.ms_combine = out.ms_download = 0;
-  if (m == 0 || n == 0 || k == 0) return;  // empty sums: nothing certified
+  if (m == 0 || n == 0 || k == 0) {  // empty sums: nothing certified
+    for (auto& l : out.limb) l.assign(mn, 0);
+    out.condition.assign(mn, 0.0);
+    out.certified.assign(mn, 0);
+    return;
+  }
 
   Event t0, t1, t2, t3;
   const long long rows = m + n, pitch = round_up(k, slicing::kPitch);
