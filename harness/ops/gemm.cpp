@@ -248,40 +248,52 @@ std::vector<double> precision_scale(const Case& c, const Inputs& inputs, const T
   return out;
 }
 
-// The calibrator's mean normalised error on the same inputs at `bits`, before any output
-// rounding (so that only its accumulation shows): mean over the sample's elements of
-// |cal_e - x_e| / c_e (arows: the sample's rows of op(A), row after row; bk: its columns of
-// op(B), bk[k * C + col]). Each element is calibration_dot's sum, term by term in order;
-// kCalibrationBlock columns at once keep that many independent sums in flight.
+// The calibrator's mean normalised error on the same inputs at each precision in `levels`,
+// before any output rounding (so that only its accumulation shows): mean over the sample's
+// elements of |cal_e - x_e| / c_e (arows: the sample's rows of op(A), row after row; bk: its
+// columns of op(B), bk[k * C + col]). Each element is calibration_dot's sum, term by term
+// in order; kCalibrationBlock columns at once keep that many independent sums in flight,
+// and the levels share the pass over the data.
 constexpr std::int64_t kCalibrationBlock = 16;
-double calibration_mean_normalised(const std::vector<double>& arows, const std::vector<double>& bk,
-                                   const PrecisionSample& sample, std::int64_t N, std::int64_t K,
-                                   const OutputComparison& cmp, int bits) {
+std::vector<double> calibration_means(const std::vector<double>& arows, const std::vector<double>& bk,
+                                      const PrecisionSample& sample, std::int64_t N, std::int64_t K,
+                                      const OutputComparison& cmp, const std::vector<int>& levels) {
   const auto R = static_cast<std::int64_t>(sample.rows.size()), C = static_cast<std::int64_t>(sample.cols.size());
-  std::vector<double> err(static_cast<std::size_t>(R * C), 0.0);
+  const auto L = levels.size();
+  std::vector<double> err(L * static_cast<std::size_t>(R * C), 0.0);  // err[l * R * C + row * C + col]
   parallel_for(R, [&](std::int64_t row) {
     const std::int64_t i = sample.rows[static_cast<std::size_t>(row)];
     const double* a = &arows[static_cast<std::size_t>(row * K)];
+    std::vector<double> acc(L * kCalibrationBlock);
     for (std::int64_t c0 = 0; c0 < C; c0 += kCalibrationBlock) {
       const std::int64_t w = std::min(kCalibrationBlock, C - c0);
-      double acc[kCalibrationBlock] = {};
+      std::fill(acc.begin(), acc.end(), 0.0);
       for (std::int64_t k = 0; k < K; ++k) {
         const double x = a[k];
         const double* y = &bk[static_cast<std::size_t>(k * C + c0)];
-        for (std::int64_t jj = 0; jj < w; ++jj) acc[jj] = round_to_bits(acc[jj] + x * y[jj], bits);
+        for (std::size_t l = 0; l < L; ++l) {
+          double* al = &acc[l * kCalibrationBlock];
+          for (std::int64_t jj = 0; jj < w; ++jj) al[jj] = round_to_bits(al[jj] + x * y[jj], levels[l]);
+        }
       }
       for (std::int64_t jj = 0; jj < w; ++jj) {
         const std::int64_t col = c0 + jj;
         const std::int64_t e = i * N + sample.cols[static_cast<std::size_t>(col)];
         const DoubleDouble x = cmp.exact[e].double_double();
         const double cond = cmp.condition[e];
-        err[row * C + col] = cond > 0 ? std::fabs((acc[jj] - x.hi) - x.lo) / cond : 0.0;
+        for (std::size_t l = 0; l < L; ++l)
+          err[l * static_cast<std::size_t>(R * C) + static_cast<std::size_t>(row * C + col)] =
+              cond > 0 ? std::fabs((acc[l * kCalibrationBlock + jj] - x.hi) - x.lo) / cond : 0.0;
       }
     }
-  }, threads_for(static_cast<double>(R) * C * K, 0x1p16));
-  double sum = 0;
-  for (double e : err) sum += e;
-  return sum / static_cast<double>(err.size());
+  }, threads_for(static_cast<double>(R) * C * K * L, 0x1p16));
+  std::vector<double> means(L, 0.0);
+  for (std::size_t l = 0; l < L; ++l) {
+    double sum = 0;
+    for (std::size_t e = 0; e < static_cast<std::size_t>(R * C); ++e) sum += err[l * static_cast<std::size_t>(R * C) + e];
+    means[l] = sum / static_cast<double>(R * C);
+  }
+  return means;
 }
 
 }  // namespace
@@ -571,11 +583,20 @@ class GemmModule final : public OpModule {
       const std::int64_t j = sample.cols[static_cast<std::size_t>(col)];
       for (std::int64_t k = 0; k < K; ++k) bk[k * C + col] = b.value(op_b_offset(c, bv, 0, k, j));
     }, threads_for(static_cast<double>(C) * K, 0x1p15));
+    std::vector<int> levels;
     for (int bits = kCalibrationBits; bits >= 12; bits -= 4) {
       if (std::ldexp(static_cast<double>(K), -bits) > 1.0 / 16) break;
-      const double cal = calibration_mean_normalised(arows, bk, sample, N, K, cmp, bits);
-      if (cal > 0) return bits + std::log2(cal / kernel_mean);
+      levels.push_back(bits);
     }
+    if (levels.empty()) return NAN;
+    // The first level usually decides; where the calibrator is exact there (narrow inputs
+    // whose products and sums fit), the other levels in one pass.
+    std::vector<double> cal = calibration_means(arows, bk, sample, N, K, cmp, {levels.front()});
+    if (cal.front() > 0) return levels.front() + std::log2(cal.front() / kernel_mean);
+    levels.erase(levels.begin());
+    cal = calibration_means(arows, bk, sample, N, K, cmp, levels);
+    for (std::size_t l = 0; l < levels.size(); ++l)
+      if (cal[l] > 0) return levels[l] + std::log2(cal[l] / kernel_mean);
     return NAN;
   }
 };
