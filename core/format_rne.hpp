@@ -9,12 +9,7 @@
 #include <cstring>
 
 #include "core/format.hpp"
-
-#if defined(__CUDACC__)
-#define ULPGATE_HD __host__ __device__ __forceinline__
-#else
-#define ULPGATE_HD inline
-#endif
+#include "core/host_device.hpp"
 
 namespace ulpgate {
 

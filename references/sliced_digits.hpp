@@ -31,13 +31,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/host_device.hpp"
 #include "core/uninitialized.hpp"
-
-#if defined(__CUDACC__)
-#define ULPGATE_HD __host__ __device__ inline
-#else
-#define ULPGATE_HD inline
-#endif
 
 namespace ulpgate::slicing {
 

@@ -8,11 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#if defined(__CUDACC__)  // as core/rng.hpp defines it
-#define ULPGATE_HD __host__ __device__ __forceinline__
-#else
-#define ULPGATE_HD inline
-#endif
+#include "core/host_device.hpp"
 
 namespace ulpgate::simt {
 

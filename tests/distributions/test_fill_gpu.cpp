@@ -13,6 +13,22 @@
 using namespace ulpgate;
 using namespace ulpgate::test;
 
+namespace {
+
+// Fills gpu's inputs where large operands may go to the GPU and cpu's with ULPGATE_FILL=cpu:
+// whether A has the same bytes both ways.
+bool same_a_both_ways(Case& gpu, Case& cpu) {
+  ::unsetenv("ULPGATE_FILL");
+  const auto on_gpu = fill_inputs(gpu);
+  ::setenv("ULPGATE_FILL", "cpu", 1);
+  const auto on_cpu = fill_inputs(cpu);
+  ::unsetenv("ULPGATE_FILL");
+  const Tensor &a = on_gpu.at("A"), &b = on_cpu.at("A");
+  return a.size_bytes() == b.size_bytes() && std::memcmp(a.data(), b.data(), a.size_bytes()) == 0;
+}
+
+}  // namespace
+
 TEST(FillGpu, LargeOperandsEqualTheCpuFillOnEveryFamily) {
   if (!detail::gpu_fill_available()) GTEST_SKIP() << "no CUDA device";
   // A is 1024 x 8192 (2^23 values: the GPU path), B 8192 x 16 (the CPU path either way).
@@ -29,14 +45,7 @@ TEST(FillGpu, LargeOperandsEqualTheCpuFillOnEveryFamily) {
       Case gpu = gemm_case(1024, 16, 8192, f, spec, "normal(0,1)", 1, 77);
       if (f == Format::E4M3 || f == Format::E5M2) gpu.types["D"] = Format::FP32;
       Case cpu = gpu;
-      ::unsetenv("ULPGATE_FILL");
-      const auto on_gpu = fill_inputs(gpu);
-      ::setenv("ULPGATE_FILL", "cpu", 1);
-      const auto on_cpu = fill_inputs(cpu);
-      ::unsetenv("ULPGATE_FILL");
-      const Tensor &a = on_gpu.at("A"), &b = on_cpu.at("A");
-      ASSERT_EQ(a.size_bytes(), b.size_bytes());
-      EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size_bytes()), 0) << name(f) << " " << dist;
+      EXPECT_TRUE(same_a_both_ways(gpu, cpu)) << name(f) << " " << dist;
       EXPECT_EQ(gpu.scales, cpu.scales) << name(f) << " " << dist;
       ++compared;
     }
@@ -57,14 +66,7 @@ TEST(FillGpu, LargeOperandsInEveryLayoutEqualTheCpuFill) {
           gpu.gemm.trans_a = trans_a, gpu.gemm.layout = layout;
           if (pad) gpu.gemm.lda = gpu.gemm.packed_ld(gpu.gemm.a_rows(), gpu.gemm.a_cols()) + pad;
           Case cpu = gpu;
-          ::unsetenv("ULPGATE_FILL");
-          const auto on_gpu = fill_inputs(gpu);
-          ::setenv("ULPGATE_FILL", "cpu", 1);
-          const auto on_cpu = fill_inputs(cpu);
-          ::unsetenv("ULPGATE_FILL");
-          const Tensor &a = on_gpu.at("A"), &b = on_cpu.at("A");
-          ASSERT_EQ(a.size_bytes(), b.size_bytes());
-          EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size_bytes()), 0)
+          EXPECT_TRUE(same_a_both_ways(gpu, cpu))
               << name(f) << " trans_a " << trans_a << " layout " << static_cast<int>(layout) << " pad " << pad;
           ++compared;
         }
