@@ -1,5 +1,11 @@
 #include "core/tensor.hpp"
 
+#include <array>
+#include <bit>
+#include <cmath>
+#include <mutex>
+#include <stdexcept>
+
 namespace ulpgate {
 
 std::size_t storage_bytes(Format f) {
@@ -42,6 +48,54 @@ void store_code(Format f, void* base, std::int64_t index, Code c) {
     case 4: { const auto w = static_cast<std::uint32_t>(word); std::memcpy(p + index * 4, &w, 4); break; }
     case 2: { const auto w = static_cast<std::uint16_t>(word); std::memcpy(p + index * 2, &w, 2); break; }
     default: p[index] = static_cast<std::byte>(word);
+  }
+}
+
+namespace {
+// float(decode(f, code)) for every code of a format of 2^bits codes, made once.
+template <int Bits>
+const std::array<float, (1u << Bits)>& float_table(Format f) {
+  static std::array<std::array<float, (1u << Bits)>, 8> tables;
+  static std::array<std::once_flag, 8> made;
+  const auto i = static_cast<std::size_t>(f);
+  std::call_once(made.at(i), [&] {
+    for (std::uint32_t c = 0; c < (1u << Bits); ++c) tables[i][c] = static_cast<float>(decode(f, c));
+  });
+  return tables[i];
+}
+}  // namespace
+
+void decode_floats(Format f, const void* base, std::int64_t first, std::int64_t step, std::int64_t count, float* out) {
+  const auto* p = static_cast<const std::byte*>(base);
+  switch (f) {
+    case Format::FP64: throw std::logic_error("decode_floats: FP64 values are not all floats");
+    case Format::FP32:
+    case Format::TF32: {
+      const std::uint32_t mask = f == Format::TF32 ? ~std::uint32_t{0x1FFF} : ~std::uint32_t{0};
+      for (std::int64_t i = 0; i < count; ++i) {
+        std::uint32_t w;
+        std::memcpy(&w, p + (first + i * step) * 4, 4);
+        const float v = std::bit_cast<float>(w & mask);
+        out[i] = std::isnan(v) ? (std::signbit(v) ? -NAN : NAN) : v;
+      }
+      return;
+    }
+    case Format::FP16:
+    case Format::BF16: {
+      const auto& table = float_table<16>(f);
+      for (std::int64_t i = 0; i < count; ++i) {
+        std::uint16_t w;
+        std::memcpy(&w, p + (first + i * step) * 2, 2);
+        out[i] = table[w];
+      }
+      return;
+    }
+    case Format::E4M3:
+    case Format::E5M2: {
+      const auto& table = float_table<8>(f);
+      for (std::int64_t i = 0; i < count; ++i) out[i] = table[static_cast<std::uint8_t>(p[first + i * step])];
+      return;
+    }
   }
 }
 

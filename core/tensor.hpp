@@ -27,6 +27,13 @@ Code storage_to_code(Format f, std::uint64_t word);
 Code load_code(Format f, const void* base, std::int64_t index);
 void store_code(Format f, void* base, std::int64_t index, Code c);
 
+/// out[i] = float(decode(f, element first + i x step)) for i in [0, count): the exact values
+/// of a strided run of storage words as floats, for every format but FP64 (whose values
+/// are not all floats). Table-driven for FP16, BF16 and FP8, bit copies for FP32 and TF32
+/// (a NaN as decode gives it: the canonical one of its sign), so several times faster than
+/// an element at a time through Tensor::value.
+void decode_floats(Format f, const void* base, std::int64_t first, std::int64_t step, std::int64_t count, float* out);
+
 class Tensor {
  public:
   /// Tensor(f, n, Tensor::uninitialized): storage the caller writes in full.

@@ -5,6 +5,8 @@
 #include <cmath>
 #include <cstdlib>
 #include <functional>
+#include <numeric>
+#include <optional>
 #include <string_view>
 #include <vector>
 
@@ -250,21 +252,32 @@ bool gpu_fill_enabled() {
 
 // Per-element families, softmax normalisation, modifiers and amax scaling.
 #ifdef ULPGATE_GPU_FILL
-// Whether the operand's storage is its logical elements in index order (no padding, no
-// transposition): its offset function is affine, so it is the identity when the origin and
-// each axis's unit step land where the packed row-major order puts them.
-bool stored_in_order(const Operand& o) {
-  if (o.storage != o.count()) return false;
+// Where a packed operand (no padding) keeps its logical elements, if its axes are laid out
+// one inside the other in some order (any transpose or layout of a GEMM or attention
+// operand): each axis's storage step is the offset of its unit vector (the offset function
+// is affine), and sorted by step, each step is the extent below it.
+std::optional<detail::StorageOrder> storage_order(const Operand& o) {
+  if (o.storage != o.count() || o.dims.size() > detail::StorageOrder::kMaxAxes) return std::nullopt;
   std::int64_t x[kMaxDims] = {};
-  if (o.offset(x) != 0) return false;
+  if (o.offset(x) != 0) return std::nullopt;
+  detail::StorageOrder order;
   for (int a = 0; a < static_cast<int>(o.dims.size()); ++a) {
     if (o.dims[a] < 2) continue;
     x[a] = 1;
-    const bool in_order = o.offset(x) == o.stride(a);
+    const int i = order.axes++;
+    order.storage_stride[i] = o.offset(x), order.dim[i] = o.dims[a], order.logical_stride[i] = o.stride(a);
     x[a] = 0;
-    if (!in_order) return false;
   }
-  return true;
+  std::vector<int> by_step(static_cast<std::size_t>(order.axes));
+  std::iota(by_step.begin(), by_step.end(), 0);
+  std::sort(by_step.begin(), by_step.end(), [&](int a, int b) { return order.storage_stride[a] < order.storage_stride[b]; });
+  std::int64_t below = 1;
+  for (const int a : by_step) {
+    if (order.storage_stride[a] != below) return std::nullopt;
+    below *= order.dim[a];
+  }
+  if (order.axes == 0) order.axes = 1, order.storage_stride[0] = 1, order.dim[0] = 1, order.logical_stride[0] = 1;
+  return order;
 }
 #endif
 
@@ -272,16 +285,18 @@ Tensor fill_operand(Case& c, const Operand& o, const DistSpec& spec) {
   const Sampler sampler = resolve(spec, c, o);
   const std::uint64_t seed = c.seed;
 #ifdef ULPGATE_GPU_FILL
-  // A large operand stored in order, not normalised (softmax) nor scaled (amax) after
-  // sampling: sampled, rounded and stored on the GPU, its storage words copied straight
-  // into the tensor (encode's bits: core/format_rne.hpp).
+  // A large packed operand (any axis order), not normalised (softmax) nor scaled (amax)
+  // after sampling: sampled, rounded and stored on the GPU, its storage words copied
+  // straight into the tensor (encode's bits: core/format_rne.hpp).
   if (o.count() >= detail::kGpuFillValues && sampler.kind != Kind::SoftmaxWeight && spec.family != "amax" &&
-      o.format != Format::FP64 && stored_in_order(o) && gpu_fill_enabled()) {
-    Tensor t(o.format, static_cast<std::size_t>(o.storage), Tensor::uninitialized);
-    const std::int64_t channel_stride = o.stride(o.channel_axis), channels = o.dims[o.channel_axis];
-    if (detail::gpu_sample_store(sampler, seed, o.stream, o.count(), channel_stride, channels, rne_format(o.format),
-                                 static_cast<int>(storage_bytes(o.format)), t.data()))
-      return t;
+      o.format != Format::FP64 && gpu_fill_enabled()) {
+    if (const auto order = storage_order(o)) {
+      Tensor t(o.format, static_cast<std::size_t>(o.storage), Tensor::uninitialized);
+      const std::int64_t channel_stride = o.stride(o.channel_axis), channels = o.dims[o.channel_axis];
+      if (detail::gpu_sample_store(sampler, seed, o.stream, o.count(), channel_stride, channels, *order,
+                                   rne_format(o.format), static_cast<int>(storage_bytes(o.format)), t.data()))
+        return t;
+    }
   }
 #endif
   Values vals(static_cast<std::size_t>(o.count()));

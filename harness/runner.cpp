@@ -162,11 +162,8 @@ RunOutcome run_poisoned(Kernel& k, const Case& c, const std::map<std::string, Te
       k.run(c, io, out.notes);
       device_synchronize(stream);
       for (auto& [op, t] : out.outputs) to_host(t, dout.at(op), stream);
-      for (const auto& [op, t] : inputs) {
-        Tensor back(t.format(), t.size());
-        to_host(back, din.at(op), stream);
-        if (t.size_bytes() && std::memcmp(back.data(), t.data(), t.size_bytes()) != 0) out.inputs_modified.push_back(op);
-      }
+      for (const auto& [op, t] : inputs)
+        if (!equals_host(din.at(op), t, stream)) out.inputs_modified.push_back(op);
     }
   } catch (const KernelUnsupported& e) {
     out.status = Disposition::NotSupported;

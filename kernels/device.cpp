@@ -10,6 +10,7 @@
 #if ULPGATE_HAVE_CUDA
 #include <dlfcn.h>
 
+#include "core/staged_copy.hpp"
 #include "kernels/cuda_check.hpp"
 #endif
 
@@ -107,13 +108,20 @@ void wait_quietly(void* stream) noexcept { cudaStreamSynchronize(static_cast<cud
 
 DeviceBuffer to_device(const Tensor& t, void* stream) {
   DeviceBuffer d(t.size_bytes(), stream);
-  copy_to_device(d.get(), t.data(), t.size_bytes(), stream);
+  ULPGATE_CHECK(staged_upload(d.get(), t.data(), t.size_bytes(), static_cast<cudaStream_t>(stream)));
   return d;
 }
 
 void to_host(Tensor& t, const DeviceBuffer& d, void* stream) {
   if (t.size_bytes() != d.size()) throw KernelError("to_host: size mismatch");
-  copy_to_host(t.data(), d.get(), d.size(), stream);
+  ULPGATE_CHECK(staged_download(t.data(), d.get(), d.size(), static_cast<cudaStream_t>(stream)));
+}
+
+bool equals_host(const DeviceBuffer& d, const Tensor& t, void* stream) {
+  if (t.size_bytes() != d.size()) return false;
+  bool equal = true;
+  ULPGATE_CHECK(staged_equal(d.get(), t.data(), d.size(), static_cast<cudaStream_t>(stream), equal));
+  return equal;
 }
 
 void device_synchronize(void* stream) {
@@ -246,6 +254,7 @@ void copy_to_host(void*, const void*, std::size_t, void*) { no_cuda(); }
 void wait_quietly(void*) noexcept {}
 DeviceBuffer to_device(const Tensor&, void*) { no_cuda(); }
 void to_host(Tensor&, const DeviceBuffer&, void*) { no_cuda(); }
+bool equals_host(const DeviceBuffer&, const Tensor&, void*) { no_cuda(); }
 void device_synchronize(void*) { no_cuda(); }
 std::string device_description() { return "built without CUDA"; }
 DeviceInfo device_info() {

@@ -52,11 +52,14 @@ void copy_to_host(void* dst, const void* src, std::size_t bytes, void* stream);
 void wait_quietly(void* stream) noexcept;
 
 /// A device copy of a host tensor (stream: nullptr, or the stream every later use of the
-/// buffer is ordered on).
+/// buffer is ordered on); large ones through page-locked chunks (core/staged_copy.hpp).
+/// Returns once the copy is done.
 DeviceBuffer to_device(const Tensor& t, void* stream = nullptr);
 /// Copies a device buffer back into a host tensor of the same size; returns once the
 /// copy (and the stream's work before it) is done.
 void to_host(Tensor& t, const DeviceBuffer& d, void* stream = nullptr);
+/// Whether a device buffer holds exactly a host tensor's bytes (no host copy made).
+bool equals_host(const DeviceBuffer& d, const Tensor& t, void* stream = nullptr);
 /// Waits for the device (stream nullptr) or for one stream, and throws KernelError if a
 /// kernel failed (e.g. illegal address).
 void device_synchronize(void* stream = nullptr);

@@ -297,12 +297,16 @@ GemmReference gemm_reference(const Case& c, const std::map<std::string, Tensor>&
     const bool is_a = row < g.batch * g.m;
     const std::int64_t r2 = is_a ? row : row - g.batch * g.m;
     const std::int64_t bi = is_a ? r2 / g.m : r2 / g.n, i = is_a ? r2 % g.m : r2 % g.n;
-    for (std::int64_t kk = 0; kk < k; ++kk) {
-      const double v = is_a ? a.value(op_a_offset(c, av, bi, i, kk)) : b.value(op_b_offset(c, bv, bi, kk, i));
-      const auto at = static_cast<std::size_t>(r2 * k + kk);
-      if (fast) (is_a ? a_rows : b_cols)[at] = static_cast<float>(v);
-      else (is_a ? a_rows64 : b_cols64)[at] = v;
+    if (fast) {  // a strided run of storage words (offsets are affine in kk)
+      const auto at = [&](std::int64_t kk) { return is_a ? op_a_offset(c, av, bi, i, kk) : op_b_offset(c, bv, bi, kk, i); };
+      const std::int64_t first = k > 0 ? at(0) : 0, step = k > 1 ? at(1) - first : 1;
+      const Tensor& t = is_a ? a : b;
+      decode_floats(t.format(), t.data(), first, step, k, (is_a ? a_rows : b_cols).data() + r2 * k);
+      return;
     }
+    for (std::int64_t kk = 0; kk < k; ++kk)
+      (is_a ? a_rows64 : b_cols64)[static_cast<std::size_t>(r2 * k + kk)] =
+          is_a ? a.value(op_a_offset(c, av, bi, i, kk)) : b.value(op_b_offset(c, bv, bi, kk, i));
   }, threads);
 
   // The sliced path: every batch's dot products from the digits (certified, or recomputed

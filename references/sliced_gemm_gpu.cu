@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "core/staged_copy.hpp"
 #include "references/sliced_digits.hpp"
 
 namespace ulpgate {
@@ -191,8 +192,8 @@ void gpu_sliced_elements(const float* a, long long m, const float* b, long long 
   const long long rows = m + n, pitch = round_up(k, slicing::kPitch);
   SLICED_CHECK(cudaEventRecord(t0.e, st));
   std::uint32_t* bits = cx.bits.get<std::uint32_t>(static_cast<std::size_t>(rows * k));
-  SLICED_CHECK(cudaMemcpyAsync(bits, a, static_cast<std::size_t>(m * k) * 4, cudaMemcpyHostToDevice, st));
-  SLICED_CHECK(cudaMemcpyAsync(bits + m * k, b, static_cast<std::size_t>(n * k) * 4, cudaMemcpyHostToDevice, st));
+  SLICED_CHECK(staged_upload(bits, a, static_cast<std::size_t>(m * k) * 4, st));
+  SLICED_CHECK(staged_upload(bits + m * k, b, static_cast<std::size_t>(n * k) * 4, st));
   SLICED_CHECK(cudaEventRecord(t1.e, st));
 
   // Slicing: plans, stacked offsets (on the host: the sizes of the GEMMs), digits.
@@ -290,10 +291,9 @@ void gpu_sliced_elements(const float* a, long long m, const float* b, long long 
     j0 = j1;
   }
   SLICED_CHECK(cudaEventRecord(t3.e, st));
-  for (int l = 0; l < 3; ++l)
-    SLICED_CHECK(cudaMemcpyAsync(out.limb[l].data(), limb[l], mn * sizeof(std::uint64_t), cudaMemcpyDeviceToHost, st));
-  SLICED_CHECK(cudaMemcpyAsync(out.condition.data(), cond, mn * sizeof(double), cudaMemcpyDeviceToHost, st));
-  SLICED_CHECK(cudaMemcpyAsync(out.certified.data(), cert, mn, cudaMemcpyDeviceToHost, st));
+  for (int l = 0; l < 3; ++l) SLICED_CHECK(staged_download(out.limb[l].data(), limb[l], mn * sizeof(std::uint64_t), st));
+  SLICED_CHECK(staged_download(out.condition.data(), cond, mn * sizeof(double), st));
+  SLICED_CHECK(staged_download(out.certified.data(), cert, mn, st));
   Event t4;
   SLICED_CHECK(cudaEventRecord(t4.e, st));
   SLICED_CHECK(cudaStreamSynchronize(st));

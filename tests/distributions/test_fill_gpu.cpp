@@ -16,15 +16,19 @@ using namespace ulpgate::test;
 namespace {
 
 // Fills gpu's inputs where large operands may go to the GPU and cpu's with ULPGATE_FILL=cpu:
-// whether A has the same bytes both ways.
-bool same_a_both_ways(Case& gpu, Case& cpu) {
+// whether every input has the same bytes both ways.
+bool same_inputs_both_ways(Case& gpu, Case& cpu) {
   ::unsetenv("ULPGATE_FILL");
   const auto on_gpu = fill_inputs(gpu);
   ::setenv("ULPGATE_FILL", "cpu", 1);
   const auto on_cpu = fill_inputs(cpu);
   ::unsetenv("ULPGATE_FILL");
-  const Tensor &a = on_gpu.at("A"), &b = on_cpu.at("A");
-  return a.size_bytes() == b.size_bytes() && std::memcmp(a.data(), b.data(), a.size_bytes()) == 0;
+  if (on_gpu.size() != on_cpu.size()) return false;
+  for (const auto& [op, a] : on_gpu) {
+    const Tensor& b = on_cpu.at(op);
+    if (a.size_bytes() != b.size_bytes() || std::memcmp(a.data(), b.data(), a.size_bytes()) != 0) return false;
+  }
+  return true;
 }
 
 }  // namespace
@@ -45,7 +49,7 @@ TEST(FillGpu, LargeOperandsEqualTheCpuFillOnEveryFamily) {
       Case gpu = gemm_case(1024, 16, 8192, f, spec, "normal(0,1)", 1, 77);
       if (f == Format::E4M3 || f == Format::E5M2) gpu.types["D"] = Format::FP32;
       Case cpu = gpu;
-      EXPECT_TRUE(same_a_both_ways(gpu, cpu)) << name(f) << " " << dist;
+      EXPECT_TRUE(same_inputs_both_ways(gpu, cpu)) << name(f) << " " << dist;
       EXPECT_EQ(gpu.scales, cpu.scales) << name(f) << " " << dist;
       ++compared;
     }
@@ -66,9 +70,36 @@ TEST(FillGpu, LargeOperandsInEveryLayoutEqualTheCpuFill) {
           gpu.gemm.trans_a = trans_a, gpu.gemm.layout = layout;
           if (pad) gpu.gemm.lda = gpu.gemm.packed_ld(gpu.gemm.a_rows(), gpu.gemm.a_cols()) + pad;
           Case cpu = gpu;
-          EXPECT_TRUE(same_a_both_ways(gpu, cpu))
+          EXPECT_TRUE(same_inputs_both_ways(gpu, cpu))
               << name(f) << " trans_a " << trans_a << " layout " << static_cast<int>(layout) << " pad " << pad;
           ++compared;
         }
   EXPECT_EQ(compared, 24);
+}
+
+// Operands of several staging chunks (2^24 values each) and a tail: every chunk goes
+// through the page-locked pair in turn, in every word size; B stored transposed (K
+// fastest) is sampled in storage order on the GPU too.
+TEST(FillGpu, OperandsOfManyChunksInAnyAxisOrderEqualTheCpuFill) {
+  if (!detail::gpu_fill_available()) GTEST_SKIP() << "no CUDA device";
+  for (const Format f : {Format::FP32, Format::BF16, Format::E5M2})
+    for (const bool trans_b : {false, true}) {
+      // A: 2^26 + 3 x 2^14 values; B: 16384 x 1029
+      Case gpu = gemm_case(4099, 1029, 16384, f, "student_t(3,0.5)", "uniform(-2,3)", 1, 79);
+      if (f == Format::E5M2) gpu.types["D"] = Format::FP32;
+      gpu.gemm.trans_b = trans_b;
+      Case cpu = gpu;
+      EXPECT_TRUE(same_inputs_both_ways(gpu, cpu)) << name(f) << " trans_b " << trans_b;
+    }
+}
+
+// Attention operands in both layouts (BSHD puts the head axis inside the sequence axis).
+TEST(FillGpu, AttentionOperandsInBothLayoutsEqualTheCpuFill) {
+  if (!detail::gpu_fill_available()) GTEST_SKIP() << "no CUDA device";
+  for (const AttentionLayout layout : {AttentionLayout::BHSD, AttentionLayout::BSHD}) {
+    Case gpu = attention_case(2, 3, 8, 16411, 128, Format::FP16, "normal(0,2)", 80);  // K, V: 2^23 + 4224 values
+    gpu.attention.layout = layout;
+    Case cpu = gpu;
+    EXPECT_TRUE(same_inputs_both_ways(gpu, cpu)) << static_cast<int>(layout);
+  }
 }
