@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <map>
 #include <optional>
 #include <stdexcept>
 #include <vector>
@@ -13,6 +14,9 @@
 #include "core/rng.hpp"
 #include "harness/runner.hpp"
 #include "kernels/emulated/gemm_models.hpp"
+#if ULPGATE_HAVE_CUDA
+#include "kernels/probe/mma_unit.hpp"
+#endif
 
 namespace ulpgate {
 namespace {
@@ -138,6 +142,118 @@ ProbeDot kernel_unit(Kernel& kernel, Format input, std::int64_t mn) {
     const auto d00 = static_cast<std::size_t>(gemm_view(c, "D").offset(0, 0, 0));
     return static_cast<float>(decode(Format::FP32, out.outputs.at("D").code(d00)));
   };
+}
+
+std::pair<ProbeDot, ProbeBatch> mma_unit(const std::string& instruction) {
+#if ULPGATE_HAVE_CUDA
+  const MmaInstruction* inst = find_mma_instruction(instruction);
+  if (!inst) {
+    std::string names;
+    for (const MmaInstruction& i : mma_instructions()) names += (names.empty() ? "" : ", ") + i.name;
+    throw InputError(fmt::format("unknown instruction '{}' ({})", instruction, names));
+  }
+  if (!mma_available()) throw InputError(fmt::format("instruction '{}': no CUDA device of compute capability 8.9 or more here", instruction));
+  // TF32 operands go as FP32 words (the instruction reads the top 19 bits).
+  const Format stored = inst->input == Format::TF32 ? Format::FP32 : inst->input;
+  const auto word = [stored](double v) { return static_cast<std::uint32_t>(code_to_storage(stored, encode(stored, v))); };
+  ProbeBatch batch;
+  batch.input = inst->input;
+  batch.step = inst->k;
+  batch.run = [inst, word](const std::vector<double>& a, const std::vector<double>& b, std::int64_t dots, std::int64_t k) {
+    std::vector<std::uint32_t> wa(a.size()), wb(b.size());
+    for (std::size_t i = 0; i < a.size(); ++i) wa[i] = word(a[i]), wb[i] = word(b[i]);
+    return mma_dots(*inst, wa, wb, dots, k);
+  };
+  ProbeDot dot = [inst, batch](std::span<const double> p) {
+    const std::size_t k = (p.size() + inst->k - 1) / inst->k * inst->k;
+    std::vector<double> a(std::max<std::size_t>(k, inst->k), 0.0), b(a.size(), 0.0);
+    for (std::size_t i = 0; i < p.size(); ++i) {
+      const auto ab = split_product(p[i], inst->input);
+      if (!ab) throw std::logic_error(fmt::format("probe: {:a} is not a product of two normal {} values", p[i], name(inst->input)));
+      a[i] = ab->first, b[i] = ab->second;
+    }
+    return batch.run(a, b, 1, static_cast<std::int64_t>(a.size())).front();
+  };
+  return {dot, batch};
+#else
+  throw InputError(fmt::format("instruction '{}': this build has no CUDA", instruction));
+#endif
+}
+
+BatchValidation validate_batched(const ProbedAccumulation& p, const ProbeBatch& unit, Format input, std::int64_t dots,
+                                 std::uint64_t seed) {
+  if ((!p.frac && p.frac_at_least < 48) || !p.rounding)
+    throw std::logic_error("validate_batched: the probed model is not fully known");
+  AccumulationModel m;
+  m.order = AccumulationModel::Order::BlockFma, m.block = p.block, m.frac_bits = p.frac.value_or(52);
+  m.rounding = *p.rounding, m.promote = p.promote;
+  const FormatInfo& fi = info(input);
+  const std::int64_t span = std::max<std::int64_t>(8 * p.block, 3 * p.promote) + 7;
+  const std::int64_t step = std::max(1, unit.step);
+  // A value of the input format: a sign, an exponent in [-4, 4] and random fraction bits
+  // (rounded to the format), or (subnormal class, one in four) a random subnormal.
+  const auto draw = [&](const RandomBlock& r, bool subnormal) {
+    double v;
+    if (subnormal && r.w[3] % 4 == 0 && fi.frac_bits > 0)
+      v = std::ldexp(static_cast<double>(1 + r.w[2] % ((1u << std::min(fi.frac_bits, 23)) - 1)), fi.emin() - fi.frac_bits);
+    else
+      v = decode(input, encode(input, std::ldexp(1.0 + static_cast<double>(r.w[0] >> 9) * 0x1p-23, static_cast<int>(r.w[1] % 9) - 4)));
+    return (r.w[1] >> 16) & 1 ? -v : v;
+  };
+  BatchValidation out;
+  constexpr std::int64_t kBatch = 1 << 15;
+  for (std::int64_t first = 0; first < dots; first += kBatch) {
+    // This batch's dots grouped by padded length (one launch each).
+    std::map<std::int64_t, std::vector<std::int64_t>> by_k;
+    for (std::int64_t d = first; d < std::min(dots, first + kBatch); ++d) {
+      const std::uint32_t w = random_block(seed, 20, static_cast<std::uint64_t>(d)).w[0];
+      const std::int64_t k = 1 + static_cast<std::int64_t>(w % static_cast<std::uint64_t>(span));
+      by_k[(k + step - 1) / step * step].push_back(d);
+    }
+    for (const auto& [kp, ids] : by_k) {
+      const auto n = static_cast<std::int64_t>(ids.size());
+      std::vector<double> a(static_cast<std::size_t>(n * kp), 0.0), b(a.size(), 0.0);
+      std::vector<int> cls(ids.size());
+      for (std::int64_t j = 0; j < n; ++j) {
+        const std::int64_t d = ids[static_cast<std::size_t>(j)];
+        const RandomBlock head = random_block(seed, 20, static_cast<std::uint64_t>(d));
+        const std::int64_t k = 1 + static_cast<std::int64_t>(head.w[0] % static_cast<std::uint64_t>(span));
+        const int c = static_cast<int>(head.w[1] % 3);  // 0 normal, 1 cancelling, 2 subnormal
+        cls[static_cast<std::size_t>(j)] = c;
+        double* x = a.data() + j * kp;
+        double* y = b.data() + j * kp;
+        const std::int64_t half = k / 2;
+        for (std::int64_t q = 0; q < k; ++q) {
+          const RandomBlock r = random_block(seed, 21, (static_cast<std::uint64_t>(d) << 20) + static_cast<std::uint64_t>(q));
+          if (c == 1 && q >= half && q - half < half) {  // cancel product q - half, one factor off by an ulp or not
+            x[q] = -x[q - half];
+            const double base = y[q - half];
+            y[q] = r.w[0] % 2 ? base : decode(input, r.w[0] % 4 == 1 ? next_up(input, encode(input, base)) : next_down(input, encode(input, base)));
+            continue;
+          }
+          x[q] = draw(r, c == 2);
+          const RandomBlock r2 = random_block(seed, 22, (static_cast<std::uint64_t>(d) << 20) + static_cast<std::uint64_t>(q));
+          y[q] = draw(r2, c == 2);
+        }
+      }
+      const std::vector<float> got = unit.run(a, b, n, kp);
+      for (std::int64_t j = 0; j < n; ++j) {
+        const float want = model_dot(m, a.data() + j * kp, b.data() + j * kp, kp);
+        if (std::bit_cast<std::uint32_t>(want) != std::bit_cast<std::uint32_t>(got[static_cast<std::size_t>(j)])) {
+          std::string terms;
+          for (std::int64_t q = 0; q < std::min<std::int64_t>(kp, 8); ++q)
+            terms += fmt::format("{}{:a} x {:a}", q ? ", " : "", a[static_cast<std::size_t>(j * kp + q)], b[static_cast<std::size_t>(j * kp + q)]);
+          throw std::runtime_error(fmt::format("the inferred {} gives {:a} where the unit gives {:a} (random dot product {} "
+                                               "of {} products, {} class: {}{})",
+                                               m.name(), want, got[static_cast<std::size_t>(j)], ids[static_cast<std::size_t>(j)], kp,
+                                               cls[static_cast<std::size_t>(j)] == 0 ? "normal" : cls[static_cast<std::size_t>(j)] == 1 ? "cancelling" : "subnormal",
+                                               terms, kp > 8 ? ", ..." : ""));
+        }
+        (cls[static_cast<std::size_t>(j)] == 0 ? out.normal : cls[static_cast<std::size_t>(j)] == 1 ? out.cancelling : out.subnormal)++;
+      }
+    }
+  }
+  return out;
 }
 
 ProbedAccumulation probe_accumulation(const ProbeDot& dot, int max_block, int max_promote, int validate, Format input) {

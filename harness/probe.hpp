@@ -38,6 +38,7 @@
 #include <span>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "core/format.hpp"
 #include "kernels/kernel.hpp"
@@ -81,6 +82,36 @@ std::optional<std::pair<double, double>> split_product(double p, Format input);
 /// process (harness/runner.hpp). Throws InputError when the kernel takes no such case,
 /// std::runtime_error when a run fails, std::logic_error for a product the format cannot make.
 ProbeDot kernel_unit(Kernel& kernel, Format input = Format::FP32, std::int64_t mn = 1);
+
+/// A unit that takes many dot products at once, each given by its factors (exact values of
+/// the unit's input format): a[d k + i] x b[d k + i] for dot d in [0, dots); K a multiple
+/// of `step` (the unit's own k: an instruction's; the caller pads with zero factors).
+struct ProbeBatch {
+  Format input = Format::FP32;  ///< the format of the factors
+  int step = 1;
+  std::function<std::vector<float>(const std::vector<double>& a, const std::vector<double>& b, std::int64_t dots,
+                                   std::int64_t k)>
+      run;
+};
+
+/// A tensor-core instruction (kernels/probe/mma_unit.hpp) as a unit: one dot product at a
+/// time (its products split by split_product, zero padded to the instruction's k) and in
+/// batches. Throws InputError for an unknown instruction name.
+std::pair<ProbeDot, ProbeBatch> mma_unit(const std::string& instruction);
+
+/// Random dot products checked against the probed model bit for bit, by class.
+struct BatchValidation {
+  std::int64_t normal = 0;       ///< normal inputs of both signs, exponents in [-4, 4]
+  std::int64_t cancelling = 0;   ///< the second half the first half negated, one factor perturbed
+  std::int64_t subnormal = 0;    ///< a quarter of the inputs subnormal in the input format
+  std::int64_t total() const { return normal + cancelling + subnormal; }
+};
+/// `dots` random dot products of K up to max(8 block, 3 promote) + 7 (rounded up to the
+/// unit's step, zero factors appended for both) through `unit` and the block-FMA model of
+/// `p` (which must be fully known: frac or at least 48 bits, and the rounding). Throws
+/// std::runtime_error naming the first dot product on which they differ.
+BatchValidation validate_batched(const ProbedAccumulation& p, const ProbeBatch& unit, Format input, std::int64_t dots,
+                                 std::uint64_t seed = 1);
 
 /// Runs the experiments above on `dot`, trying blocks up to max_block and promotion
 /// lengths up to max_promote, and validates the result on `validate` random dot products.

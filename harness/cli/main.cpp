@@ -25,7 +25,9 @@
 #include "harness/cli/commands.hpp"
 #include "harness/cli/memory.hpp"
 #include "harness/cli/options.hpp"
+#include "core/file_io.hpp"
 #include "kernels/device.hpp"
+#include "kernels/emulated/gemm_models.hpp"
 #include "kernels/kernel.hpp"
 #include "kernels/plugin/loader.hpp"
 #include "reports/report.hpp"
@@ -209,7 +211,17 @@ int main(int argc, char** argv) {
   auto* probe = app.add_subcommand(
       "probe", "How each GEMM kernel accumulates FP32 dot products (block size, fraction bits after alignment, "
                "rounding, promotion), from known-answer M x N x K cases (D[0][0] the dot product) run in this process");
-  probe->add_option("--kernel", probe_kernels, "Kernel to probe (repeatable)")->required();
+  probe->add_option("--kernel", probe_kernels, "Kernel to probe (repeatable)");
+  std::vector<std::string> probe_instructions;
+  probe->add_option("--instruction", probe_instructions,
+                    "Tensor-core instruction to probe (repeatable): mma.f16, mma.bf16, mma.tf32, mma.e4m3, mma.e5m2 "
+                    "(a chain of mma.sync with FP32 accumulation on the device)");
+  std::int64_t probe_validate = -1;
+  probe->add_option("--validate", probe_validate, "Random dot products the inferred model must reproduce bit for bit "
+                                                  "(default 1000 for kernels, 1000000 for instructions)")
+      ->check(CLI::Range(std::int64_t{0}, std::int64_t{1} << 32));
+  std::string probe_json;
+  probe->add_option("--json", probe_json, "Write the probed models here (one object per unit)");
   probe->add_option("--max-block", probe_max_block, "Largest block size tried (default 512)")->check(CLI::Range(2, 65536));
   probe->add_option("--max-promote", probe_max_promote, "Largest promotion length tried (default 4096)")
       ->check(CLI::Range(1, 1 << 20));
@@ -302,8 +314,55 @@ int main(int argc, char** argv) {
       return kExitOk;
     }
     if (probe->parsed()) {  // a model mismatch is a finding (exit 1); a bad kernel or case, exit 2
+      if (probe_kernels.empty() && probe_instructions.empty())
+        throw ulpgate::InputError("probe: give at least one --kernel or --instruction");
       ulpgate::Registry registry = local();
       int rc = kExitOk;
+      nlohmann::json models = nlohmann::json::array();
+      const auto record = [&](const std::string& unit, const std::string& dtype, const ulpgate::ProbedAccumulation& p,
+                              const std::string& problem) {
+        nlohmann::json j{{"unit", unit}, {"input", dtype}};
+        if (problem.empty()) {
+          j["block"] = p.block;
+          if (p.frac) j["frac_bits"] = *p.frac;
+          else j["frac_bits_at_least"] = p.frac_at_least;
+          j["rounding"] = p.rounding ? std::string(ulpgate::name(*p.rounding)) : std::string("not observable");
+          j["promote"] = p.promote;
+          j["validated"] = p.validated;
+          j["summary"] = p.describe();
+          if ((p.frac || p.frac_at_least >= 48) && p.rounding) {
+            ulpgate::AccumulationModel m;
+            m.order = ulpgate::AccumulationModel::Order::BlockFma, m.block = p.block, m.frac_bits = p.frac.value_or(52);
+            m.rounding = *p.rounding, m.promote = p.promote;
+            j["model"] = m.name();
+          }
+        } else {
+          j["problem"] = problem;
+        }
+        models.push_back(std::move(j));
+      };
+      for (const std::string& inst : probe_instructions) {
+        const auto [dot, batch] = ulpgate::mma_unit(inst);  // unknown name or no device: exit 2
+        const ulpgate::Format input = batch.input;
+        const std::string dtype(ulpgate::name(input));
+        try {
+          ulpgate::ProbedAccumulation p = ulpgate::probe_accumulation(dot, probe_max_block, probe_max_promote, 0, input);
+          const std::int64_t n = probe_validate < 0 ? 1000000 : probe_validate;
+          std::string counts;
+          if (n > 0 && (p.frac || p.frac_at_least >= 48) && p.rounding) {
+            const ulpgate::BatchValidation v = ulpgate::validate_batched(p, batch, input, n);
+            p.validated = static_cast<int>(std::min<std::int64_t>(v.total(), INT32_MAX));
+            counts = fmt::format(" ({} normal, {} cancelling, {} with subnormal inputs)", v.normal, v.cancelling, v.subnormal);
+          }
+          std::printf("%s (%s inputs): %s%s\n", inst.c_str(), dtype.c_str(), p.describe().c_str(), counts.c_str());
+          record(inst, dtype, p, "");
+        } catch (const std::runtime_error& e) {
+          std::printf("%s: not a block-FMA unit: %s\n", inst.c_str(), e.what());
+          record(inst, dtype, {}, e.what());
+          rc = 1;
+        }
+        std::fflush(stdout);
+      }
       for (const std::string& name : probe_kernels) {
         ulpgate::Kernel* k = registry.resolve(name);
         if (!k) throw ulpgate::InputError(fmt::format("unknown kernel '{}' (see ulpgate list)", name));
@@ -311,16 +370,20 @@ int main(int argc, char** argv) {
           const std::string dtype = probe_dtype.empty() ? ulpgate::default_dtype(name) : probe_dtype;
           const ulpgate::Format input = *ulpgate::parse_format(dtype);
           const ulpgate::ProbedAccumulation p = ulpgate::probe_accumulation(
-              ulpgate::kernel_unit(*k, input, probe_mn), probe_max_block, probe_max_promote, 1000, input);
+              ulpgate::kernel_unit(*k, input, probe_mn), probe_max_block, probe_max_promote,
+              static_cast<int>(probe_validate < 0 ? 1000 : std::min<std::int64_t>(probe_validate, INT32_MAX)), input);
           std::printf("%s (%s inputs): %s\n", name.c_str(), dtype.c_str(), p.describe().c_str());
+          record(name, dtype, p, "");
         } catch (const ulpgate::InputError&) {
           throw;  // the kernel does not take the probe's cases: exit 2
         } catch (const std::runtime_error& e) {
           std::printf("%s: not a block-FMA unit: %s\n", name.c_str(), e.what());
+          record(name, probe_dtype.empty() ? ulpgate::default_dtype(name) : probe_dtype, {}, e.what());
           rc = 1;
         }
         std::fflush(stdout);
       }
+      if (!probe_json.empty()) ulpgate::write_text_file_atomically(probe_json, models.dump(2) + "\n");
       return rc;
     }
     std::string command_line;

@@ -198,3 +198,41 @@ TEST(Probe, FindsALayoutAndKTheKernelTakes) {
   EXPECT_EQ(s.block, 1) << s.describe();
   EXPECT_EQ(s.validated, 100) << s.describe();
 }
+
+// The batched validation (the instructions' million dot products) against units that are
+// CPU models: the probed model reproduces itself on every class (normal, cancelling,
+// subnormal inputs), in every narrow format, padded to the unit's step; a unit one fraction
+// bit wider, or promoting, is caught.
+TEST(Probe, BatchedValidationAcceptsTheModelAndCatchesAnyOther) {
+  const auto batch_of = [](const AccumulationModel& m, Format input, int step) {
+    ProbeBatch b;
+    b.input = input, b.step = step;
+    b.run = [m](const std::vector<double>& a, const std::vector<double>& x, std::int64_t dots, std::int64_t k) {
+      std::vector<float> out(static_cast<std::size_t>(dots));
+      for (std::int64_t d = 0; d < dots; ++d) out[static_cast<std::size_t>(d)] = model_dot(m, a.data() + d * k, x.data() + d * k, k);
+      return out;
+    };
+    return b;
+  };
+  for (const Format input : {Format::FP16, Format::BF16, Format::TF32, Format::E4M3, Format::E5M2}) {
+    AccumulationModel m;
+    m.order = AccumulationModel::Order::BlockFma, m.block = 16, m.frac_bits = 13, m.rounding = Rounding::TowardZero;
+    ProbedAccumulation p;
+    p.block = 16, p.frac = 13, p.rounding = Rounding::TowardZero;
+    const BatchValidation v = validate_batched(p, batch_of(m, input, 32), input, 3000, 7);
+    EXPECT_EQ(v.total(), 3000) << name(input);
+    EXPECT_GT(v.normal, 800) << name(input);
+    EXPECT_GT(v.cancelling, 800) << name(input);
+    EXPECT_GT(v.subnormal, 800) << name(input);
+    AccumulationModel wider = m;
+    wider.frac_bits = 14;
+    EXPECT_THROW(validate_batched(p, batch_of(wider, input, 32), input, 3000, 7), std::runtime_error) << name(input);
+    AccumulationModel promoting = m;
+    promoting.promote = 64;
+    p.promote = 0;
+    EXPECT_THROW(validate_batched(p, batch_of(promoting, input, 32), input, 3000, 7), std::runtime_error) << name(input);
+  }
+  ProbedAccumulation unknown;
+  unknown.block = 4, unknown.frac_at_least = 12;
+  EXPECT_THROW(validate_batched(unknown, batch_of(AccumulationModel{}, Format::FP16, 16), Format::FP16, 10), std::logic_error);
+}

@@ -1,0 +1,38 @@
+// Tensor-core instructions as units under probe (issue 18): a warp runs a chain of one
+// mma.sync instruction over a dot product, row 0 of A and column 0 of B holding its
+// factors (every other element zero) and the accumulator fed back as C from one
+// instruction to the next, as a GEMM's main loop does; D[0][0] is the result.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/format.hpp"
+
+namespace ulpgate {
+
+struct MmaInstruction {
+  std::string name;  ///< "mma.f16": the probe's name for it
+  std::string ptx;   ///< "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32"
+  Format input;      ///< the format of A and B
+  int k;             ///< products per instruction (per D element)
+};
+
+/// The instructions built in: FP16, BF16 (m16n8k16), TF32 (m16n8k8), E4M3 and E5M2
+/// (m16n8k32; sm_89 and later), all with FP32 accumulation.
+const std::vector<MmaInstruction>& mma_instructions();
+const MmaInstruction* find_mma_instruction(const std::string& name);
+
+/// Whether this build and machine can run them (CUDA, a device of compute capability 8.9
+/// or more).
+bool mma_available();
+
+/// D[0][0] of `dots` chains of the instruction: dot d's factors are a[d k + i] and
+/// b[d k + i] (storage words of the instruction's input format, TF32 as FP32 words), k a
+/// multiple of the instruction's k. Throws std::runtime_error on a CUDA error or without
+/// a device.
+std::vector<float> mma_dots(const MmaInstruction& inst, const std::vector<std::uint32_t>& a,
+                            const std::vector<std::uint32_t>& b, std::int64_t dots, std::int64_t k);
+
+}  // namespace ulpgate
