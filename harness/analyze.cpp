@@ -184,7 +184,10 @@ struct JudgeTerms {
         rows(c.shape.size() >= 2 ? c.shape[c.shape.size() - 2] : 1),
         cols(c.shape.empty() ? static_cast<std::int64_t>(c.got.size()) : c.shape.back()),
         threshold(fi.max_finite() + ulp_of(f, fi.max_finite()) / 2), u_out(std::ldexp(1.0, -(fi.frac_bits + 1))),
-        u_acc(std::ldexp(1.0, 1 - t.accumulator_bits)), precision(!c.precision_scale.empty()),
+        // the unit of the accumulator the result leaves from: FP32 where a narrow one is
+        // promoted into it
+        u_acc(std::ldexp(1.0, 1 - (t.promote > 0 ? std::max(t.accumulator_bits, 24) : t.accumulator_bits))),
+        precision(!c.precision_scale.empty()),
         terms(t.terms(c.format, reduction)) {}
 
   // The tolerance of element e: cmp.allowed when the op gives it, else tol.bound with n.
@@ -496,9 +499,17 @@ WorstElement describe_element(const OutputComparison& cmp, std::int64_t e) {
 }
 
 double ToleranceModel::gamma(std::int64_t n) const {
-  const double u_acc = std::ldexp(1.0, 1 - accumulator_bits), k = static_cast<double>(n);
-  if (probabilistic) return lambda * std::sqrt(k) * u_acc;
-  return k * u_acc < 1 ? k * u_acc / (1 - k * u_acc) : INFINITY;
+  const auto one = [&](double u, double k) {
+    if (probabilistic) return lambda * std::sqrt(k) * u;
+    return k * u < 1 ? k * u / (1 - k * u) : INFINITY;
+  };
+  const double u_acc = std::ldexp(1.0, 1 - accumulator_bits);
+  if (promote <= 0 || n <= promote || accumulator_bits >= 24) return one(u_acc, static_cast<double>(n));
+  // Chunks of `promote` products at u_acc, their sums added to an FP32 accumulator (one
+  // more rounding per chunk): (1 + gamma_acc(promote)) (1 + gamma_24(chunks)) - 1.
+  const double chunks = std::ceil(static_cast<double>(n) / promote);
+  const double inner = one(u_acc, static_cast<double>(promote)), outer = one(0x1p-23, chunks);
+  return (1 + inner) * (1 + outer) - 1;
 }
 
 ToleranceModel::Terms ToleranceModel::terms(Format out, std::int64_t n) const {

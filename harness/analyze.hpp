@@ -245,6 +245,10 @@ WorstElement describe_element(const OutputComparison& cmp, std::int64_t e);
 /// sum over k, scaled as c_e; 1 + gamma since the accumulator sums the rounded products.
 struct ToleranceModel {
   int accumulator_bits = 24;  ///< precision (incl. the implicit bit) of the running sum
+  /// Products per promotion of the running sum to an FP32 accumulator (KernelTraits::
+  /// promote); 0: never. gamma(n) is then that of chunks of `promote` at accumulator_bits,
+  /// added in FP32.
+  int promote = 0;
   /// The accumulation rounds to nearest (KernelTraits::rounds_to_nearest): the precision
   /// rule's scale has no round-toward-zero bias term.
   bool nearest = false;

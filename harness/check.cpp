@@ -9,6 +9,7 @@
 #include "core/error.hpp"
 #include "core/profile.hpp"
 #include "distributions/fill.hpp"
+#include "kernels/emulated/gemm_models.hpp"
 
 namespace ulpgate {
 namespace {
@@ -112,16 +113,27 @@ Evaluation evaluate_with_inputs(Kernel& k, const Case& c, const Inputs& inputs, 
     // The baseline model runs on the same inputs and is compared with the same reference.
     double baseline = -1;
     std::optional<RunOutcome> base;
-    if (options.baseline && registry) {
-      Kernel* model = registry->find(options.baseline->model);
-      if (!model) throw InputError(fmt::format("baseline model '{}' is not a kernel here", options.baseline->model));
+    std::optional<BaselineRule> rule = options.baseline;
+    std::unique_ptr<Kernel> declared;  // the kernel's own model (KernelTraits::accumulation_model)
+    if (!rule && c.op == Op::Gemm && !k.traits().accumulation_model.empty() &&
+        c.gemm.batch * c.gemm.m * c.gemm.n * c.gemm.k <= kDeclaredModelTerms) {
+      if (const auto m = AccumulationModel::parse(k.traits().accumulation_model)) {
+        declared = make_emulated_gemm(*m);
+        rule = BaselineRule{k.traits().accumulation_model, kDeclaredModelFactor};
+      }
+    }
+    if (declared) {
+      if (declared->supports(c)) base = run_kernel(*declared, c, inputs);
+    } else if (rule && registry) {
+      Kernel* model = registry->find(rule->model);
+      if (!model) throw InputError(fmt::format("baseline model '{}' is not a kernel here", rule->model));
       if (model->supports(c)) base = run_kernel(*model, c, inputs);
     }
     Judged j = judge_run(c, inputs, ev.run, ev.tolerance);  // the reference, once
     if (!j.cmp.reference_note.empty()) ev.run.notes["reference"] = j.cmp.reference_note;
     if (base && base->status == Disposition::Ok) {
       baseline = rejudge(j, c, *base, ev.tolerance).metrics.max_normalised;
-      judge_into(j, c, ev.run, ev.tolerance, baseline, *options.baseline);
+      judge_into(j, c, ev.run, ev.tolerance, baseline, *rule);
     }
     ev.baseline_max_normalised = baseline;
     ev.verdict = j.verdict;
@@ -178,6 +190,11 @@ CaseResult to_case_result(const Kernel& k, const Case& c, const Evaluation& ev, 
   r.status = ev.run.status;
   r.message = ev.run.message;
   r.notes = ev.run.notes;
+  // A measured (not designed) arithmetic is said with every result of the kernel.
+  if (const KernelTraits t = k.traits(); !t.arithmetic_source.empty())
+    r.notes["arithmetic"] = fmt::format("accumulates with {} fraction bits{} ({})", t.accumulator_bits - 1,
+                                        t.promote ? fmt::format(", promoted to FP32 every {} products", t.promote) : "",
+                                        t.arithmetic_source);
   if (!ev.relations.empty()) r.notes["relation"] = ev.relations.front().relation;
   if (!std::isnan(ev.effective_bits)) r.notes["effective_bits"] = fmt::format("{:.17g}", ev.effective_bits);
   if (!std::isnan(ev.verdict.precision_ratio)) r.notes["precision_ratio"] = fmt::format("{:.4g}", ev.verdict.precision_ratio);

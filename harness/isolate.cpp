@@ -240,7 +240,8 @@ json describe_kernels(Registry& registry, const json& names) {
     const KernelTraits t = k->traits();
     out.push_back({{"name", k->name()}, {"description", k->description()},
                    {"memory", t.memory == Memory::Device ? "device" : "host"}, {"deterministic", t.deterministic},
-                   {"accumulator_bits", t.accumulator_bits}, {"p_bits", t.p_bits}});
+                   {"accumulator_bits", t.accumulator_bits}, {"p_bits", t.p_bits}, {"promote", t.promote},
+                   {"arithmetic_source", t.arithmetic_source}, {"accumulation_model", t.accumulation_model}});
   }
   return {{"kernels", out}};
 }
@@ -1028,6 +1029,9 @@ std::vector<std::unique_ptr<Kernel>> IsolatedEvaluator::describe(const std::vect
     t.deterministic = k.value("deterministic", true);
     t.accumulator_bits = k.value("accumulator_bits", 0);
     t.p_bits = k.value("p_bits", 0);
+    t.promote = k.value("promote", 0);
+    t.arithmetic_source = k.value("arithmetic_source", "");
+    t.accumulation_model = k.value("accumulation_model", "");
     out.push_back(std::make_unique<WorkerKernel>(*this, k.value("name", ""), k.value("description", ""), t));
   }
   return out;

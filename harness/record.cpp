@@ -195,6 +195,7 @@ Environment env_from_json(const json& j, const std::string& path) {
 
 json tolerance_to_json(const ToleranceModel& t) {
   return {{"accumulator_bits", t.accumulator_bits},
+          {"promote", t.promote},
           {"input_bits", t.input_bits},
           {"p_bits", t.p_bits},
           {"accumulator_eta", encode_double(t.accumulator_eta)},
@@ -215,6 +216,7 @@ ToleranceModel tolerance_from_json(const json& j, const std::string& path) {
   t.accumulator_bits = bits("accumulator_bits", 1);
   t.input_bits = bits("input_bits", 0);
   if (r.has("p_bits")) t.p_bits = bits("p_bits", 0);  // absent before attention
+  if (r.has("promote")) t.promote = static_cast<int>(r.integer("promote", 0));  // absent before the probe models
   t.accumulator_eta = r.number("accumulator_eta");
   if (!(std::isfinite(t.accumulator_eta) && t.accumulator_eta >= 0))
     fail(r.path("accumulator_eta"), fmt::format("must be finite and >= 0, got {}", t.accumulator_eta));

@@ -17,6 +17,11 @@ namespace ulpgate {
 
 enum class Memory { Host, Device };
 
+/// The model rule's factor and the largest case (batch x M x N x K) it runs the model on
+/// (the CPU emulation costs about 10 ns a term).
+inline constexpr double kDeclaredModelFactor = 4.0;
+inline constexpr std::int64_t kDeclaredModelTerms = std::int64_t{1} << 27;
+
 struct KernelTraits {
   Memory memory = Memory::Host;
   bool deterministic = true;  ///< bitwise repeatable run to run
@@ -24,6 +29,18 @@ struct KernelTraits {
   /// with, when it is not the compute format's (e.g. a model of a narrow accumulator);
   /// 0: the compute format's. The tolerance model uses it.
   int accumulator_bits = 0;
+  /// Products after which a narrow accumulator (accumulator_bits) is added to an FP32 one
+  /// and restarts from zero, as FP8 tensor-core GEMMs promote partial sums; 0: never. The
+  /// tolerance model uses it.
+  int promote = 0;
+  /// Where accumulator_bits and promote come from when measured rather than designed, e.g.
+  /// "probe, NVIDIA H200, 2026-12-03" (reports say it next to the kernel); empty otherwise.
+  std::string arithmetic_source;
+  /// A bit-accurate CPU model of the kernel's accumulation (a cpu.blockfma name, e.g. from
+  /// the probe); empty: none. Checks then apply the model rule: the kernel's max normalised
+  /// error at most kDeclaredModelFactor x the model's on the same inputs (a kernel worse
+  /// than its own hardware allows), on GEMM cases of at most kDeclaredModelTerms terms.
+  std::string accumulation_model;
   /// Attention: the precision (bits) P is rounded to before P V (flash kernels: FP16 11,
   /// BF16 8); 0: P is used at the compute precision. The tolerance model uses it.
   int p_bits = 0;

@@ -1,4 +1,7 @@
 // The Markdown summary: what a reviewer reads in a CI log or a pull request.
+#include <map>
+#include <string>
+
 #include <fmt/format.h>
 
 #include "reports/common.hpp"
@@ -124,6 +127,12 @@ void summary(std::string& out, const RunRecord& r) {
                          number(t.worst_ulp), number(t.bias_ulp));
     out += "\n";
   }
+  // Kernels whose arithmetic was measured (the probe), as their results say it.
+  std::map<std::string, std::string> arithmetic;
+  for (const CaseResult& c : r.cases)
+    if (const auto it = c.notes.find("arithmetic"); it != c.notes.end()) arithmetic.emplace(c.kernel, it->second);
+  for (const auto& [kernel, what] : arithmetic) out += fmt::format("- {}: {}\n", escape_markdown(kernel), escape_markdown(what));
+  if (!arithmetic.empty()) out += "\n";
   const auto distinct = report::distinct_failures(r);
   if (distinct.empty()) return;
   out += "## Distinct failures\n\n";

@@ -177,7 +177,10 @@ std::vector<double> input_rounding_abs(const Case& c, const Inputs& inputs, int 
 // from the products p_k = op(A)_ik op(B)_kj and the sequential partial sums s_k (in
 // double: the scale needs no more than a few correct bits), u = 2^-bits,
 //   max(u sqrt(sum_k (s_k^2 + p_k^2) / 3), |seq - sum_k p_k|) [+ u |sum_k (s_k + p_k)| unless tol.nearest]
-// (seq: the sum accumulated sequentially, rounded to nearest at `bits` after each term)
+// (seq: the sum accumulated sequentially, rounded to nearest at `bits` after each term).
+// A kernel that promotes (tol.promote) sums chunks of that many products: s_k restarts at
+// each chunk, seq rounds each chunk's sum to FP32 as it adds it, and 2^-24 sum_c |S_c|
+// (S_c the exact sum up to the end of chunk c) joins for FP32's roundings.
 // and, where the kernel rounds its inputs to u_in = 2^-input_bits (two roundings per
 // product), u_in sqrt(2 sum_k p_k^2 / 3) [+ 2 u_in |sum_k p_k| unless tol.nearest], all
 // times |alpha sA sB sD|, plus (K + 4) eta_acc sD and the input rounding's absolute part.
@@ -192,7 +195,10 @@ std::vector<double> precision_scale(const Case& c, const Inputs& inputs, const T
   const double u = std::ldexp(1.0, -tol.accumulator_bits);
   // Veltkamp's split: c = v (2^(53 - bits) + 1), c - (c - v) is v rounded to nearest at
   // `bits` bits (branch-free; exponent range ignored, as by the scale's other terms).
-  const double split = std::ldexp(1.0, 53 - std::min(tol.accumulator_bits, 53)) + 1;
+  const double split = std::ldexp(1.0, 53 - std::min(tol.accumulator_bits, 53)) + 1, split24 = 0x1p29 + 1;
+  // A kernel that promotes its narrow accumulator every `promote` products to FP32.
+  const bool promoting = tol.promote > 0 && tol.accumulator_bits < 24 && tol.promote < K;
+  const std::int64_t chunk = promoting ? tol.promote : std::max<std::int64_t>(K, 1);
   const double ui = tol.input_bits > 0 ? std::ldexp(1.0, -tol.input_bits) : 0.0;
   const auto scale_of = [&](const char* op) { return c.scales.count(op) ? c.scales.at(op) : 1.0; };
   const double sd = scale_of("D"), scale = std::fabs(c.alpha * scale_of("A") * scale_of("B") * sd);
@@ -216,28 +222,41 @@ std::vector<double> precision_scale(const Case& c, const Inputs& inputs, const T
       for (std::int64_t k = 0; k < K; ++k) ar[k] = finite_or_zero(a.value(op_a_offset(c, av, bi, i, k)));
       for (std::int64_t j0 = 0; j0 < C; j0 += W) {
         const std::int64_t w = std::min(W, C - j0);
-        double sum[W] = {}, sq[W] = {}, lin[W] = {}, pp[W] = {}, seq[W] = {};
-        for (std::int64_t k = 0; k < K; ++k) {
-          const double x = ar[k];
-          if (x == 0) continue;  // adds exact zeros: no rounding
-          const double* y = &bk[k * C + j0];
-          for (std::int64_t jj = 0; jj < w; ++jj) {
-            const double p = x * y[jj];
-            sum[jj] += p;
-            sq[jj] += sum[jj] * sum[jj] + p * p;
-            lin[jj] += sum[jj] + p;
-            pp[jj] += p * p;
-            const double t = seq[jj] + p, v = split * t;
-            seq[jj] = v - (v - t);
+        // part, pseq: the running sum of the current promotion chunk (the whole sum when
+        // the kernel does not promote), exactly and rounded at `bits`; seq, outer: the FP32
+        // accumulator the chunks are added to, and the sum of its magnitudes.
+        double sum[W] = {}, sq[W] = {}, lin[W] = {}, pp[W] = {}, seq[W] = {}, part[W] = {}, pseq[W] = {}, outer[W] = {};
+        for (std::int64_t k0 = 0; k0 < K; k0 += chunk) {
+          for (std::int64_t k = k0; k < std::min(K, k0 + chunk); ++k) {
+            const double x = ar[k];
+            if (x == 0) continue;  // adds exact zeros: no rounding
+            const double* y = &bk[k * C + j0];
+            for (std::int64_t jj = 0; jj < w; ++jj) {
+              const double p = x * y[jj];
+              sum[jj] += p;
+              part[jj] += p;
+              sq[jj] += part[jj] * part[jj] + p * p;
+              lin[jj] += part[jj] + p;
+              pp[jj] += p * p;
+              const double t = pseq[jj] + p, v = split * t;
+              pseq[jj] = v - (v - t);
+            }
           }
+          if (promoting)
+            for (std::int64_t jj = 0; jj < w; ++jj) {
+              const double t = seq[jj] + pseq[jj], v = split24 * t;
+              seq[jj] = v - (v - t), outer[jj] += std::fabs(sum[jj]), part[jj] = pseq[jj] = 0;
+            }
         }
         for (std::int64_t jj = 0; jj < w; ++jj) {
+          if (!promoting) seq[jj] = pseq[jj];
           // The random model's sigma, or the error a sequential round-to-nearest
           // accumulation at this precision really makes on these inputs where that is
           // larger: on heavy-tailed positive data small terms are absorbed one-sidedly
           // (the model's independence fails), and a correct kernel may do just that.
           double acc = std::max(u * std::sqrt(sq[jj] / 3), std::fabs(seq[jj] - sum[jj]));
           if (!tol.nearest) acc += u * std::fabs(lin[jj]);
+          if (promoting) acc += 0x1p-24 * outer[jj];  // FP32's rounding of each chunk's addition
           if (ui > 0) acc += ui * std::sqrt(2 * pp[jj] / 3) + (tol.nearest ? 0.0 : 2 * ui * std::fabs(sum[jj]));
           const std::size_t e = static_cast<std::size_t>((bi * M + i) * N + cols[static_cast<std::size_t>(j0 + jj)]);
           out[e] = scale * acc + floor + (input_abs.empty() ? 0.0 : input_abs[e]);

@@ -39,6 +39,7 @@ ToleranceModel precision_terms(const Case& c, const KernelTraits& traits) {
     default: t.accumulator_bits = 24; break;
   }
   if (traits.accumulator_bits > 0) t.accumulator_bits = traits.accumulator_bits;
+  t.promote = traits.promote;
   t.nearest = traits.rounds_to_nearest;
   t.accumulator_eta = info(compute == Format::TF32 ? Format::FP32 : compute).min_subnormal();
   return t;

@@ -104,6 +104,7 @@ class EmulatedGemm final : public Kernel {
     // A block-FMA model keeps frac_bits fraction bits (frac_bits + 1 of precision) at most.
     const int bits = m_.order == AccumulationModel::Order::BlockFma ? std::min(24, m_.frac_bits + 1) : 24;
     KernelTraits t{Memory::Host, true, bits};
+    t.promote = m_.order == AccumulationModel::Order::BlockFma ? m_.promote : 0;
     t.thread_safe = true;
     // Block FMA truncates the aligned products whatever the accumulator's rounding.
     t.rounds_to_nearest = m_.order != AccumulationModel::Order::BlockFma && m_.rounding == Rounding::NearestEven;

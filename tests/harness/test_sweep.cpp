@@ -236,3 +236,73 @@ TEST(Sweep, PrecisionCliffFailsThePointsOfALessPrecisePath) {
           << model << " K=" << r.spec.gemm.k << ": " << r.verdict.reasons.back();
   }
 }
+
+namespace {
+// A kernel that computes as `inner` does but declares other traits (a planted lie).
+class Declaring final : public Kernel {
+ public:
+  Declaring(std::unique_ptr<Kernel> inner, KernelTraits t) : inner_(std::move(inner)), t_(std::move(t)) {}
+  std::string name() const override { return "planted.declares_promotion"; }
+  std::string description() const override { return "a block-FMA model declaring another promotion length"; }
+  KernelTraits traits() const override { return t_; }
+  std::optional<std::string> unsupported(const Case& c) const override { return inner_->unsupported(c); }
+  void run(const Case& c, const KernelIo& io, RunNotes& notes) override { inner_->run(c, io, notes); }
+
+ private:
+  std::unique_ptr<Kernel> inner_;
+  KernelTraits t_;
+};
+
+SweepOutcome sweep_kernel(Kernel& k) {
+  Case c;
+  c.op = Op::Gemm;
+  c.gemm.m = 16, c.gemm.n = 16;
+  c.types = {{"A", Format::E4M3}, {"B", Format::E4M3}, {"D", Format::FP32}, {"compute", Format::FP32}};
+  c.dist = {{"A", "normal(0,1)"}, {"B", "normal(0,1)"}};
+  c.seed = 20261203;
+  SweepOptions o;
+  o.base = c;
+  o.values = parse_vary("K=256:16384:4").values;
+  return run_sweep(k, o);
+}
+}  // namespace
+
+// A narrow accumulator promoted to FP32 every 128 products (as FP8 tensor-core GEMMs do),
+// declared with its bit-accurate model: the model passes every point (the tolerance is that
+// of 128-product chunks, finite at any K); a kernel declaring that model but never
+// promoting is worse than its own model allows and fails the model rule at long K, while
+// the precision rule alone (whose scale counts a rounding per product) does not see it.
+TEST(Sweep, DeclaredPromotionIsTheToleranceOfItsChunksAndItsModelTheRule) {
+  const char* promoting = "cpu.blockfma:block=32,frac=13,round=rz,promote=128";
+  auto honest = make_emulated_gemm(*AccumulationModel::parse(promoting));
+  EXPECT_EQ(honest->traits().promote, 128);
+  KernelTraits claims = honest->traits();
+  claims.accumulation_model = promoting;
+  Declaring truthful(make_emulated_gemm(*AccumulationModel::parse(promoting)), claims);
+  const SweepOutcome ok = sweep_kernel(truthful);
+  ASSERT_EQ(ok.cases.size(), 4u);
+  for (const CaseResult& r : ok.cases) EXPECT_TRUE(r.verdict.passed) << "K=" << r.spec.gemm.k << ": " << r.verdict.reasons.front();
+
+  Declaring liar(make_emulated_gemm(*AccumulationModel::parse("cpu.blockfma:block=32,frac=13,round=rz")), claims);
+  const SweepOutcome bad = sweep_kernel(liar);
+  ASSERT_EQ(bad.cases.size(), 4u);
+  const CaseResult& last = bad.cases.back();
+  EXPECT_FALSE(last.verdict.passed) << "K=16384: a 14-bit accumulator over 16384 products passed as promoted";
+  EXPECT_TRUE(std::find(last.verdict.checks.begin(), last.verdict.checks.end(), "D:baseline_rule") != last.verdict.checks.end())
+      << (last.verdict.reasons.empty() ? "" : last.verdict.reasons.front());
+
+  // without the declared model the same outputs pass: the precision rule cannot tell
+  KernelTraits no_model = claims;
+  no_model.accumulation_model.clear();
+  Declaring unmodelled(make_emulated_gemm(*AccumulationModel::parse("cpu.blockfma:block=32,frac=13,round=rz")), no_model);
+  EXPECT_TRUE(sweep_kernel(unmodelled).cases.back().verdict.passed);
+
+  // the tolerance: finite at K = 16384 only with the promotion declared
+  ToleranceModel t;
+  t.accumulator_bits = 14;
+  EXPECT_EQ(t.gamma(16384), INFINITY);
+  t.promote = 128;
+  const double inner = 128 * 0x1p-13 / (1 - 128 * 0x1p-13), outer = 128 * 0x1p-23 / (1 - 128 * 0x1p-23);
+  EXPECT_DOUBLE_EQ(t.gamma(16384), (1 + inner) * (1 + outer) - 1);
+  EXPECT_DOUBLE_EQ(t.gamma(100), 100 * 0x1p-13 / (1 - 100 * 0x1p-13));  // within one chunk
+}
