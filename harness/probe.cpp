@@ -43,8 +43,12 @@ int first_lost(int from, int to, const std::function<bool(double)>& kept) {
 
 std::string ProbedAccumulation::describe() const {
   const std::string f = frac ? fmt::format("{} fraction bits", *frac) : fmt::format(">= {} fraction bits", frac_at_least);
-  const std::string r = rounding ? std::string(name(*rounding)) : "rounding not observable (no step sum it can build needs rounding)";
-  return fmt::format("block {}, {}, {}{}{}", block, f, r,
+  const std::string r = rounding_moot ? "no rounding (no step's sum passes FP32's 24 bits)"
+                        : rounding    ? std::string(name(*rounding))
+                                      : "rounding not observable (no step sum it can build needs rounding)";
+  return fmt::format("block {}, {}{}, {}{}{}", block, f,
+                     align_inputs ? (*align_inputs ? " (aligned by the factors' exponents)" : " (aligned by each product)") : "",
+                     r,
                      promote ? fmt::format(", promoted to FP32 every {} products", promote) : "",
                      validated ? fmt::format("; the model agrees on {} random dot products", validated)
                                : "; not validated (a parameter is not known)");
@@ -180,13 +184,32 @@ std::pair<ProbeDot, ProbeBatch> mma_unit(const std::string& instruction) {
 #endif
 }
 
+std::optional<bool> probe_alignment(const ProbedAccumulation& p, const ProbeBatch& unit) {
+  if (!p.frac || p.block < 3 || !unit.run) return std::nullopt;
+  // (1.5 2^h x 1.5 2^(s-h)), (-1.5 2^h x 1.5 2^(s-h)), 2^(s-frac) in one step, s the
+  // experiments' scale: the products' exponent sum is s, the product 2.25 2^s's leading bit
+  // s + 1. Aligned by the sum, 2^(s-frac) is the last bit kept; by the product, it is lost.
+  const int s = p.scale_exponent, h = s / 2;
+  const auto tiny = split_product(std::ldexp(1.0, s - *p.frac), unit.input);
+  const double x = std::ldexp(1.5, h), y = std::ldexp(1.5, s - h);
+  const auto normal = [&](double v) { return decode(unit.input, encode(unit.input, v)) == v && std::fabs(v) >= info(unit.input).min_normal(); };
+  if (!tiny || !normal(x) || !normal(y)) return std::nullopt;
+  const std::int64_t k = (3 + unit.step - 1) / unit.step * unit.step;
+  std::vector<double> a(static_cast<std::size_t>(k), 0.0), b(a.size(), 0.0);
+  a[0] = x, b[0] = y, a[1] = -x, b[1] = y, a[2] = tiny->first, b[2] = tiny->second;
+  const double got = unit.run(a, b, 1, k).front();
+  if (got == std::ldexp(1.0, s - *p.frac)) return true;
+  if (got == 0.0) return false;
+  throw std::runtime_error(fmt::format("probe: the alignment experiment gave {:a}, neither 2^{} nor 0", got, s - *p.frac));
+}
+
 BatchValidation validate_batched(const ProbedAccumulation& p, const ProbeBatch& unit, Format input, std::int64_t dots,
                                  std::uint64_t seed) {
   if ((!p.frac && p.frac_at_least < 48) || !p.rounding)
     throw std::logic_error("validate_batched: the probed model is not fully known");
   AccumulationModel m;
   m.order = AccumulationModel::Order::BlockFma, m.block = p.block, m.frac_bits = p.frac.value_or(52);
-  m.rounding = *p.rounding, m.promote = p.promote;
+  m.rounding = *p.rounding, m.promote = p.promote, m.align_inputs = p.align_inputs.value_or(false);
   const FormatInfo& fi = info(input);
   const std::int64_t span = std::max<std::int64_t>(8 * p.block, 3 * p.promote) + 7;
   const std::int64_t step = std::max(1, unit.step);
@@ -257,16 +280,34 @@ BatchValidation validate_batched(const ProbedAccumulation& p, const ProbeBatch& 
 }
 
 ProbedAccumulation probe_accumulation(const ProbeDot& dot, int max_block, int max_promote, int validate, Format input) {
-  const auto run = [&](const std::vector<double>& p) { return static_cast<double>(dot(p)); };
   ProbedAccumulation r;
   // Which products the unit's inputs can make: FP32 numbers (B = 1), else products of two
-  // normal values of the input format; the tiny term 2^-tiny_bits of the block experiment.
+  // normal values of the input format.
   const bool fp32 = input == Format::FP32;
-  const auto can = [&](double v) {
+  const auto can_raw = [&](double v) {
     return fp32 ? static_cast<double>(static_cast<float>(v)) == v : split_product(v, input).has_value();
   };
-  int tiny_bits = 100;
-  while (tiny_bits > 2 && !can(std::ldexp(1.0, -tiny_bits))) --tiny_bits;
+  const auto reach_below = [&](const auto& can) {  // the tiny term 2^-tiny_bits of the block experiment
+    int bits = 100;
+    while (bits > 2 && !can(std::ldexp(1.0, -bits))) --bits;
+    return bits;
+  };
+  // The experiments are built around 1. Where the products' range below 1 is short (FP16
+  // and FP8: 2^-28, 2^-12), they run at the scale 2^s of the largest power of two product
+  // (less one, for the terms near 2): every term times 2^s, the result divided by it (the
+  // block-FMA model is scale-invariant while nothing overflows or underflows).
+  int s = 0;
+  if (!fp32 && reach_below(can_raw) < 48)
+    for (int e = 40; e > 0 && s == 0; --e)
+      if (can_raw(std::ldexp(1.0, e + 1)) && can_raw(std::ldexp(1.0, e))) s = e;
+  r.scale_exponent = s;
+  const auto can = [&](double v) { return can_raw(std::ldexp(v, s)); };
+  const auto run = [&](const std::vector<double>& p) {
+    std::vector<double> q(p.size());
+    for (std::size_t i = 0; i < p.size(); ++i) q[i] = std::ldexp(p[i], s);
+    return std::ldexp(static_cast<double>(dot(q)), -s);
+  };
+  const int tiny_bits = reach_below(can);
   const double tiny = std::ldexp(1.0, -tiny_bits);
 
   // Block: 2^-100 after (1, -1) is lost while it shares their step.
@@ -368,6 +409,12 @@ ProbedAccumulation probe_accumulation(const ProbeDot& dot, int max_block, int ma
         throw std::runtime_error(fmt::format("probe: the rounding experiments disagree ({}, {}, {})", a, b, c));
     }
   }
+
+  // A width so narrow that no step's sum (block products and the accumulator, each below
+  // 2^(frac+2) units of the grid) passes FP32's 24 bits never rounds: the rounding is moot,
+  // and the model's (toward zero) gives the same bits.
+  if (!r.rounding && r.frac && *r.frac + 2 + static_cast<int>(std::ceil(std::log2(r.block + 1.0))) <= 24)
+    r.rounding = Rounding::TowardZero, r.rounding_moot = true;
 
   // One product per step with at least 23 fraction bits: the width shows in how a bit below
   // the accumulator's last place decides the rounding after a 1 (nearest even: 2^-24 + 2^-j,

@@ -66,6 +66,13 @@ struct ProbedAccumulation {
   /// Random dot products on which the inferred model (kernels/emulated/gemm_models.hpp) gave
   /// the unit's result bit for bit (probe_accumulation throws if one differs).
   int validated = 0;
+  /// The experiments ran at 2^scale_exponent (narrow formats: see probe_accumulation).
+  int scale_exponent = 0;
+  /// Products aligned by their factors' exponents (AccumulationModel::align_inputs);
+  /// nullopt: not probed (probe_alignment needs a batch unit and a known width).
+  std::optional<bool> align_inputs;
+  /// The rounding is moot: no step's sum needs it (rounding then says toward zero).
+  bool rounding_moot = false;
   std::string describe() const;     ///< "block 4, 23 fraction bits, rz"
 };
 
@@ -98,6 +105,13 @@ struct ProbeBatch {
 /// time (its products split by split_product, zero padded to the instruction's k) and in
 /// batches. Throws InputError for an unknown instruction name.
 std::pair<ProbeDot, ProbeBatch> mma_unit(const std::string& instruction);
+
+/// Whether the unit aligns products by their factors' exponents (AccumulationModel::
+/// align_inputs): (1.5 x 1.5), (-1.5 x 1.5) and 2^-frac in one step (at the experiments'
+/// scale) leave 2^-frac when aligned by the exponent sum 0 and nothing when aligned by the
+/// product 2.25's leading bit 1. nullopt: not observable (width unknown, blocks of fewer
+/// than 3, or terms the format cannot make). Throws std::runtime_error for another result.
+std::optional<bool> probe_alignment(const ProbedAccumulation& p, const ProbeBatch& unit);
 
 /// Random dot products checked against the probed model bit for bit, by class.
 struct BatchValidation {

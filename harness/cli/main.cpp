@@ -328,12 +328,14 @@ int main(int argc, char** argv) {
           else j["frac_bits_at_least"] = p.frac_at_least;
           j["rounding"] = p.rounding ? std::string(ulpgate::name(*p.rounding)) : std::string("not observable");
           j["promote"] = p.promote;
+          if (p.align_inputs) j["align"] = *p.align_inputs ? "inputs" : "product";
+          j["rounding_moot"] = p.rounding_moot;
           j["validated"] = p.validated;
           j["summary"] = p.describe();
           if ((p.frac || p.frac_at_least >= 48) && p.rounding) {
             ulpgate::AccumulationModel m;
             m.order = ulpgate::AccumulationModel::Order::BlockFma, m.block = p.block, m.frac_bits = p.frac.value_or(52);
-            m.rounding = *p.rounding, m.promote = p.promote;
+            m.rounding = *p.rounding, m.promote = p.promote, m.align_inputs = p.align_inputs.value_or(false);
             j["model"] = m.name();
           }
         } else {
@@ -347,6 +349,7 @@ int main(int argc, char** argv) {
         const std::string dtype(ulpgate::name(input));
         try {
           ulpgate::ProbedAccumulation p = ulpgate::probe_accumulation(dot, probe_max_block, probe_max_promote, 0, input);
+          p.align_inputs = ulpgate::probe_alignment(p, batch);
           const std::int64_t n = probe_validate < 0 ? 1000000 : probe_validate;
           std::string counts;
           if (n > 0 && (p.frac || p.frac_at_least >= 48) && p.rounding) {

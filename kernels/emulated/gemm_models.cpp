@@ -44,19 +44,20 @@ float add_round32(double x, double y, Rounding r) {
 
 // One block-FMA step: acc and the exact products aligned to the largest, truncated to
 // frac_bits below its leading bit, summed exactly, rounded once to FP32.
-float block_step(const AccumulationModel& m, float acc, const double* p, int n) {
+float block_step(const AccumulationModel& m, float acc, const double* p, const int* pe, int n) {
   double naive = acc;  // IEEE semantics for NaN/Inf, and the sign of an all-zero sum
   bool finite = std::isfinite(acc);
   int emax = acc != 0.0f ? std::ilogb(acc) : INT32_MIN;
   for (int i = 0; i < n; ++i) {
     naive += p[i];
     finite &= std::isfinite(p[i]);
-    if (p[i] != 0.0) emax = std::max(emax, std::ilogb(p[i]));
+    if (p[i] != 0.0) emax = std::max(emax, pe ? pe[i] : std::ilogb(p[i]));
   }
   if (!finite || emax == INT32_MIN) return static_cast<float>(naive);  // NaN/Inf, or all zeros
   const int q = emax - m.frac_bits;
-  // |t| < 2^(emax+1), so |t / 2^q| < 2^(frac_bits+1) <= 2^53: the scaling is exact and the
-  // cast truncates toward zero, which is the alignment shifter dropping bits.
+  // |t| < 2^(emax+2) (2^(emax+1) aligned by the product itself), so |t / 2^q| < 2^(frac_bits+2)
+  // <= 2^54: the scaling is exact and the cast truncates toward zero, which is the
+  // alignment shifter dropping bits.
   std::int64_t sum = static_cast<std::int64_t>(std::ldexp(static_cast<double>(acc), -q));
   for (int i = 0; i < n; ++i) sum += static_cast<std::int64_t>(std::ldexp(p[i], -q));
   if (sum == 0) return 0.0f;
@@ -163,8 +164,8 @@ std::string AccumulationModel::name() const {
     case Order::SequentialFma: return "cpu.fp32_seq" + (r.empty() ? "" : ":" + r.substr(1));
     case Order::Pairwise: return "cpu.fp32_pairwise" + (r.empty() ? "" : ":" + r.substr(1));
     case Order::BlockFma:
-      return fmt::format("cpu.blockfma:block={},frac={},round={}{}", block, frac_bits, ulpgate::name(rounding),
-                         promote ? fmt::format(",promote={}", promote) : "");
+      return fmt::format("cpu.blockfma:block={},frac={},round={}{}{}", block, frac_bits, ulpgate::name(rounding),
+                         promote ? fmt::format(",promote={}", promote) : "", align_inputs ? ",align=inputs" : "");
   }
   return "";
 }
@@ -208,10 +209,16 @@ std::optional<AccumulationModel> AccumulationModel::parse(const std::string& tex
       m.frac_bits = integer(1, 52);
     } else if (key == "promote" && m.order == Order::BlockFma) {
       m.promote = integer(1, 1 << 20);
+    } else if (key == "align" && m.order == Order::BlockFma) {
+      if (value != "inputs" && value != "product")
+        throw InputError(fmt::format("kernel '{}': align must be inputs or product, got '{}'", text, value));
+      m.align_inputs = value == "inputs";
     } else {
       throw InputError(fmt::format("kernel '{}': unknown parameter '{}'", text, key));
     }
   }
+  if (m.align_inputs && m.frac_bits > 50)  // products up to 2^(frac + 2) units, 512 of them in an int64
+    throw InputError(fmt::format("kernel '{}': frac must be at most 50 with align=inputs", text));
   if (m.order == Order::BlockFma && (m.block == 0 || m.frac_bits == 0))
     throw InputError(fmt::format("kernel '{}': cpu.blockfma needs block=N and frac=N (e.g. cpu.blockfma:block=16,frac=23,round=rz)", text));
   if (m.promote % m.block != 0)
@@ -234,10 +241,13 @@ float model_dot(const AccumulationModel& m, const double* a, const double* b, st
       // acc0 is the FP32 accumulator its chunks are added to.
       float acc = m.promote ? 0.0f : acc0, outer = acc0;
       std::vector<double> p(m.block);
+      std::vector<int> pe(m.align_inputs ? m.block : 0);
       for (std::int64_t i = 0; i < k; i += m.block) {
         const int n = static_cast<int>(std::min<std::int64_t>(m.block, k - i));
         for (int j = 0; j < n; ++j) p[j] = a[i + j] * b[i + j];
-        acc = block_step(m, acc, p.data(), n);
+        if (m.align_inputs)
+          for (int j = 0; j < n; ++j) pe[j] = p[j] != 0.0 ? std::ilogb(a[i + j]) + std::ilogb(b[i + j]) : 0;
+        acc = block_step(m, acc, p.data(), m.align_inputs ? pe.data() : nullptr, n);
         if (m.promote && ((i + n) % m.promote == 0 || i + n == k)) {
           outer = add_round32(outer, acc, Rounding::NearestEven);
           acc = 0.0f;

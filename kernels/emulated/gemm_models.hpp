@@ -41,6 +41,11 @@ struct AccumulationModel {
   /// added to an FP32 accumulator (round to nearest even) and restarts from 0, as FP8
   /// tensor-core GEMMs promote partial sums to CUDA cores; 0: never.
   int promote = 0;
+  /// BlockFma: a product is aligned by the sum of its factors' exponents (ilogb(a) +
+  /// ilogb(b)), not by its own leading bit (one more, where the significands' product is 2
+  /// or more): so frac_bits below that exponent keep one more bit of such products. The
+  /// H200's mma.sync does this (the probe, docs/results/probe_h200.md). Name: ",align=inputs".
+  bool align_inputs = false;
 
   /// Kernel name: "cpu.fp32_seq", "cpu.fp32_pairwise", "cpu.blockfma:block=16,frac=13,round=rz"
   /// (",promote=N" when promoting; sequential and pairwise add ":round=rz" etc. when not RNE).

@@ -43,7 +43,8 @@ TEST(MmaUnitGpu, ProbedModelsReproduceEveryInstructionBitForBit) {
   if (!mma_available()) GTEST_SKIP() << "no CUDA device of compute capability 8.9 or more";
   for (const MmaInstruction& inst : mma_instructions()) {
     const auto [dot, batch] = mma_unit(inst.name);
-    const ProbedAccumulation p = probe_accumulation(dot, 512, 4096, 0, inst.input);
+    ProbedAccumulation p = probe_accumulation(dot, 512, 4096, 0, inst.input);
+    p.align_inputs = probe_alignment(p, batch);
     ASSERT_TRUE((p.frac || p.frac_at_least >= 48) && p.rounding) << inst.name << ": " << p.describe();
     const BatchValidation v = validate_batched(p, batch, inst.input, 100000, 3);
     EXPECT_EQ(v.total(), 100000) << inst.name;
