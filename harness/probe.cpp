@@ -210,6 +210,7 @@ BatchValidation validate_batched(const ProbedAccumulation& p, const ProbeBatch& 
   AccumulationModel m;
   m.order = AccumulationModel::Order::BlockFma, m.block = p.block, m.frac_bits = p.frac.value_or(52);
   m.rounding = *p.rounding, m.promote = p.promote, m.align_inputs = p.align_inputs.value_or(false);
+  m.align_format = input;
   const FormatInfo& fi = info(input);
   const std::int64_t span = std::max<std::int64_t>(8 * p.block, 3 * p.promote) + 7;
   const std::int64_t step = std::max(1, unit.step);

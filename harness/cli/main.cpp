@@ -336,6 +336,7 @@ int main(int argc, char** argv) {
             ulpgate::AccumulationModel m;
             m.order = ulpgate::AccumulationModel::Order::BlockFma, m.block = p.block, m.frac_bits = p.frac.value_or(52);
             m.rounding = *p.rounding, m.promote = p.promote, m.align_inputs = p.align_inputs.value_or(false);
+            if (const auto f = ulpgate::parse_format(dtype)) m.align_format = *f;
             j["model"] = m.name();
           }
         } else {

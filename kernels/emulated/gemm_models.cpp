@@ -54,7 +54,8 @@ float block_step(const AccumulationModel& m, float acc, const double* p, const i
     if (p[i] != 0.0) emax = std::max(emax, pe ? pe[i] : std::ilogb(p[i]));
   }
   if (!finite || emax == INT32_MIN) return static_cast<float>(naive);  // NaN/Inf, or all zeros
-  const int q = emax - m.frac_bits;
+  // Input-aligned (hardware-measured) models keep no bit below FP32's subnormal unit either.
+  const int q = m.align_inputs ? std::max(emax - m.frac_bits, -149) : emax - m.frac_bits;
   // |t| < 2^(emax+2) (2^(emax+1) aligned by the product itself), so |t / 2^q| < 2^(frac_bits+2)
   // <= 2^54: the scaling is exact and the cast truncates toward zero, which is the
   // alignment shifter dropping bits.
@@ -165,7 +166,7 @@ std::string AccumulationModel::name() const {
     case Order::Pairwise: return "cpu.fp32_pairwise" + (r.empty() ? "" : ":" + r.substr(1));
     case Order::BlockFma:
       return fmt::format("cpu.blockfma:block={},frac={},round={}{}{}", block, frac_bits, ulpgate::name(rounding),
-                         promote ? fmt::format(",promote={}", promote) : "", align_inputs ? ",align=inputs" : "");
+                         promote ? fmt::format(",promote={}", promote) : "", align_inputs ? fmt::format(",align={}", ulpgate::name(align_format)) : "");
   }
   return "";
 }
@@ -210,9 +211,12 @@ std::optional<AccumulationModel> AccumulationModel::parse(const std::string& tex
     } else if (key == "promote" && m.order == Order::BlockFma) {
       m.promote = integer(1, 1 << 20);
     } else if (key == "align" && m.order == Order::BlockFma) {
-      if (value != "inputs" && value != "product")
-        throw InputError(fmt::format("kernel '{}': align must be inputs or product, got '{}'", text, value));
-      m.align_inputs = value == "inputs";
+      const auto f = parse_format(value);
+      if (value != "product" && (!f || *f == Format::FP64))
+        throw InputError(fmt::format("kernel '{}': align must be product or an input format (fp32, tf32, fp16, bf16, "
+                                     "e4m3, e5m2), got '{}'", text, value));
+      m.align_inputs = value != "product";
+      if (f) m.align_format = *f;
     } else {
       throw InputError(fmt::format("kernel '{}': unknown parameter '{}'", text, key));
     }
@@ -245,8 +249,11 @@ float model_dot(const AccumulationModel& m, const double* a, const double* b, st
       for (std::int64_t i = 0; i < k; i += m.block) {
         const int n = static_cast<int>(std::min<std::int64_t>(m.block, k - i));
         for (int j = 0; j < n; ++j) p[j] = a[i + j] * b[i + j];
-        if (m.align_inputs)
-          for (int j = 0; j < n; ++j) pe[j] = p[j] != 0.0 ? std::ilogb(a[i + j]) + std::ilogb(b[i + j]) : 0;
+        if (m.align_inputs) {
+          const int emin = info(m.align_format).emin();
+          for (int j = 0; j < n; ++j)
+            pe[j] = p[j] != 0.0 ? std::max(std::ilogb(a[i + j]), emin) + std::max(std::ilogb(b[i + j]), emin) : 0;
+        }
         acc = block_step(m, acc, p.data(), m.align_inputs ? pe.data() : nullptr, n);
         if (m.promote && ((i + n) % m.promote == 0 || i + n == k)) {
           outer = add_round32(outer, acc, Rounding::NearestEven);

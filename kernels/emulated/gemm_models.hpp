@@ -41,11 +41,14 @@ struct AccumulationModel {
   /// added to an FP32 accumulator (round to nearest even) and restarts from 0, as FP8
   /// tensor-core GEMMs promote partial sums to CUDA cores; 0: never.
   int promote = 0;
-  /// BlockFma: a product is aligned by the sum of its factors' exponents (ilogb(a) +
-  /// ilogb(b)), not by its own leading bit (one more, where the significands' product is 2
-  /// or more): so frac_bits below that exponent keep one more bit of such products. The
-  /// H200's mma.sync does this (the probe, docs/results/probe_h200.md). Name: ",align=inputs".
+  /// BlockFma: a product is aligned by the sum of its factors' exponent fields in
+  /// align_format (a subnormal factor counts as that format's smallest normal exponent), not
+  /// by its own leading bit (one more, where the significands' product is 2 or more): frac_bits
+  /// below that exponent keep one more bit of such products. The H200's mma.sync does this
+  /// (the probe, docs/results/probe_h200.md), and keeps no bit below FP32's subnormal unit
+  /// 2^-149 (a product below it is dropped). Name: ",align=fp16" (the input format).
   bool align_inputs = false;
+  Format align_format = Format::FP32;
 
   /// Kernel name: "cpu.fp32_seq", "cpu.fp32_pairwise", "cpu.blockfma:block=16,frac=13,round=rz"
   /// (",promote=N" when promoting; sequential and pairwise add ":round=rz" etc. when not RNE).

@@ -254,10 +254,12 @@ TEST(Probe, BatchedValidationAcceptsTheModelAndCatchesAnyOther) {
 TEST(Probe, RecoversNarrowFp8AndInputAlignedModels) {
   int models = 0;
   for (const Format input : {Format::E4M3, Format::E5M2, Format::FP16, Format::BF16})
-    for (const char* text : {"cpu.blockfma:block=16,frac=13,round=rz", "cpu.blockfma:block=32,frac=13,round=rz,align=inputs",
-                             "cpu.blockfma:block=16,frac=25,round=rz,align=inputs", "cpu.blockfma:block=8,frac=25,round=rz",
-                             "cpu.blockfma:block=32,frac=13,round=rz,promote=128,align=inputs"}) {
-      const AccumulationModel m = *AccumulationModel::parse(text);
+    for (const char* text : {"cpu.blockfma:block=16,frac=13,round=rz", "cpu.blockfma:block=32,frac=13,round=rz,align=INPUT",
+                             "cpu.blockfma:block=16,frac=25,round=rz,align=INPUT", "cpu.blockfma:block=8,frac=25,round=rz",
+                             "cpu.blockfma:block=32,frac=13,round=rz,promote=128,align=INPUT"}) {
+      std::string spec = text;  // align=INPUT: aligned by this input format's exponent fields
+      if (const auto at = spec.find("INPUT"); at != std::string::npos) spec.replace(at, 5, std::string(name(input)));
+      const AccumulationModel m = *AccumulationModel::parse(spec);
       const auto kernel = make_emulated_gemm(m);
       ProbedAccumulation got = probe_accumulation(kernel_unit(*kernel, input), 64, 1024, 0, input);
       const std::string what = fmt::format("{} through {}: probed {}", text, name(input), got.describe());
