@@ -92,60 +92,100 @@ std::optional<std::pair<double, double>> split_product(double p, Format input) {
   return std::nullopt;
 }
 
+namespace {
+
+// An mn x mn x K GEMM case of `input` factors the kernel takes: any layout and transpose
+// (op(A) rows and op(B) columns are contiguous vectors in all of them; cuBLASLt FP8: TN
+// only), K padded to a multiple of 16 where the kernel needs it (FP8 again): the zero
+// products appended add nothing after the probe's terms and leave its blocks where they
+// were. TF32 inputs are FP32 tensors of TF32 values with TF32 compute (dtype tf32).
+Case probe_case(Kernel& kernel, Format input, std::int64_t mn, std::int64_t k) {
+  const Format stored = input == Format::TF32 ? Format::FP32 : input;
+  Case c;
+  std::optional<std::string> why;  // the first refusal
+  for (const std::int64_t padded : {k, (k + 15) / 16 * 16})
+    for (int variant = 0; variant < 8; ++variant) {
+      c = Case{};
+      c.op = Op::Gemm;
+      c.kernel = kernel.name();
+      c.gemm.m = c.gemm.n = mn;
+      c.gemm.k = padded;
+      c.gemm.trans_a = variant & 1, c.gemm.trans_b = variant & 2;
+      c.gemm.layout = variant & 4 ? Layout::ColMajor : Layout::RowMajor;
+      c.types = {{"A", stored}, {"B", stored}, {"D", Format::FP32}, {"compute", input == Format::TF32 ? Format::TF32 : Format::FP32}};
+      validate(c);
+      const auto no = kernel.unsupported(c);
+      if (!no) return c;
+      if (!why) why = no;
+    }
+  throw InputError(fmt::format("kernel '{}' does not take the probe's {} x {} x {} {} GEMM in any layout: {}", kernel.name(),
+                               mn, mn, k, name(input), *why));
+}
+
+// Runs the case on inputs whose op(A) row d and op(B) column d hold dot d's factors (every
+// other element zero), d < dots <= mn; D[d][d] is dot d.
+std::vector<float> run_diagonal(Kernel& kernel, const Case& c, Format input, const std::vector<double>& a,
+                                const std::vector<double>& b, std::int64_t dots, std::int64_t k) {
+  const Format stored = input == Format::TF32 ? Format::FP32 : input;
+  const MatrixView av = gemm_view(c, "A"), bv = gemm_view(c, "B"), dv = gemm_view(c, "D");
+  std::map<std::string, Tensor> in{{"A", Tensor(stored, static_cast<std::size_t>(av.elements()))},
+                                   {"B", Tensor(stored, static_cast<std::size_t>(bv.elements()))}};
+  for (std::int64_t d = 0; d < dots; ++d)
+    for (std::int64_t i = 0; i < k; ++i) {
+      in.at("A").set_value(static_cast<std::size_t>(op_a_offset(c, av, 0, d, i)), a[static_cast<std::size_t>(d * k + i)]);
+      in.at("B").set_value(static_cast<std::size_t>(op_b_offset(c, bv, 0, i, d)), b[static_cast<std::size_t>(d * k + i)]);
+    }
+  const RunOutcome out = run_kernel(kernel, c, in);
+  if (out.status != Disposition::Ok)
+    throw std::runtime_error(fmt::format("kernel '{}' failed on a probe case: {}", kernel.name(), out.message));
+  std::vector<float> r(static_cast<std::size_t>(dots));
+  for (std::int64_t d = 0; d < dots; ++d)
+    r[static_cast<std::size_t>(d)] = static_cast<float>(decode(Format::FP32, out.outputs.at("D").code(static_cast<std::size_t>(dv.offset(0, d, d)))));
+  return r;
+}
+
+}  // namespace
+
 ProbeDot kernel_unit(Kernel& kernel, Format input, std::int64_t mn) {
   if (mn < 1) throw InputError("probe: M = N must be at least 1");
   return [&kernel, input, mn](std::span<const double> p) {
-    // TF32 inputs are FP32 tensors of TF32 values with TF32 compute (dtype tf32).
-    const Format stored = input == Format::TF32 ? Format::FP32 : input;
-    // An mn x mn x K GEMM whose D[0][0] is the probe's dot product: row 0 of op(A) and
-    // column 0 of op(B) hold its factors, every other element zero (mn > 1 makes a library
-    // take the path it takes for real shapes: at 1 x 1 cuBLAS reduces like a GEMV). Any
-    // layout and transpose the kernel takes will do (cuBLASLt FP8: TN only). A kernel that
-    // needs K a multiple of 16 (FP8 again) gets zero products appended: they add nothing,
-    // after the probe's terms, and leave its blocks where they were.
+    // D[0][0] of an mn x mn x K GEMM (mn > 1 makes a library take the path it takes for
+    // real shapes: at 1 x 1 cuBLAS reduces like a GEMV).
     const auto k = static_cast<std::int64_t>(p.size());
-    Case c;
-    bool taken = false;
-    std::optional<std::string> why;  // the first refusal
-    for (const std::int64_t padded : {k, (k + 15) / 16 * 16})
-      for (int variant = 0; variant < 8 && !taken; ++variant) {
-        c = Case{};
-        c.op = Op::Gemm;
-        c.kernel = kernel.name();
-        c.gemm.m = c.gemm.n = mn;
-        c.gemm.k = padded;
-        c.gemm.trans_a = variant & 1, c.gemm.trans_b = variant & 2;
-        c.gemm.layout = variant & 4 ? Layout::ColMajor : Layout::RowMajor;
-        c.types = {{"A", stored}, {"B", stored}, {"D", Format::FP32}, {"compute", input == Format::TF32 ? Format::TF32 : Format::FP32}};
-        validate(c);
-        const auto no = kernel.unsupported(c);
-        taken = !no;
-        if (no && !why) why = no;
-      }
-    if (!taken)
-      throw InputError(fmt::format("kernel '{}' does not take the probe's {} x {} x {} {} GEMM in any layout: {}",
-                                   kernel.name(), mn, mn, p.size(), name(input), *why));
-    const MatrixView av = gemm_view(c, "A"), bv = gemm_view(c, "B");
-    std::map<std::string, Tensor> in{{"A", Tensor(stored, static_cast<std::size_t>(av.elements()))},
-                                     {"B", Tensor(stored, static_cast<std::size_t>(bv.elements()))}};
+    const Case c = probe_case(kernel, input, mn, k);
+    std::vector<double> a(static_cast<std::size_t>(c.gemm.k), 0.0), b(a.size(), 0.0);
     for (std::size_t i = 0; i < p.size(); ++i) {
-      const auto k = static_cast<std::int64_t>(i);
-      const auto at_a = static_cast<std::size_t>(op_a_offset(c, av, 0, 0, k));
-      const auto at_b = static_cast<std::size_t>(op_b_offset(c, bv, 0, k, 0));
       if (input == Format::FP32) {
-        in.at("A").set_value(at_a, p[i]), in.at("B").set_value(at_b, 1.0);
+        a[i] = p[i], b[i] = 1.0;
         continue;
       }
       const auto ab = split_product(p[i], input);
       if (!ab) throw std::logic_error(fmt::format("probe: {:a} is not a product of two normal {} values", p[i], name(input)));
-      in.at("A").set_value(at_a, ab->first), in.at("B").set_value(at_b, ab->second);
+      a[i] = ab->first, b[i] = ab->second;
     }
-    const RunOutcome out = run_kernel(kernel, c, in);
-    if (out.status != Disposition::Ok)
-      throw std::runtime_error(fmt::format("kernel '{}' failed on a probe case: {}", kernel.name(), out.message));
-    const auto d00 = static_cast<std::size_t>(gemm_view(c, "D").offset(0, 0, 0));
-    return static_cast<float>(decode(Format::FP32, out.outputs.at("D").code(d00)));
+    return run_diagonal(kernel, c, input, a, b, 1, c.gemm.k).front();
   };
+}
+
+ProbeBatch kernel_batch(Kernel& kernel, Format input, std::int64_t mn) {
+  if (mn < 1) throw InputError("probe: M = N must be at least 1");
+  ProbeBatch batch;
+  batch.input = input;
+  batch.step = 16;  // K a multiple of 16: every kernel takes it
+  batch.run = [&kernel, input, mn](const std::vector<double>& a, const std::vector<double>& b, std::int64_t dots,
+                                   std::int64_t k) {
+    const Case c = probe_case(kernel, input, mn, k);
+    if (c.gemm.k != k) throw std::logic_error("kernel_batch: K must be one the kernel takes");
+    std::vector<float> out;
+    for (std::int64_t first = 0; first < dots; first += mn) {  // mn dots per GEMM, on its diagonal
+      const std::int64_t n = std::min(mn, dots - first);
+      const std::vector<double> pa(a.begin() + first * k, a.begin() + (first + n) * k), pb(b.begin() + first * k, b.begin() + (first + n) * k);
+      const std::vector<float> r = run_diagonal(kernel, c, input, pa, pb, n, k);
+      out.insert(out.end(), r.begin(), r.end());
+    }
+    return out;
+  };
+  return batch;
 }
 
 std::pair<ProbeDot, ProbeBatch> mma_unit(const std::string& instruction) {
@@ -211,6 +251,7 @@ BatchValidation validate_batched(const ProbedAccumulation& p, const ProbeBatch& 
   m.order = AccumulationModel::Order::BlockFma, m.block = p.block, m.frac_bits = p.frac.value_or(52);
   m.rounding = *p.rounding, m.promote = p.promote, m.align_inputs = p.align_inputs.value_or(false);
   m.align_format = input;
+  m.pairs = p.pairs;
   const FormatInfo& fi = info(input);
   const std::int64_t span = std::max<std::int64_t>(8 * p.block, 3 * p.promote) + 7;
   const std::int64_t step = std::max(1, unit.step);

@@ -73,6 +73,9 @@ struct ProbedAccumulation {
   std::optional<bool> align_inputs;
   /// The rounding is moot: no step's sum needs it (rounding then says toward zero).
   bool rounding_moot = false;
+  /// Products summed exactly in pairs before each step (AccumulationModel::pairs): not found
+  /// by the experiments, set by a caller testing that hypothesis.
+  bool pairs = false;
   std::string describe() const;     ///< "block 4, 23 fraction bits, rz"
 };
 
@@ -126,6 +129,10 @@ struct BatchValidation {
 /// std::runtime_error naming the first dot product on which they differ.
 BatchValidation validate_batched(const ProbedAccumulation& p, const ProbeBatch& unit, Format input, std::int64_t dots,
                                  std::uint64_t seed = 1);
+
+/// A GEMM kernel as a batch unit: up to mn dot products per mn x mn x K case, dot d in
+/// D[d][d] (row d of op(A) and column d of op(B) its factors), K a multiple of 16.
+ProbeBatch kernel_batch(Kernel& kernel, Format input = Format::FP32, std::int64_t mn = 1);
 
 /// Runs the experiments above on `dot`, trying blocks up to max_block and promotion
 /// lengths up to max_promote, and validates the result on `validate` random dot products.

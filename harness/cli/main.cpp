@@ -373,10 +373,19 @@ int main(int argc, char** argv) {
         try {
           const std::string dtype = probe_dtype.empty() ? ulpgate::default_dtype(name) : probe_dtype;
           const ulpgate::Format input = *ulpgate::parse_format(dtype);
-          const ulpgate::ProbedAccumulation p = ulpgate::probe_accumulation(
-              ulpgate::kernel_unit(*k, input, probe_mn), probe_max_block, probe_max_promote,
-              static_cast<int>(probe_validate < 0 ? 1000 : std::min<std::int64_t>(probe_validate, INT32_MAX)), input);
-          std::printf("%s (%s inputs): %s\n", name.c_str(), dtype.c_str(), p.describe().c_str());
+          ulpgate::ProbedAccumulation p =
+              ulpgate::probe_accumulation(ulpgate::kernel_unit(*k, input, probe_mn), probe_max_block, probe_max_promote, 0, input);
+          // the alignment and the validation in batches: up to mn dot products per GEMM, on D's diagonal
+          const ulpgate::ProbeBatch batch = ulpgate::kernel_batch(*k, input, probe_mn);
+          p.align_inputs = ulpgate::probe_alignment(p, batch);
+          const std::int64_t n = probe_validate < 0 ? 1000 : probe_validate;
+          std::string counts;
+          if (n > 0 && (p.frac || p.frac_at_least >= 48) && p.rounding) {
+            const ulpgate::BatchValidation v = ulpgate::validate_batched(p, batch, input, n);
+            p.validated = static_cast<int>(std::min<std::int64_t>(v.total(), INT32_MAX));
+            counts = fmt::format(" ({} normal, {} cancelling, {} with subnormal inputs)", v.normal, v.cancelling, v.subnormal);
+          }
+          std::printf("%s (%s inputs): %s%s\n", name.c_str(), dtype.c_str(), p.describe().c_str(), counts.c_str());
           record(name, dtype, p, "");
         } catch (const ulpgate::InputError&) {
           throw;  // the kernel does not take the probe's cases: exit 2

@@ -165,8 +165,8 @@ std::string AccumulationModel::name() const {
     case Order::SequentialFma: return "cpu.fp32_seq" + (r.empty() ? "" : ":" + r.substr(1));
     case Order::Pairwise: return "cpu.fp32_pairwise" + (r.empty() ? "" : ":" + r.substr(1));
     case Order::BlockFma:
-      return fmt::format("cpu.blockfma:block={},frac={},round={}{}{}", block, frac_bits, ulpgate::name(rounding),
-                         promote ? fmt::format(",promote={}", promote) : "", align_inputs ? fmt::format(",align={}", ulpgate::name(align_format)) : "");
+      return fmt::format("cpu.blockfma:block={},frac={},round={}{}{}{}", block, frac_bits, ulpgate::name(rounding),
+                         promote ? fmt::format(",promote={}", promote) : "", align_inputs ? fmt::format(",align={}", ulpgate::name(align_format)) : "", pairs ? ",pairs" : "");
   }
   return "";
 }
@@ -210,6 +210,8 @@ std::optional<AccumulationModel> AccumulationModel::parse(const std::string& tex
       m.frac_bits = integer(1, 52);
     } else if (key == "promote" && m.order == Order::BlockFma) {
       m.promote = integer(1, 1 << 20);
+    } else if (key == "pairs" && value.empty() && m.order == Order::BlockFma) {
+      m.pairs = true;
     } else if (key == "align" && m.order == Order::BlockFma) {
       const auto f = parse_format(value);
       if (value != "product" && (!f || *f == Format::FP64))
@@ -249,6 +251,16 @@ float model_dot(const AccumulationModel& m, const double* a, const double* b, st
       for (std::int64_t i = 0; i < k; i += m.block) {
         const int n = static_cast<int>(std::min<std::int64_t>(m.block, k - i));
         for (int j = 0; j < n; ++j) p[j] = a[i + j] * b[i + j];
+        if (m.pairs) {  // exact: products of narrow inputs are short, two of them fit a double
+          int h = 0;
+          for (int j = 0; j < n; j += 2, ++h) p[h] = p[j] + (j + 1 < n ? p[j + 1] : 0.0);
+          acc = block_step(m, acc, p.data(), nullptr, h);
+          if (m.promote && ((i + n) % m.promote == 0 || i + n == k)) {
+            outer = add_round32(outer, acc, Rounding::NearestEven);
+            acc = 0.0f;
+          }
+          continue;
+        }
         if (m.align_inputs) {
           const int emin = info(m.align_format).emin();
           for (int j = 0; j < n; ++j)

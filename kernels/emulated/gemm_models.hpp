@@ -49,6 +49,11 @@ struct AccumulationModel {
   /// 2^-149 (a product below it is dropped). Name: ",align=fp16" (the input format).
   bool align_inputs = false;
   Format align_format = Format::FP32;
+  /// BlockFma: adjacent products are first summed exactly in pairs, and the pair sums (by
+  /// their own leading bit) take the products' place in each step (a hypothesis for FP8
+  /// tensor cores, tested against the H200 in tests/kernels/test_mma_unit_gpu.cpp). Name:
+  /// ",pairs".
+  bool pairs = false;
 
   /// Kernel name: "cpu.fp32_seq", "cpu.fp32_pairwise", "cpu.blockfma:block=16,frac=13,round=rz"
   /// (",promote=N" when promoting; sequential and pairwise add ":round=rz" etc. when not RNE).

@@ -266,13 +266,7 @@ TEST(Probe, RecoversNarrowFp8AndInputAlignedModels) {
       EXPECT_EQ(got.block, m.block) << what;
       EXPECT_EQ(got.frac, m.frac_bits) << what;
       EXPECT_EQ(got.promote, m.promote) << what;
-      ProbeBatch batch;
-      batch.input = input, batch.step = 32;
-      batch.run = [m](const std::vector<double>& a, const std::vector<double>& b, std::int64_t dots, std::int64_t k) {
-        std::vector<float> out(static_cast<std::size_t>(dots));
-        for (std::int64_t d = 0; d < dots; ++d) out[static_cast<std::size_t>(d)] = model_dot(m, a.data() + d * k, b.data() + d * k, k);
-        return out;
-      };
+      const ProbeBatch batch = kernel_batch(*kernel, input, 24);  // 24 dot products per GEMM, on D's diagonal
       got.align_inputs = probe_alignment(got, batch);
       ASSERT_TRUE(got.align_inputs.has_value()) << what;
       EXPECT_EQ(*got.align_inputs, m.align_inputs) << what;

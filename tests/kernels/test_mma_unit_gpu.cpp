@@ -41,7 +41,8 @@ TEST(MmaUnitGpu, FragmentsPairEveryFactorWithItsPartner) {
 
 TEST(MmaUnitGpu, ProbedModelsReproduceEveryInstructionBitForBit) {
   if (!mma_available()) GTEST_SKIP() << "no CUDA device of compute capability 8.9 or more";
-  for (const MmaInstruction& inst : mma_instructions()) {
+  for (const char* name : {"mma.f16", "mma.bf16", "mma.tf32"}) {
+    const MmaInstruction& inst = *find_mma_instruction(name);
     const auto [dot, batch] = mma_unit(inst.name);
     ProbedAccumulation p = probe_accumulation(dot, 512, 4096, 0, inst.input);
     p.align_inputs = probe_alignment(p, batch);
@@ -51,5 +52,34 @@ TEST(MmaUnitGpu, ProbedModelsReproduceEveryInstructionBitForBit) {
     std::printf("%s: %s; %lld normal, %lld cancelling, %lld subnormal dot products agree\n", inst.name.c_str(),
                 p.describe().c_str(), static_cast<long long>(v.normal), static_cast<long long>(v.cancelling),
                 static_cast<long long>(v.subnormal));
+  }
+}
+
+// The FP8 instructions (m16n8k32) are not one block-FMA step per instruction: the probe's
+// experiments read them as steps of 2 products with 25 fraction bits, and that model misses
+// on random dot products (a finding, docs/results/probe_h200.md). When a model reproduces
+// them, this test fails and the model moves to the test above.
+TEST(MmaUnitGpu, Fp8InstructionsAreNotAPlainBlockFma) {
+  if (!mma_available()) GTEST_SKIP() << "no CUDA device of compute capability 8.9 or more";
+  for (const char* name : {"mma.e4m3", "mma.e5m2"}) {
+    const auto [dot, batch] = mma_unit(name);
+    ProbedAccumulation p = probe_accumulation(dot, 512, 4096, 0, batch.input);
+    p.align_inputs = probe_alignment(p, batch);
+    if ((p.frac || p.frac_at_least >= 48) && p.rounding)
+      EXPECT_THROW(validate_batched(p, batch, batch.input, 100000, 3), std::runtime_error) << name << ": " << p.describe();
+    // Hypotheses, reported (not asserted): the instruction's 32 products summed exactly in
+    // pairs, then one block-FMA step of the 16 pair sums and the accumulator.
+    for (const int block : {32, 16, 8})
+      for (const int frac : {23, 24, 25, 26}) {
+        ProbedAccumulation h;
+        h.block = block, h.frac = frac, h.rounding = Rounding::TowardZero, h.pairs = true;
+        try {
+          const BatchValidation v = validate_batched(h, batch, batch.input, 20000, 5);
+          std::printf("%s: pairs, block %d, frac %d, rz: agrees on %lld dot products\n", name, block, frac,
+                      static_cast<long long>(v.total()));
+        } catch (const std::runtime_error& e) {
+          std::printf("%s: pairs, block %d, frac %d, rz: %s\n", name, block, frac, std::string(e.what()).substr(0, 160).c_str());
+        }
+      }
   }
 }
