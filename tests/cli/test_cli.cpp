@@ -663,18 +663,25 @@ TEST(CliBadInput, BaselineVersionIsReadWithoutWrapping) {
                      b + ": baseline.ulpgate_baseline: unsupported version 429496729", "version");
 }
 
-// `ulpgate probe`: a block-FMA model's parameters back (exit 0), a tree that is no block-FMA
-// unit reported (exit 1), an unknown kernel refused (exit 2, one line).
+// `ulpgate probe`: a block-FMA model's parameters back (exit 0), with the alignment and the
+// validation counts by class, a tree that is no block-FMA unit reported (exit 1), an
+// unknown kernel refused (exit 2, one line).
 TEST(Cli, ProbeReportsHowAKernelAccumulates) {
   const Result ok = run("probe --kernel cpu.blockfma:block=4,frac=23,round=rz");
   EXPECT_EQ(ok.code, 0) << ok.err;
-  EXPECT_EQ(ok.out, "cpu.blockfma:block=4,frac=23,round=rz (fp32 inputs): block 4, 23 fraction bits, rz; the model "
-                    "agrees on 1000 random dot products\n");
+  EXPECT_EQ(ok.out, "cpu.blockfma:block=4,frac=23,round=rz (fp32 inputs): block 4, 23 fraction bits (aligned by each "
+                    "product), rz; the model agrees on 1000 random dot products (338 normal, 318 cancelling, 344 with "
+                    "subnormal inputs)\n");
   // The same model through BF16 inputs (each product split into two BF16 values).
   const Result bf16 = run("probe --kernel cpu.blockfma:block=4,frac=23,round=rz --dtype bf16");
   EXPECT_EQ(bf16.code, 0) << bf16.err;
-  EXPECT_EQ(bf16.out, "cpu.blockfma:block=4,frac=23,round=rz (bf16 inputs): block 4, 23 fraction bits, rz; the model "
-                      "agrees on 1000 random dot products\n");
+  EXPECT_EQ(bf16.out, "cpu.blockfma:block=4,frac=23,round=rz (bf16 inputs): block 4, 23 fraction bits (aligned by "
+                      "each product), rz; the model agrees on 1000 random dot products (338 normal, 318 cancelling, 344 "
+                      "with subnormal inputs)\n");
+  // A model aligned by its factors' exponents (the H200's mma.sync) is told apart.
+  const Result aligned = run("probe --kernel cpu.blockfma:block=16,frac=25,round=rz,align=fp16 --dtype fp16 --mn 16");
+  EXPECT_EQ(aligned.code, 0) << aligned.err;
+  EXPECT_NE(aligned.out.find("block 16, 25 fraction bits (aligned by the factors' exponents)"), std::string::npos) << aligned.out;
   EXPECT_EQ(run("probe --kernel cpu.fp32_seq --dtype fp8").code, 2);
   const Result tree = run("probe --kernel cpu.fp32_pairwise");
   EXPECT_EQ(tree.code, 1);
