@@ -54,8 +54,10 @@ float block_step(const AccumulationModel& m, float acc, const double* p, const i
     if (p[i] != 0.0) emax = std::max(emax, pe ? pe[i] : std::ilogb(p[i]));
   }
   if (!finite || emax == INT32_MIN) return static_cast<float>(naive);  // NaN/Inf, or all zeros
-  // Input-aligned (hardware-measured) models keep no bit below FP32's subnormal unit either.
-  const int q = m.align_inputs ? std::max(emax - m.frac_bits, -149) : emax - m.frac_bits;
+  // Input-aligned (hardware-measured) models align to the accumulator's exponent field too,
+  // which is FP32's smallest normal exponent when it is zero or subnormal.
+  if (m.align_inputs) emax = std::max(emax, -126);
+  const int q = emax - m.frac_bits;
   // |t| < 2^(emax+2) (2^(emax+1) aligned by the product itself), so |t / 2^q| < 2^(frac_bits+2)
   // <= 2^54: the scaling is exact and the cast truncates toward zero, which is the
   // alignment shifter dropping bits.

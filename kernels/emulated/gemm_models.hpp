@@ -45,8 +45,10 @@ struct AccumulationModel {
   /// align_format (a subnormal factor counts as that format's smallest normal exponent), not
   /// by its own leading bit (one more, where the significands' product is 2 or more): frac_bits
   /// below that exponent keep one more bit of such products. The H200's mma.sync does this
-  /// (the probe, docs/results/probe_h200.md), and keeps no bit below FP32's subnormal unit
-  /// 2^-149 (a product below it is dropped). Name: ",align=fp16" (the input format).
+  /// (the probe, docs/results/probe_h200.md); the accumulator's exponent in the alignment is
+  /// its exponent field's, at least -126 (FP32's smallest normal) when it is zero or
+  /// subnormal, so nothing below 2^(-126 - frac_bits) is kept. Name: ",align=fp16" (the
+  /// input format).
   bool align_inputs = false;
   Format align_format = Format::FP32;
   /// BlockFma: adjacent products are first summed exactly in pairs, and the pair sums (by

@@ -64,6 +64,17 @@ class CublasLtGemm final : public Kernel {
   KernelTraits traits() const override {
     KernelTraits t{Memory::Device, true};
     t.thread_safe = true;  // a handle and workspace per thread; all work on io.stream
+    if (is_fp8(v_.inputs.front())) {
+      // Measured, not designed (`ulpgate probe --kernel cublaslt.fp8[_fast] --mn 256`, H200,
+      // 2026-12-03, docs/results/probe_h200.md): the tensor cores keep 13 fraction bits after
+      // aligning each step's 32 products (truncating), and without fast accumulation
+      // cuBLASLt adds the partial sum to an FP32 accumulator every 128 products. The inferred
+      // block-FMA model is close but not bit-accurate on random dot products, so it is not
+      // declared as the kernel's model (no model rule).
+      t.accumulator_bits = 14;
+      t.promote = v_.fast_accum ? 0 : 128;
+      t.arithmetic_source = "probe, NVIDIA H200, 2026-12-03; block 32, truncated";
+    }
     return t;
   }
 
