@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 
 #include <fmt/format.h>
@@ -139,7 +140,10 @@ Evaluation evaluate_with_inputs(Kernel& k, const Case& c, const Inputs& inputs, 
     ev.verdict = j.verdict;
     if (options.effective_bits) {
       const Phase phase("effective_bits");
-      ev.effective_bits = op.effective_bits(c, inputs, j.cmp, j.metrics.mean_normalised);
+      const EffectiveBits eb = op.effective_bits(c, inputs, j.cmp, j.metrics.mean_normalised, k.traits());
+      ev.effective_bits = eb.bits;
+      if (std::isfinite(eb.uncertainty)) ev.run.notes["effective_bits_uncertainty"] = fmt::format("{:.3g}", eb.uncertainty);
+      if (!eb.family.empty()) ev.run.notes["effective_bits_family"] = eb.family;
     }
     ev.metrics.push_back(std::move(j.metrics));
     if (options.relations && ev.verdict.passed) {

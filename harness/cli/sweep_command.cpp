@@ -137,12 +137,22 @@ int sweep_command(const SweepArgs& a, const LocalRegistry& local, const std::str
                     static_cast<long long>(gemm ? r.spec.gemm.k : r.spec.attention.seq_kv),
                     r.verdict.reasons.empty() ? std::string(name(r.status)).c_str() : r.verdict.reasons.front().c_str());
       }
-    if (gemm)
-      std::printf("  growth exponent %.3f +- %.3f, effective accumulator precision %.2f bits\n", s.series.fit.exponent,
-                  s.series.fit.exponent_stderr, s.series.effective_bits);
-    else
+    if (gemm) {
+      // the spread of the per-point estimates, and how they were made (the last point's family)
+      double lo = INFINITY, hi = -INFINITY;
+      for (const double b : s.effective_bits_per_point)
+        if (std::isfinite(b)) lo = std::min(lo, b), hi = std::max(hi, b);
+      std::string how;
+      for (const auto& r : s.cases)
+        if (const auto f = r.notes.find("effective_bits_family"); f != r.notes.end()) how = f->second;
+      std::printf("  growth exponent %.3f +- %.3f, effective accumulator precision %.2f bits%s%s\n", s.series.fit.exponent,
+                  s.series.fit.exponent_stderr, s.series.effective_bits,
+                  hi >= lo ? fmt::format(" (spread {:.2f} across the points)", hi - lo).c_str() : "",
+                  how.empty() ? "" : fmt::format(", estimated with {}", how).c_str());
+    } else {
       std::printf("  growth exponent %.3f +- %.3f (error ~ seq_kv^exponent)\n", s.series.fit.exponent,
                   s.series.fit.exponent_stderr);
+    }
     std::fflush(stdout);
     record.sweeps.push_back(s.series);
     for (const auto& r : s.cases) record.cases.push_back(r);

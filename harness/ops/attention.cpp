@@ -338,7 +338,10 @@ class AttentionModule final : public OpModule {
     return out;
   }
 
-  double effective_bits(const Case&, const Inputs&, const OutputComparison&, double) const override { return NAN; }
+  EffectiveBits effective_bits(const Case&, const Inputs&, const OutputComparison&, double,
+                               const KernelTraits&) const override {
+    return {};
+  }
 
  private:
   // Rows reached by a non-finite Q, K or V value (empty when there is none; then

@@ -1,9 +1,12 @@
 #include "harness/ops/gemm.hpp"
 
+#include "kernels/emulated/gemm_models.hpp"
+
 #include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstring>
+#include <map>
 
 #include <fmt/format.h>
 
@@ -578,12 +581,16 @@ class GemmModule final : public OpModule {
     return out;
   }
 
-  // The highest calibration precision (from kCalibrationBits down) at which the calibrator
-  // is not exact on this data and its n u stays small (<= 1/16), so that its errors still
-  // behave like independent roundings: effective = bits + log2(calibrator / kernel).
-  double effective_bits(const Case& c, const Inputs& inputs, const OutputComparison& cmp,
-                        double kernel_mean) const override {
-    if (!(kernel_mean > 0) || c.gemm.batch != 1) return NAN;
+  // A kernel that rounds to nearest: the highest calibration precision (from
+  // kCalibrationBits down) at which the RNE calibrator is not exact on this data and its
+  // n u stays small (<= 1/16), so that its errors still behave like independent roundings:
+  // effective = bits + log2(calibrator / kernel). Any other (tensor cores truncate): the
+  // block-FMA family fitted (block_fma_bits), whose errors grow with K as a truncating
+  // kernel's do, so the estimate does not drift with K as an RNE calibrator's would; where
+  // the kernel is more precise than the whole family, the RNE calibrator.
+  EffectiveBits effective_bits(const Case& c, const Inputs& inputs, const OutputComparison& cmp, double kernel_mean,
+                               const KernelTraits& traits) const override {
+    if (!(kernel_mean > 0) || c.gemm.batch != 1) return {};
     const MatrixView av = gemm_view(c, "A"), bv = gemm_view(c, "B");
     const std::int64_t N = c.gemm.n, K = c.gemm.k;
     // (the calibrator's mean over precision_sample: the same expectation as the kernel's
@@ -602,21 +609,105 @@ class GemmModule final : public OpModule {
       const std::int64_t j = sample.cols[static_cast<std::size_t>(col)];
       for (std::int64_t k = 0; k < K; ++k) bk[k * C + col] = b.value(op_b_offset(c, bv, 0, k, j));
     }, threads_for(static_cast<double>(C) * K, 0x1p15));
+    // (a kernel more precise than the family's finest, FP32 truncated after every step, is
+    // measured by the RNE calibrator below)
+    if (!traits.rounds_to_nearest)
+      if (EffectiveBits fit = block_fma_bits(c, arows, bk, sample, cmp, traits); std::isfinite(fit.bits)) return fit;
     std::vector<int> levels;
     for (int bits = kCalibrationBits; bits >= 12; bits -= 4) {
       if (std::ldexp(static_cast<double>(K), -bits) > 1.0 / 16) break;
       levels.push_back(bits);
     }
-    if (levels.empty()) return NAN;
+    if (levels.empty()) return {};
+    const auto found = [&](int bits, double cal) {
+      return EffectiveBits{bits + std::log2(cal / kernel_mean), NAN, "a sequential round-to-nearest calibrator"};
+    };
     // The first level usually decides; where the calibrator is exact there (narrow inputs
     // whose products and sums fit), the other levels in one pass.
     std::vector<double> cal = calibration_means(arows, bk, sample, N, K, cmp, {levels.front()});
-    if (cal.front() > 0) return levels.front() + std::log2(cal.front() / kernel_mean);
+    if (cal.front() > 0) return found(levels.front(), cal.front());
     levels.erase(levels.begin());
     cal = calibration_means(arows, bk, sample, N, K, cmp, levels);
     for (std::size_t l = 0; l < levels.size(); ++l)
-      if (cal[l] > 0) return levels[l] + std::log2(cal[l] / kernel_mean);
-    return NAN;
+      if (cal[l] > 0) return found(levels[l], cal[l]);
+    return {};
+  }
+
+  // The block-FMA fit: on up to kFitTerms product terms of the sample (whole rows of op(A)
+  // against its columns), the mean normalised error e(F) of cpu.blockfma with F fraction
+  // bits (the kernel's declared block, promotion and alignment, else blocks of 16,
+  // truncating) is found on both sides of the kernel's own mean k on the same elements:
+  // e(F) >= k > e(F + 1), F* = F + log2(e(F) / k) / log2(e(F) / e(F + 1)), reported as
+  // F* + 1 bits of precision (a model of F fraction bits gives exactly F + 1). The
+  // uncertainty: the kernel mean's standard error carried through the local slope.
+  static EffectiveBits block_fma_bits(const Case& c, const std::vector<double>& arows, const std::vector<double>& bk,
+                                      const PrecisionSample& sample, const OutputComparison& cmp,
+                                      const KernelTraits& traits) {
+    constexpr double kFitTerms = 0x1p24;
+    const std::int64_t N = c.gemm.n, K = c.gemm.k;
+    const auto R = static_cast<std::int64_t>(sample.rows.size()), C = static_cast<std::int64_t>(sample.cols.size());
+    AccumulationModel m;
+    m.order = AccumulationModel::Order::BlockFma, m.block = 16, m.rounding = Rounding::TowardZero;
+    if (const auto declared = AccumulationModel::parse(traits.accumulation_model);
+        declared && declared->order == AccumulationModel::Order::BlockFma)
+      m = *declared;
+    m.promote = traits.promote > 0 ? traits.promote : m.promote;
+    // Elements: the first rows of the sample, every sampled column, within the budget.
+    const std::int64_t rows = std::clamp<std::int64_t>(static_cast<std::int64_t>(kFitTerms / (static_cast<double>(C) * K)), 1, R);
+    const std::int64_t n = rows * C;
+    std::vector<double> kernel_err(static_cast<std::size_t>(n)), exact_hi(kernel_err.size()), exact_lo(kernel_err.size()),
+        cond(kernel_err.size()), bcol(static_cast<std::size_t>(C * K));
+    for (std::int64_t col = 0; col < C; ++col)
+      for (std::int64_t k = 0; k < K; ++k) bcol[static_cast<std::size_t>(col * K + k)] = bk[static_cast<std::size_t>(k * C + col)];
+    for (std::int64_t row = 0; row < rows; ++row)
+      for (std::int64_t col = 0; col < C; ++col) {
+        const auto at = static_cast<std::size_t>(row * C + col);
+        const std::int64_t e = sample.rows[static_cast<std::size_t>(row)] * N + sample.cols[static_cast<std::size_t>(col)];
+        const DoubleDouble x = cmp.exact[e].double_double();
+        exact_hi[at] = x.hi, exact_lo[at] = x.lo, cond[at] = cmp.condition[e];
+        const double got = decode(cmp.format, cmp.got[e]);
+        kernel_err[at] = cond[at] > 0 && std::isfinite(got) ? std::fabs((got - x.hi) - x.lo) / cond[at] : 0.0;
+      }
+    double k_mean = 0, k_sq = 0;
+    for (const double v : kernel_err) k_mean += v, k_sq += v * v;
+    k_mean /= static_cast<double>(n);
+    if (!(k_mean > 0)) return {};
+    const double k_sd = std::sqrt(std::max(0.0, k_sq / static_cast<double>(n) - k_mean * k_mean));
+    std::map<int, double> memo;
+    const auto e_of = [&](int frac) {
+      if (const auto it = memo.find(frac); it != memo.end()) return it->second;
+      AccumulationModel f = m;
+      f.frac_bits = frac;
+      std::vector<double> err(static_cast<std::size_t>(n));
+      parallel_for(n, [&](std::int64_t at) {
+        const std::int64_t row = at / C, col = at % C;
+        const double v = model_dot(f, &arows[static_cast<std::size_t>(row * K)], &bcol[static_cast<std::size_t>(col * K)], K);
+        const auto u = static_cast<std::size_t>(at);
+        err[u] = cond[u] > 0 ? std::fabs((static_cast<double>(v) - exact_hi[u]) - exact_lo[u]) / cond[u] : 0.0;
+      }, threads_for(static_cast<double>(n) * K, 0x1p16));
+      double s = 0;
+      for (const double v : err) s += v;
+      return memo[frac] = s / static_cast<double>(n);
+    };
+    const int lo_limit = 2, hi_limit = m.align_inputs ? 50 : 52;
+    // e(F) falls with F: bisect for the F with e(F) >= k > e(F + 1).
+    int lo = lo_limit, hi = hi_limit;
+    if (e_of(lo) < k_mean || e_of(hi) >= k_mean) return {};  // beyond the family's range
+    while (hi - lo > 1) {
+      const int mid = (lo + hi) / 2;
+      (e_of(mid) >= k_mean ? lo : hi) = mid;
+    }
+    const double e0 = e_of(lo), e1 = e_of(hi);
+    const double slope = e1 > 0 ? std::log2(e0 / e1) : INFINITY;  // bits of log2 error per fraction bit
+    const double f_star = std::isfinite(slope) && slope > 0 ? lo + std::log2(e0 / k_mean) / slope : lo;
+    EffectiveBits r;
+    r.bits = f_star + 1;
+    r.uncertainty = std::isfinite(slope) && slope > 0 ? k_sd / std::sqrt(static_cast<double>(n)) / k_mean / std::log(2.0) / slope : NAN;
+    AccumulationModel named = m;
+    named.frac_bits = 1;
+    r.family = named.name();
+    r.family.replace(r.family.find("frac=1"), 6, "frac=F");
+    return r;
   }
 };
 

@@ -2,6 +2,7 @@
 // the fuzz campaign and sweeps need to know about an op, and nothing they do themselves.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -67,6 +68,14 @@ struct RelationContext {
   std::function<std::string(const Case& c, const RunOutcome& run, OutputComparison reference)> judge_against;
 };
 
+/// An effective accumulator precision (bits, the implicit one included) with its standard
+/// uncertainty (NaN where not estimated) and the model family it was fitted in.
+struct EffectiveBits {
+  double bits = NAN;
+  double uncertainty = NAN;
+  std::string family;
+};
+
 class OpModule {
  public:
   virtual ~OpModule() = default;
@@ -99,9 +108,10 @@ class OpModule {
   virtual std::vector<RelationFailure> relations(const RelationContext& ctx, const Case& c, const Inputs& inputs,
                                                  const RunOutcome& first) const = 0;
   /// The effective accumulator precision at one sweep point (harness/sweep.hpp), NaN where
-  /// the op has no calibrator.
-  virtual double effective_bits(const Case& c, const Inputs& inputs, const OutputComparison& cmp,
-                                double kernel_mean_normalised) const = 0;
+  /// the op has no calibrator; the kernel's traits choose the model family (round to
+  /// nearest: a sequential accumulation; otherwise the block-FMA family, truncating).
+  virtual EffectiveBits effective_bits(const Case& c, const Inputs& inputs, const OutputComparison& cmp,
+                                       double kernel_mean_normalised, const KernelTraits& traits) const = 0;
 };
 
 /// The precision terms every op's tolerance starts from: the accumulator precision of the

@@ -306,3 +306,41 @@ TEST(Sweep, DeclaredPromotionIsTheToleranceOfItsChunksAndItsModelTheRule) {
   EXPECT_DOUBLE_EQ(t.gamma(16384), (1 + inner) * (1 + outer) - 1);
   EXPECT_DOUBLE_EQ(t.gamma(100), 100 * 0x1p-13 / (1 - 100 * 0x1p-13));  // within one chunk
 }
+
+// Effective bits that mean something for truncating accumulators (issue 18, part 4): an
+// FP8-tensor-core-like model (13 fraction bits in steps of 32, promoted every 128) through
+// E4M3 inputs is measured by the block-FMA family fitted on the same inputs: within a bit of
+// its 14 bits of precision at every K, spread under half a bit, with an uncertainty; an RNE
+// calibrator on the same outputs (the kernel declared as rounding to nearest) drifts by
+// several bits across K, as the H200's FP8 sweeps did (0.73 to 11.5 bits).
+TEST(Sweep, FittedEffectiveBitsOfATruncatingAccumulatorAreStableAcrossK) {
+  const char* fp8_like = "cpu.blockfma:block=32,frac=13,round=rz,promote=128";
+  auto truncating = make_emulated_gemm(*AccumulationModel::parse(fp8_like));
+  const SweepOutcome fit = sweep_kernel(*truncating);
+  KernelTraits rne = truncating->traits();
+  rne.rounds_to_nearest = true;
+  Declaring as_rne(make_emulated_gemm(*AccumulationModel::parse(fp8_like)), rne);
+  const SweepOutcome cal = sweep_kernel(as_rne);
+  const auto spread = [](const std::vector<double>& v) {
+    return *std::max_element(v.begin(), v.end()) - *std::min_element(v.begin(), v.end());
+  };
+  std::printf("[ sweep ] fitted:");
+  for (double b : fit.effective_bits_per_point) std::printf(" %.2f", b);
+  std::printf(" (spread %.2f); RNE calibrator:", spread(fit.effective_bits_per_point));
+  for (double b : cal.effective_bits_per_point) std::printf(" %.2f", b);
+  std::printf(" (spread %.2f)\n", spread(cal.effective_bits_per_point));
+  ASSERT_EQ(fit.effective_bits_per_point.size(), 4u);
+  for (double b : fit.effective_bits_per_point) EXPECT_NEAR(b, 14.0, 1.0);
+  EXPECT_LT(spread(fit.effective_bits_per_point), 0.5);
+  EXPECT_GT(spread(cal.effective_bits_per_point), 2.0);
+  for (const CaseResult& r : fit.cases) {
+    ASSERT_TRUE(r.notes.count("effective_bits_uncertainty")) << "K=" << r.spec.gemm.k;
+    EXPECT_LT(std::stod(r.notes.at("effective_bits_uncertainty")), 0.5);
+    EXPECT_EQ(r.notes.at("effective_bits_family"), "cpu.blockfma:block=16,frac=F,round=rz,promote=128");
+  }
+  // declared (the probe's model), the family is the kernel's own: exact at every K
+  KernelTraits declared = truncating->traits();
+  declared.accumulation_model = fp8_like;
+  Declaring modelled(make_emulated_gemm(*AccumulationModel::parse(fp8_like)), declared);
+  for (double b : sweep_kernel(modelled).effective_bits_per_point) EXPECT_DOUBLE_EQ(b, 14.0);
+}
