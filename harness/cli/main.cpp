@@ -344,57 +344,44 @@ int main(int argc, char** argv) {
         }
         models.push_back(std::move(j));
       };
-      for (const std::string& inst : probe_instructions) {
-        const auto [dot, batch] = ulpgate::mma_unit(inst);  // unknown name or no device: exit 2
-        const ulpgate::Format input = batch.input;
+      // The experiments, the alignment and the validation in batches, then a line and a JSON
+      // object; a unit outside the block-FMA model is a finding (exit 1), a case the unit
+      // does not take, exit 2.
+      const auto probe_unit = [&](const std::string& unit, ulpgate::Format input, const ulpgate::ProbeDot& dot,
+                                  const ulpgate::ProbeBatch& batch, std::int64_t default_validate) {
         const std::string dtype(ulpgate::name(input));
         try {
           ulpgate::ProbedAccumulation p = ulpgate::probe_accumulation(dot, probe_max_block, probe_max_promote, 0, input);
           p.align_inputs = ulpgate::probe_alignment(p, batch);
-          const std::int64_t n = probe_validate < 0 ? 1000000 : probe_validate;
+          const std::int64_t n = probe_validate < 0 ? default_validate : probe_validate;
           std::string counts;
           if (n > 0 && (p.frac || p.frac_at_least >= 48) && p.rounding) {
             const ulpgate::BatchValidation v = ulpgate::validate_batched(p, batch, input, n);
             p.validated = static_cast<int>(std::min<std::int64_t>(v.total(), INT32_MAX));
             counts = fmt::format(" ({} normal, {} cancelling, {} with subnormal inputs)", v.normal, v.cancelling, v.subnormal);
           }
-          std::printf("%s (%s inputs): %s%s\n", inst.c_str(), dtype.c_str(), p.describe().c_str(), counts.c_str());
-          record(inst, dtype, p, "");
+          std::printf("%s (%s inputs): %s%s\n", unit.c_str(), dtype.c_str(), p.describe().c_str(), counts.c_str());
+          record(unit, dtype, p, "");
+        } catch (const ulpgate::InputError&) {
+          throw;
         } catch (const std::runtime_error& e) {
-          std::printf("%s: not a block-FMA unit: %s\n", inst.c_str(), e.what());
-          record(inst, dtype, {}, e.what());
+          std::printf("%s: not a block-FMA unit: %s\n", unit.c_str(), e.what());
+          record(unit, dtype, {}, e.what());
           rc = 1;
         }
         std::fflush(stdout);
+      };
+      for (const std::string& inst : probe_instructions) {
+        const auto [dot, batch] = ulpgate::mma_unit(inst);  // unknown name or no device: exit 2
+        probe_unit(inst, batch.input, dot, batch, 1000000);
       }
       for (const std::string& name : probe_kernels) {
         ulpgate::Kernel* k = registry.resolve(name);
         if (!k) throw ulpgate::InputError(fmt::format("unknown kernel '{}' (see ulpgate list)", name));
-        try {
-          const std::string dtype = probe_dtype.empty() ? ulpgate::default_dtype(name) : probe_dtype;
-          const ulpgate::Format input = *ulpgate::parse_format(dtype);
-          ulpgate::ProbedAccumulation p =
-              ulpgate::probe_accumulation(ulpgate::kernel_unit(*k, input, probe_mn), probe_max_block, probe_max_promote, 0, input);
-          // the alignment and the validation in batches: up to mn dot products per GEMM, on D's diagonal
-          const ulpgate::ProbeBatch batch = ulpgate::kernel_batch(*k, input, probe_mn);
-          p.align_inputs = ulpgate::probe_alignment(p, batch);
-          const std::int64_t n = probe_validate < 0 ? 1000 : probe_validate;
-          std::string counts;
-          if (n > 0 && (p.frac || p.frac_at_least >= 48) && p.rounding) {
-            const ulpgate::BatchValidation v = ulpgate::validate_batched(p, batch, input, n);
-            p.validated = static_cast<int>(std::min<std::int64_t>(v.total(), INT32_MAX));
-            counts = fmt::format(" ({} normal, {} cancelling, {} with subnormal inputs)", v.normal, v.cancelling, v.subnormal);
-          }
-          std::printf("%s (%s inputs): %s%s\n", name.c_str(), dtype.c_str(), p.describe().c_str(), counts.c_str());
-          record(name, dtype, p, "");
-        } catch (const ulpgate::InputError&) {
-          throw;  // the kernel does not take the probe's cases: exit 2
-        } catch (const std::runtime_error& e) {
-          std::printf("%s: not a block-FMA unit: %s\n", name.c_str(), e.what());
-          record(name, probe_dtype.empty() ? ulpgate::default_dtype(name) : probe_dtype, {}, e.what());
-          rc = 1;
-        }
-        std::fflush(stdout);
+        const std::string dtype = probe_dtype.empty() ? ulpgate::default_dtype(name) : probe_dtype;
+        const ulpgate::Format input = *ulpgate::parse_format(dtype);
+        // validated in batches: up to mn dot products per GEMM, on D's diagonal
+        probe_unit(name, input, ulpgate::kernel_unit(*k, input, probe_mn), ulpgate::kernel_batch(*k, input, probe_mn), 1000);
       }
       if (!probe_json.empty()) ulpgate::write_text_file_atomically(probe_json, models.dump(2) + "\n");
       return rc;
