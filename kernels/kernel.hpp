@@ -35,12 +35,12 @@ struct KernelTraits {
   int promote = 0;
   /// Where accumulator_bits and promote come from when measured rather than designed, e.g.
   /// "probe, NVIDIA H200, 2026-12-03" (reports say it next to the kernel); empty otherwise.
-  std::string arithmetic_source;
+  std::string arithmetic_source{};
   /// A bit-accurate CPU model of the kernel's accumulation (a cpu.blockfma name, e.g. from
   /// the probe); empty: none. Checks then apply the model rule: the kernel's max normalised
   /// error at most kDeclaredModelFactor x the model's on the same inputs (a kernel worse
   /// than its own hardware allows), on GEMM cases of at most kDeclaredModelTerms terms.
-  std::string accumulation_model;
+  std::string accumulation_model{};
   /// Attention: the precision (bits) P is rounded to before P V (flash kernels: FP16 11,
   /// BF16 8); 0: P is used at the compute precision. The tolerance model uses it.
   int p_bits = 0;
