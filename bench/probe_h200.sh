@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Issue 18's H200 measurements in one call (docs/results/probe_h200.md):
+#   bench/probe_h200.sh BUILD_DIR OUT_DIR [parts...]
+# parts (default all): tests instructions kernels sweep campaign
+#   tests         test_mma_unit_gpu (fragments; the f16/bf16/tf32 models on 100,000 dot products)
+#   instructions  ulpgate probe --instruction on every mma.sync, 10^6 dot products each (JSON too)
+#   kernels       ulpgate probe --kernel on the cuBLASLt tensor-core kernels at M = N = 256
+#   sweep         the FP8 kernels' sweeps with the declared arithmetic and fitted effective bits
+#                 (M = N = 128, K = 2^8..2^16, two distributions): spread across K per series
+#   campaign      the default fuzz campaign (every kernel here), exit code and failures
+# Raw outputs go to OUT_DIR; a summary to stdout.
+set -uo pipefail
+[ $# -ge 2 ] || { echo "usage: bench/probe_h200.sh BUILD_DIR OUT_DIR [tests instructions kernels sweep campaign]" >&2; exit 2; }
+build=$(cd "$1" && pwd); out=$2; shift 2
+mkdir -p "$out"; out=$(cd "$out" && pwd)
+parts=${*:-tests instructions kernels sweep campaign}
+has() { [[ " $parts " == *" $1 "* ]]; }
+now() { date +%s.%N; }
+took() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f s", b - a }'; }
+if has tests; then
+  t0=$(now); "$build/tests/kernels/test_mma_unit_gpu" > "$out/test_mma_unit_gpu.txt" 2>&1
+  echo "tests: rc $? in $(took "$t0")"; grep -E "agree|OK|FAILED" "$out/test_mma_unit_gpu.txt" | cut -c1-240
+fi
+if has instructions; then
+  t0=$(now)
+  "$build/ulpgate" probe --instruction mma.f16 --instruction mma.bf16 --instruction mma.tf32 --instruction mma.e4m3 \
+    --instruction mma.e5m2 --json "$out/mma_models.json" > "$out/probe_mma.txt" 2>&1
+  echo "instructions: rc $? in $(took "$t0")"; cut -c1-300 "$out/probe_mma.txt"
+fi
+if has kernels; then
+  t0=$(now); : > "$out/probe_kernels.txt"
+  for k in cublas.fp16 cublas.bf16 cublas.tf32 cublaslt.fp16 cublaslt.bf16 cublaslt.tf32 cublaslt.fp8 cublaslt.fp8_fast; do
+    "$build/ulpgate" probe --kernel "$k" --mn 256 --validate 2000 --json "$out/probe_$k.json" >> "$out/probe_kernels.txt" 2>&1 \
+      || echo "  ($k: exit $?)" >> "$out/probe_kernels.txt"
+  done
+  echo "kernels: $(took "$t0")"; cut -c1-300 "$out/probe_kernels.txt"
+fi
+if has sweep; then
+  t0=$(now)
+  "$build/ulpgate" sweep --kernel cublaslt.fp8 --kernel cublaslt.fp8_fast --dist 'normal(0,1)' --dist 'uniform(0,1)' \
+    --vary K=256:65536 --mn 128 --seed 1 --out "$out/sweep_fp8" > "$out/sweep_fp8.log" 2>&1
+  echo "sweep: rc $? in $(took "$t0")"; grep -E "growth|FAIL" "$out/sweep_fp8.log" | cut -c1-240
+  rm -rf "$out/sweep_fp8/cases"
+fi
+if has campaign; then
+  t0=$(now)
+  "$build/ulpgate" fuzz --seed 1 --no-html --out "$out/campaign" > "$out/campaign.log" 2>&1
+  echo "campaign: rc $? in $(took "$t0")"; tail -4 "$out/campaign.log"; grep -E "^- .*FAIL|failed" "$out/campaign/report.md" | head -20
+  rm -rf "$out/campaign/cases"
+fi
