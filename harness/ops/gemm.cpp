@@ -437,6 +437,13 @@ class GemmModule final : public OpModule {
       const bool ta = *gen::pick(std::vector<bool>{false, true}), tb = *gen::pick(std::vector<bool>{true, false});
       keep_if_supported([&] { g.layout = layout, g.trans_a = ta, g.trans_b = tb; },
                         [&] { g.layout = Layout::RowMajor, g.trans_a = false, g.trans_b = true; });
+      // FP8 M and N multiples of 16 only where the kernel needs it (cuBLASLt FP8: every
+      // leading dimension a multiple of 16 bytes, so packed FP32 outputs need N or M % 4).
+      if (fp8 && k && k->unsupported(c)) {
+        const std::int64_t m0 = g.m, n0 = g.n;
+        g.m = (g.m + 15) / 16 * 16, g.n = (g.n + 15) / 16 * 16;
+        if (k->unsupported(c)) g.m = m0, g.n = n0;
+      }
       if (!k && c.types.at("A") != Format::FP64 && *gen::pick(std::vector<bool>{false, true})) {
         // Without a kernel: mixed input formats too (A and B of different types).
         c.types["B"] = *gen::pick(std::vector<Format>{Format::FP32, Format::FP16, Format::BF16, Format::E4M3, Format::E5M2});
