@@ -10,14 +10,7 @@
 #              (goal: within 127 s), a progress line per point in OUT_DIR/sweep4096.log
 #   probe      ulpgate probe on every cuBLAS/cuBLASLt kernel, each with its own input type
 # Raw outputs go to OUT_DIR; a summary to stdout.
-set -uo pipefail
-[ $# -ge 2 ] || { echo "usage: bench/gpu_reference.sh BUILD_DIR OUT_DIR [tests table crossover sweep probe]" >&2; exit 2; }
-build=$(cd "$1" && pwd); out=$2; shift 2
-mkdir -p "$out"; out=$(cd "$out" && pwd)
-parts=${*:-tests table crossover sweep probe}
-has() { [[ " $parts " == *" $1 "* ]]; }
-now() { date +%s.%N; }
-took() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f s", b - a }'; }
+source "$(dirname "$0")/parts.sh" "bench/gpu_reference.sh BUILD_DIR OUT_DIR [tests table crossover sweep probe]" "tests table crossover sweep probe" "$@"
 if has tests; then
   t0=$(now); "$build/tests/references/test_sliced_gemm_gpu" > "$out/test_sliced_gemm_gpu.txt" 2>&1
   echo "tests: rc $? in $(took "$t0")"; grep -E "OK|FAILED|elements|certified" "$out/test_sliced_gemm_gpu.txt"

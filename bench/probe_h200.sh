@@ -9,14 +9,7 @@
 #                 (M = N = 128, K = 2^8..2^16, two distributions): spread across K per series
 #   campaign      the default fuzz campaign (every kernel here), exit code and failures
 # Raw outputs go to OUT_DIR; a summary to stdout.
-set -uo pipefail
-[ $# -ge 2 ] || { echo "usage: bench/probe_h200.sh BUILD_DIR OUT_DIR [tests instructions kernels sweep campaign]" >&2; exit 2; }
-build=$(cd "$1" && pwd); out=$2; shift 2
-mkdir -p "$out"; out=$(cd "$out" && pwd)
-parts=${*:-tests instructions kernels sweep campaign}
-has() { [[ " $parts " == *" $1 "* ]]; }
-now() { date +%s.%N; }
-took() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f s", b - a }'; }
+source "$(dirname "$0")/parts.sh" "bench/probe_h200.sh BUILD_DIR OUT_DIR [tests instructions kernels sweep campaign]" "tests instructions kernels sweep campaign" "$@"
 if has tests; then
   t0=$(now); "$build/tests/kernels/test_mma_unit_gpu" > "$out/test_mma_unit_gpu.txt" 2>&1
   echo "tests: rc $? in $(took "$t0")"; grep -E "agree|OK|FAILED" "$out/test_mma_unit_gpu.txt" | cut -c1-240
