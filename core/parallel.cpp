@@ -20,11 +20,9 @@ unsigned default_threads() {
 }
 
 void parallel_memcpy(void* to, const void* from, std::size_t bytes) {
-  constexpr std::size_t kPiece = std::size_t{4} << 20;
-  parallel_for(static_cast<std::int64_t>((bytes + kPiece - 1) / kPiece), [&](std::int64_t q) {
-    const std::size_t at = static_cast<std::size_t>(q) * kPiece;
-    std::memcpy(static_cast<std::byte*>(to) + at, static_cast<const std::byte*>(from) + at, std::min(kPiece, bytes - at));
-  }, threads_for(static_cast<double>(bytes), static_cast<double>(kPiece)));
+  for_each_piece(bytes, [&](std::size_t at, std::size_t n) {
+    std::memcpy(static_cast<std::byte*>(to) + at, static_cast<const std::byte*>(from) + at, n);
+  });
 }
 
 }  // namespace ulpgate

@@ -61,8 +61,19 @@ void parallel_for(std::int64_t n, Fn&& fn, unsigned threads = default_threads(),
   if (error) std::rethrow_exception(error);
 }
 
-/// memcpy of a large block on several threads (a thread per 4 MB at least): one thread
-/// copies about 10 GB/s, and into fresh memory it also takes every page fault.
+/// fn(offset, length) over [0, bytes) in pieces of kBytePiece (4 MB) on several threads (a
+/// thread per piece at least): for streaming a large block through memcpy or memcmp.
+inline constexpr std::size_t kBytePiece = std::size_t{4} << 20;
+template <class Fn>
+void for_each_piece(std::size_t bytes, Fn&& fn) {
+  parallel_for(static_cast<std::int64_t>((bytes + kBytePiece - 1) / kBytePiece), [&](std::int64_t q) {
+    const std::size_t at = static_cast<std::size_t>(q) * kBytePiece;
+    fn(at, std::min(kBytePiece, bytes - at));
+  }, threads_for(static_cast<double>(bytes), static_cast<double>(kBytePiece)));
+}
+
+/// memcpy of a large block on several threads (for_each_piece): one thread copies about
+/// 10 GB/s, and into fresh memory it also takes every page fault.
 void parallel_memcpy(void* to, const void* from, std::size_t bytes);
 
 }  // namespace ulpgate

@@ -13,7 +13,6 @@ namespace ulpgate {
 namespace {
 
 constexpr std::size_t kChunk = std::size_t{32} << 20;  // bytes per DMA
-constexpr std::size_t kPiece = std::size_t{4} << 20;   // bytes per host thread's memcpy
 
 // This thread's two page-locked chunk buffers and the events that free them, made on first
 // use and never released (as thread_stream: the CUDA runtime may be gone at thread exit).
@@ -35,15 +34,6 @@ Staging& staging() {
 }
 
 std::size_t chunk_bytes(std::size_t bytes, std::size_t c) { return std::min(kChunk, bytes - c * kChunk); }
-
-// fn(offset, length) over [0, bytes) in kPiece pieces on several threads.
-template <class Fn>
-void pieces(std::size_t bytes, Fn&& fn) {
-  parallel_for(static_cast<std::int64_t>((bytes + kPiece - 1) / kPiece), [&](std::int64_t q) {
-    const std::size_t at = static_cast<std::size_t>(q) * kPiece;
-    fn(at, std::min(kPiece, bytes - at));
-  }, threads_for(static_cast<double>(bytes), static_cast<double>(kPiece)));
-}
 
 // The error after letting the stream finish: a staging buffer may be refilled only once no
 // DMA reads or writes it.
@@ -121,7 +111,7 @@ cudaError_t staged_equal(const void* dev, const void* host, std::size_t bytes, c
   return download_chunks(dev, bytes, s, [&](std::size_t c, const std::byte* staged, std::size_t len) {
     const auto* want = static_cast<const std::byte*>(host) + c * kChunk;
     std::atomic<bool> same{true};
-    pieces(len, [&](std::size_t at, std::size_t n) {
+    for_each_piece(len, [&](std::size_t at, std::size_t n) {
       if (same.load(std::memory_order_relaxed) && std::memcmp(staged + at, want + at, n) != 0) same = false;
     });
     equal = same;

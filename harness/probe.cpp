@@ -54,6 +54,14 @@ std::string ProbedAccumulation::describe() const {
                                : "; not validated (a parameter is not known)");
 }
 
+AccumulationModel ProbedAccumulation::model(Format input) const {
+  AccumulationModel m;
+  m.order = AccumulationModel::Order::BlockFma, m.block = block, m.frac_bits = frac.value_or(52);
+  m.rounding = rounding.value_or(Rounding::TowardZero), m.promote = promote;
+  m.align_inputs = align_inputs.value_or(false), m.align_format = input, m.pairs = pairs;
+  return m;
+}
+
 namespace {
 
 // x is a normal finite value of f.
@@ -122,6 +130,22 @@ Case probe_case(Kernel& kernel, Format input, std::int64_t mn, std::int64_t k) {
                                mn, mn, k, name(input), *why));
 }
 
+// The probe's products as factors of the unit's input format, zero padded to `length`
+// (FP32: A the products, B ones; otherwise split_product's two normal values).
+std::pair<std::vector<double>, std::vector<double>> factors(std::span<const double> p, Format input, std::size_t length) {
+  std::vector<double> a(std::max(length, p.size()), 0.0), b(a.size(), 0.0);
+  for (std::size_t i = 0; i < p.size(); ++i) {
+    if (input == Format::FP32) {
+      a[i] = p[i], b[i] = 1.0;
+      continue;
+    }
+    const auto ab = split_product(p[i], input);
+    if (!ab) throw std::logic_error(fmt::format("probe: {:a} is not a product of two normal {} values", p[i], name(input)));
+    a[i] = ab->first, b[i] = ab->second;
+  }
+  return {std::move(a), std::move(b)};
+}
+
 // Runs the case on inputs whose op(A) row d and op(B) column d hold dot d's factors (every
 // other element zero), d < dots <= mn; D[d][d] is dot d.
 std::vector<float> run_diagonal(Kernel& kernel, const Case& c, Format input, const std::vector<double>& a,
@@ -153,16 +177,7 @@ ProbeDot kernel_unit(Kernel& kernel, Format input, std::int64_t mn) {
     // real shapes: at 1 x 1 cuBLAS reduces like a GEMV).
     const auto k = static_cast<std::int64_t>(p.size());
     const Case c = probe_case(kernel, input, mn, k);
-    std::vector<double> a(static_cast<std::size_t>(c.gemm.k), 0.0), b(a.size(), 0.0);
-    for (std::size_t i = 0; i < p.size(); ++i) {
-      if (input == Format::FP32) {
-        a[i] = p[i], b[i] = 1.0;
-        continue;
-      }
-      const auto ab = split_product(p[i], input);
-      if (!ab) throw std::logic_error(fmt::format("probe: {:a} is not a product of two normal {} values", p[i], name(input)));
-      a[i] = ab->first, b[i] = ab->second;
-    }
+    const auto [a, b] = factors(p, input, static_cast<std::size_t>(c.gemm.k));
     return run_diagonal(kernel, c, input, a, b, 1, c.gemm.k).front();
   };
 }
@@ -209,13 +224,8 @@ std::pair<ProbeDot, ProbeBatch> mma_unit(const std::string& instruction) {
     return mma_dots(*inst, wa, wb, dots, k);
   };
   ProbeDot dot = [inst, batch](std::span<const double> p) {
-    const std::size_t k = (p.size() + inst->k - 1) / inst->k * inst->k;
-    std::vector<double> a(std::max<std::size_t>(k, inst->k), 0.0), b(a.size(), 0.0);
-    for (std::size_t i = 0; i < p.size(); ++i) {
-      const auto ab = split_product(p[i], inst->input);
-      if (!ab) throw std::logic_error(fmt::format("probe: {:a} is not a product of two normal {} values", p[i], name(inst->input)));
-      a[i] = ab->first, b[i] = ab->second;
-    }
+    const std::size_t k = std::max<std::size_t>((p.size() + inst->k - 1) / inst->k * inst->k, inst->k);
+    const auto [a, b] = factors(p, inst->input, k);
     return batch.run(a, b, 1, static_cast<std::int64_t>(a.size())).front();
   };
   return {dot, batch};
@@ -245,13 +255,8 @@ std::optional<bool> probe_alignment(const ProbedAccumulation& p, const ProbeBatc
 
 BatchValidation validate_batched(const ProbedAccumulation& p, const ProbeBatch& unit, Format input, std::int64_t dots,
                                  std::uint64_t seed) {
-  if ((!p.frac && p.frac_at_least < 48) || !p.rounding)
-    throw std::logic_error("validate_batched: the probed model is not fully known");
-  AccumulationModel m;
-  m.order = AccumulationModel::Order::BlockFma, m.block = p.block, m.frac_bits = p.frac.value_or(52);
-  m.rounding = *p.rounding, m.promote = p.promote, m.align_inputs = p.align_inputs.value_or(false);
-  m.align_format = input;
-  m.pairs = p.pairs;
+  if (!p.known()) throw std::logic_error("validate_batched: the probed model is not fully known");
+  const AccumulationModel m = p.model(input);
   const FormatInfo& fi = info(input);
   const std::int64_t span = std::max<std::int64_t>(8 * p.block, 3 * p.promote) + 7;
   const std::int64_t step = std::max(1, unit.step);
@@ -266,6 +271,8 @@ BatchValidation validate_batched(const ProbedAccumulation& p, const ProbeBatch& 
     return (r.w[1] >> 16) & 1 ? -v : v;
   };
   BatchValidation out;
+  static constexpr const char* kClass[] = {"normal", "cancelling", "subnormal"};
+  std::int64_t* const count[] = {&out.normal, &out.cancelling, &out.subnormal};
   constexpr std::int64_t kBatch = 1 << 15;
   for (std::int64_t first = 0; first < dots; first += kBatch) {
     // This batch's dots grouped by padded length (one launch each).
@@ -311,10 +318,9 @@ BatchValidation validate_batched(const ProbedAccumulation& p, const ProbeBatch& 
           throw std::runtime_error(fmt::format("the inferred {} gives {:a} where the unit gives {:a} (random dot product {} "
                                                "of {} products, {} class: {}{})",
                                                m.name(), want, got[static_cast<std::size_t>(j)], ids[static_cast<std::size_t>(j)], kp,
-                                               cls[static_cast<std::size_t>(j)] == 0 ? "normal" : cls[static_cast<std::size_t>(j)] == 1 ? "cancelling" : "subnormal",
-                                               terms, kp > 8 ? ", ..." : ""));
+                                               kClass[cls[static_cast<std::size_t>(j)]], terms, kp > 8 ? ", ..." : ""));
         }
-        (cls[static_cast<std::size_t>(j)] == 0 ? out.normal : cls[static_cast<std::size_t>(j)] == 1 ? out.cancelling : out.subnormal)++;
+        ++*count[cls[static_cast<std::size_t>(j)]];
       }
     }
   }
@@ -484,11 +490,9 @@ ProbedAccumulation probe_accumulation(const ProbeDot& dot, int max_block, int ma
   // Validation: the inferred model against the unit on random FP32 products (not where a
   // width below 48 bits or the rounding is left unknown: no single model stands for the
   // unit then).
-  AccumulationModel m;
-  m.order = AccumulationModel::Order::BlockFma, m.block = r.block, m.frac_bits = r.frac.value_or(52);
-  m.rounding = r.rounding.value_or(Rounding::TowardZero), m.promote = r.promote;
+  const AccumulationModel m = r.model(input);
   const std::int64_t span = std::max<std::int64_t>(8 * r.block, 3 * r.promote) + 7;
-  if ((!r.frac && r.frac_at_least < 48) || !r.rounding) validate = 0;
+  if (!r.known()) validate = 0;
   for (int i = 0; i < validate; ++i) {
     const std::uint32_t w = random_block(0x9e3779b9, 18, static_cast<std::uint64_t>(i)).w[0];
     const std::int64_t k = 1 + static_cast<std::int64_t>(w % static_cast<std::uint64_t>(span));

@@ -41,6 +41,7 @@
 #include <vector>
 
 #include "core/format.hpp"
+#include "kernels/emulated/gemm_models.hpp"
 #include "kernels/kernel.hpp"
 
 namespace ulpgate {
@@ -76,7 +77,14 @@ struct ProbedAccumulation {
   /// Products summed exactly in pairs before each step (AccumulationModel::pairs): not found
   /// by the experiments, set by a caller testing that hypothesis.
   bool pairs = false;
-  std::string describe() const;     ///< "block 4, 23 fraction bits, rz"
+  std::string describe() const;
+  /// Every parameter known (a width, or at least 48 bits, and a rounding): model() then
+  /// stands for the unit.
+  bool known() const { return (frac || frac_at_least >= 48) && rounding.has_value(); }
+  /// The block-FMA model of these parameters (52 fraction bits for "at least 48", toward
+  /// zero for an unknown rounding), aligned by the factors' exponents in `input` where
+  /// align_inputs says so.
+  AccumulationModel model(Format input) const;     ///< "block 4, 23 fraction bits, rz"
 };
 
 /// a = x, b = y with a b = p exactly, both normal finite values of `input` (so that no

@@ -27,7 +27,6 @@
 #include "harness/cli/options.hpp"
 #include "core/file_io.hpp"
 #include "kernels/device.hpp"
-#include "kernels/emulated/gemm_models.hpp"
 #include "kernels/kernel.hpp"
 #include "kernels/plugin/loader.hpp"
 #include "reports/report.hpp"
@@ -332,13 +331,7 @@ int main(int argc, char** argv) {
           j["rounding_moot"] = p.rounding_moot;
           j["validated"] = p.validated;
           j["summary"] = p.describe();
-          if ((p.frac || p.frac_at_least >= 48) && p.rounding) {
-            ulpgate::AccumulationModel m;
-            m.order = ulpgate::AccumulationModel::Order::BlockFma, m.block = p.block, m.frac_bits = p.frac.value_or(52);
-            m.rounding = *p.rounding, m.promote = p.promote, m.align_inputs = p.align_inputs.value_or(false);
-            if (const auto f = ulpgate::parse_format(dtype)) m.align_format = *f;
-            j["model"] = m.name();
-          }
+          if (p.known()) j["model"] = p.model(*ulpgate::parse_format(dtype)).name();
         } else {
           j["problem"] = problem;
         }
@@ -355,7 +348,7 @@ int main(int argc, char** argv) {
           p.align_inputs = ulpgate::probe_alignment(p, batch);
           const std::int64_t n = probe_validate < 0 ? default_validate : probe_validate;
           std::string counts;
-          if (n > 0 && (p.frac || p.frac_at_least >= 48) && p.rounding) {
+          if (n > 0 && p.known()) {
             const ulpgate::BatchValidation v = ulpgate::validate_batched(p, batch, input, n);
             p.validated = static_cast<int>(std::min<std::int64_t>(v.total(), INT32_MAX));
             counts = fmt::format(" ({} normal, {} cancelling, {} with subnormal inputs)", v.normal, v.cancelling, v.subnormal);

@@ -253,22 +253,20 @@ float model_dot(const AccumulationModel& m, const double* a, const double* b, st
       for (std::int64_t i = 0; i < k; i += m.block) {
         const int n = static_cast<int>(std::min<std::int64_t>(m.block, k - i));
         for (int j = 0; j < n; ++j) p[j] = a[i + j] * b[i + j];
+        // The step's terms: the products, or (pairs) their exact pair sums; aligned by their
+        // own leading bits, or (align_inputs, not with pairs) by their factors' exponents.
+        int terms = n;
+        const int* aligned_by = nullptr;
         if (m.pairs) {  // exact: products of narrow inputs are short, two of them fit a double
-          int h = 0;
-          for (int j = 0; j < n; j += 2, ++h) p[h] = p[j] + (j + 1 < n ? p[j + 1] : 0.0);
-          acc = block_step(m, acc, p.data(), nullptr, h);
-          if (m.promote && ((i + n) % m.promote == 0 || i + n == k)) {
-            outer = add_round32(outer, acc, Rounding::NearestEven);
-            acc = 0.0f;
-          }
-          continue;
-        }
-        if (m.align_inputs) {
+          terms = 0;
+          for (int j = 0; j < n; j += 2, ++terms) p[terms] = p[j] + (j + 1 < n ? p[j + 1] : 0.0);
+        } else if (m.align_inputs) {
           const int emin = info(m.align_format).emin();
           for (int j = 0; j < n; ++j)
             pe[j] = p[j] != 0.0 ? std::max(std::ilogb(a[i + j]), emin) + std::max(std::ilogb(b[i + j]), emin) : 0;
+          aligned_by = pe.data();
         }
-        acc = block_step(m, acc, p.data(), m.align_inputs ? pe.data() : nullptr, n);
+        acc = block_step(m, acc, p.data(), aligned_by, terms);
         if (m.promote && ((i + n) % m.promote == 0 || i + n == k)) {
           outer = add_round32(outer, acc, Rounding::NearestEven);
           acc = 0.0f;
