@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
 # Issue 18's H200 measurements in one call (docs/results/probe_h200.md):
 #   bench/probe_h200.sh BUILD_DIR OUT_DIR [parts...]
-# parts (default all): tests instructions kernels sweep campaign
+# parts (default all): tests instructions kernels dumps sweep campaign
 #   tests         test_mma_unit_gpu (fragments; the f16/bf16/tf32 models on 100,000 dot products)
 #   instructions  ulpgate probe --instruction on every mma.sync, 10^6 dot products each (JSON too)
 #   kernels       ulpgate probe --kernel on the cuBLASLt tensor-core kernels at M = N = 256
+#   dumps         random dot products and the unit's results for offline model fitting
+#                 (ulpgate probe --dump): the FP8 instructions and cuBLASLt BF16/FP8 kernels
 #   sweep         the FP8 kernels' sweeps with the declared arithmetic and fitted effective bits
 #                 (M = N = 128, K = 2^8..2^16, two distributions): spread across K per series
 #   campaign      the default fuzz campaign (every kernel here), exit code and failures
 # Raw outputs go to OUT_DIR; a summary to stdout.
-source "$(dirname "$0")/parts.sh" "bench/probe_h200.sh BUILD_DIR OUT_DIR [tests instructions kernels sweep campaign]" "tests instructions kernels sweep campaign" "$@"
+source "$(dirname "$0")/parts.sh" "bench/probe_h200.sh BUILD_DIR OUT_DIR [tests instructions kernels dumps sweep campaign]" "tests instructions kernels dumps sweep campaign" "$@"
 if has tests; then
   t0=$(now); "$build/tests/kernels/test_mma_unit_gpu" > "$out/test_mma_unit_gpu.txt" 2>&1
   echo "tests: rc $? in $(took "$t0")"; grep -E "agree|OK|FAILED" "$out/test_mma_unit_gpu.txt" | cut -c1-240
@@ -27,6 +29,14 @@ if has kernels; then
       || echo "  ($k: exit $?)" >> "$out/probe_kernels.txt"
   done
   echo "kernels: $(took "$t0")"; cut -c1-300 "$out/probe_kernels.txt"
+fi
+if has dumps; then
+  t0=$(now)
+  "$build/ulpgate" probe --instruction mma.e4m3 --instruction mma.e5m2 --validate 0 --dump "$out/dumps" > "$out/dumps.txt" 2>&1
+  for k in cublaslt.bf16 cublaslt.fp8 cublaslt.fp8_fast; do
+    "$build/ulpgate" probe --kernel "$k" --mn 256 --validate 0 --dump "$out/dumps" >> "$out/dumps.txt" 2>&1
+  done
+  echo "dumps: $(took "$t0")"; grep written "$out/dumps.txt"
 fi
 if has sweep; then
   t0=$(now)

@@ -138,7 +138,7 @@ json parse_json(std::string_view text) {
   }
 }
 
-nlohmann::json read_json_file(const std::string& path, std::string_view what) {
+std::string read_whole_file(const std::string& path, std::string_view what) {
   std::error_code ec;
   if (std::filesystem::is_directory(path, ec)) throw InputError(fmt::format("{}: is a directory, not a {}", path, what));
   std::ifstream in(path, std::ios::binary);
@@ -146,8 +146,13 @@ nlohmann::json read_json_file(const std::string& path, std::string_view what) {
   std::ostringstream text;
   text << in.rdbuf();
   if (in.bad()) throw InputError(path + ": read failed");
+  return std::move(text).str();
+}
+
+nlohmann::json read_json_file(const std::string& path, std::string_view what) {
+  const std::string text = read_whole_file(path, what);
   try {
-    return parse_json(text.str());
+    return parse_json(text);
   } catch (const InputError& e) {
     throw InputError(path + ": " + e.what());
   }

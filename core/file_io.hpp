@@ -25,6 +25,10 @@ std::string control_character_problem(std::string_view text);
 /// is out of range (beyond +-1.8e308)" with FIELD a path such as "cases[3].seconds".
 nlohmann::json parse_json(std::string_view text);
 
+/// The whole file's bytes; InputError naming the path when it cannot be read (`what`
+/// names the kind of file expected, for a directory given in its place).
+std::string read_whole_file(const std::string& path, std::string_view what = "file");
+
 /// Parses a JSON file (parse_json, the path in front of its messages). InputError also for
 /// "path: cannot open (reason)", "path: is a directory, not a <what>".
 nlohmann::json read_json_file(const std::string& path, std::string_view what = "JSON file");

@@ -5,12 +5,14 @@
 #include <cmath>
 #include <map>
 #include <optional>
+#include <sstream>
 #include <stdexcept>
 #include <vector>
 
 #include <fmt/format.h>
 
 #include "core/error.hpp"
+#include "core/file_io.hpp"
 #include "core/rng.hpp"
 #include "harness/runner.hpp"
 #include "kernels/emulated/gemm_models.hpp"
@@ -253,13 +255,10 @@ std::optional<bool> probe_alignment(const ProbedAccumulation& p, const ProbeBatc
   throw std::runtime_error(fmt::format("probe: the alignment experiment gave {:a}, neither 2^{} nor 0", got, s - *p.frac));
 }
 
-BatchValidation validate_batched(const ProbedAccumulation& p, const ProbeBatch& unit, Format input, std::int64_t dots,
-                                 std::uint64_t seed) {
-  if (!p.known()) throw std::logic_error("validate_batched: the probed model is not fully known");
-  const AccumulationModel m = p.model(input);
+void for_each_random_batch(Format input, std::int64_t dots, std::int64_t span, std::int64_t step, std::uint64_t seed,
+                           const std::function<void(const RandomDotBatch&)>& f) {
   const FormatInfo& fi = info(input);
-  const std::int64_t span = std::max<std::int64_t>(8 * p.block, 3 * p.promote) + 7;
-  const std::int64_t step = std::max(1, unit.step);
+  step = std::max<std::int64_t>(1, step);
   // A value of the input format: a sign, an exponent in [-4, 4] and random fraction bits
   // (rounded to the format), or (subnormal class, one in four) a random subnormal.
   const auto draw = [&](const RandomBlock& r, bool subnormal) {
@@ -270,9 +269,6 @@ BatchValidation validate_batched(const ProbedAccumulation& p, const ProbeBatch& 
       v = decode(input, encode(input, std::ldexp(1.0 + static_cast<double>(r.w[0] >> 9) * 0x1p-23, static_cast<int>(r.w[1] % 9) - 4)));
     return (r.w[1] >> 16) & 1 ? -v : v;
   };
-  BatchValidation out;
-  static constexpr const char* kClass[] = {"normal", "cancelling", "subnormal"};
-  std::int64_t* const count[] = {&out.normal, &out.cancelling, &out.subnormal};
   constexpr std::int64_t kBatch = 1 << 15;
   for (std::int64_t first = 0; first < dots; first += kBatch) {
     // This batch's dots grouped by padded length (one launch each).
@@ -282,18 +278,23 @@ BatchValidation validate_batched(const ProbedAccumulation& p, const ProbeBatch& 
       const std::int64_t k = 1 + static_cast<std::int64_t>(w % static_cast<std::uint64_t>(span));
       by_k[(k + step - 1) / step * step].push_back(d);
     }
-    for (const auto& [kp, ids] : by_k) {
+    for (auto& [kp, ids] : by_k) {
+      RandomDotBatch batch;
+      batch.k = kp;
       const auto n = static_cast<std::int64_t>(ids.size());
-      std::vector<double> a(static_cast<std::size_t>(n * kp), 0.0), b(a.size(), 0.0);
-      std::vector<int> cls(ids.size());
+      batch.a.assign(static_cast<std::size_t>(n * kp), 0.0);
+      batch.b.assign(batch.a.size(), 0.0);
+      batch.cls.resize(ids.size());
+      batch.length.resize(ids.size());
       for (std::int64_t j = 0; j < n; ++j) {
         const std::int64_t d = ids[static_cast<std::size_t>(j)];
         const RandomBlock head = random_block(seed, 20, static_cast<std::uint64_t>(d));
         const std::int64_t k = 1 + static_cast<std::int64_t>(head.w[0] % static_cast<std::uint64_t>(span));
         const int c = static_cast<int>(head.w[1] % 3);  // 0 normal, 1 cancelling, 2 subnormal
-        cls[static_cast<std::size_t>(j)] = c;
-        double* x = a.data() + j * kp;
-        double* y = b.data() + j * kp;
+        batch.cls[static_cast<std::size_t>(j)] = c;
+        batch.length[static_cast<std::size_t>(j)] = k;
+        double* x = batch.a.data() + j * kp;
+        double* y = batch.b.data() + j * kp;
         const std::int64_t half = k / 2;
         for (std::int64_t q = 0; q < k; ++q) {
           const RandomBlock r = random_block(seed, 21, (static_cast<std::uint64_t>(d) << 20) + static_cast<std::uint64_t>(q));
@@ -308,23 +309,109 @@ BatchValidation validate_batched(const ProbedAccumulation& p, const ProbeBatch& 
           y[q] = draw(r2, c == 2);
         }
       }
-      const std::vector<float> got = unit.run(a, b, n, kp);
-      for (std::int64_t j = 0; j < n; ++j) {
-        const float want = model_dot(m, a.data() + j * kp, b.data() + j * kp, kp);
-        if (std::bit_cast<std::uint32_t>(want) != std::bit_cast<std::uint32_t>(got[static_cast<std::size_t>(j)])) {
-          std::string terms;
-          for (std::int64_t q = 0; q < std::min<std::int64_t>(kp, 8); ++q)
-            terms += fmt::format("{}{:a} x {:a}", q ? ", " : "", a[static_cast<std::size_t>(j * kp + q)], b[static_cast<std::size_t>(j * kp + q)]);
-          throw std::runtime_error(fmt::format("the inferred {} gives {:a} where the unit gives {:a} (random dot product {} "
-                                               "of {} products, {} class: {}{})",
-                                               m.name(), want, got[static_cast<std::size_t>(j)], ids[static_cast<std::size_t>(j)], kp,
-                                               kClass[cls[static_cast<std::size_t>(j)]], terms, kp > 8 ? ", ..." : ""));
-        }
-        ++*count[cls[static_cast<std::size_t>(j)]];
-      }
+      batch.ids = std::move(ids);
+      f(batch);
     }
   }
+}
+
+BatchValidation validate_batched(const ProbedAccumulation& p, const ProbeBatch& unit, Format input, std::int64_t dots,
+                                 std::uint64_t seed) {
+  if (!p.known()) throw std::logic_error("validate_batched: the probed model is not fully known");
+  const AccumulationModel m = p.model(input);
+  const std::int64_t span = std::max<std::int64_t>(8 * p.block, 3 * p.promote) + 7;
+  BatchValidation out;
+  static constexpr const char* kClass[] = {"normal", "cancelling", "subnormal"};
+  std::int64_t* const count[] = {&out.normal, &out.cancelling, &out.subnormal};
+  for_each_random_batch(input, dots, span, unit.step, seed, [&](const RandomDotBatch& batch) {
+    const std::int64_t kp = batch.k;
+    const auto n = static_cast<std::int64_t>(batch.ids.size());
+    const std::vector<float> got = unit.run(batch.a, batch.b, n, kp);
+    for (std::int64_t j = 0; j < n; ++j) {
+      const auto u = static_cast<std::size_t>(j);
+      const float want = model_dot(m, batch.a.data() + j * kp, batch.b.data() + j * kp, kp);
+      if (std::bit_cast<std::uint32_t>(want) != std::bit_cast<std::uint32_t>(got[u])) {
+        std::string terms;
+        for (std::int64_t q = 0; q < std::min<std::int64_t>(kp, 8); ++q)
+          terms += fmt::format("{}{:a} x {:a}", q ? ", " : "", batch.a[static_cast<std::size_t>(j * kp + q)],
+                               batch.b[static_cast<std::size_t>(j * kp + q)]);
+        throw std::runtime_error(fmt::format("the inferred {} gives {:a} where the unit gives {:a} (random dot product {} "
+                                             "of {} products, {} class: {}{})",
+                                             m.name(), want, got[u], batch.ids[u], kp, kClass[batch.cls[u]], terms,
+                                             kp > 8 ? ", ..." : ""));
+      }
+      ++*count[batch.cls[u]];
+    }
+  });
   return out;
+}
+
+std::int64_t dump_batched(const ProbeBatch& unit, const std::string& unit_name, std::int64_t dots, std::int64_t span,
+                          const std::string& path, std::uint64_t seed) {
+  const Format input = unit.input;
+  const int bytes = (info(input).bits + 7) / 8;
+  std::string out = fmt::format("ulpgate-dots 1 unit={} input={} step={} seed={} span={}\n", unit_name, name(input),
+                                unit.step, seed, span);
+  std::int64_t written = 0;
+  const auto put = [&](std::uint32_t w, int n) {
+    for (int i = 0; i < n; ++i) out.push_back(static_cast<char>((w >> (8 * i)) & 0xff));
+  };
+  for_each_random_batch(input, dots, span, unit.step, seed, [&](const RandomDotBatch& batch) {
+    const auto n = static_cast<std::int64_t>(batch.ids.size());
+    const std::vector<float> got = unit.run(batch.a, batch.b, n, batch.k);
+    for (std::int64_t j = 0; j < n; ++j) {
+      const auto u = static_cast<std::size_t>(j);
+      const std::int64_t k = batch.length[u];
+      put(static_cast<std::uint32_t>(k), 4);
+      put(static_cast<std::uint32_t>(batch.cls[u]), 4);
+      put(std::bit_cast<std::uint32_t>(got[u]), 4);
+      for (const auto* v : {&batch.a, &batch.b})
+        for (std::int64_t q = 0; q < k; ++q) put(static_cast<std::uint32_t>(encode(input, (*v)[static_cast<std::size_t>(j * batch.k + q)])), bytes);
+      ++written;
+    }
+  });
+  write_text_file_atomically(path, out);
+  return written;
+}
+
+DotDump read_dots(const std::string& path) {
+  const std::string text = read_whole_file(path, "dump of ulpgate probe");
+  const std::size_t eol = text.find('\n');
+  const auto bad = [&](const std::string& why) { return InputError(fmt::format("{}: not a dump of ulpgate probe ({})", path, why)); };
+  if (eol == std::string::npos || text.rfind("ulpgate-dots 1 ", 0) != 0) throw bad("no 'ulpgate-dots 1' header line");
+  DotDump d;
+  std::string input;
+  std::istringstream head(text.substr(15, eol - 15));
+  for (std::string field; head >> field;) {
+    const std::size_t eq = field.find('=');
+    const std::string key = field.substr(0, eq), value = eq == std::string::npos ? "" : field.substr(eq + 1);
+    if (key == "unit") d.unit = value;
+    else if (key == "input") input = value;
+    else if (key == "step") d.step = std::atoi(value.c_str());
+  }
+  const auto format = parse_format(input);
+  if (!format) throw bad(fmt::format("input format '{}'", input));
+  d.input = *format;
+  const std::size_t bytes = static_cast<std::size_t>((info(d.input).bits + 7) / 8);
+  std::size_t at = eol + 1;
+  const auto get = [&](std::size_t n) {
+    if (at + n > text.size()) throw bad(fmt::format("truncated at byte {}", at));
+    std::uint32_t w = 0;
+    for (std::size_t i = 0; i < n; ++i) w |= static_cast<std::uint32_t>(static_cast<unsigned char>(text[at + i])) << (8 * i);
+    at += n;
+    return w;
+  };
+  while (at < text.size()) {
+    DumpedDot dot;
+    const std::uint32_t k = get(4);
+    dot.cls = static_cast<int>(get(4));
+    dot.result = std::bit_cast<float>(get(4));
+    if (k > (text.size() - at) / bytes) throw bad(fmt::format("a dot product of {} factors past the end", k));
+    for (auto* v : {&dot.a, &dot.b})
+      for (std::uint32_t q = 0; q < k; ++q) v->push_back(decode(d.input, get(bytes)));
+    d.dots.push_back(std::move(dot));
+  }
+  return d;
 }
 
 ProbedAccumulation probe_accumulation(const ProbeDot& dot, int max_block, int max_promote, int validate, Format input) {

@@ -131,12 +131,50 @@ struct BatchValidation {
   std::int64_t subnormal = 0;    ///< a quarter of the inputs subnormal in the input format
   std::int64_t total() const { return normal + cancelling + subnormal; }
 };
+/// One launch's worth of the random dot products below: `ids.size()` dots of `k` products
+/// (a multiple of the unit's step; dot j's factors a[j k + q], b[j k + q], zero past
+/// length[j]), each of a class (0 normal, 1 cancelling, 2 subnormal).
+struct RandomDotBatch {
+  std::int64_t k = 0;
+  std::vector<double> a, b;
+  std::vector<std::int64_t> ids, length;
+  std::vector<int> cls;
+};
+/// Dots 0 .. dots-1 of the validation's random stream (lengths 1 .. span, classes as in
+/// BatchValidation, factors exact in `input`), grouped by length padded to `step`.
+void for_each_random_batch(Format input, std::int64_t dots, std::int64_t span, std::int64_t step, std::uint64_t seed,
+                           const std::function<void(const RandomDotBatch&)>& f);
+
 /// `dots` random dot products of K up to max(8 block, 3 promote) + 7 (rounded up to the
 /// unit's step, zero factors appended for both) through `unit` and the block-FMA model of
 /// `p` (which must be fully known: frac or at least 48 bits, and the rounding). Throws
 /// std::runtime_error naming the first dot product on which they differ.
 BatchValidation validate_batched(const ProbedAccumulation& p, const ProbeBatch& unit, Format input, std::int64_t dots,
                                  std::uint64_t seed = 1);
+
+/// The unit's results on `dots` random dot products (lengths 1 .. span) written to `path`
+/// for offline study of a unit no model describes yet: a text line
+/// "ulpgate-dots 1 unit=U input=F step=S seed=N span=L", then per dot, little-endian:
+/// uint32 length k, uint32 class, uint32 the result's FP32 bits, then k storage words of
+/// a and k of b, each of the input format's width in bytes (TF32 as 4). Returns the count.
+std::int64_t dump_batched(const ProbeBatch& unit, const std::string& unit_name, std::int64_t dots, std::int64_t span,
+                          const std::string& path, std::uint64_t seed = 1);
+
+/// A dump read back: the unit's name, input format and step, and each dot's factors (exact
+/// values, zero padding not stored), class and result. Throws InputError naming the problem
+/// for a file that is not a whole dump.
+struct DumpedDot {
+  std::vector<double> a, b;
+  int cls = 0;
+  float result = 0;
+};
+struct DotDump {
+  std::string unit;
+  Format input = Format::FP32;
+  int step = 1;
+  std::vector<DumpedDot> dots;
+};
+DotDump read_dots(const std::string& path);
 
 /// A GEMM kernel as a batch unit: up to mn dot products per mn x mn x K case, dot d in
 /// D[d][d] (row d of op(A) and column d of op(B) its factors), K a multiple of 16.

@@ -228,6 +228,14 @@ int main(int argc, char** argv) {
   probe->add_option("--dtype", probe_dtype, "Input type of the probe's cases: fp32, tf32, fp16, bf16, e4m3, e5m2 "
                                             "(default: implied by each kernel's name)")
       ->check(CLI::IsMember({"fp32", "tf32", "fp16", "bf16", "e4m3", "e5m2"}));
+  std::string probe_dump;
+  probe->add_option("--dump", probe_dump, "Also write each unit's results on random dot products to DIR/UNIT.dots "
+                                          "(format in harness/probe.hpp, dump_batched), for offline study");
+  std::int64_t probe_dump_count = 20000, probe_dump_span = 263;
+  probe->add_option("--dump-count", probe_dump_count, "Dot products per dump (default 20000)")
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 26));
+  probe->add_option("--dump-span", probe_dump_span, "Longest dot product of a dump (default 263)")
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 20));
   std::int64_t probe_mn = 1;
   probe->add_option("--mn", probe_mn, "M = N of the probe's cases: its dot product is D[0][0], every other input "
                                       "zero; a library takes the path of that shape (default 1)")
@@ -315,6 +323,10 @@ int main(int argc, char** argv) {
     if (probe->parsed()) {  // a model mismatch is a finding (exit 1); a bad kernel or case, exit 2
       if (probe_kernels.empty() && probe_instructions.empty())
         throw ulpgate::InputError("probe: give at least one --kernel or --instruction");
+      if (!probe_dump.empty()) {
+        ulpgate::check_out_dir(probe_dump);
+        ulpgate::create_out_dir(probe_dump);
+      }
       ulpgate::Registry registry = local();
       int rc = kExitOk;
       nlohmann::json models = nlohmann::json::array();
@@ -343,6 +355,11 @@ int main(int argc, char** argv) {
       const auto probe_unit = [&](const std::string& unit, ulpgate::Format input, const ulpgate::ProbeDot& dot,
                                   const ulpgate::ProbeBatch& batch, std::int64_t default_validate) {
         const std::string dtype(ulpgate::name(input));
+        if (!probe_dump.empty()) {
+          const std::string file = probe_dump + "/" + unit + ".dots";
+          const std::int64_t n = ulpgate::dump_batched(batch, unit, probe_dump_count, probe_dump_span, file);
+          std::printf("%s: %lld random dot products written to %s\n", unit.c_str(), static_cast<long long>(n), file.c_str());
+        }
         try {
           ulpgate::ProbedAccumulation p = ulpgate::probe_accumulation(dot, probe_max_block, probe_max_promote, 0, input);
           p.align_inputs = ulpgate::probe_alignment(p, batch);

@@ -4,10 +4,13 @@
 // bits), said to be unknown elsewhere, and validated on random dot products where known.
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
 
 #include <fmt/format.h>
 
+#include "core/error.hpp"
+#include "core/file_io.hpp"
 #include "harness/probe.hpp"
 #include "kernels/emulated/gemm_models.hpp"
 
@@ -275,4 +278,39 @@ TEST(Probe, RecoversNarrowFp8AndInputAlignedModels) {
       ++models;
     }
   EXPECT_GE(models, 8);
+}
+
+// A dump of a unit's results reads back as written: every dot's factors and class, and the
+// result the model gives on the same factors; a truncated or foreign file is refused.
+TEST(Probe, DumpReadsBackWhatTheUnitGave) {
+  const AccumulationModel m = *AccumulationModel::parse("cpu.blockfma:block=16,frac=13,round=rz,align=e4m3");
+  const auto kernel = make_emulated_gemm(m);
+  const ProbeBatch batch = kernel_batch(*kernel, Format::E4M3, 24);
+  const std::string path = ::testing::TempDir() + "probe_dump_test.dots";
+  ASSERT_EQ(dump_batched(batch, "cpu.model", 500, 70, path, 3), 500);
+  const DotDump d = read_dots(path);
+  EXPECT_EQ(d.unit, "cpu.model");
+  EXPECT_EQ(d.input, Format::E4M3);
+  EXPECT_EQ(d.step, batch.step);
+  ASSERT_EQ(d.dots.size(), 500u);
+  int classes[3] = {0, 0, 0}, nonzero = 0;
+  std::size_t longest = 0;
+  for (const DumpedDot& dot : d.dots) {
+    ASSERT_EQ(dot.a.size(), dot.b.size());
+    ASSERT_GE(dot.a.size(), 1u);
+    longest = std::max(longest, dot.a.size());
+    ++classes[dot.cls];
+    nonzero += dot.result != 0.0f;
+    const float want = model_dot(m, dot.a.data(), dot.b.data(), static_cast<std::int64_t>(dot.a.size()));
+    ASSERT_EQ(std::bit_cast<std::uint32_t>(want), std::bit_cast<std::uint32_t>(dot.result));
+  }
+  EXPECT_EQ(longest, 70u);
+  for (const int c : classes) EXPECT_GT(c, 100);
+  EXPECT_GT(nonzero, 400);
+  // A file cut short, and one that is not a dump.
+  const std::string text = read_whole_file(path);
+  write_text_file_atomically(path, text.substr(0, text.size() - 3));
+  EXPECT_THROW(read_dots(path), InputError);
+  write_text_file_atomically(path, "hello\n");
+  EXPECT_THROW(read_dots(path), InputError);
 }
