@@ -516,7 +516,7 @@ ToleranceModel::Terms ToleranceModel::terms(Format out, std::int64_t n) const {
   const double u_in = input_bits > 0 ? std::ldexp(1.0, 1 - input_bits) : 0.0;
   const auto& fo = info(out);
   const double g = gamma(n + 4);
-  return {2 * u_in + u_in * u_in + g, 1 + g, std::ldexp(1.0, -(fo.frac_bits + 1)),
+  return {2 * u_in + u_in * u_in + g + activation_error / 2, 1 + g, std::ldexp(1.0, -(fo.frac_bits + 1)),
           static_cast<double>(n + 4) * accumulator_eta, fo.min_subnormal() / 2};
 }
 

@@ -255,6 +255,10 @@ struct ToleranceModel {
   int input_bits = 0;         ///< 0: inputs used as given; else the internal input precision
   double accumulator_eta = 0x1p-149;  ///< the accumulator format's smallest subnormal
   int p_bits = 0;             ///< attention: the precision P is rounded to before P V (0: none)
+  /// GEMM with a GELU epilogue: KernelTraits::activation_error, the absolute error of the
+  /// kernel's tanh/erf; the bound adds activation_error c_e / 2 (c_e >= |v|, the
+  /// activation's input). 0: none.
+  double activation_error = 0;
   bool probabilistic = false;
   double lambda = 4.0;
   /// gamma(n, u_acc) as above (or lambda sqrt(n) u_acc when probabilistic).

@@ -241,7 +241,9 @@ json describe_kernels(Registry& registry, const json& names) {
     out.push_back({{"name", k->name()}, {"description", k->description()},
                    {"memory", t.memory == Memory::Device ? "device" : "host"}, {"deterministic", t.deterministic},
                    {"accumulator_bits", t.accumulator_bits}, {"p_bits", t.p_bits}, {"promote", t.promote},
-                   {"arithmetic_source", t.arithmetic_source}, {"accumulation_model", t.accumulation_model}});
+                   {"arithmetic_source", t.arithmetic_source}, {"accumulation_model", t.accumulation_model},
+                   {"rounds_to_nearest", t.rounds_to_nearest}, {"flushes_subnormals", t.flushes_subnormals},
+                   {"activation_error", t.activation_error}});
   }
   return {{"kernels", out}};
 }
@@ -1032,6 +1034,9 @@ std::vector<std::unique_ptr<Kernel>> IsolatedEvaluator::describe(const std::vect
     t.promote = k.value("promote", 0);
     t.arithmetic_source = k.value("arithmetic_source", "");
     t.accumulation_model = k.value("accumulation_model", "");
+    t.rounds_to_nearest = k.value("rounds_to_nearest", false);
+    t.flushes_subnormals = k.value("flushes_subnormals", false);
+    t.activation_error = k.value("activation_error", 0.0);
     out.push_back(std::make_unique<WorkerKernel>(*this, k.value("name", ""), k.value("description", ""), t));
   }
   return out;

@@ -34,6 +34,15 @@ std::vector<double> in_steps(std::initializer_list<std::initializer_list<double>
   return p;
 }
 
+// The unit's position of the product at position q in step order (AccumulationModel::
+// interleave's dealing undone): the j-th product of step `step` of its chunk.
+std::int64_t dealt_position(std::int64_t q, int block, int promote, int interleave) {
+  if (!interleave) return q;
+  const std::int64_t chunk = promote, steps = chunk / block, c = q / chunk, r = q % chunk;
+  const std::int64_t step = r / block, j = r % block;
+  return c * chunk + ((j / interleave) * steps + step) * interleave + j % interleave;
+}
+
 // The first j in [from, to] whose 2^-j the experiment loses; 0 when it keeps every one.
 int first_lost(int from, int to, const std::function<bool(double)>& kept) {
   for (int j = from; j <= to; ++j)
@@ -48,10 +57,14 @@ std::string ProbedAccumulation::describe() const {
   const std::string r = rounding_moot ? "no rounding (no step's sum passes FP32's 24 bits)"
                         : rounding    ? std::string(name(*rounding))
                                       : "rounding not observable (no step sum it can build needs rounding)";
-  return fmt::format("block {}, {}{}, {}{}{}", block, f,
-                     align_inputs ? (*align_inputs ? " (aligned by the factors' exponents)" : " (aligned by each product)") : "",
-                     r,
-                     promote ? fmt::format(", promoted to FP32 every {} products", promote) : "",
+  return fmt::format("block {}, {}{}, {}{}{}{}{}", block, f,
+                     align_inputs ? (*align_inputs ? fmt::format(" (aligned by the factors' exponents{})",
+                                                                 align_format ? fmt::format(" as {}", name(*align_format)) : "")
+                                                   : std::string(" (aligned by each product)"))
+                                  : "",
+                     r, out < 23 ? fmt::format(", each step's sum kept to {} fraction bits", out) : "",
+                     interleave ? fmt::format(", {} steps per chunk dealt {} products at a time", promote / block, interleave) : "",
+                     promote ? fmt::format(", {} FP32 every {} products", interleave ? "chunks added in" : "promoted to", promote) : "",
                      validated ? fmt::format("; the model agrees on {} random dot products", validated)
                                : "; not validated (a parameter is not known)");
 }
@@ -60,7 +73,8 @@ AccumulationModel ProbedAccumulation::model(Format input) const {
   AccumulationModel m;
   m.order = AccumulationModel::Order::BlockFma, m.block = block, m.frac_bits = frac.value_or(52);
   m.rounding = rounding.value_or(Rounding::TowardZero), m.promote = promote;
-  m.align_inputs = align_inputs.value_or(false), m.align_format = input, m.pairs = pairs;
+  m.align_inputs = align_inputs.value_or(false), m.align_format = align_format.value_or(input);
+  m.out_bits = out, m.interleave = interleave;
   return m;
 }
 
@@ -219,6 +233,7 @@ std::pair<ProbeDot, ProbeBatch> mma_unit(const std::string& instruction) {
   const auto word = [stored](double v) { return static_cast<std::uint32_t>(code_to_storage(stored, encode(stored, v))); };
   ProbeBatch batch;
   batch.input = inst->input;
+  batch.converts_to = mma_converts_inputs(*inst);
   batch.step = inst->k;
   batch.run = [inst, word](const std::vector<double>& a, const std::vector<double>& b, std::int64_t dots, std::int64_t k) {
     std::vector<std::uint32_t> wa(a.size()), wb(b.size());
@@ -236,6 +251,13 @@ std::pair<ProbeDot, ProbeBatch> mma_unit(const std::string& instruction) {
 #endif
 }
 
+ProbedAccumulation probe_unit(const ProbeDot& dot, const ProbeBatch& batch, int max_block, int max_promote) {
+  ProbedAccumulation p = probe_accumulation(dot, max_block, max_promote, 0, batch.input);
+  p.align_inputs = probe_alignment(p, batch);
+  if (p.align_inputs.value_or(false)) p.align_format = batch.converts_to;
+  return p;
+}
+
 std::optional<bool> probe_alignment(const ProbedAccumulation& p, const ProbeBatch& unit) {
   if (!p.frac || p.block < 3 || !unit.run) return std::nullopt;
   // (1.5 2^h x 1.5 2^(s-h)), (-1.5 2^h x 1.5 2^(s-h)), 2^(s-frac) in one step, s the
@@ -246,9 +268,11 @@ std::optional<bool> probe_alignment(const ProbedAccumulation& p, const ProbeBatc
   const double x = std::ldexp(1.5, h), y = std::ldexp(1.5, s - h);
   const auto normal = [&](double v) { return decode(unit.input, encode(unit.input, v)) == v && std::fabs(v) >= info(unit.input).min_normal(); };
   if (!tiny || !normal(x) || !normal(y)) return std::nullopt;
-  const std::int64_t k = (3 + unit.step - 1) / unit.step * unit.step;
+  const auto at = [&](std::int64_t q) { return static_cast<std::size_t>(dealt_position(q, p.block, p.promote, p.interleave)); };
+  const std::int64_t used = static_cast<std::int64_t>(at(2)) + 1;
+  const std::int64_t k = (used + unit.step - 1) / unit.step * unit.step;
   std::vector<double> a(static_cast<std::size_t>(k), 0.0), b(a.size(), 0.0);
-  a[0] = x, b[0] = y, a[1] = -x, b[1] = y, a[2] = tiny->first, b[2] = tiny->second;
+  a[at(0)] = x, b[at(0)] = y, a[at(1)] = -x, b[at(1)] = y, a[at(2)] = tiny->first, b[at(2)] = tiny->second;
   const double got = unit.run(a, b, 1, k).front();
   if (got == std::ldexp(1.0, s - *p.frac)) return true;
   if (got == 0.0) return false;
@@ -437,22 +461,50 @@ ProbedAccumulation probe_accumulation(const ProbeDot& dot, int max_block, int ma
       if (can_raw(std::ldexp(1.0, e + 1)) && can_raw(std::ldexp(1.0, e))) s = e;
   r.scale_exponent = s;
   const auto can = [&](double v) { return can_raw(std::ldexp(v, s)); };
+  // The experiments below are written in step order; run() deals them as the unit does
+  // once the block experiment has seen an interleaved chunk.
   const auto run = [&](const std::vector<double>& p) {
-    std::vector<double> q(p.size());
-    for (std::size_t i = 0; i < p.size(); ++i) q[i] = std::ldexp(p[i], s);
+    const std::int64_t n = static_cast<std::int64_t>(p.size());
+    const std::int64_t len = r.interleave ? (n + r.promote - 1) / r.promote * r.promote : n;
+    std::vector<double> q(static_cast<std::size_t>(len), 0.0);
+    for (std::int64_t i = 0; i < n; ++i)
+      q[static_cast<std::size_t>(dealt_position(i, r.block, r.promote, r.interleave))] = std::ldexp(p[static_cast<std::size_t>(i)], s);
     return std::ldexp(static_cast<double>(dot(q)), -s);
   };
   const int tiny_bits = reach_below(can);
   const double tiny = std::ldexp(1.0, -tiny_bits);
 
-  // Block: 2^-100 after (1, -1) is lost while it shares their step.
-  for (int t = 2; t <= max_block && r.block == 0; ++t) {
+  // Block: 2^-100 after (1, -1) is lost while it shares their step. Kept at the block and
+  // every index after it, unless the unit deals its products to steps in groups
+  // (interleave): then the first index kept, g, is the group, the next one lost again is
+  // the group's turn to come back to the step of (1, -1) after `steps` groups, and the
+  // groups at multiples of steps x g stay lost until the chunk (steps x block) ends.
+  const auto kept_at = [&](int t) {
     std::vector<double> p(static_cast<std::size_t>(t) + 1, 0.0);
     p[0] = 1.0, p[1] = -1.0, p[static_cast<std::size_t>(t)] = tiny;
-    if (run(p) == tiny) r.block = t;
-  }
-  if (r.block == 0)
+    return run(p) == tiny;
+  };
+  int first = 0, again = 0;
+  for (int t = 2; t <= max_block && first == 0; ++t)
+    if (kept_at(t)) first = t;
+  if (first == 0)
     throw std::runtime_error(fmt::format("probe: 2^-{} lost behind (1, -1) at every distance up to {} products", tiny_bits, max_block));
+  for (int t = first + 1; t <= std::min(max_block, 8 * first) && again == 0; ++t)
+    if (!kept_at(t)) again = t;
+  if (again == 0) {
+    r.block = first;
+  } else {
+    const int g = first, steps = again / first;
+    if (again % g != 0 || steps < 2)
+      throw std::runtime_error(fmt::format("probe: 2^-{} behind (1, -1) kept first at {} products, lost again at {}: "
+                                           "not a chunk dealt to its steps in groups", tiny_bits, first, again));
+    int m = 2;
+    while (m * steps * g <= 8 * max_block && !kept_at(m * steps * g)) ++m;
+    if (m * steps * g > 8 * max_block)
+      throw std::runtime_error(fmt::format("probe: an interleaved chunk (groups of {}, {} steps) longer than {} products",
+                                           g, steps, 8 * max_block));
+    r.block = m * g, r.interleave = g, r.promote = steps * m * g;
+  }
 
   // Fraction bits with (1), (-1, 2^-j): kept up to frac when the two share a step. Where
   // nothing is lost and the first experiment could not tell 1 from 2, the unit adds one
@@ -472,10 +524,39 @@ ProbedAccumulation probe_accumulation(const ProbeDot& dot, int max_block, int ma
     else r.frac_at_least = j - 1;
   }
 
+  // The step's result: 1 + 2^-j in one step (kept by the alignment while j <= frac) comes
+  // back exact while the result holds j fraction bits; past the width, 2^c ones and 2^-frac
+  // (a sum with c more bits above the alignment's) while it holds frac + c. Nothing lost
+  // up to the carries a step of ones can make: FP32's 23 bits for the model.
+  if (r.frac && r.block >= 2) {
+    const int w = *r.frac;
+    const auto exact = [&](std::vector<double> terms) {
+      if (!std::all_of(terms.begin(), terms.end(), can)) return std::optional<bool>{};
+      double sum = 0;
+      for (const double t : terms) sum += t;
+      terms.resize(static_cast<std::size_t>(r.block), 0.0);
+      return std::optional<bool>{run(terms) == sum};
+    };
+    int out = 0;
+    for (int j = 1; j <= std::min(w, 23) && out == 0; ++j) {
+      const auto e = exact({1.0, std::ldexp(1.0, -j)});
+      if (!e) break;
+      if (!*e) out = j - 1;
+    }
+    for (int c = 1; out == 0 && w < 23 && (1 << c) + 1 <= r.block && w + c <= 23; ++c) {
+      std::vector<double> terms(static_cast<std::size_t>(1) << c, 1.0);
+      terms.push_back(std::ldexp(1.0, -w));
+      const auto e = exact(terms);
+      if (!e) break;
+      if (!*e) out = w + c - 1;
+    }
+    if (out > 0) r.out = out;
+  }
+
   // Promotion, where the width is below FP32's: 2^-(frac+1) kept once it starts a new chunk.
   // Kept exactly from the promotion length on (t a multiple of the block): doubling, then
   // bisection.
-  if (r.frac && *r.frac < 23 && can(std::ldexp(1.0, -(*r.frac + 1)))) {
+  if (!r.interleave && r.frac && *r.frac < 23 && can(std::ldexp(1.0, -(*r.frac + 1)))) {
     const double e = std::ldexp(1.0, -(*r.frac + 1));
     const auto kept_at = [&](int t) {
       std::vector<double> p(static_cast<std::size_t>(t) + 1, 0.0);
@@ -500,7 +581,9 @@ ProbedAccumulation probe_accumulation(const ProbeDot& dot, int max_block, int ma
   // into the step before when one more than the block is needed (not where every block is
   // promoted); more terms than that, and the unit never rounds a sum we can build.
   {
-    const int w = std::min(r.frac.value_or(23), 23), e_top = 24 - w;
+    // the step's result rounds at out bits below its leading bit: w = min(frac, out) and
+    // e_top = out + 1 - w put that rounding between g and 2 g
+    const int w = std::min(r.frac.value_or(r.out), r.out), e_top = r.out + 1 - w;
     const double g = std::ldexp(1.0, -w), top = 2.0 - g, base = std::ldexp(1.0, e_top);
     const auto experiment = [&](double sum) -> std::optional<std::vector<double>> {
       std::vector<double> terms;
@@ -546,9 +629,9 @@ ProbedAccumulation probe_accumulation(const ProbeDot& dot, int max_block, int ma
   }
 
   // A width so narrow that no step's sum (block products and the accumulator, each below
-  // 2^(frac+2) units of the grid) passes FP32's 24 bits never rounds: the rounding is moot,
-  // and the model's (toward zero) gives the same bits.
-  if (!r.rounding && r.frac && *r.frac + 2 + static_cast<int>(std::ceil(std::log2(r.block + 1.0))) <= 24)
+  // 2^(frac+2) units of the grid) passes the result's out + 1 bits (FP32's 24) never
+  // rounds: the rounding is moot, and the model's (toward zero) gives the same bits.
+  if (!r.rounding && r.frac && *r.frac + 2 + static_cast<int>(std::ceil(std::log2(r.block + 1.0))) <= r.out + 1)
     r.rounding = Rounding::TowardZero, r.rounding_moot = true;
 
   // One product per step with at least 23 fraction bits: the width shows in how a bit below

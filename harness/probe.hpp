@@ -74,9 +74,17 @@ struct ProbedAccumulation {
   std::optional<bool> align_inputs;
   /// The rounding is moot: no step's sum needs it (rounding then says toward zero).
   bool rounding_moot = false;
-  /// Products summed exactly in pairs before each step (AccumulationModel::pairs): not found
-  /// by the experiments, set by a caller testing that hypothesis.
-  bool pairs = false;
+  /// Fraction bits of each step's result (AccumulationModel::out_bits): 23 (FP32's) unless
+  /// a one-step sum that needs fewer bits than the width keeps comes back short.
+  int out = 23;
+  /// Each chunk of `promote` products dealt to its steps in groups of this many
+  /// (AccumulationModel::interleave; 0: in order), seen in the block experiment as a tiny
+  /// term lost again after it was first kept.
+  int interleave = 0;
+  /// The format whose exponent fields align the factors, where the unit converts its inputs
+  /// first (FP8 mma.sync on sm_90 runs as FP16: E4M3 subnormals are FP16 normals); nullopt:
+  /// the input format.
+  std::optional<Format> align_format;
   std::string describe() const;
   /// Every parameter known (a width, or at least 48 bits, and a rounding): model() then
   /// stands for the unit.
@@ -106,6 +114,9 @@ ProbeDot kernel_unit(Kernel& kernel, Format input = Format::FP32, std::int64_t m
 /// of `step` (the unit's own k: an instruction's; the caller pads with zero factors).
 struct ProbeBatch {
   Format input = Format::FP32;  ///< the format of the factors
+  /// The format the unit converts the factors to before it multiplies them (FP8 mma.sync on
+  /// sm_90: FP16; kernels/probe/mma_unit.hpp mma_converts_inputs); nullopt: none.
+  std::optional<Format> converts_to;
   int step = 1;
   std::function<std::vector<float>(const std::vector<double>& a, const std::vector<double>& b, std::int64_t dots,
                                    std::int64_t k)>
@@ -123,6 +134,10 @@ std::pair<ProbeDot, ProbeBatch> mma_unit(const std::string& instruction);
 /// product 2.25's leading bit 1. nullopt: not observable (width unknown, blocks of fewer
 /// than 3, or terms the format cannot make). Throws std::runtime_error for another result.
 std::optional<bool> probe_alignment(const ProbedAccumulation& p, const ProbeBatch& unit);
+
+/// A unit with both interfaces probed: the experiments (probe_accumulation, not validated),
+/// the alignment (probe_alignment) and the alignment format (the batch's converts_to).
+ProbedAccumulation probe_unit(const ProbeDot& dot, const ProbeBatch& batch, int max_block = 512, int max_promote = 4096);
 
 /// Random dot products checked against the probed model bit for bit, by class.
 struct BatchValidation {

@@ -199,6 +199,7 @@ json tolerance_to_json(const ToleranceModel& t) {
           {"input_bits", t.input_bits},
           {"p_bits", t.p_bits},
           {"accumulator_eta", encode_double(t.accumulator_eta)},
+          {"activation_error", encode_double(t.activation_error)},
           {"nearest", t.nearest},
           {"probabilistic", t.probabilistic},
           {"lambda", encode_double(t.lambda)}};
@@ -221,6 +222,11 @@ ToleranceModel tolerance_from_json(const json& j, const std::string& path) {
   if (!(std::isfinite(t.accumulator_eta) && t.accumulator_eta >= 0))
     fail(r.path("accumulator_eta"), fmt::format("must be finite and >= 0, got {}", t.accumulator_eta));
   if (r.has("nearest")) t.nearest = r.boolean("nearest");  // absent before the precision rule
+  if (r.has("activation_error")) {  // absent before declared GELU evaluation errors
+    t.activation_error = r.number("activation_error");
+    if (!(std::isfinite(t.activation_error) && t.activation_error >= 0 && t.activation_error < 1))
+      fail(r.path("activation_error"), fmt::format("must be in [0, 1), got {}", t.activation_error));
+  }
   t.probabilistic = r.boolean("probabilistic");
   t.lambda = r.number("lambda");
   if (!(std::isfinite(t.lambda) && t.lambda > 0))

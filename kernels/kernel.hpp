@@ -55,6 +55,16 @@ struct KernelTraits {
   /// analyze.hpp) allows the random-rounding scale only. false (unknown, the default, and
   /// tensor cores, which truncate): the rule also allows round-toward-zero's bias.
   bool rounds_to_nearest = false;
+  /// The accumulation flushes subnormal results to zero somewhere (CUDA's atomicAdd on FP32:
+  /// PTX atom/red .add.f32 flush subnormal inputs and results to sign-preserving zero): the
+  /// tolerance's underflow allowance per operation is then the smallest normal number of
+  /// the compute format, not its smallest subnormal.
+  bool flushes_subnormals = false;
+  /// GELU epilogues: the kernel evaluates tanh (or erf) with an absolute error of at most
+  /// this (e.g. cuBLASLt's, measured on the H200: tests/kernels/test_library_gpu.cpp), so
+  /// GELU(v) = v/2 (1 + tanh(...)) is off by up to activation_error |v| / 2 beyond the
+  /// accumulation's error; 0: evaluated as accurately as FP32 arithmetic allows.
+  double activation_error = 0;
 };
 
 /// Operand buffers, in the kernel's memory space. Inputs: A, B[, C][, bias] or Q, K, V;

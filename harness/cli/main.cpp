@@ -340,6 +340,9 @@ int main(int argc, char** argv) {
           j["rounding"] = p.rounding ? std::string(ulpgate::name(*p.rounding)) : std::string("not observable");
           j["promote"] = p.promote;
           if (p.align_inputs) j["align"] = *p.align_inputs ? "inputs" : "product";
+          if (p.align_format) j["align_format"] = std::string(ulpgate::name(*p.align_format));
+          j["out_bits"] = p.out;
+          if (p.interleave) j["interleave"] = p.interleave;
           j["rounding_moot"] = p.rounding_moot;
           j["validated"] = p.validated;
           j["summary"] = p.describe();
@@ -361,8 +364,7 @@ int main(int argc, char** argv) {
           std::printf("%s: %lld random dot products written to %s\n", unit.c_str(), static_cast<long long>(n), file.c_str());
         }
         try {
-          ulpgate::ProbedAccumulation p = ulpgate::probe_accumulation(dot, probe_max_block, probe_max_promote, 0, input);
-          p.align_inputs = ulpgate::probe_alignment(p, batch);
+          ulpgate::ProbedAccumulation p = ulpgate::probe_unit(dot, batch, probe_max_block, probe_max_promote);
           const std::int64_t n = probe_validate < 0 ? default_validate : probe_validate;
           std::string counts;
           if (n > 0 && p.known()) {

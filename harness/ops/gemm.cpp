@@ -642,8 +642,8 @@ class GemmModule final : public OpModule {
 
   // The block-FMA fit: on up to kFitTerms product terms of the sample (whole rows of op(A)
   // against its columns), the mean normalised error e(F) of cpu.blockfma with F fraction
-  // bits (the kernel's declared block, promotion and alignment, else blocks of 16,
-  // truncating) is found on both sides of the kernel's own mean k on the same elements:
+  // bits (the kernel's declared block, promotion, alignment and interleaving, else blocks
+  // of 16, truncating; a declared narrow step result, out < 23, narrows with F) is found on both sides of the kernel's own mean k on the same elements:
   // e(F) >= k > e(F + 1), F* = F + log2(e(F) / k) / log2(e(F) / e(F + 1)), reported as
   // F* + 1 bits of precision (a model of F fraction bits gives exactly F + 1). The
   // uncertainty: the kernel mean's standard error carried through the local slope.
@@ -685,6 +685,7 @@ class GemmModule final : public OpModule {
       if (const auto it = memo.find(frac); it != memo.end()) return it->second;
       AccumulationModel f = m;
       f.frac_bits = frac;
+      if (m.out_bits < 23) f.out_bits = std::min(frac, 23);  // a narrow accumulator: its width is the parameter too
       std::vector<double> err(static_cast<std::size_t>(n));
       parallel_for(n, [&](std::int64_t at) {
         const std::int64_t row = at / C, col = at % C;

@@ -41,7 +41,9 @@ ToleranceModel precision_terms(const Case& c, const KernelTraits& traits) {
   if (traits.accumulator_bits > 0) t.accumulator_bits = traits.accumulator_bits;
   t.promote = traits.promote;
   t.nearest = traits.rounds_to_nearest;
-  t.accumulator_eta = info(compute == Format::TF32 ? Format::FP32 : compute).min_subnormal();
+  const FormatInfo& acc = info(compute == Format::TF32 ? Format::FP32 : compute);
+  t.accumulator_eta = traits.flushes_subnormals ? acc.min_normal() : acc.min_subnormal();
+  if (c.op == Op::Gemm && has_gelu(c.epilogue)) t.activation_error = traits.activation_error;
   return t;
 }
 

@@ -42,6 +42,21 @@ float add_round32(double x, double y, Rounding r) {
   return round32(lo == 0.0 ? hi : next_toward(hi, lo), r);
 }
 
+// mag rounded to a multiple of 2^drop (drop >= 1) with rounding r, the value's sign given.
+std::uint64_t round_magnitude(std::uint64_t mag, int drop, bool negative, Rounding r) {
+  const std::uint64_t unit = std::uint64_t{1} << drop, low = mag & (unit - 1), kept = mag - low;
+  if (low == 0) return mag;
+  bool up = false;
+  switch (r) {
+    case Rounding::TowardZero: break;
+    case Rounding::Up: up = !negative; break;
+    case Rounding::Down: up = negative; break;
+    case Rounding::NearestAway: up = low >= unit / 2; break;
+    case Rounding::NearestEven: up = low > unit / 2 || (low == unit / 2 && ((kept >> drop) & 1)); break;
+  }
+  return up ? kept + unit : kept;
+}
+
 // One block-FMA step: acc and the exact products aligned to the largest, truncated to
 // frac_bits below its leading bit, summed exactly, rounded once to FP32.
 float block_step(const AccumulationModel& m, float acc, const double* p, const int* pe, int n) {
@@ -64,8 +79,12 @@ float block_step(const AccumulationModel& m, float acc, const double* p, const i
   std::int64_t sum = static_cast<std::int64_t>(std::ldexp(static_cast<double>(acc), -q));
   for (int i = 0; i < n; ++i) sum += static_cast<std::int64_t>(std::ldexp(p[i], -q));
   if (sum == 0) return 0.0f;
-  const Code c = encode_scaled(Format::FP32, sum < 0, static_cast<std::uint64_t>(std::llabs(sum)), q,
-                               m.rounding);
+  std::uint64_t mag = static_cast<std::uint64_t>(std::llabs(sum));
+  if (m.out_bits < 23) {  // a narrower accumulator: the sum rounded to out_bits below its leading bit
+    const int drop = std::bit_width(mag) - 1 - m.out_bits;
+    if (drop > 0) mag = round_magnitude(mag, drop, sum < 0, m.rounding);
+  }
+  const Code c = encode_scaled(Format::FP32, sum < 0, mag, q, m.rounding);
   return static_cast<float>(decode(Format::FP32, c));
 }
 
@@ -167,8 +186,12 @@ std::string AccumulationModel::name() const {
     case Order::SequentialFma: return "cpu.fp32_seq" + (r.empty() ? "" : ":" + r.substr(1));
     case Order::Pairwise: return "cpu.fp32_pairwise" + (r.empty() ? "" : ":" + r.substr(1));
     case Order::BlockFma:
-      return fmt::format("cpu.blockfma:block={},frac={},round={}{}{}{}", block, frac_bits, ulpgate::name(rounding),
-                         promote ? fmt::format(",promote={}", promote) : "", align_inputs ? fmt::format(",align={}", ulpgate::name(align_format)) : "", pairs ? ",pairs" : "");
+      return fmt::format("cpu.blockfma:block={},frac={},round={}{}{}{}{}", block, frac_bits, ulpgate::name(rounding),
+                         promote ? fmt::format(",promote={}", promote) : "", align_inputs ? fmt::format(",align={}{}", ulpgate::name(align_format),
+                                                      align_format_b ? "/" + std::string(ulpgate::name(*align_format_b)) : "")
+                                      : "",
+                         out_bits < 23 ? fmt::format(",out={}", out_bits) : "",
+                         interleave ? fmt::format(",interleave={}", interleave) : "");
   }
   return "";
 }
@@ -212,14 +235,24 @@ std::optional<AccumulationModel> AccumulationModel::parse(const std::string& tex
       m.frac_bits = integer(1, 52);
     } else if (key == "promote" && m.order == Order::BlockFma) {
       m.promote = integer(1, 1 << 20);
-    } else if (key == "pairs" && value.empty() && m.order == Order::BlockFma) {
-      m.pairs = true;
+    } else if (key == "interleave" && m.order == Order::BlockFma) {
+      m.interleave = integer(1, 512);
+    } else if (key == "out" && m.order == Order::BlockFma) {
+      m.out_bits = integer(1, 23);
     } else if (key == "align" && m.order == Order::BlockFma) {
-      const auto f = parse_format(value);
-      if (value != "product" && (!f || *f == Format::FP64))
+      const auto slash = value.find('/');
+      const std::string first = value.substr(0, slash);
+      if (slash != std::string::npos) {
+        const auto fb = parse_format(value.substr(slash + 1));
+        if (!fb || *fb == Format::FP64 || first == "product")
+          throw InputError(fmt::format("kernel '{}': align=A/B needs two input formats, got '{}'", text, value));
+        m.align_format_b = *fb;
+      }
+      const auto f = parse_format(first);
+      if (first != "product" && (!f || *f == Format::FP64))
         throw InputError(fmt::format("kernel '{}': align must be product or an input format (fp32, tf32, fp16, bf16, "
                                      "e4m3, e5m2), got '{}'", text, value));
-      m.align_inputs = value != "product";
+      m.align_inputs = first != "product";
       if (f) m.align_format = *f;
     } else {
       throw InputError(fmt::format("kernel '{}': unknown parameter '{}'", text, key));
@@ -229,6 +262,8 @@ std::optional<AccumulationModel> AccumulationModel::parse(const std::string& tex
     throw InputError(fmt::format("kernel '{}': frac must be at most 50 with align=inputs", text));
   if (m.order == Order::BlockFma && (m.block == 0 || m.frac_bits == 0))
     throw InputError(fmt::format("kernel '{}': cpu.blockfma needs block=N and frac=N (e.g. cpu.blockfma:block=16,frac=23,round=rz)", text));
+  if (m.interleave && (m.promote == 0 || m.block % m.interleave != 0))
+    throw InputError(fmt::format("kernel '{}': interleave needs promote=N and must divide block ({})", text, m.block));
   if (m.promote % m.block != 0)
     throw InputError(fmt::format("kernel '{}': promote must be a multiple of block ({})", text, m.block));
   return m;
@@ -245,6 +280,19 @@ float model_dot(const AccumulationModel& m, const double* a, const double* b, st
     case AccumulationModel::Order::Pairwise:
       return k == 0 ? acc0 : add_round32(acc0, pairwise(a, b, k, m.rounding), m.rounding);
     case AccumulationModel::Order::BlockFma: {
+      if (m.interleave) {  // deal each chunk's products to its steps, then run in order
+        const std::int64_t chunk = m.promote, steps = chunk / m.block, g = m.interleave;
+        const std::int64_t padded = (k + chunk - 1) / chunk * chunk;
+        std::vector<double> pa(static_cast<std::size_t>(padded), 0.0), pb(pa.size(), 0.0);
+        for (std::int64_t q = 0; q < k; ++q) {
+          const std::int64_t c = q / chunk, r = q % chunk, group = r / g;
+          const std::int64_t at = c * chunk + (group % steps) * m.block + (group / steps) * g + r % g;
+          pa[static_cast<std::size_t>(at)] = a[q], pb[static_cast<std::size_t>(at)] = b[q];
+        }
+        AccumulationModel in_order = m;
+        in_order.interleave = 0;
+        return model_dot(in_order, pa.data(), pb.data(), padded, acc0);
+      }
       // Without promotion the block accumulator starts from acc0; with it, from 0, and
       // acc0 is the FP32 accumulator its chunks are added to.
       float acc = m.promote ? 0.0f : acc0, outer = acc0;
@@ -253,20 +301,16 @@ float model_dot(const AccumulationModel& m, const double* a, const double* b, st
       for (std::int64_t i = 0; i < k; i += m.block) {
         const int n = static_cast<int>(std::min<std::int64_t>(m.block, k - i));
         for (int j = 0; j < n; ++j) p[j] = a[i + j] * b[i + j];
-        // The step's terms: the products, or (pairs) their exact pair sums; aligned by their
-        // own leading bits, or (align_inputs, not with pairs) by their factors' exponents.
-        int terms = n;
+        // The step's products, aligned by their own leading bits or (align_inputs) by their
+        // factors' exponents.
         const int* aligned_by = nullptr;
-        if (m.pairs) {  // exact: products of narrow inputs are short, two of them fit a double
-          terms = 0;
-          for (int j = 0; j < n; j += 2, ++terms) p[terms] = p[j] + (j + 1 < n ? p[j + 1] : 0.0);
-        } else if (m.align_inputs) {
-          const int emin = info(m.align_format).emin();
+        if (m.align_inputs) {
+          const int emin = info(m.align_format).emin(), emin_b = info(m.align_format_b.value_or(m.align_format)).emin();
           for (int j = 0; j < n; ++j)
-            pe[j] = p[j] != 0.0 ? std::max(std::ilogb(a[i + j]), emin) + std::max(std::ilogb(b[i + j]), emin) : 0;
+            pe[j] = p[j] != 0.0 ? std::max(std::ilogb(a[i + j]), emin) + std::max(std::ilogb(b[i + j]), emin_b) : 0;
           aligned_by = pe.data();
         }
-        acc = block_step(m, acc, p.data(), aligned_by, terms);
+        acc = block_step(m, acc, p.data(), aligned_by, n);
         if (m.promote && ((i + n) % m.promote == 0 || i + n == k)) {
           outer = add_round32(outer, acc, Rounding::NearestEven);
           acc = 0.0f;

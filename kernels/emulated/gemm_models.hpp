@@ -8,7 +8,8 @@
 //                    tensor cores", PeerJ CS 2021): per step, `block` exact products and the
 //                    accumulator are aligned to the largest of them, each truncated (toward
 //                    zero) to `frac_bits` fraction bits below that largest term's leading
-//                    bit, summed exactly, and the sum rounded to FP32 with `rounding`;
+//                    bit, summed exactly, and the sum rounded to FP32 with `rounding`
+//                    (or first to `out_bits` < 23 fraction bits, as FP8 tensor cores do);
 //                    with promote=N, every N products that sum is added (RNE) to an FP32
 //                    accumulator and the block accumulation restarts from 0.
 //
@@ -51,11 +52,21 @@ struct AccumulationModel {
   /// input format).
   bool align_inputs = false;
   Format align_format = Format::FP32;
-  /// BlockFma: adjacent products are first summed exactly in pairs, and the pair sums (by
-  /// their own leading bit) take the products' place in each step (a hypothesis for FP8
-  /// tensor cores, tested against the H200 in tests/kernels/test_mma_unit_gpu.cpp). Name:
-  /// ",pairs".
-  bool pairs = false;
+  /// B's format for the alignment where it is not A's (mixed FP8 GEMMs); nullopt: A's.
+  /// Name: ",align=e4m3/e5m2".
+  std::optional<Format> align_format_b;
+  /// BlockFma: fraction bits of the step's result (1..23): the exact sum is rounded with
+  /// `rounding` to out_bits bits below its own leading bit before it is stored as FP32 (and
+  /// fed to the next step), as Hopper's FP8 tensor cores keep an e8m13 accumulator
+  /// (Khattak and Mikaitis 2025); 23: FP32's own precision. Name: ",out=13".
+  int out_bits = 23;
+  /// BlockFma with promote: each chunk of `promote` products is dealt to its promote/block
+  /// steps in groups of `interleave` products, round robin (0: in order). The H200 runs
+  /// mma.sync m16n8k32 FP8 as two FP16 m16n8k16 (the compiler's code: F2FP.F16.E4M3 then
+  /// HMMA.16816 from C = 0, then FADD to the accumulator), the first of k = 0,1, 4,5, ...,
+  /// 28,29 and the second of the rest: block=16,promote=32,interleave=2. Name:
+  /// ",interleave=2".
+  int interleave = 0;
 
   /// Kernel name: "cpu.fp32_seq", "cpu.fp32_pairwise", "cpu.blockfma:block=16,frac=13,round=rz"
   /// (",promote=N" when promoting; sequential and pairwise add ":round=rz" etc. when not RNE).

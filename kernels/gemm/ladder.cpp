@@ -52,6 +52,9 @@ class SimtGemm final : public Kernel {
     KernelTraits t{Memory::Device, s_.step != simt::Step::SplitKAtomic};
     t.thread_safe = true;        // no state; all work on io.stream
     t.rounds_to_nearest = true;  // FP32 FMA, add and atomicAdd round to nearest even
+    // atomicAdd on FP32 (red.global.add.f32) flushes subnormal inputs and results to zero
+    // (PTX ISA; seen on the H200: a D of 2^-127 came back +0, docs/results/probe_h200.md)
+    t.flushes_subnormals = s_.step == simt::Step::SplitKAtomic;
     return t;
   }
 

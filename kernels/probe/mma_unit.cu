@@ -115,6 +115,14 @@ bool mma_available() {
   return ok;
 }
 
+std::optional<Format> mma_converts_inputs(const MmaInstruction& inst) {
+  if (inst.input != Format::E4M3 && inst.input != Format::E5M2) return std::nullopt;
+  int dev = 0;
+  cudaDeviceProp p{};
+  if (cudaGetDevice(&dev) != cudaSuccess || cudaGetDeviceProperties(&p, dev) != cudaSuccess) return std::nullopt;
+  return p.major == 9 ? std::optional<Format>(Format::FP16) : std::nullopt;
+}
+
 std::vector<float> mma_dots(const MmaInstruction& inst, const std::vector<std::uint32_t>& a,
                             const std::vector<std::uint32_t>& b, std::int64_t dots, std::int64_t k) {
   if (!mma_available()) throw std::runtime_error("mma probe: no CUDA device of compute capability 8.9 or more");

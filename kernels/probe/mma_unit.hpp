@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -27,6 +28,13 @@ const MmaInstruction* find_mma_instruction(const std::string& name);
 /// Whether this build and machine can run them (CUDA, a device of compute capability 8.9
 /// or more).
 bool mma_available();
+
+/// The format this device's code converts the instruction's inputs to before a tensor-core
+/// instruction of that format, where it does: FP16 for the FP8 instructions on compute
+/// capability 9.x (the sm_90a code is F2FP.F16.E4M3.UNPACK_B / .E5M2 then two
+/// HMMA.16816.F32 from C = 0 and an FADD into the accumulator, cuobjdump of this file's
+/// kernels, docs/results/probe_h200.md); nullopt otherwise.
+std::optional<Format> mma_converts_inputs(const MmaInstruction& inst);
 
 /// D[0][0] of `dots` chains of the instruction: dot d's factors are a[d k + i] and
 /// b[d k + i] (storage words of the instruction's input format, TF32 as FP32 words), k a

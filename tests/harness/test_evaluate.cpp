@@ -557,3 +557,116 @@ TEST(PrecisionSample, SampledRuleAndCalibratorOnAHugeCase) {
   EXPECT_TRUE(ev.verdict.passed) << (ev.verdict.reasons.empty() ? "" : ev.verdict.reasons.front());
   EXPECT_NEAR(ev.effective_bits, 24.0, 0.5);
 }
+
+namespace {
+
+// FP32 GEMM (row-major, no transposes, beta = 0) with a declarable arithmetic: sequential
+// FP32 FMA whose result is flushed to zero where subnormal (as atomicAdd's FP32 results
+// are), or a gelu_tanh epilogue with tanh off by `tanh_error` (as an approximate tanh).
+class DeclaredArithmetic final : public Kernel {
+ public:
+  DeclaredArithmetic(KernelTraits t, bool flush, double tanh_error) : t_(t), flush_(flush), tanh_error_(tanh_error) {}
+  std::string name() const override { return "test.declared"; }
+  std::string description() const override { return "FP32 FMA, flushes or approximate tanh"; }
+  KernelTraits traits() const override { return t_; }
+  std::optional<std::string> unsupported(const Case& c) const override {
+    if (c.types.at("compute") != Format::FP32 || c.types.at("A") != Format::FP32 || c.beta != 0.0 || c.gemm.trans_a ||
+        c.gemm.trans_b || c.gemm.layout != Layout::RowMajor || c.gemm.batch != 1 || c.gemm.lda || c.gemm.ldb ||
+        c.gemm.ldd || c.types.at("D") != Format::FP32 || (c.epilogue != Epilogue::None && c.epilogue != Epilogue::GeluTanh))
+      return "not this case";
+    return std::nullopt;
+  }
+  void run(const Case& c, const KernelIo& io, RunNotes&) override {
+    const auto* a = static_cast<const float*>(io.in.at("A"));
+    const auto* b = static_cast<const float*>(io.in.at("B"));
+    auto* d = static_cast<float*>(io.out.at("D"));
+    const auto& g = c.gemm;
+    for (std::int64_t i = 0; i < g.m; ++i)
+      for (std::int64_t j = 0; j < g.n; ++j) {
+        float acc = 0.0f;
+        for (std::int64_t k = 0; k < g.k; ++k) acc = std::fma(a[i * g.k + k], b[k * g.n + j], acc);
+        if (flush_ && std::fabs(acc) < FLT_MIN) acc = std::copysign(0.0f, acc);
+        float v = static_cast<float>(c.alpha) * acc;
+        if (c.epilogue == Epilogue::GeluTanh) {
+          const double t = std::tanh(std::sqrt(2.0 / M_PI) * (v + 0.044715 * double(v) * v * v));
+          v = static_cast<float>(0.5 * v * (1.0 + t + (t > 0 ? -tanh_error_ : tanh_error_)));
+        }
+        d[i * g.n + j] = v;
+      }
+  }
+
+ private:
+  KernelTraits t_;
+  bool flush_;
+  double tanh_error_;
+};
+
+Case fp32_case(std::int64_t m, std::int64_t n, std::int64_t k, const char* dist, std::uint64_t seed) {
+  Case c = dtype_gemm_case("fp32", m, n, k);
+  c.gemm.trans_b = false;
+  c.kernel = "test.declared";
+  c.dist = {{"A", dist}, {"B", "normal(0,1)"}};
+  c.seed = seed;
+  return c;
+}
+
+}  // namespace
+
+// A kernel whose atomics flush subnormal results (the ladder's split-K atomic kernel on the
+// H200: D = +0 where the exact result is 2^-127) passes where it declares it
+// (KernelTraits::flushes_subnormals) and fails where it does not; a kernel that declares it
+// but is off by more than the smallest normal number still fails.
+TEST(Evaluate, DeclaredSubnormalFlushingIsNoFalseAlarm) {
+  KernelTraits plain{Memory::Host, true}, flushing = plain;
+  flushing.flushes_subnormals = true;
+  int undeclared_failed = 0, declared_failed = 0, runs = 0;
+  for (std::uint64_t seed = 1; seed <= 8; ++seed)
+    for (const std::int64_t k : {1, 3, 6}) {
+      Case c = fp32_case(8, 8, k, "subnormal(rate=0.5)", seed), c2 = c;
+      DeclaredArithmetic undeclared(plain, true, 0), declared(flushing, true, 0);
+      undeclared_failed += !evaluate(undeclared, c, {}).verdict.passed;
+      declared_failed += !evaluate(declared, c2, {}).verdict.passed;
+      ++runs;
+    }
+  EXPECT_EQ(declared_failed, 0);
+  EXPECT_GT(undeclared_failed, runs / 2);
+  // 2^-120 off is beyond any flushing.
+  class Off final : public Kernel {
+   public:
+    explicit Off(KernelTraits t) : inner(t, true, 0) {}
+    std::string name() const override { return "test.declared"; }
+    std::string description() const override { return "flushes, and D + 2^-120"; }
+    KernelTraits traits() const override { return inner.traits(); }
+    std::optional<std::string> unsupported(const Case& c) const override { return inner.unsupported(c); }
+    void run(const Case& cc, const KernelIo& io, RunNotes& n) override {
+      inner.run(cc, io, n);
+      *static_cast<float*>(io.out.at("D")) += 0x1p-120f;
+    }
+    DeclaredArithmetic inner;
+  } off(flushing);
+  Case c = fp32_case(8, 8, 3, "subnormal(rate=0.5)", 1);
+  EXPECT_FALSE(evaluate(off, c, {}).verdict.passed);
+}
+
+// A GELU epilogue with an approximate tanh (cuBLASLt's on the H200, about 2^-13 off) passes
+// within its declared activation_error and fails without the declaration; a tanh off by
+// more than declared fails too.
+TEST(Evaluate, DeclaredActivationErrorCoversAnApproximateTanh) {
+  KernelTraits plain{Memory::Host, true}, declared = plain;
+  declared.activation_error = 0x1p-10;
+  int fail_plain = 0, fail_declared = 0, fail_worse = 0, runs = 0;
+  for (std::uint64_t seed = 1; seed <= 6; ++seed)
+    for (const std::int64_t k : {1, 4}) {
+      Case c = fp32_case(16, 16, k, "normal(0,1)", seed);
+      c.epilogue = Epilogue::GeluTanh;
+      Case c2 = c, c3 = c;
+      DeclaredArithmetic a(plain, false, 0x1p-12), b(declared, false, 0x1p-12), worse(declared, false, 0x1p-8);
+      fail_plain += !evaluate(a, c, {}).verdict.passed;
+      fail_declared += !evaluate(b, c2, {}).verdict.passed;
+      fail_worse += !evaluate(worse, c3, {}).verdict.passed;
+      ++runs;
+    }
+  EXPECT_EQ(fail_declared, 0);
+  EXPECT_EQ(fail_plain, runs);
+  EXPECT_EQ(fail_worse, runs);
+}

@@ -314,3 +314,33 @@ TEST(Probe, DumpReadsBackWhatTheUnitGave) {
   write_text_file_atomically(path, "hello\n");
   EXPECT_THROW(read_dots(path), InputError);
 }
+
+// The step result's width (out) and an interleaved chunk (two or more steps dealt groups of
+// products in turn, the chunk added in FP32) are recovered exactly, with every other
+// parameter, through FP32 and narrow inputs.
+TEST(Probe, RecoversNarrowResultsAndInterleavedChunks) {
+  int models = 0;
+  for (const Format input : {Format::FP32, Format::E4M3, Format::FP16})
+    for (const char* text : {"cpu.blockfma:block=32,frac=13,round=rz,out=13", "cpu.blockfma:block=32,frac=13,round=rz,promote=128,out=13",
+                             "cpu.blockfma:block=16,frac=20,round=rz,out=12", "cpu.blockfma:block=16,frac=12,round=rz,out=14",
+                             "cpu.blockfma:block=16,frac=13,round=rne,out=10",
+                             "cpu.blockfma:block=16,frac=25,round=rz,promote=32,interleave=2",
+                             "cpu.blockfma:block=8,frac=25,round=rz,promote=32,interleave=2",
+                             "cpu.blockfma:block=16,frac=25,round=rz,promote=64,interleave=4"}) {
+      const AccumulationModel m = *AccumulationModel::parse(text);
+      const auto kernel = make_emulated_gemm(m);
+      const ProbeBatch batch = kernel_batch(*kernel, input, 24);
+      const ProbedAccumulation got = probe_unit(kernel_unit(*kernel, input), batch, 64, 1024);
+      const std::string what = fmt::format("{} through {}: probed {}", text, name(input), got.describe());
+      EXPECT_EQ(got.block, m.block) << what;
+      EXPECT_EQ(got.frac, m.frac_bits) << what;
+      EXPECT_EQ(got.out, m.out_bits) << what;
+      EXPECT_EQ(got.interleave, m.interleave) << what;
+      EXPECT_EQ(got.promote, m.promote) << what;
+      if (!got.known()) continue;
+      EXPECT_EQ(got.rounding, m.rounding) << what;
+      EXPECT_EQ(validate_batched(got, batch, input, 1000, 7).total(), 1000) << what;
+      ++models;
+    }
+  EXPECT_GE(models, 18);
+}

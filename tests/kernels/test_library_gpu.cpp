@@ -252,3 +252,51 @@ TEST(LibraryGpu, BackendErrorTable) {
     std::fclose(f);
   }
 }
+
+// A GELU epilogue's own evaluation error, measured: K = 1 GEMMs with BF16 inputs (their
+// products exact in FP32) give D = gelu_tanh(a_i b_j) on 2^20 arguments in [-6, 6]; the
+// largest |D - gelu_tanh(v)| / (|v| / 2) (the tanh's absolute error, plus D's rounding) must
+// stay within the kernel's declared activation_error (0: at most 4 ulp of FP32 near 1).
+TEST(LibraryGpu, GeluEpilogueWithinItsDeclaredError) {
+  if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device";
+  int kernels_run = 0;
+  for (auto& k : make_library_kernels()) {
+    for (const Format in : {Format::BF16, Format::FP16, Format::FP32}) {
+      Case c = test_support::gemm_case(1024, 1024, 1, in, Format::FP32, Format::FP32);
+      c.epilogue = Epilogue::GeluTanh;
+      if (k->unsupported(c)) {
+        c.types["compute"] = Format::TF32;
+        if (k->unsupported(c)) continue;
+      }
+      auto in_tensors = test_support::fill(c, test_support::Fill::SmallIntegers, 7);
+      for (const char* op : {"A", "B"}) {
+        Tensor& t = in_tensors.at(op);
+        for (std::size_t e = 0; e < t.size(); ++e) {  // a in [-6, 6], b in [0.5, 1]: BF16 values
+          const RandomBlock r = random_block(11, op[0] == 'A' ? 1 : 2, e);
+          const double u = static_cast<double>(r.w[0]) * 0x1p-32;
+          t.set_value(e, decode(Format::BF16, encode(Format::BF16, op[0] == 'A' ? -6.0 + 12.0 * u : 0.5 + 0.5 * u)));
+        }
+      }
+      const RunOutcome r = run_kernel(*k, c, in_tensors);
+      if (r.status == Disposition::NotSupported) continue;
+      ASSERT_EQ(r.status, Disposition::Ok) << k->name() << ": " << r.message;
+      const MatrixView av = gemm_view(c, "A"), bv = gemm_view(c, "B"), dv = gemm_view(c, "D");
+      double worst = 0, worst_v = 0;
+      for (std::int64_t i = 0; i < c.gemm.m; ++i)
+        for (std::int64_t j = 0; j < c.gemm.n; ++j) {
+          const double v = in_tensors.at("A").value(op_a_offset(c, av, 0, i, 0)) * in_tensors.at("B").value(op_b_offset(c, bv, 0, 0, j));
+          if (v == 0) continue;
+          const double want = 0.5 * v * (1.0 + std::tanh(std::sqrt(2.0 / M_PI) * (v + 0.044715 * v * v * v)));
+          const double ratio = std::fabs(r.outputs.at("D").value(dv.offset(0, i, j)) - want) / (std::fabs(v) / 2);
+          if (ratio > worst) worst = ratio, worst_v = v;
+        }
+      const double declared = k->traits().activation_error;
+      std::printf("[ gelu ] %-18s %s inputs: largest tanh error %.3g = 2^%.2f (at v = %.6g); declared %.3g\n",
+                  k->name().c_str(), std::string(name(in)).c_str(), worst, std::log2(worst), worst_v, declared);
+      EXPECT_LE(worst, declared > 0 ? declared : 0x1p-21) << k->name() << " " << name(in);
+      ++kernels_run;
+      break;  // one input format per kernel
+    }
+  }
+  EXPECT_GT(kernels_run, 0);
+}

@@ -3,7 +3,8 @@
 //  - the fragments pair a_i with b_i: small-integer dot products, exact at any width, come
 //    back exact (a wrong register layout pairs other elements and misses);
 //  - the probe infers a block-FMA model of each instruction that reproduces the hardware
-//    bit for bit on 100,000 random dot products (normal, cancelling, subnormal inputs).
+//    bit for bit on 100,000 random dot products (normal, cancelling, subnormal inputs);
+//  - FP8 on sm_90 is two interleaved FP16 steps per instruction.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -41,12 +42,11 @@ TEST(MmaUnitGpu, FragmentsPairEveryFactorWithItsPartner) {
 
 TEST(MmaUnitGpu, ProbedModelsReproduceEveryInstructionBitForBit) {
   if (!mma_available()) GTEST_SKIP() << "no CUDA device of compute capability 8.9 or more";
-  for (const char* name : {"mma.f16", "mma.bf16", "mma.tf32"}) {
-    const MmaInstruction& inst = *find_mma_instruction(name);
+  for (const MmaInstruction& inst : mma_instructions()) {
     const auto [dot, batch] = mma_unit(inst.name);
-    ProbedAccumulation p = probe_accumulation(dot, 512, 4096, 0, inst.input);
-    p.align_inputs = probe_alignment(p, batch);
+    const ProbedAccumulation p = probe_unit(dot, batch);
     ASSERT_TRUE(p.known()) << inst.name << ": " << p.describe();
+    std::printf("%s: %s\n", inst.name.c_str(), p.model(inst.input).name().c_str());
     const BatchValidation v = validate_batched(p, batch, inst.input, 100000, 3);
     EXPECT_EQ(v.total(), 100000) << inst.name;
     std::printf("%s: %s; %lld normal, %lld cancelling, %lld subnormal dot products agree\n", inst.name.c_str(),
@@ -55,31 +55,16 @@ TEST(MmaUnitGpu, ProbedModelsReproduceEveryInstructionBitForBit) {
   }
 }
 
-// The FP8 instructions (m16n8k32) are not one block-FMA step per instruction: the probe's
-// experiments read them as steps of 2 products with 25 fraction bits, and that model misses
-// on random dot products (a finding, docs/results/probe_h200.md). When a model reproduces
-// them, this test fails and the model moves to the test above.
-TEST(MmaUnitGpu, Fp8InstructionsAreNotAPlainBlockFma) {
+// On sm_90 the FP8 instructions run as two FP16 m16n8k16 steps of interleaved pairs of
+// products, from 0, added to the accumulator in FP32 (the compiler's code; the probe finds
+// the same structure from its experiments above).
+TEST(MmaUnitGpu, Fp8InstructionsAreTwoInterleavedFp16Steps) {
   if (!mma_available()) GTEST_SKIP() << "no CUDA device of compute capability 8.9 or more";
   for (const char* name : {"mma.e4m3", "mma.e5m2"}) {
+    const MmaInstruction& inst = *find_mma_instruction(name);
+    if (!mma_converts_inputs(inst)) GTEST_SKIP() << "not compute capability 9.x: native FP8 instructions";
     const auto [dot, batch] = mma_unit(name);
-    ProbedAccumulation p = probe_accumulation(dot, 512, 4096, 0, batch.input);
-    p.align_inputs = probe_alignment(p, batch);
-    if (p.known())
-      EXPECT_THROW(validate_batched(p, batch, batch.input, 100000, 3), std::runtime_error) << name << ": " << p.describe();
-    // Hypotheses, reported (not asserted): the instruction's 32 products summed exactly in
-    // pairs, then one block-FMA step of the 16 pair sums and the accumulator.
-    for (const int block : {32, 16, 8})
-      for (const int frac : {23, 24, 25, 26}) {
-        ProbedAccumulation h;
-        h.block = block, h.frac = frac, h.rounding = Rounding::TowardZero, h.pairs = true;
-        try {
-          const BatchValidation v = validate_batched(h, batch, batch.input, 20000, 5);
-          std::printf("%s: pairs, block %d, frac %d, rz: agrees on %lld dot products\n", name, block, frac,
-                      static_cast<long long>(v.total()));
-        } catch (const std::runtime_error& e) {
-          std::printf("%s: pairs, block %d, frac %d, rz: %s\n", name, block, frac, std::string(e.what()).substr(0, 160).c_str());
-        }
-      }
+    const ProbedAccumulation p = probe_unit(dot, batch);
+    EXPECT_EQ(p.model(inst.input).name(), "cpu.blockfma:block=16,frac=25,round=rz,promote=32,align=fp16,interleave=2") << name;
   }
 }

@@ -128,3 +128,28 @@ TEST(Models, EpilogueOrderAndOutputRounding) {
   c.scales = {{"D", 0.5}};
   EXPECT_EQ(model_epilogue(c, 2000.0f, 0, 0), 0x7Eu);  // 1000 saturates to 448 for FP8 outputs
 }
+
+// A narrower accumulator (out=N): each step's exact sum is rounded to N fraction bits below
+// its own leading bit, not FP32's 23; the alignment width (frac) is separate. 1 + 0.4375 =
+// 1.0111b: three bits keep 1.011 (toward zero) or tie up to 1.100 (nearest even); a carry
+// past the leading term (1.5 + 1.5 + 0.125 = 3.125 = 11.001b) loses the 2^-3 bit the
+// alignment kept.
+TEST(Models, NarrowAccumulatorRoundsEachStepsSum) {
+  const auto m = [](const char* name) { return *AccumulationModel::parse(name); };
+  EXPECT_EQ(dot(m("cpu.blockfma:block=2,frac=30,round=rz,out=3"), {1.0, 0.4375}), 1.375f);
+  EXPECT_EQ(dot(m("cpu.blockfma:block=2,frac=30,round=rne,out=3"), {1.0, 0.4375}), 1.5f);
+  EXPECT_EQ(dot(m("cpu.blockfma:block=2,frac=30,round=rz"), {1.0, 0.4375}), 1.4375f);
+  EXPECT_EQ(dot(m("cpu.blockfma:block=3,frac=3,round=rz"), {1.5, 1.5, 0.125}), 3.125f);
+  EXPECT_EQ(dot(m("cpu.blockfma:block=3,frac=3,round=rz,out=3"), {1.5, 1.5, 0.125}), 3.0f);
+  EXPECT_EQ(dot(m("cpu.blockfma:block=3,frac=3,round=rz,out=3"), {-1.5, -1.5, -0.125}), -3.0f);  // toward zero
+  EXPECT_EQ(dot(m("cpu.blockfma:block=3,frac=3,round=rd,out=3"), {-1.5, -1.5, -0.125}), -3.25f);  // grid 2^-2 below 2^1
+  // Step by step: the 13-bit accumulator fed to the next step loses what a 23-bit one keeps.
+  EXPECT_EQ(dot(m("cpu.blockfma:block=1,frac=30,round=rz,out=13"), {1.0, 0x1p-14}), 1.0f);
+  EXPECT_EQ(dot(m("cpu.blockfma:block=1,frac=30,round=rz"), {1.0, 0x1p-14}), 1.0f + 0x1p-14f);
+  for (const char* round_trip : {"cpu.blockfma:block=16,frac=25,round=rz,promote=32,align=fp16,interleave=2",
+                                 "cpu.blockfma:block=32,frac=13,round=rz,align=e4m3/e5m2,out=13"})
+    EXPECT_EQ(AccumulationModel::parse(round_trip)->name(), round_trip);
+  const std::string name = "cpu.blockfma:block=32,frac=13,round=rz,promote=128,align=e4m3,out=13";
+  EXPECT_EQ(AccumulationModel::parse(name)->name(), name);
+  EXPECT_THROW(AccumulationModel::parse("cpu.blockfma:block=32,frac=13,out=24"), InputError);
+}
