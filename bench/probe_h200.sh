@@ -6,7 +6,7 @@
 #   instructions  ulpgate probe --instruction on every mma.sync, 10^6 dot products each (JSON too)
 #   kernels       ulpgate probe --kernel on the cuBLASLt tensor-core kernels at M = N = 256
 #   dumps         random dot products and the unit's results for offline model fitting
-#                 (ulpgate probe --dump): the FP8 instructions and cuBLASLt BF16/FP8 kernels
+#                 (ulpgate probe --dump): the FP8 and FP16-accumulating instructions, cuBLASLt BF16/FP8 kernels
 #   sweep         the FP8 kernels' sweeps with the declared arithmetic and fitted effective bits
 #                 (M = N = 128, K = 2^8..2^16, two distributions): spread across K per series
 #   campaign      the default fuzz campaign (every kernel here), exit code and failures
@@ -19,7 +19,7 @@ fi
 if has instructions; then
   t0=$(now)
   "$build/ulpgate" probe --instruction mma.f16 --instruction mma.bf16 --instruction mma.tf32 --instruction mma.e4m3 \
-    --instruction mma.e5m2 --json "$out/mma_models.json" > "$out/probe_mma.txt" 2>&1
+    --instruction mma.e5m2 --instruction mma.f16.f16acc --json "$out/mma_models.json" > "$out/probe_mma.txt" 2>&1
   echo "instructions: rc $? in $(took "$t0")"; cut -c1-300 "$out/probe_mma.txt"
 fi
 if has kernels; then
@@ -32,7 +32,8 @@ if has kernels; then
 fi
 if has dumps; then
   t0=$(now)
-  "$build/ulpgate" probe --instruction mma.e4m3 --instruction mma.e5m2 --validate 0 --dump "$out/dumps" > "$out/dumps.txt" 2>&1
+  "$build/ulpgate" probe --instruction mma.e4m3 --instruction mma.e5m2 --instruction mma.f16.f16acc --validate 0 \
+    --dump "$out/dumps" > "$out/dumps.txt" 2>&1
   for k in cublaslt.bf16 cublaslt.fp8 cublaslt.fp8_fast; do
     "$build/ulpgate" probe --kernel "$k" --mn 256 --validate 0 --dump "$out/dumps" >> "$out/dumps.txt" 2>&1
   done

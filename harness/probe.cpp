@@ -62,7 +62,9 @@ std::string ProbedAccumulation::describe() const {
                                                                  align_format ? fmt::format(" as {}", name(*align_format)) : "")
                                                    : std::string(" (aligned by each product)"))
                                   : "",
-                     r, out < 23 ? fmt::format(", each step's sum kept to {} fraction bits", out) : "",
+                     r, accumulator != Format::FP32 ? fmt::format(", accumulated in {}", name(accumulator))
+                        : out < 23                  ? fmt::format(", each step's sum kept to {} fraction bits", out)
+                                                    : "",
                      interleave ? fmt::format(", {} steps per chunk dealt {} products at a time", promote / block, interleave) : "",
                      promote ? fmt::format(", {} FP32 every {} products", interleave ? "chunks added in" : "promoted to", promote) : "",
                      validated ? fmt::format("; the model agrees on {} random dot products", validated)
@@ -74,7 +76,8 @@ AccumulationModel ProbedAccumulation::model(Format input) const {
   m.order = AccumulationModel::Order::BlockFma, m.block = block, m.frac_bits = frac.value_or(52);
   m.rounding = rounding.value_or(Rounding::TowardZero), m.promote = promote;
   m.align_inputs = align_inputs.value_or(false), m.align_format = align_format.value_or(input);
-  m.out_bits = out, m.interleave = interleave;
+  m.out_bits = out, m.interleave = interleave, m.acc_format = accumulator;
+  if (info(accumulator).frac_bits <= out) m.out_bits = 23;  // the format's own precision: no second rounding
   return m;
 }
 
@@ -234,6 +237,7 @@ std::pair<ProbeDot, ProbeBatch> mma_unit(const std::string& instruction) {
   ProbeBatch batch;
   batch.input = inst->input;
   batch.converts_to = mma_converts_inputs(*inst);
+  batch.accumulator = inst->accumulator;
   batch.step = inst->k;
   batch.run = [inst, word](const std::vector<double>& a, const std::vector<double>& b, std::int64_t dots, std::int64_t k) {
     std::vector<std::uint32_t> wa(a.size()), wb(b.size());
@@ -252,7 +256,7 @@ std::pair<ProbeDot, ProbeBatch> mma_unit(const std::string& instruction) {
 }
 
 ProbedAccumulation probe_unit(const ProbeDot& dot, const ProbeBatch& batch, int max_block, int max_promote) {
-  ProbedAccumulation p = probe_accumulation(dot, max_block, max_promote, 0, batch.input);
+  ProbedAccumulation p = probe_accumulation(dot, max_block, max_promote, 0, batch.input, batch.accumulator);
   p.align_inputs = probe_alignment(p, batch);
   if (p.align_inputs.value_or(false)) p.align_format = batch.converts_to;
   return p;
@@ -438,8 +442,11 @@ DotDump read_dots(const std::string& path) {
   return d;
 }
 
-ProbedAccumulation probe_accumulation(const ProbeDot& dot, int max_block, int max_promote, int validate, Format input) {
+ProbedAccumulation probe_accumulation(const ProbeDot& dot, int max_block, int max_promote, int validate, Format input,
+                                      Format accumulator) {
   ProbedAccumulation r;
+  r.accumulator = accumulator;
+  const FormatInfo& acc = info(accumulator);
   // Which products the unit's inputs can make: FP32 numbers (B = 1), else products of two
   // normal values of the input format.
   const bool fp32 = input == Format::FP32;
@@ -455,12 +462,14 @@ ProbedAccumulation probe_accumulation(const ProbeDot& dot, int max_block, int ma
   // and FP8: 2^-28, 2^-12), they run at the scale 2^s of the largest power of two product
   // (less one, for the terms near 2): every term times 2^s, the result divided by it (the
   // block-FMA model is scale-invariant while nothing overflows or underflows).
+  // A narrow accumulator (FP16) bounds the scale from above (sums up to 4 x 2^s must stay
+  // finite) and the terms from below (its smallest subnormal).
   int s = 0;
   if (!fp32 && reach_below(can_raw) < 48)
-    for (int e = 40; e > 0 && s == 0; --e)
+    for (int e = std::min(40, acc.emax() - 2); e > 0 && s == 0; --e)
       if (can_raw(std::ldexp(1.0, e + 1)) && can_raw(std::ldexp(1.0, e))) s = e;
   r.scale_exponent = s;
-  const auto can = [&](double v) { return can_raw(std::ldexp(v, s)); };
+  const auto can = [&](double v) { return can_raw(std::ldexp(v, s)) && std::fabs(std::ldexp(v, s)) >= acc.min_subnormal(); };
   // The experiments below are written in step order; run() deals them as the unit does
   // once the block experiment has seen an interleaved chunk.
   const auto run = [&](const std::vector<double>& p) {

@@ -85,6 +85,8 @@ struct ProbedAccumulation {
   /// first (FP8 mma.sync on sm_90 runs as FP16: E4M3 subnormals are FP16 normals); nullopt:
   /// the input format.
   std::optional<Format> align_format;
+  /// The unit's accumulator format (ProbeBatch::accumulator): FP32, or FP16.
+  Format accumulator = Format::FP32;
   std::string describe() const;
   /// Every parameter known (a width, or at least 48 bits, and a rounding): model() then
   /// stands for the unit.
@@ -117,6 +119,9 @@ struct ProbeBatch {
   /// The format the unit converts the factors to before it multiplies them (FP8 mma.sync on
   /// sm_90: FP16; kernels/probe/mma_unit.hpp mma_converts_inputs); nullopt: none.
   std::optional<Format> converts_to;
+  /// The unit's accumulator (C and D) format: FP32, or FP16 (mma.f16.f16acc); its results
+  /// come back widened to FP32 exactly.
+  Format accumulator = Format::FP32;
   int step = 1;
   std::function<std::vector<float>(const std::vector<double>& a, const std::vector<double>& b, std::int64_t dots,
                                    std::int64_t k)>
@@ -206,6 +211,7 @@ ProbeBatch kernel_batch(Kernel& kernel, Format input = Format::FP32, std::int64_
 /// draws products of random pairs of the format's values.
 /// Throws std::runtime_error for a unit the block-FMA model does not describe.
 ProbedAccumulation probe_accumulation(const ProbeDot& dot, int max_block = 512, int max_promote = 4096,
-                                      int validate = 1000, Format input = Format::FP32);
+                                      int validate = 1000, Format input = Format::FP32,
+                                      Format accumulator = Format::FP32);
 
 }  // namespace ulpgate

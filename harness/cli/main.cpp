@@ -213,8 +213,8 @@ int main(int argc, char** argv) {
   probe->add_option("--kernel", probe_kernels, "Kernel to probe (repeatable)");
   std::vector<std::string> probe_instructions;
   probe->add_option("--instruction", probe_instructions,
-                    "Tensor-core instruction to probe (repeatable): mma.f16, mma.bf16, mma.tf32, mma.e4m3, mma.e5m2 "
-                    "(a chain of mma.sync with FP32 accumulation on the device)");
+                    "Tensor-core instruction to probe (repeatable): mma.f16, mma.bf16, mma.tf32, mma.e4m3, mma.e5m2, mma.f16.f16acc "
+                    "(a chain of mma.sync on the device, D fed back as C)");
   std::int64_t probe_validate = -1;
   probe->add_option("--validate", probe_validate, "Random dot products the inferred model must reproduce bit for bit "
                                                   "(default 1000 for kernels, 1000000 for instructions)")
@@ -342,6 +342,7 @@ int main(int argc, char** argv) {
           if (p.align_inputs) j["align"] = *p.align_inputs ? "inputs" : "product";
           if (p.align_format) j["align_format"] = std::string(ulpgate::name(*p.align_format));
           j["out_bits"] = p.out;
+          j["accumulator"] = std::string(ulpgate::name(p.accumulator));
           if (p.interleave) j["interleave"] = p.interleave;
           j["rounding_moot"] = p.rounding_moot;
           j["validated"] = p.validated;

@@ -71,7 +71,7 @@ float block_step(const AccumulationModel& m, float acc, const double* p, const i
   if (!finite || emax == INT32_MIN) return static_cast<float>(naive);  // NaN/Inf, or all zeros
   // Input-aligned (hardware-measured) models align to the accumulator's exponent field too,
   // which is FP32's smallest normal exponent when it is zero or subnormal.
-  if (m.align_inputs) emax = std::max(emax, -126);
+  if (m.align_inputs) emax = std::max(emax, info(m.acc_format).emin());
   const int q = emax - m.frac_bits;
   // |t| < 2^(emax+2) (2^(emax+1) aligned by the product itself), so |t / 2^q| < 2^(frac_bits+2)
   // <= 2^54: the scaling is exact and the cast truncates toward zero, which is the
@@ -84,8 +84,8 @@ float block_step(const AccumulationModel& m, float acc, const double* p, const i
     const int drop = std::bit_width(mag) - 1 - m.out_bits;
     if (drop > 0) mag = round_magnitude(mag, drop, sum < 0, m.rounding);
   }
-  const Code c = encode_scaled(Format::FP32, sum < 0, mag, q, m.rounding);
-  return static_cast<float>(decode(Format::FP32, c));
+  const Code c = encode_scaled(m.acc_format, sum < 0, mag, q, m.rounding);
+  return static_cast<float>(decode(m.acc_format, c));
 }
 
 float pairwise(const double* a, const double* b, std::int64_t n, Rounding r) {
@@ -186,12 +186,13 @@ std::string AccumulationModel::name() const {
     case Order::SequentialFma: return "cpu.fp32_seq" + (r.empty() ? "" : ":" + r.substr(1));
     case Order::Pairwise: return "cpu.fp32_pairwise" + (r.empty() ? "" : ":" + r.substr(1));
     case Order::BlockFma:
-      return fmt::format("cpu.blockfma:block={},frac={},round={}{}{}{}{}", block, frac_bits, ulpgate::name(rounding),
+      return fmt::format("cpu.blockfma:block={},frac={},round={}{}{}{}{}{}", block, frac_bits, ulpgate::name(rounding),
                          promote ? fmt::format(",promote={}", promote) : "", align_inputs ? fmt::format(",align={}{}", ulpgate::name(align_format),
                                                       align_format_b ? "/" + std::string(ulpgate::name(*align_format_b)) : "")
                                       : "",
                          out_bits < 23 ? fmt::format(",out={}", out_bits) : "",
-                         interleave ? fmt::format(",interleave={}", interleave) : "");
+                         interleave ? fmt::format(",interleave={}", interleave) : "",
+                         acc_format != Format::FP32 ? fmt::format(",acc={}", ulpgate::name(acc_format)) : "");
   }
   return "";
 }
@@ -235,6 +236,11 @@ std::optional<AccumulationModel> AccumulationModel::parse(const std::string& tex
       m.frac_bits = integer(1, 52);
     } else if (key == "promote" && m.order == Order::BlockFma) {
       m.promote = integer(1, 1 << 20);
+    } else if (key == "acc" && m.order == Order::BlockFma) {
+      const auto f = parse_format(value);
+      if (!f || (*f != Format::FP32 && *f != Format::FP16))
+        throw InputError(fmt::format("kernel '{}': acc must be fp32 or fp16, got '{}'", text, value));
+      m.acc_format = *f;
     } else if (key == "interleave" && m.order == Order::BlockFma) {
       m.interleave = integer(1, 512);
     } else if (key == "out" && m.order == Order::BlockFma) {

@@ -67,6 +67,11 @@ struct AccumulationModel {
   /// 28,29 and the second of the rest: block=16,promote=32,interleave=2. Name:
   /// ",interleave=2".
   int interleave = 0;
+  /// BlockFma: the format each step's result is rounded to and kept in (the accumulator
+  /// registers): FP32, or FP16 for FP16-accumulating tensor cores (mma.sync .f16.f16.f16.f16).
+  /// With align_inputs the accumulator's exponent takes part in the alignment at no less
+  /// than this format's smallest normal exponent. Name: ",acc=fp16".
+  Format acc_format = Format::FP32;
 
   /// Kernel name: "cpu.fp32_seq", "cpu.fp32_pairwise", "cpu.blockfma:block=16,frac=13,round=rz"
   /// (",promote=N" when promoting; sequential and pairwise add ":round=rz" etc. when not RNE).

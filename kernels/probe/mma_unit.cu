@@ -1,5 +1,6 @@
 #include "kernels/probe/mma_unit.hpp"
 
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <stdexcept>
@@ -8,7 +9,7 @@
 namespace ulpgate {
 namespace {
 
-enum class Kind { F16, BF16, TF32, E4M3, E5M2 };
+enum class Kind { F16, BF16, TF32, E4M3, E5M2, F16Acc16 };
 
 // Fragments of a warp's m16n8kK tile (PTX ISA, "Matrix fragments for mma.m16n8k*"), lane =
 // 4 g + t: only row 0 of A and column 0 of B hold values, so only lanes with g = 0 (0..3)
@@ -23,7 +24,7 @@ template <Kind K>
 __device__ void fragments(const std::uint32_t* x, const std::uint32_t* y, int t, std::uint32_t (&a)[4],
                           std::uint32_t (&b)[2]) {
   a[1] = a[3] = 0;
-  if constexpr (K == Kind::F16 || K == Kind::BF16) {
+  if constexpr (K == Kind::F16 || K == Kind::BF16 || K == Kind::F16Acc16) {
     const auto pack = [](const std::uint32_t* v, int i) { return (v[i] & 0xFFFFu) | (v[i + 1] << 16); };
     a[0] = pack(x, 2 * t), a[2] = pack(x, 2 * t + 8);
     b[0] = pack(y, 2 * t), b[1] = pack(y, 2 * t + 8);
@@ -68,18 +69,41 @@ __device__ void mma(float (&d)[4], const std::uint32_t (&a)[4], const std::uint3
 #endif
 }
 
+// FP16 accumulation: C and D are two registers of two FP16 each; D[0][0] is the low half of
+// register 0 of lane 0.
+__device__ void mma_f16_acc(std::uint32_t (&d)[2], const std::uint32_t (&a)[4], const std::uint32_t (&b)[2]) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f16.f16.f16.f16 {%0,%1}, {%2,%3,%4,%5}, {%6,%7}, {%0,%1};"
+               : "+r"(d[0]), "+r"(d[1])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#else
+  (void)a, (void)b;
+  d[0] = 0x7E00u;  // not compiled for this device: NaN
+#endif
+}
+
 template <Kind K, int Step>
 __global__ void chain_kernel(const std::uint32_t* a, const std::uint32_t* b, long long dots, long long k, float* out) {
   const long long dot = (static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
   if (dot >= dots) return;  // whole warps: blockDim is a multiple of 32
   const int lane = static_cast<int>(threadIdx.x % 32), g = lane / 4, t = lane % 4;
-  float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-  for (long long s = 0; s < k; s += Step) {
-    std::uint32_t fa[4] = {0, 0, 0, 0}, fb[2] = {0, 0};
-    if (g == 0) fragments<K>(a + dot * k + s, b + dot * k + s, t, fa, fb);
-    mma<K>(d, fa, fb);
+  if constexpr (K == Kind::F16Acc16) {
+    std::uint32_t d[2] = {0, 0};
+    for (long long s = 0; s < k; s += Step) {
+      std::uint32_t fa[4] = {0, 0, 0, 0}, fb[2] = {0, 0};
+      if (g == 0) fragments<K>(a + dot * k + s, b + dot * k + s, t, fa, fb);
+      mma_f16_acc(d, fa, fb);
+    }
+    if (lane == 0) out[dot] = __half2float(__ushort_as_half(static_cast<unsigned short>(d[0] & 0xFFFFu)));
+  } else {
+    float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (long long s = 0; s < k; s += Step) {
+      std::uint32_t fa[4] = {0, 0, 0, 0}, fb[2] = {0, 0};
+      if (g == 0) fragments<K>(a + dot * k + s, b + dot * k + s, t, fa, fb);
+      mma<K>(d, fa, fb);
+    }
+    if (lane == 0) out[dot] = d[0];
   }
-  if (lane == 0) out[dot] = d[0];
 }
 
 void check(cudaError_t e, const char* what) {
@@ -91,6 +115,7 @@ void check(cudaError_t e, const char* what) {
 const std::vector<MmaInstruction>& mma_instructions() {
   static const std::vector<MmaInstruction> list{
       {"mma.f16", "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32", Format::FP16, 16},
+      {"mma.f16.f16acc", "mma.sync.aligned.m16n8k16.row.col.f16.f16.f16.f16", Format::FP16, 16, Format::FP16},
       {"mma.bf16", "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32", Format::BF16, 16},
       {"mma.tf32", "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32", Format::TF32, 8},
       {"mma.e4m3", "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32", Format::E4M3, 32},
@@ -149,7 +174,10 @@ std::vector<float> mma_dots(const MmaInstruction& inst, const std::vector<std::u
   check(cudaMemcpy(db, b.data(), bytes, cudaMemcpyHostToDevice), "upload");
   const unsigned threads = 128, blocks = static_cast<unsigned>((dots * 32 + threads - 1) / threads);
   switch (inst.input) {
-    case Format::FP16: chain_kernel<Kind::F16, 16><<<blocks, threads>>>(da, db, dots, k, dout); break;
+    case Format::FP16:
+      if (inst.accumulator == Format::FP16) chain_kernel<Kind::F16Acc16, 16><<<blocks, threads>>>(da, db, dots, k, dout);
+      else chain_kernel<Kind::F16, 16><<<blocks, threads>>>(da, db, dots, k, dout);
+      break;
     case Format::BF16: chain_kernel<Kind::BF16, 16><<<blocks, threads>>>(da, db, dots, k, dout); break;
     case Format::TF32: chain_kernel<Kind::TF32, 8><<<blocks, threads>>>(da, db, dots, k, dout); break;
     case Format::E4M3: chain_kernel<Kind::E4M3, 32><<<blocks, threads>>>(da, db, dots, k, dout); break;

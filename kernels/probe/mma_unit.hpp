@@ -18,10 +18,12 @@ struct MmaInstruction {
   std::string ptx;   ///< "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32"
   Format input;      ///< the format of A and B
   int k;             ///< products per instruction (per D element)
+  Format accumulator = Format::FP32;  ///< C and D: FP32, or FP16 (mma.f16.f16acc)
 };
 
 /// The instructions built in: FP16, BF16 (m16n8k16), TF32 (m16n8k8), E4M3 and E5M2
-/// (m16n8k32; sm_89 and later), all with FP32 accumulation.
+/// (m16n8k32; sm_89 and later) with FP32 accumulation, and FP16 with FP16 accumulation
+/// (mma.f16.f16acc: D[0][0] widened to FP32 exactly).
 const std::vector<MmaInstruction>& mma_instructions();
 const MmaInstruction* find_mma_instruction(const std::string& name);
 

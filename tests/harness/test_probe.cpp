@@ -344,3 +344,23 @@ TEST(Probe, RecoversNarrowResultsAndInterleavedChunks) {
     }
   EXPECT_GE(models, 18);
 }
+
+// An FP16 accumulator (the unit says so: ProbeBatch::accumulator, as mma.f16.f16acc does):
+// the rest of the model is recovered through it, and the model (acc=fp16) validates.
+TEST(Probe, RecoversModelsOfAnFp16Accumulator) {
+  for (const char* text : {"cpu.blockfma:block=16,frac=25,round=rz,acc=fp16", "cpu.blockfma:block=8,frac=24,round=rne,acc=fp16",
+                           "cpu.blockfma:block=16,frac=25,round=rz,align=fp16,acc=fp16"}) {
+    const AccumulationModel m = *AccumulationModel::parse(text);
+    const auto kernel = make_emulated_gemm(m);
+    ProbeBatch batch = kernel_batch(*kernel, Format::FP16, 24);
+    batch.accumulator = Format::FP16;
+    const ProbedAccumulation got = probe_unit(kernel_unit(*kernel, Format::FP16), batch, 64, 1024);
+    const std::string what = fmt::format("{}: probed {}", text, got.describe());
+    EXPECT_EQ(got.block, m.block) << what;
+    EXPECT_EQ(got.accumulator, Format::FP16) << what;
+    EXPECT_EQ(got.frac, m.frac_bits) << what;
+    ASSERT_TRUE(got.known()) << what;
+    EXPECT_EQ(got.rounding, m.rounding) << what;
+    EXPECT_EQ(validate_batched(got, batch, Format::FP16, 2000, 5).total(), 2000) << what;
+  }
+}
