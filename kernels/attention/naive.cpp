@@ -1,0 +1,91 @@
+#include "kernels/attention/naive.hpp"
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+
+#include <fmt/format.h>
+
+#include "kernels/attention/naive_passes.hpp"
+#include "kernels/cuda_check.hpp"
+#include "kernels/device.hpp"
+
+namespace ulpgate {
+namespace {
+
+attn::FormatCode code(Format f) {
+  switch (f) {
+    case Format::TF32: return attn::kTf32;
+    case Format::FP16: return attn::kFp16;
+    case Format::BF16: return attn::kBf16;
+    case Format::E4M3: return attn::kE4m3;
+    case Format::E5M2: return attn::kE5m2;
+    default: return attn::kFp32;
+  }
+}
+
+attn::Operand operand(const Case& c, const std::string& name) {
+  const AttentionView v = attention_view(c, name);
+  attn::Operand o;
+  o.format = code(c.types.at(name));
+  o.batch = v.batch, o.heads = v.heads, o.seq = v.seq, o.dim = v.dim;
+  o.bshd = v.layout == AttentionLayout::BSHD;
+  return o;
+}
+
+class NaiveAttention final : public Kernel {
+ public:
+  std::string name() const override { return "cuda.attn_naive"; }
+  std::string description() const override {
+    return "CUDA: three-pass attention (scores, row softmax, P V) with FP32 intermediates in global memory";
+  }
+  KernelTraits traits() const override {
+    KernelTraits t{Memory::Device, true};
+    t.thread_safe = true;  // all work on io.stream
+    return t;
+  }
+  std::optional<std::string> unsupported(const Case& c) const override {
+    if (c.op != Op::Attention) return std::string("attention only");
+    for (const char* op : {"Q", "K", "V", "O"})
+      if (c.types.at(op) == Format::FP64) return std::string("FP64 operands: this kernel computes in FP32");
+    if (c.types.at("O") == Format::TF32) return std::string("O in TF32: not an output format here");
+    if (c.types.at("compute") != Format::FP32) return std::string("compute must be fp32");
+    for (const auto& [op, s] : c.scales)
+      if (s != 1.0) return fmt::format("scale {} is not applied by this kernel", op);
+    const AttentionShape& a = c.attention;
+    if (a.batch * a.heads * a.seq_q * a.seq_kv > (std::int64_t{1} << 31))
+      return std::string("the score matrix would pass 2^31 elements (8 GB)");
+    return std::nullopt;
+  }
+  void run(const Case& c, const KernelIo& io, RunNotes& notes) override {
+    const AttentionShape& a = c.attention;
+    const auto stream = static_cast<cudaStream_t>(io.stream);
+    attn::Shape s{a.batch, a.heads, a.seq_q, a.seq_kv, a.head_dim, a.eff_head_dim_v(), a.heads / a.eff_kv_heads(), a.causal,
+            static_cast<float>(a.softmax_scale.value_or(1.0 / std::sqrt(static_cast<double>(a.head_dim)))), nullptr};
+    attn::Operand q = operand(c, "Q"), k = operand(c, "K"), v = operand(c, "V"), o = operand(c, "O");
+    q.p = io.in.at("Q"), k.p = io.in.at("K"), v.p = io.in.at("V"), o.out = io.out.at("O");
+    const long long rows = a.batch * a.heads * a.seq_q;
+    DeviceBuffer S(static_cast<std::size_t>(rows * a.seq_kv) * sizeof(float), io.stream);
+    DeviceBuffer l(static_cast<std::size_t>(rows) * sizeof(float), io.stream);
+    DeviceBuffer lengths;
+    if (!a.kv_lengths.empty()) {
+      lengths = DeviceBuffer(a.kv_lengths.size() * sizeof(long long), io.stream);
+      ULPGATE_CHECK(cudaMemcpyAsync(lengths.get(), a.kv_lengths.data(), a.kv_lengths.size() * sizeof(long long),
+                                    cudaMemcpyHostToDevice, stream));
+      s.kv_lengths = static_cast<const long long*>(lengths.get());
+    }
+    ULPGATE_CHECK(attn::naive_attention(s, q, k, v, o, static_cast<float*>(S.get()), static_cast<float*>(l.get()), stream));
+    device_synchronize(io.stream);  // the buffers above are freed on return
+    notes["kernel"] = "three passes, FP32 scores and probabilities in global memory";
+  }
+};
+
+}  // namespace
+
+std::vector<std::unique_ptr<Kernel>> make_attention_kernels() {
+  std::vector<std::unique_ptr<Kernel>> out;
+  out.push_back(std::make_unique<NaiveAttention>());
+  return out;
+}
+
+}  // namespace ulpgate
