@@ -33,11 +33,19 @@ attn::Operand operand(const Case& c, const std::string& name) {
   return o;
 }
 
-class NaiveAttention final : public Kernel {
+enum class Variant { Naive, Online, OnlineNoRescale };
+
+class CudaAttention final : public Kernel {
  public:
-  std::string name() const override { return "cuda.attn_naive"; }
+  explicit CudaAttention(Variant v) : v_(v) {}
+  std::string name() const override {
+    return v_ == Variant::Naive ? "cuda.attn_naive" : v_ == Variant::Online ? "cuda.attn_online" : "planted.cuda_attn_online_no_rescale";
+  }
   std::string description() const override {
-    return "CUDA: three-pass attention (scores, row softmax, P V) with FP32 intermediates in global memory";
+    if (v_ == Variant::Naive)
+      return "CUDA: three-pass attention (scores, row softmax, P V) with FP32 intermediates in global memory";
+    return std::string("CUDA: online-softmax attention, a warp per query row, keys in blocks of 32, FP32") +
+           (v_ == Variant::OnlineNoRescale ? " (planted bug: no rescale when the max grows)" : "");
   }
   KernelTraits traits() const override {
     KernelTraits t{Memory::Device, true};
@@ -53,8 +61,11 @@ class NaiveAttention final : public Kernel {
     for (const auto& [op, s] : c.scales)
       if (s != 1.0) return fmt::format("scale {} is not applied by this kernel", op);
     const AttentionShape& a = c.attention;
-    if (a.batch * a.heads * a.seq_q * a.seq_kv > (std::int64_t{1} << 31))
+    if (v_ == Variant::Naive && a.batch * a.heads * a.seq_q * a.seq_kv > (std::int64_t{1} << 31))
       return std::string("the score matrix would pass 2^31 elements (8 GB)");
+    if (v_ != Variant::Naive && a.eff_head_dim_v() > attn::kOnlineMaxHeadDimV)
+      return fmt::format("head_dim_v {} > {}", a.eff_head_dim_v(), attn::kOnlineMaxHeadDimV);
+    if (v_ != Variant::Naive && a.head_dim > 8192) return fmt::format("head_dim {} > 8192 (shared memory)", a.head_dim);
     return std::nullopt;
   }
   void run(const Case& c, const KernelIo& io, RunNotes& notes) override {
@@ -64,9 +75,6 @@ class NaiveAttention final : public Kernel {
             static_cast<float>(a.softmax_scale.value_or(1.0 / std::sqrt(static_cast<double>(a.head_dim)))), nullptr};
     attn::Operand q = operand(c, "Q"), k = operand(c, "K"), v = operand(c, "V"), o = operand(c, "O");
     q.p = io.in.at("Q"), k.p = io.in.at("K"), v.p = io.in.at("V"), o.out = io.out.at("O");
-    const long long rows = a.batch * a.heads * a.seq_q;
-    DeviceBuffer S(static_cast<std::size_t>(rows * a.seq_kv) * sizeof(float), io.stream);
-    DeviceBuffer l(static_cast<std::size_t>(rows) * sizeof(float), io.stream);
     DeviceBuffer lengths;
     if (!a.kv_lengths.empty()) {
       lengths = DeviceBuffer(a.kv_lengths.size() * sizeof(long long), io.stream);
@@ -74,18 +82,33 @@ class NaiveAttention final : public Kernel {
                                     cudaMemcpyHostToDevice, stream));
       s.kv_lengths = static_cast<const long long*>(lengths.get());
     }
+    if (v_ != Variant::Naive) {
+      ULPGATE_CHECK(attn::online_attention(s, q, k, v, o, v_ == Variant::Online, stream));
+      device_synchronize(io.stream);
+      notes["kernel"] = "online softmax, a warp per query row, 32 keys per block";
+      return;
+    }
+    const long long rows = a.batch * a.heads * a.seq_q;
+    DeviceBuffer S(static_cast<std::size_t>(rows * a.seq_kv) * sizeof(float), io.stream);
+    DeviceBuffer l(static_cast<std::size_t>(rows) * sizeof(float), io.stream);
     ULPGATE_CHECK(attn::naive_attention(s, q, k, v, o, static_cast<float*>(S.get()), static_cast<float*>(l.get()), stream));
     device_synchronize(io.stream);  // the buffers above are freed on return
     notes["kernel"] = "three passes, FP32 scores and probabilities in global memory";
   }
+
+ private:
+  Variant v_;
 };
 
 }  // namespace
 
 std::vector<std::unique_ptr<Kernel>> make_attention_kernels() {
   std::vector<std::unique_ptr<Kernel>> out;
-  out.push_back(std::make_unique<NaiveAttention>());
+  out.push_back(std::make_unique<CudaAttention>(Variant::Naive));
+  out.push_back(std::make_unique<CudaAttention>(Variant::Online));
   return out;
 }
+
+std::unique_ptr<Kernel> make_planted_online_no_rescale() { return std::make_unique<CudaAttention>(Variant::OnlineNoRescale); }
 
 }  // namespace ulpgate

@@ -41,4 +41,12 @@ struct Shape {
 cudaError_t naive_attention(const Shape& s, const Operand& q, const Operand& k, const Operand& v, const Operand& o,
                             float* S, float* l, cudaStream_t stream);
 
+/// Online softmax in one pass over the keys (FP32 SIMT): a warp per query row, keys in blocks
+/// of 32 (a score per lane), the running max and sum and the accumulator rescaled when the
+/// max grows; head_dim_v at most 256 (8 accumulator elements per lane). `rescale` false
+/// plants the classic bug (no rescale when the max grows), for the harness's tests.
+cudaError_t online_attention(const Shape& s, const Operand& q, const Operand& k, const Operand& v, const Operand& o,
+                             bool rescale, cudaStream_t stream);
+inline constexpr long long kOnlineMaxHeadDimV = 256;
+
 }  // namespace ulpgate::attn

@@ -39,3 +39,21 @@ TEST(AttentionGpu, EveryKernelPassesGeneratedCases) {
     std::printf("[ attention ] %s: %d of %d cases passed, %d not supported\n", k->name().c_str(), passed, run, skipped);
   }
 }
+
+// The planted bug (no rescale of the accumulator when the running max grows) is caught on
+// generated cases: some case fails its check.
+TEST(AttentionGpu, MissingRescaleIsCaught) {
+  if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device";
+  auto k = make_planted_online_no_rescale();
+  int run = 0, failed = 0;
+  rc::check("planted no-rescale on generated attention cases", [&] {
+    Case c = *op_module(Op::Attention).generate("", k.get(), GenLimits{1024, false});
+    c.kernel = k->name();
+    if (k->unsupported(c)) return;
+    const Evaluation ev = evaluate(*k, c, {});
+    ++run;
+    failed += !ev.verdict.passed;
+  });
+  std::printf("[ attention ] %s: %d of %d cases failed\n", k->name().c_str(), failed, run);
+  EXPECT_GT(failed, 0);
+}
