@@ -7,6 +7,7 @@
 #if ULPGATE_HAVE_CUDA
 #include <cuda_runtime.h>
 
+#include "kernels/attention/naive.hpp"
 #include "kernels/gemm/ladder.hpp"
 #include "kernels/gemm/library.hpp"
 #endif
@@ -67,6 +68,7 @@ Registry builtin_registry() {
   if (cuda_device_available()) {
     for (auto& k : make_library_kernels()) r.add(std::move(k));
     for (auto& k : make_ladder_kernels()) r.add(std::move(k));
+    for (auto& k : make_attention_kernels()) r.add(std::move(k));
   }
 #endif
   return r;

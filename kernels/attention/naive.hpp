@@ -1,0 +1,23 @@
+// Attention kernels on the GPU (issue 19), registered as cuda.attn_*: the first rung, the
+// naive three-pass attention with FP32 intermediates in global memory. Built with CUDA only.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "kernels/kernel.hpp"
+
+namespace ulpgate {
+
+/// cuda.attn_naive: S = scale Q K^T (masked keys -inf), P = softmax(S) row by row, O = P V / l,
+/// each pass its own kernel, FP32 throughout; any head_dim, causal, kv_lengths, GQA, BHSD and
+/// BSHD, inputs FP32/TF32/FP16/BF16/E4M3/E5M2, output FP32/FP16/BF16/E4M3/E5M2.
+/// cuda.attn_online: online softmax in one pass over the keys (FP32 SIMT, a warp per query
+/// row, keys in blocks of 32, the accumulator rescaled when the running max grows).
+std::vector<std::unique_ptr<Kernel>> make_attention_kernels();
+
+/// cuda.attn_online with the classic bug planted: no rescale when the max grows (not
+/// registered; the GPU test shows the harness catching it).
+std::unique_ptr<Kernel> make_planted_online_no_rescale();
+
+}  // namespace ulpgate

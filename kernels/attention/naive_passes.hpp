@@ -1,0 +1,52 @@
+// The naive attention's device passes (issue 19), behind a plain interface so that this
+// file needs no C++20 host headers: kernels/attention/naive.cpp is the registered kernel.
+#pragma once
+
+#include <cuda_runtime.h>
+
+namespace ulpgate::attn {
+
+// Storage formats the passes read and write (core/format.hpp's names, as plain codes).
+enum FormatCode : int { kFp32 = 0, kTf32 = 1, kFp16 = 2, kBf16 = 3, kE4m3 = 4, kE5m2 = 5 };
+
+// An operand's storage on the device: its format's words and the view's extents.
+struct Operand {
+  const void* p = nullptr;
+  void* out = nullptr;
+  int format = kFp32;
+  long long batch = 1, heads = 1, seq = 1, dim = 1;
+  bool bshd = false;
+#ifdef __CUDACC__
+  __device__ long long offset(long long b, long long h, long long s, long long d) const {
+    return bshd ? ((b * seq + s) * heads + h) * dim + d : ((b * heads + h) * seq + s) * dim + d;
+  }
+#endif
+};
+
+struct Shape {
+  long long batch, heads, seq_q, seq_kv, head_dim, head_dim_v, group;  // group: query heads per K/V head
+  bool causal;
+  float scale;
+  const long long* kv_lengths;  // device, one per batch; nullptr: all seq_kv
+#ifdef __CUDACC__
+  __device__ bool visible(long long b, long long i, long long j) const {
+    const long long len = kv_lengths ? kv_lengths[b] : seq_kv;
+    return j < len && (!causal || j <= i + (seq_kv - seq_q));
+  }
+#endif
+};
+
+/// The three passes on `stream`: S (rows x seq_kv floats) and l (rows floats) are scratch,
+/// rows = batch x heads x seq_q. Returns the launch error, if any.
+cudaError_t naive_attention(const Shape& s, const Operand& q, const Operand& k, const Operand& v, const Operand& o,
+                            float* S, float* l, cudaStream_t stream);
+
+/// Online softmax in one pass over the keys (FP32 SIMT): a warp per query row, keys in blocks
+/// of 32 (a score per lane), the running max and sum and the accumulator rescaled when the
+/// max grows; head_dim_v at most 256 (8 accumulator elements per lane). `rescale` false
+/// plants the classic bug (no rescale when the max grows), for the harness's tests.
+cudaError_t online_attention(const Shape& s, const Operand& q, const Operand& k, const Operand& v, const Operand& o,
+                             bool rescale, cudaStream_t stream);
+inline constexpr long long kOnlineMaxHeadDimV = 256;
+
+}  // namespace ulpgate::attn
