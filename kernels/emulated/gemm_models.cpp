@@ -85,7 +85,10 @@ float block_step(const AccumulationModel& m, float acc, const double* p, const i
     if (drop > 0) mag = round_magnitude(mag, drop, sum < 0, m.rounding);
   }
   const Code c = encode_scaled(m.acc_format, sum < 0, mag, q, m.rounding);
-  return static_cast<float>(decode(m.acc_format, c));
+  // A sum that rounds to zero is +0, as an exact zero is: the H200's FP16-accumulating
+  // mma.sync gives +0 for a negative sum below FP16's range (docs/results/probe_h200.md).
+  const double v = decode(m.acc_format, c);
+  return v == 0.0 ? 0.0f : static_cast<float>(v);
 }
 
 float pairwise(const double* a, const double* b, std::int64_t n, Rounding r) {
