@@ -54,7 +54,7 @@ struct AccumulationModel {
   Format align_format = Format::FP32;
   /// B's format for the alignment where it is not A's (mixed FP8 GEMMs); nullopt: A's.
   /// Name: ",align=e4m3/e5m2".
-  std::optional<Format> align_format_b;
+  std::optional<Format> align_format_b{};
   /// BlockFma: fraction bits of the step's result (1..23): the exact sum is rounded with
   /// `rounding` to out_bits bits below its own leading bit before it is stored as FP32 (and
   /// fed to the next step), as Hopper's FP8 tensor cores keep an e8m13 accumulator
