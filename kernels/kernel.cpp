@@ -7,7 +7,7 @@
 #if ULPGATE_HAVE_CUDA
 #include <cuda_runtime.h>
 
-#include "kernels/attention/naive.hpp"
+#include "kernels/attention/cuda_attention.hpp"
 #include "kernels/gemm/ladder.hpp"
 #include "kernels/gemm/library.hpp"
 #endif

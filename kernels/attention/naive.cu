@@ -1,4 +1,4 @@
-#include "kernels/attention/naive_passes.hpp"
+#include "kernels/attention/launch.hpp"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>

@@ -1,6 +1,8 @@
 // The attention kernels on the GPU (kernels/attention/, issue 19) through the one check path
 // on the attention generator's cases: every input format, both layouts, causal, kv_lengths,
-// GQA, seq_q != seq_kv (label gpu: skips without a device).
+// GQA, seq_q != seq_kv (label gpu: skips without a device); the flash kernels on a grid of
+// the shapes they take (tails of both tiles, causal with seq_q != seq_kv, kv_lengths, GQA,
+// both layouts, the three output formats); a planted missing rescale caught in each.
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -9,7 +11,7 @@
 
 #include "harness/check.hpp"
 #include "harness/ops/op.hpp"
-#include "kernels/attention/naive.hpp"
+#include "kernels/attention/cuda_attention.hpp"
 #include "kernels/device.hpp"
 #include "kernels/kernel.hpp"
 
@@ -56,4 +58,70 @@ TEST(AttentionGpu, MissingRescaleIsCaught) {
   });
   std::printf("[ attention ] %s: %d of %d cases failed\n", k->name().c_str(), failed, run);
   EXPECT_GT(failed, 0);
+}
+
+namespace {
+
+// Cases the flash kernels take: FP16 or BF16 inputs, head_dim 64 or 128, over tile tails
+// (1, 63, 64, 65, 200 rows and keys), causal with seq_q != seq_kv, kv_lengths (one of them
+// 0), grouped-query heads, both layouts, O in FP32, FP16 or BF16, and large-magnitude
+// scores (normal(0, 3) Q) whose running max moves.
+std::vector<Case> flash_cases(Format in) {
+  std::vector<Case> out;
+  int n = 0;
+  for (const std::int64_t d : {64, 128})
+    for (const auto [sq, skv] : {std::pair<std::int64_t, std::int64_t>{1, 1}, {63, 65}, {64, 64}, {65, 200}, {200, 63}, {130, 257}})
+      for (const bool causal : {false, true}) {
+        Case c;
+        c.op = Op::Attention;
+        AttentionShape& a = c.attention;
+        a.batch = 2, a.heads = 4, a.seq_q = sq, a.seq_kv = skv, a.head_dim = d, a.causal = causal;
+        a.layout = n % 2 ? AttentionLayout::BSHD : AttentionLayout::BHSD;
+        if (n % 3 == 1) a.kv_heads = 2;
+        if (n % 4 == 2) a.kv_lengths = {skv, skv / 2};
+        if (n % 8 == 6) a.kv_lengths = {0, skv};
+        const Format o = n % 3 == 0 ? Format::FP32 : n % 3 == 1 ? Format::FP16 : Format::BF16;
+        c.types = {{"Q", in}, {"K", in}, {"V", in}, {"O", o}, {"compute", Format::FP32}};
+        c.dist = {{"Q", n % 2 ? "normal(0,3)" : "normal(0,1)"}, {"K", "normal(0,1)"}, {"V", "uniform(-1,1)"}};
+        c.seed = static_cast<std::uint64_t>(100 + n);
+        ++n;
+        out.push_back(c);
+      }
+  return out;
+}
+
+}  // namespace
+
+TEST(AttentionGpu, FlashPassesEveryShapeItTakes) {
+  if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device";
+  for (auto& k : make_attention_kernels()) {
+    if (k->name().rfind("cuda.attn_flash", 0) != 0) continue;
+    const Format in = k->name() == "cuda.attn_flash.bf16" ? Format::BF16 : Format::FP16;
+    int passed = 0, total = 0;
+    for (Case c : flash_cases(in)) {
+      c.kernel = k->name();
+      ASSERT_FALSE(k->unsupported(c).has_value()) << *k->unsupported(c);
+      const Evaluation ev = evaluate(*k, c, {});
+      ++total;
+      EXPECT_EQ(ev.run.status, Disposition::Ok) << k->name() << ": " << ev.run.message;
+      EXPECT_EQ(ev.run.unwritten, 0);
+      if (ev.verdict.passed) ++passed;
+      else ADD_FAILURE() << k->name() << " " << c.attention.seq_q << "x" << c.attention.seq_kv << " d " << c.attention.head_dim
+                         << (c.attention.causal ? " causal" : "") << ": " << ev.verdict.reasons.front();
+    }
+    std::printf("[ flash ] %s: %d of %d cases passed\n", k->name().c_str(), passed, total);
+  }
+}
+
+TEST(AttentionGpu, FlashMissingRescaleIsCaught) {
+  if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device";
+  auto k = make_planted_flash_no_rescale();
+  int failed = 0, total = 0;
+  for (Case c : flash_cases(Format::FP16)) {
+    c.kernel = k->name();
+    failed += !evaluate(*k, c, {}).verdict.passed;
+    ++total;
+  }
+  std::printf("[ flash ] %s: %d of %d cases failed\n", k->name().c_str(), failed, total);
+  EXPECT_GT(failed, total / 4);
 }

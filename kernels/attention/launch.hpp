@@ -1,5 +1,5 @@
-// The naive attention's device passes (issue 19), behind a plain interface so that this
-// file needs no C++20 host headers: kernels/attention/naive.cpp is the registered kernel.
+// The attention kernels' device launches (issue 19), behind a plain interface so that the
+// .cu files need no C++20 host headers: kernels/attention/cuda_attention.cpp registers them.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -48,5 +48,13 @@ cudaError_t naive_attention(const Shape& s, const Operand& q, const Operand& k, 
 cudaError_t online_attention(const Shape& s, const Operand& q, const Operand& k, const Operand& v, const Operand& o,
                              bool rescale, cudaStream_t stream);
 inline constexpr long long kOnlineMaxHeadDimV = 256;
+
+/// FlashAttention-2 style forward pass (kernels/attention/flash.cu): Q, K, V all FP16 or all
+/// BF16 (q.format), head_dim = head_dim_v = 64 or 128, O FP32/FP16/BF16, tensor cores
+/// (mma.sync m16n8k16) with FP32 accumulation, P rounded to the input type before P V;
+/// batch x heads at most 65535. `rescale` false plants the classic bug (the accumulator and
+/// sum not rescaled when the running max grows; FP16 inputs).
+cudaError_t flash_attention(const Shape& s, const Operand& q, const Operand& k, const Operand& v, const Operand& o,
+                            bool rescale, cudaStream_t stream);
 
 }  // namespace ulpgate::attn

@@ -1,5 +1,5 @@
-// Attention kernels on the GPU (issue 19), registered as cuda.attn_*: the first rung, the
-// naive three-pass attention with FP32 intermediates in global memory. Built with CUDA only.
+// Attention kernels on the GPU (issue 19), registered as cuda.attn_*: the naive three-pass
+// attention, online softmax and a FlashAttention-2 style kernel. Built with CUDA only.
 #pragma once
 
 #include <memory>
@@ -14,10 +14,13 @@ namespace ulpgate {
 /// BSHD, inputs FP32/TF32/FP16/BF16/E4M3/E5M2, output FP32/FP16/BF16/E4M3/E5M2.
 /// cuda.attn_online: online softmax in one pass over the keys (FP32 SIMT, a warp per query
 /// row, keys in blocks of 32, the accumulator rescaled when the running max grows).
+/// cuda.attn_flash.fp16 / .bf16: FlashAttention-2 style on tensor cores (flash.cu).
 std::vector<std::unique_ptr<Kernel>> make_attention_kernels();
 
 /// cuda.attn_online with the classic bug planted: no rescale when the max grows (not
 /// registered; the GPU test shows the harness catching it).
 std::unique_ptr<Kernel> make_planted_online_no_rescale();
+/// cuda.attn_flash.fp16 with the same bug planted.
+std::unique_ptr<Kernel> make_planted_flash_no_rescale();
 
 }  // namespace ulpgate

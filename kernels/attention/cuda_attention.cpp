@@ -1,4 +1,4 @@
-#include "kernels/attention/naive.hpp"
+#include "kernels/attention/cuda_attention.hpp"
 
 #include <cmath>
 #include <cstdint>
@@ -6,12 +6,14 @@
 
 #include <fmt/format.h>
 
-#include "kernels/attention/naive_passes.hpp"
+#include "kernels/attention/launch.hpp"
 #include "kernels/cuda_check.hpp"
 #include "kernels/device.hpp"
 
 namespace ulpgate {
 namespace {
+
+std::string name_of(Format f) { return std::string(ulpgate::name(f)); }
 
 attn::FormatCode code(Format f) {
   switch (f) {
@@ -33,15 +35,30 @@ attn::Operand operand(const Case& c, const std::string& name) {
   return o;
 }
 
-enum class Variant { Naive, Online, OnlineNoRescale };
+enum class Variant { Naive, Online, OnlineNoRescale, FlashFp16, FlashBf16, FlashNoRescale };
 
 class CudaAttention final : public Kernel {
  public:
   explicit CudaAttention(Variant v) : v_(v) {}
+  bool flash() const { return v_ == Variant::FlashFp16 || v_ == Variant::FlashBf16 || v_ == Variant::FlashNoRescale; }
+  Format flash_input() const { return v_ == Variant::FlashBf16 ? Format::BF16 : Format::FP16; }
   std::string name() const override {
-    return v_ == Variant::Naive ? "cuda.attn_naive" : v_ == Variant::Online ? "cuda.attn_online" : "planted.cuda_attn_online_no_rescale";
+    switch (v_) {
+      case Variant::Naive: return "cuda.attn_naive";
+      case Variant::Online: return "cuda.attn_online";
+      case Variant::OnlineNoRescale: return "planted.cuda_attn_online_no_rescale";
+      case Variant::FlashFp16: return "cuda.attn_flash.fp16";
+      case Variant::FlashBf16: return "cuda.attn_flash.bf16";
+      case Variant::FlashNoRescale: return "planted.cuda_attn_flash_no_rescale";
+    }
+    return "";
   }
   std::string description() const override {
+    if (flash())
+      return fmt::format("CUDA: FlashAttention-2 style, {} tensor cores (mma.sync m16n8k16, FP32 accumulation), 64 query "
+                         "rows x 64-key tiles, P rounded to {} before P V; head_dim 64 or 128{}",
+                         name_of(flash_input()), name_of(flash_input()),
+                         v_ == Variant::FlashNoRescale ? " (planted bug: no rescale when the max grows)" : "");
     if (v_ == Variant::Naive)
       return "CUDA: three-pass attention (scores, row softmax, P V) with FP32 intermediates in global memory";
     return std::string("CUDA: online-softmax attention, a warp per query row, keys in blocks of 32, FP32") +
@@ -50,6 +67,7 @@ class CudaAttention final : public Kernel {
   KernelTraits traits() const override {
     KernelTraits t{Memory::Device, true};
     t.thread_safe = true;  // all work on io.stream
+    if (flash()) t.p_bits = info(flash_input()).frac_bits + 1;  // FP16 11, BF16 8
     return t;
   }
   std::optional<std::string> unsupported(const Case& c) const override {
@@ -61,6 +79,17 @@ class CudaAttention final : public Kernel {
     for (const auto& [op, s] : c.scales)
       if (s != 1.0) return fmt::format("scale {} is not applied by this kernel", op);
     const AttentionShape& a = c.attention;
+    if (flash()) {
+      for (const char* op : {"Q", "K", "V"})
+        if (c.types.at(op) != flash_input())
+          return fmt::format("{} must be {} for this kernel, got {}", op, name_of(flash_input()), name_of(c.types.at(op)));
+      const Format out = c.types.at("O");
+      if (out != Format::FP32 && out != Format::FP16 && out != Format::BF16)
+        return fmt::format("O must be fp32, fp16 or bf16, got {}", name_of(out));
+      if (a.head_dim != a.eff_head_dim_v() || (a.head_dim != 64 && a.head_dim != 128))
+        return fmt::format("head_dim {} (head_dim_v {}): only 64 and 128, equal", a.head_dim, a.eff_head_dim_v());
+      if (a.batch * a.heads > 65535) return std::string("batch x heads > 65535");
+    }
     if (v_ == Variant::Naive && a.batch * a.heads * a.seq_q * a.seq_kv > (std::int64_t{1} << 31))
       return std::string("the score matrix would pass 2^31 elements (8 GB)");
     if (v_ != Variant::Naive && a.eff_head_dim_v() > attn::kOnlineMaxHeadDimV)
@@ -81,6 +110,12 @@ class CudaAttention final : public Kernel {
       ULPGATE_CHECK(cudaMemcpyAsync(lengths.get(), a.kv_lengths.data(), a.kv_lengths.size() * sizeof(long long),
                                     cudaMemcpyHostToDevice, stream));
       s.kv_lengths = static_cast<const long long*>(lengths.get());
+    }
+    if (flash()) {
+      ULPGATE_CHECK(attn::flash_attention(s, q, k, v, o, v_ != Variant::FlashNoRescale, stream));
+      device_synchronize(io.stream);
+      notes["kernel"] = "flash: 64 query rows x 64-key tiles, mma.sync m16n8k16, cp.async";
+      return;
     }
     if (v_ != Variant::Naive) {
       ULPGATE_CHECK(attn::online_attention(s, q, k, v, o, v_ == Variant::Online, stream));
@@ -106,9 +141,12 @@ std::vector<std::unique_ptr<Kernel>> make_attention_kernels() {
   std::vector<std::unique_ptr<Kernel>> out;
   out.push_back(std::make_unique<CudaAttention>(Variant::Naive));
   out.push_back(std::make_unique<CudaAttention>(Variant::Online));
+  out.push_back(std::make_unique<CudaAttention>(Variant::FlashFp16));
+  out.push_back(std::make_unique<CudaAttention>(Variant::FlashBf16));
   return out;
 }
 
 std::unique_ptr<Kernel> make_planted_online_no_rescale() { return std::make_unique<CudaAttention>(Variant::OnlineNoRescale); }
+std::unique_ptr<Kernel> make_planted_flash_no_rescale() { return std::make_unique<CudaAttention>(Variant::FlashNoRescale); }
 
 }  // namespace ulpgate
