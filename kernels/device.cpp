@@ -124,6 +124,31 @@ bool equals_host(const DeviceBuffer& d, const Tensor& t, void* stream) {
   return equal;
 }
 
+StreamTimer::StreamTimer(void* stream) : stream_(stream) {
+  cudaEvent_t b = nullptr, e = nullptr;
+  ULPGATE_CHECK(cudaEventCreate(&b));
+  if (const cudaError_t err = cudaEventCreate(&e); err != cudaSuccess) {
+    cudaEventDestroy(b);
+    ULPGATE_CHECK(err);
+  }
+  begin_ = b, end_ = e;
+}
+StreamTimer::~StreamTimer() {
+  cudaEventDestroy(static_cast<cudaEvent_t>(begin_));
+  cudaEventDestroy(static_cast<cudaEvent_t>(end_));
+}
+void StreamTimer::start() { ULPGATE_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(begin_), static_cast<cudaStream_t>(stream_))); }
+void StreamTimer::stop() { ULPGATE_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(end_), static_cast<cudaStream_t>(stream_))); }
+double StreamTimer::elapsed_ms() {
+  ULPGATE_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(end_)));
+  float ms = 0;
+  ULPGATE_CHECK(cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(begin_), static_cast<cudaEvent_t>(end_)));
+  return ms;
+}
+void device_memset(void* p, int value, std::size_t bytes, void* stream) {
+  ULPGATE_CHECK(cudaMemsetAsync(p, value, bytes, static_cast<cudaStream_t>(stream)));
+}
+
 void device_synchronize(void* stream) {
   ULPGATE_CHECK(cudaGetLastError());
   if (stream) ULPGATE_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)));
@@ -256,6 +281,12 @@ DeviceBuffer to_device(const Tensor&, void*) { no_cuda(); }
 void to_host(Tensor&, const DeviceBuffer&, void*) { no_cuda(); }
 bool equals_host(const DeviceBuffer&, const Tensor&, void*) { no_cuda(); }
 void device_synchronize(void*) { no_cuda(); }
+StreamTimer::StreamTimer(void* stream) : stream_(stream) { no_cuda(); }
+StreamTimer::~StreamTimer() = default;
+void StreamTimer::start() { no_cuda(); }
+void StreamTimer::stop() { no_cuda(); }
+double StreamTimer::elapsed_ms() { no_cuda(); }
+void device_memset(void*, int, std::size_t, void*) { no_cuda(); }
 std::string device_description() { return "built without CUDA"; }
 DeviceInfo device_info() {
   DeviceInfo info;

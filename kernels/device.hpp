@@ -63,6 +63,26 @@ bool equals_host(const DeviceBuffer& d, const Tensor& t, void* stream = nullptr)
 /// Waits for the device (stream nullptr) or for one stream, and throws KernelError if a
 /// kernel failed (e.g. illegal address).
 void device_synchronize(void* stream = nullptr);
+/// Milliseconds of stream work between two points, by CUDA events: start() records the first
+/// event, stop() the second; elapsed_ms() waits for the second and returns the time between.
+class StreamTimer {
+ public:
+  explicit StreamTimer(void* stream);
+  ~StreamTimer();
+  StreamTimer(const StreamTimer&) = delete;
+  StreamTimer& operator=(const StreamTimer&) = delete;
+  void start();
+  void stop();
+  double elapsed_ms();
+
+ private:
+  void* stream_;
+  void* begin_ = nullptr;
+  void* end_ = nullptr;
+};
+/// Sets `bytes` of device memory to `value` on the stream (e.g. to evict the L2 cache).
+void device_memset(void* p, int value, std::size_t bytes, void* stream);
+
 /// "NVIDIA H200, driver 13.0, CUDA runtime 13.0, cuBLAS 13.0.0" (or why there is none).
 std::string device_description();
 

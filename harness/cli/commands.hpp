@@ -66,6 +66,16 @@ struct FuzzArgs {
 };
 
 int fuzz_command(const FuzzArgs& a, const LocalRegistry& local, const std::string& command_line);
+
+/// `ulpgate bench` (harness/bench.hpp): kernels by name (a name ending in '.' is a prefix),
+/// cases by GEMM shape or attention shape, one input type.
+struct BenchArgs {
+  std::vector<std::string> kernels, gemm_shapes, attention_shapes, plugins;
+  std::string baseline, shapes_preset, dtype, layout, json, md, seed = "1";
+  bool causal = false, no_flush = false, no_check = false;
+  int reps = 20, warmup = 3;
+};
+int bench_command(const BenchArgs& a, const LocalRegistry& local);
 /// Replays a case file on its kernel, in a worker process unless isolation is nullopt;
 /// a case that needs more than max_memory bytes (0: the default) is refused first.
 int replay_command(const std::string& case_path, const LocalRegistry& local, const std::string& out_json,

@@ -241,6 +241,29 @@ int main(int argc, char** argv) {
                                       "zero; a library takes the path of that shape (default 1)")
       ->check(CLI::Range(std::int64_t{1}, std::int64_t{16384}));
 
+  ulpgate::BenchArgs bench_args;
+  auto* bench = app.add_subcommand(
+      "bench", "Time kernels on GEMM or attention shapes (CUDA events, L2 evicted, median of --reps runs) and check "
+               "each timed output against the exact reference, in this process");
+  bench->add_option("--kernel", bench_args.kernels, "Kernel to time (repeatable; a name ending in '.' takes every kernel "
+                                                   "with that prefix, e.g. ladder.)");
+  bench->add_option("--baseline", bench_args.baseline, "Kernel timed first on each case: the others' % of its TFLOP/s "
+                                                       "(e.g. cublas.fp32)");
+  bench->add_option("--gemm", bench_args.gemm_shapes, "GEMM shape MxNxK (repeatable)");
+  bench->add_option("--shapes", bench_args.shapes_preset, "GEMM shape preset: square (1024..8192) or llm")
+      ->check(CLI::IsMember({"square", "llm"}));
+  bench->add_option("--attention", bench_args.attention_shapes, "Attention shape BxHxSqxSkvxD (repeatable)");
+  bench->add_flag("--causal", bench_args.causal, "Attention: causal mask (FLOPs count the visible pairs only)");
+  bench->add_option("--layout", bench_args.layout, "Attention layout: bhsd (default) or bshd");
+  bench->add_option("--dtype", bench_args.dtype, "Input type (default: implied by the first kernel's name)");
+  bench->add_option("--reps", bench_args.reps, "Timed runs per kernel and case (default 20)")->check(CLI::Range(1, 100000));
+  bench->add_option("--warmup", bench_args.warmup, "Untimed runs first (default 3)")->check(CLI::Range(0, 1000));
+  bench->add_flag("--no-flush", bench_args.no_flush, "Do not evict L2 before each timed run");
+  bench->add_flag("--no-check", bench_args.no_check, "Do not check the outputs against the exact reference");
+  bench->add_option("--seed", bench_args.seed, "Seed of the inputs (default 1)");
+  bench->add_option("--json", bench_args.json, "Write the results as JSON here");
+  bench->add_option("--md", bench_args.md, "Write the Markdown table here too");
+
   std::string gate_baseline, gate_run, gate_junit;
   auto* gate = app.add_subcommand("gate", "Compare a run record with a baseline: exit 0 pass, 1 regression");
   gate->add_option("--baseline", gate_baseline, "Baseline file (ulpgate baseline update)")->required();
@@ -319,6 +342,12 @@ int main(int argc, char** argv) {
       list_formats();
       std::fputs(ulpgate::describe_families().c_str(), stdout);
       return kExitOk;
+    }
+    if (bench->parsed()) {
+      if (!bench_args.json.empty()) ulpgate::check_output_file("--json", bench_args.json);
+      if (!bench_args.md.empty()) ulpgate::check_output_file("--md", bench_args.md);
+      bench_args.plugins = plugins;
+      return ulpgate::bench_command(bench_args, local);
     }
     if (probe->parsed()) {  // a model mismatch is a finding (exit 1); a bad kernel or case, exit 2
       if (probe_kernels.empty() && probe_instructions.empty())

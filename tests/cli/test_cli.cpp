@@ -1,6 +1,8 @@
 // The CLI contract: exit codes and one-line errors.
 #include <gtest/gtest.h>
 
+#include <filesystem>
+
 #include <array>
 #include <cstdio>
 #include <string>
@@ -689,4 +691,42 @@ TEST(Cli, ProbeReportsHowAKernelAccumulates) {
   const Result bad = run("probe --kernel nope");
   EXPECT_EQ(bad.code, 2);
   EXPECT_EQ(bad.err, "ulpgate: error: unknown kernel 'nope' (see ulpgate list)\n");
+}
+
+// `ulpgate bench`: the baseline timed first and the others' % of it, every timed output
+// checked (exit 0), the Markdown table on stdout and the JSON record; bad input is one line
+// and exit 2; a kernel whose output fails its check makes the exit 1.
+TEST(Cli, BenchTimesAndChecksEveryKernel) {
+  const std::string dir = tmp_dir("bench");
+  std::filesystem::create_directories(dir);
+  const Result ok = run("bench --kernel cpu.fp32_seq --kernel cpu. --baseline cpu.fp32_pairwise --gemm 16x24x40 --reps 3 "
+                        "--warmup 1 --json " + dir + "/b.json --md " + dir + "/b.md");
+  EXPECT_EQ(ok.code, 0) << ok.err;
+  EXPECT_NE(ok.out.find("| cpu.fp32_pairwise | 16x24x40 fp32 |"), std::string::npos) << ok.out;
+  EXPECT_NE(ok.out.find("| % of cpu.fp32_pairwise |"), std::string::npos) << ok.out;
+  EXPECT_EQ(ok.out, slurp(dir + "/b.md"));
+  const std::string json = slurp(dir + "/b.json");
+  for (const char* key : {"\"ulpgate_bench\": 1", "\"tflops\"", "\"percent_of_baseline\"", "\"same_bits_as_timed\": true",
+                          "\"max_normalised\"", "\"reps\": 3", "\"timer\": \"steady clock\""})
+    EXPECT_NE(json.find(key), std::string::npos) << key;
+  EXPECT_NE(ok.err.find("bench: 1/"), std::string::npos) << ok.err;  // progress
+  // Attention, causal.
+  const Result attn = run("bench --kernel cpu.attn_naive --attention 1x2x8x8x16 --causal --dtype fp16 --reps 2");
+  EXPECT_EQ(attn.code, 0) << attn.err;
+  EXPECT_NE(attn.out.find("| cpu.attn_naive | B1 H2 Sq8 Skv8 D16 causal fp16 |"), std::string::npos) << attn.out;
+  // A planted bug fails its check: exit 1, the row says so.
+  const Result bug = run("bench --kernel cpu.attn_online:block=4,rescale=off --attention 1x1x16x64x16 --dtype fp32 --reps 2 "
+                         "--seed 3");
+  EXPECT_EQ(bug.code, 1) << bug.out << bug.err;
+  EXPECT_NE(bug.out.find("**FAIL**"), std::string::npos) << bug.out;
+  // Bad input: one line, exit 2.
+  for (const auto& [args, message] :
+       std::vector<std::pair<std::string, std::string>>{{"bench --kernel nope --gemm 8x8x8", "unknown kernel 'nope' (see ulpgate list)"},
+                                                        {"bench --kernel cpu.fp32_seq --gemm 8x8", "--gemm '8x8': expected MxNxK"},
+                                                        {"bench --kernel cpu.fp32_seq --gemm 8x0x8", "--gemm '8x0x8': expected MxNxK (positive integers)"},
+                                                        {"bench --kernel cpu.fp32_seq", "bench: give --gemm MxNxK, --shapes square|llm or --attention BxHxSqxSkvxD"}}) {
+    const Result r = run(args);
+    EXPECT_EQ(r.code, 2) << args;
+    EXPECT_EQ(r.err, "ulpgate: error: " + message + "\n") << args;
+  }
 }

@@ -1,0 +1,90 @@
+// `ulpgate bench`: how fast a kernel is on a case, next to how accurate that output is
+// (issues 19 and 20). Speed without accuracy is not a result, so every timed kernel's
+// output is also checked against the exact reference.
+//
+// Method, per kernel and case:
+//   - inputs filled once (the case's distributions and seed), copied to the kernel's memory;
+//   - `warmup` untimed runs, then `reps` timed runs of Kernel::run, each after the L2 cache
+//     is evicted (a 256 MiB device memset outside the timed interval; --no-flush: stated in
+//     the report), device kernels timed by CUDA events on the kernel's stream around run()
+//     (what a caller of the kernel waits for, host work inside run() included), host kernels
+//     by the steady clock;
+//   - median, min, max, and the 10th/90th percentiles of the reps;
+//   - TFLOP/s = flops / median: GEMM 2 batch M N K; attention 2 (head_dim + head_dim_v)
+//     per visible (query, key) pair and head (a causal square mask sees S (S + 1) / 2 pairs
+//     of S^2, about half: the usual "causal counts half");
+//   - % of the baseline kernel's TFLOP/s measured in the same run (--baseline);
+//   - the output of one more run judged by the check path (evaluate_with_inputs: exact
+//     reference, the kernel's declared arithmetic): verdict and max normalised error, and
+//     whether that output has the timed runs' bits;
+//   - the device's SM clock before and after (NVML).
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "core/case.hpp"
+#include "kernels/kernel.hpp"
+
+namespace ulpgate {
+
+struct BenchOptions {
+  int reps = 20;        ///< timed runs (at least 20 for a reported median)
+  int warmup = 3;       ///< untimed runs first
+  bool flush_l2 = true; ///< evict L2 before each timed run (device kernels)
+  bool check = true;    ///< judge the output against the exact reference
+};
+
+/// Order statistics of the timed runs, in milliseconds.
+struct BenchTiming {
+  double median_ms = 0, min_ms = 0, max_ms = 0, p10_ms = 0, p90_ms = 0;
+  int reps = 0;
+};
+/// The statistics of a set of times (at least one): median (mean of the middle two for an
+/// even count), min, max, and the 10th/90th percentiles by nearest rank.
+BenchTiming timing_of(std::vector<double> ms);
+
+/// Floating-point operations of a case as defined above.
+double case_flops(const Case& c);
+
+struct BenchRow {
+  std::string kernel;
+  Case c;
+  std::string status = "ok";  ///< "ok", or why not run ("not supported: ...", "failed: ...")
+  BenchTiming t;
+  std::string timer;          ///< "cuda events" or "steady clock"
+  double flops = 0, tflops = 0;
+  double percent_of_baseline = -1;  ///< -1: no baseline, or this is it
+  bool checked = false, passed = false, same_bits = false;
+  double max_normalised = -1;
+  std::string verdict;        ///< the first failure reason, or "pass"
+  RunNotes notes;             ///< the kernel's own (algorithm, tile, ...)
+};
+
+struct BenchReport {
+  std::string device;
+  std::int64_t clock_before_mhz = 0, clock_after_mhz = 0;
+  BenchOptions options;
+  std::string baseline;
+  std::vector<BenchRow> rows;
+};
+
+/// Times kernel k on case c (filled from its distributions and seed). Throws InputError
+/// for a case that fails validation; a kernel that does not take the case or fails gives a
+/// row with that status.
+BenchRow bench_kernel(Kernel& k, Case c, const BenchOptions& options);
+
+/// The shapes of a preset: "square" (M = N = K = 1024, 2048, 4096, 8192) or "llm"
+/// (4096 x 4096 x 11008, 4096 x 11008 x 4096, 8192 x 8192 x 8192, 16 x 4096 x 4096).
+/// Throws InputError for another name.
+std::vector<std::array<std::int64_t, 3>> gemm_shape_preset(const std::string& name);
+
+/// Markdown: a header with the device, clocks and method, then one table row per result.
+std::string bench_markdown(const BenchReport& r);
+nlohmann::json bench_json(const BenchReport& r);
+
+}  // namespace ulpgate
