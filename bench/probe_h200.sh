@@ -3,7 +3,8 @@
 #   bench/probe_h200.sh BUILD_DIR OUT_DIR [parts...]
 # parts (default all): tests instructions kernels dumps sweep campaign
 #   tests         test_mma_unit_gpu (fragments; the f16/bf16/tf32 models on 100,000 dot products)
-#   instructions  ulpgate probe --instruction on every mma.sync, 10^6 dot products each (JSON too)
+#   instructions  ulpgate probe --instruction on every mma.sync, 10^6 dot products each (JSON too),
+#                 then every wgmma (10^5 each, with dumps of 20,000 for offline fitting)
 #   kernels       ulpgate probe --kernel on the cuBLASLt tensor-core kernels at M = N = 256
 #   dumps         random dot products and the unit's results for offline model fitting
 #                 (ulpgate probe --dump): the FP8 and FP16-accumulating instructions, cuBLASLt BF16/FP8 kernels
@@ -21,6 +22,10 @@ if has instructions; then
   "$build/ulpgate" probe --instruction mma.f16 --instruction mma.bf16 --instruction mma.tf32 --instruction mma.e4m3 \
     --instruction mma.e5m2 --instruction mma.f16.f16acc --json "$out/mma_models.json" > "$out/probe_mma.txt" 2>&1
   echo "instructions: rc $? in $(took "$t0")"; cut -c1-300 "$out/probe_mma.txt"
+  t0=$(now)
+  "$build/ulpgate" probe --instruction wgmma.f16 --instruction wgmma.bf16 --instruction wgmma.tf32 --instruction wgmma.e4m3 \
+    --instruction wgmma.e5m2 --validate 100000 --json "$out/wgmma_models.json" --dump "$out/dumps" > "$out/probe_wgmma.txt" 2>&1
+  echo "wgmma: rc $? in $(took "$t0")"; cut -c1-300 "$out/probe_wgmma.txt"
 fi
 if has kernels; then
   t0=$(now); : > "$out/probe_kernels.txt"

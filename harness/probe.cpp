@@ -231,6 +231,8 @@ std::pair<ProbeDot, ProbeBatch> mma_unit(const std::string& instruction) {
     throw InputError(fmt::format("unknown instruction '{}' ({})", instruction, names));
   }
   if (!mma_available()) throw InputError(fmt::format("instruction '{}': no CUDA device of compute capability 8.9 or more here", instruction));
+  if (inst->warpgroup && !wgmma_available())
+    throw InputError(fmt::format("instruction '{}': wgmma needs a device of compute capability 9.0 (sm_90a)", instruction));
   // TF32 operands go as FP32 words (the instruction reads the top 19 bits).
   const Format stored = inst->input == Format::TF32 ? Format::FP32 : inst->input;
   const auto word = [stored](double v) { return static_cast<std::uint32_t>(code_to_storage(stored, encode(stored, v))); };

@@ -213,7 +213,8 @@ int main(int argc, char** argv) {
   probe->add_option("--kernel", probe_kernels, "Kernel to probe (repeatable)");
   std::vector<std::string> probe_instructions;
   probe->add_option("--instruction", probe_instructions,
-                    "Tensor-core instruction to probe (repeatable): mma.f16, mma.bf16, mma.tf32, mma.e4m3, mma.e5m2, mma.f16.f16acc "
+                    "Tensor-core instruction to probe (repeatable): mma.f16, mma.bf16, mma.tf32, mma.e4m3, mma.e5m2, mma.f16.f16acc, "
+                    "wgmma.f16, wgmma.bf16, wgmma.tf32, wgmma.e4m3, wgmma.e5m2 "
                     "(a chain of mma.sync on the device, D fed back as C)");
   std::int64_t probe_validate = -1;
   probe->add_option("--validate", probe_validate, "Random dot products the inferred model must reproduce bit for bit "

@@ -82,6 +82,85 @@ __device__ void mma_f16_acc(std::uint32_t (&d)[2], const std::uint32_t (&a)[4], 
 #endif
 }
 
+// Hopper's warpgroup MMA (wgmma.mma_async, sm_90a): a warpgroup of 4 warps runs a chain of
+// m64n8kK instructions, A from registers (warp w holds rows 16 w .. 16 w + 15 in mma.sync's
+// fragment layout, so row 0 is warp 0's, as above), B from shared memory through a matrix
+// descriptor, D (64 x 8 FP32, 4 per thread: d0, d1 row g, d2, d3 row g + 8 of the warp's
+// rows) fed back with scale-d = 1. B is K-major (column n holds its K values contiguously)
+// without swizzling: core matrices of 8 columns x 16 bytes, 128 contiguous bytes each, the
+// two of one instruction's K one after the other (leading byte offset 128; the stride byte
+// offset is unused with one group of 8 columns). Only column 0 holds values.
+template <Kind K>
+__device__ void wgmma(float (&d)[4], const std::uint32_t (&a)[4], std::uint64_t desc) {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  if constexpr (K == Kind::F16)
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n8k16.f32.f16.f16 {%0,%1,%2,%3}, {%4,%5,%6,%7}, %8, p, 1, 1, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
+  else if constexpr (K == Kind::BF16)
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 {%0,%1,%2,%3}, {%4,%5,%6,%7}, %8, p, 1, 1, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
+  else if constexpr (K == Kind::TF32)
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n8k8.f32.tf32.tf32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, %8, p, 1, 1;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
+  else if constexpr (K == Kind::E4M3)
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n8k32.f32.e4m3.e4m3 {%0,%1,%2,%3}, {%4,%5,%6,%7}, %8, p, 1, 1;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
+  else
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n8k32.f32.e5m2.e5m2 {%0,%1,%2,%3}, {%4,%5,%6,%7}, %8, p, 1, 1;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
+#else
+  (void)a, (void)desc;
+  d[0] = __int_as_float(0x7FC00000);  // not sm_90a code: NaN
+#endif
+}
+
+template <Kind K, int Step>
+__global__ void wgmma_chain_kernel(const std::uint32_t* a, const std::uint32_t* b, long long dots, long long k, float* out) {
+  __shared__ __align__(128) std::uint8_t bs[256];  // two core matrices of 8 columns x 16 bytes
+  constexpr int kBytes = K == Kind::TF32 ? 4 : (K == Kind::E4M3 || K == Kind::E5M2) ? 1 : 2;
+  constexpr int kPerCore = 16 / kBytes;  // K values of a column in one core matrix
+  const long long dot = blockIdx.x;
+  if (dot >= dots) return;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(bs));
+  const std::uint64_t desc = (static_cast<std::uint64_t>((addr >> 4) & 0x3FFF)) | (static_cast<std::uint64_t>(128 >> 4) << 16) |
+                             (static_cast<std::uint64_t>(256 >> 4) << 32);  // no swizzle (bits 62-63 zero)
+  for (int i = threadIdx.x; i < 256; i += blockDim.x) bs[i] = 0;
+  float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  for (long long s = 0; s < k; s += Step) {
+    __syncthreads();  // the previous instruction has read B (wait_group 0 below)
+    if (threadIdx.x < Step) {  // column 0's K values: core matrix (q / kPerCore), row 0
+      const int q = threadIdx.x;
+      const std::uint32_t w = b[dot * k + s + q];
+      std::uint8_t* at = bs + (q / kPerCore) * 128 + (q % kPerCore) * kBytes;
+      for (int byte = 0; byte < kBytes; ++byte) at[byte] = static_cast<std::uint8_t>(w >> (8 * byte));
+    }
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // the generic writes, seen by wgmma
+    __syncthreads();
+    std::uint32_t fa[4] = {0, 0, 0, 0}, fb[2];
+    if (warp == 0 && g == 0) fragments<K>(a + dot * k + s, b + dot * k + s, t, fa, fb);
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#endif
+    wgmma<K>(d, fa, desc);
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+    asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+#endif
+  }
+  if (threadIdx.x == 0) out[dot] = d[0];
+}
+
 template <Kind K, int Step>
 __global__ void chain_kernel(const std::uint32_t* a, const std::uint32_t* b, long long dots, long long k, float* out) {
   const long long dot = (static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
@@ -120,6 +199,11 @@ const std::vector<MmaInstruction>& mma_instructions() {
       {"mma.tf32", "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32", Format::TF32, 8},
       {"mma.e4m3", "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32", Format::E4M3, 32},
       {"mma.e5m2", "mma.sync.aligned.m16n8k32.row.col.f32.e5m2.e5m2.f32", Format::E5M2, 32},
+      {"wgmma.f16", "wgmma.mma_async.sync.aligned.m64n8k16.f32.f16.f16", Format::FP16, 16, Format::FP32, true},
+      {"wgmma.bf16", "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16", Format::BF16, 16, Format::FP32, true},
+      {"wgmma.tf32", "wgmma.mma_async.sync.aligned.m64n8k8.f32.tf32.tf32", Format::TF32, 8, Format::FP32, true},
+      {"wgmma.e4m3", "wgmma.mma_async.sync.aligned.m64n8k32.f32.e4m3.e4m3", Format::E4M3, 32, Format::FP32, true},
+      {"wgmma.e5m2", "wgmma.mma_async.sync.aligned.m64n8k32.f32.e5m2.e5m2", Format::E5M2, 32, Format::FP32, true},
   };
   return list;
 }
@@ -128,6 +212,16 @@ const MmaInstruction* find_mma_instruction(const std::string& name) {
   for (const MmaInstruction& i : mma_instructions())
     if (i.name == name) return &i;
   return nullptr;
+}
+
+bool wgmma_available() {
+  static const bool ok = [] {
+    int n = 0, dev = 0;
+    cudaDeviceProp p{};
+    return cudaGetDeviceCount(&n) == cudaSuccess && n > 0 && cudaGetDevice(&dev) == cudaSuccess &&
+           cudaGetDeviceProperties(&p, dev) == cudaSuccess && p.major == 9 && p.minor == 0;
+  }();
+  return ok;
 }
 
 bool mma_available() {
@@ -141,7 +235,7 @@ bool mma_available() {
 }
 
 std::optional<Format> mma_converts_inputs(const MmaInstruction& inst) {
-  if (inst.input != Format::E4M3 && inst.input != Format::E5M2) return std::nullopt;
+  if (inst.warpgroup || (inst.input != Format::E4M3 && inst.input != Format::E5M2)) return std::nullopt;  // wgmma: native FP8
   int dev = 0;
   cudaDeviceProp p{};
   if (cudaGetDevice(&dev) != cudaSuccess || cudaGetDeviceProperties(&p, dev) != cudaSuccess) return std::nullopt;
@@ -173,6 +267,20 @@ std::vector<float> mma_dots(const MmaInstruction& inst, const std::vector<std::u
   check(cudaMemcpy(da, a.data(), bytes, cudaMemcpyHostToDevice), "upload");
   check(cudaMemcpy(db, b.data(), bytes, cudaMemcpyHostToDevice), "upload");
   const unsigned threads = 128, blocks = static_cast<unsigned>((dots * 32 + threads - 1) / threads);
+  if (inst.warpgroup) {  // a warpgroup (128 threads) per dot product
+    const auto n = static_cast<unsigned>(dots);
+    switch (inst.input) {
+      case Format::FP16: wgmma_chain_kernel<Kind::F16, 16><<<n, 128>>>(da, db, dots, k, dout); break;
+      case Format::BF16: wgmma_chain_kernel<Kind::BF16, 16><<<n, 128>>>(da, db, dots, k, dout); break;
+      case Format::TF32: wgmma_chain_kernel<Kind::TF32, 8><<<n, 128>>>(da, db, dots, k, dout); break;
+      case Format::E4M3: wgmma_chain_kernel<Kind::E4M3, 32><<<n, 128>>>(da, db, dots, k, dout); break;
+      case Format::E5M2: wgmma_chain_kernel<Kind::E5M2, 32><<<n, 128>>>(da, db, dots, k, dout); break;
+      default: throw std::logic_error("mma_dots: no warpgroup instruction for this input format");
+    }
+    check(cudaGetLastError(), "launch");
+    check(cudaMemcpy(out.data(), dout, out.size() * sizeof(float), cudaMemcpyDeviceToHost), "download");
+    return out;
+  }
   switch (inst.input) {
     case Format::FP16:
       if (inst.accumulator == Format::FP16) chain_kernel<Kind::F16Acc16, 16><<<blocks, threads>>>(da, db, dots, k, dout);

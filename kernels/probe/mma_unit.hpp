@@ -19,13 +19,21 @@ struct MmaInstruction {
   Format input;      ///< the format of A and B
   int k;             ///< products per instruction (per D element)
   Format accumulator = Format::FP32;  ///< C and D: FP32, or FP16 (mma.f16.f16acc)
+  /// A Hopper warpgroup instruction (wgmma.mma_async m64n8kK, sm_90a): four warps, A from
+  /// registers, B from shared memory through a matrix descriptor.
+  bool warpgroup = false;
 };
 
 /// The instructions built in: FP16, BF16 (m16n8k16), TF32 (m16n8k8), E4M3 and E5M2
 /// (m16n8k32; sm_89 and later) with FP32 accumulation, and FP16 with FP16 accumulation
-/// (mma.f16.f16acc: D[0][0] widened to FP32 exactly).
+/// (mma.f16.f16acc: D[0][0] widened to FP32 exactly); wgmma.f16, .bf16, .tf32, .e4m3,
+/// .e5m2 (m64n8kK, FP32 accumulation; sm_90a).
 const std::vector<MmaInstruction>& mma_instructions();
 const MmaInstruction* find_mma_instruction(const std::string& name);
+
+/// Whether this machine can run the warpgroup instructions (compute capability 9.0; the
+/// code is sm_90a's, so a build without 90a among its architectures gives NaN).
+bool wgmma_available();
 
 /// Whether this build and machine can run them (CUDA, a device of compute capability 8.9
 /// or more).
