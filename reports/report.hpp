@@ -5,6 +5,7 @@
 
 #include <string>
 
+#include "harness/bench.hpp"
 #include "harness/record.hpp"
 
 namespace ulpgate {
@@ -46,5 +47,10 @@ inline constexpr int kHtmlCasePlots = 6;
 /// Plots are drawn by gnuplot (svg terminal), run as a subprocess; $ULPGATE_GNUPLOT names
 /// another program. Throws InputError when gnuplot cannot be run.
 std::string render_html(const RunRecord& r);
+
+/// `ulpgate bench --html`: the method, a speed-vs-size plot per case kind (GEMM TFLOP/s
+/// against (M N K)^(1/3), attention against seq_kv; one series per kernel) and the table,
+/// self-contained (inline CSS and SVG). Throws as report::render_svgs without gnuplot.
+std::string render_bench_html(const BenchReport& r);
 
 }  // namespace ulpgate

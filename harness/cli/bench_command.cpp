@@ -17,6 +17,8 @@
 #include "harness/ops/attention.hpp"
 #include "harness/ops/gemm.hpp"
 #include "kernels/device.hpp"
+#include "reports/gnuplot.hpp"
+#include "reports/report.hpp"
 
 namespace ulpgate {
 namespace {
@@ -99,6 +101,7 @@ int bench_command(const BenchArgs& a, const LocalRegistry& local) {
     cases.push_back(c);
   }
   for (Case& c : cases) validate(c);  // bad shapes: exit 2 before any work
+  if (!a.html.empty()) report::check_gnuplot();  // before the work, not after it
 
   BenchOptions options;
   options.reps = a.reps, options.warmup = a.warmup, options.flush_l2 = !a.no_flush, options.check = !a.no_check;
@@ -136,6 +139,7 @@ int bench_command(const BenchArgs& a, const LocalRegistry& local) {
   std::fputs(md.c_str(), stdout);
   if (!a.md.empty()) write_text_file_atomically(a.md, md);
   if (!a.json.empty()) write_text_file_atomically(a.json, bench_json(report).dump(2) + "\n");
+  if (!a.html.empty()) write_text_file_atomically(a.html, render_bench_html(report));
   return failed ? 1 : 0;
 }
 

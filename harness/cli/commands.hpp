@@ -71,7 +71,7 @@ int fuzz_command(const FuzzArgs& a, const LocalRegistry& local, const std::strin
 /// cases by GEMM shape or attention shape, one input type.
 struct BenchArgs {
   std::vector<std::string> kernels, gemm_shapes, attention_shapes, plugins;
-  std::string baseline, shapes_preset, dtype, layout, json, md, seed = "1";
+  std::string baseline, shapes_preset, dtype, layout, json, md, html, seed = "1";
   bool causal = false, no_flush = false, no_check = false;
   int reps = 20, warmup = 3;
 };

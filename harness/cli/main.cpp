@@ -264,6 +264,7 @@ int main(int argc, char** argv) {
   bench->add_option("--seed", bench_args.seed, "Seed of the inputs (default 1)");
   bench->add_option("--json", bench_args.json, "Write the results as JSON here");
   bench->add_option("--md", bench_args.md, "Write the Markdown table here too");
+  bench->add_option("--html", bench_args.html, "Write an HTML page with a speed-vs-size plot per kernel here (needs gnuplot)");
 
   std::string gate_baseline, gate_run, gate_junit;
   auto* gate = app.add_subcommand("gate", "Compare a run record with a baseline: exit 0 pass, 1 regression");
@@ -347,6 +348,7 @@ int main(int argc, char** argv) {
     if (bench->parsed()) {
       if (!bench_args.json.empty()) ulpgate::check_output_file("--json", bench_args.json);
       if (!bench_args.md.empty()) ulpgate::check_output_file("--md", bench_args.md);
+      if (!bench_args.html.empty()) ulpgate::check_output_file("--html", bench_args.html);
       bench_args.plugins = plugins;
       return ulpgate::bench_command(bench_args, local);
     }

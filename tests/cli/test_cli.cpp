@@ -700,7 +700,7 @@ TEST(Cli, BenchTimesAndChecksEveryKernel) {
   const std::string dir = tmp_dir("bench");
   std::filesystem::create_directories(dir);
   const Result ok = run("bench --kernel cpu.fp32_seq --kernel cpu. --baseline cpu.fp32_pairwise --gemm 16x24x40 --reps 3 "
-                        "--warmup 1 --json " + dir + "/b.json --md " + dir + "/b.md");
+                        "--warmup 1 --json " + dir + "/b.json --md " + dir + "/b.md --html " + dir + "/b.html");
   EXPECT_EQ(ok.code, 0) << ok.err;
   EXPECT_NE(ok.out.find("| cpu.fp32_pairwise | 16x24x40 fp32 |"), std::string::npos) << ok.out;
   EXPECT_NE(ok.out.find("| % of cpu.fp32_pairwise |"), std::string::npos) << ok.out;
@@ -710,6 +710,10 @@ TEST(Cli, BenchTimesAndChecksEveryKernel) {
                           "\"max_normalised\"", "\"reps\": 3", "\"timer\": \"steady clock\""})
     EXPECT_NE(json.find(key), std::string::npos) << key;
   EXPECT_NE(ok.err.find("bench: 1/"), std::string::npos) << ok.err;  // progress
+  const std::string html = slurp(dir + "/b.html");  // the speed-vs-size plot and the table
+  EXPECT_NE(html.find("<svg"), std::string::npos);
+  EXPECT_NE(html.find("GEMM: speed vs size"), std::string::npos);
+  EXPECT_NE(html.find("<td>cpu.fp32_pairwise</td><td>16x24x40 fp32</td>"), std::string::npos);
   // Attention, causal.
   const Result attn = run("bench --kernel cpu.attn_naive --attention 1x2x8x8x16 --causal --dtype fp16 --reps 2");
   EXPECT_EQ(attn.code, 0) << attn.err;

@@ -22,6 +22,26 @@ using namespace ulpgate;
 
 namespace {
 
+// The test kernels' shared GEMM: row-major, no transposes or leading dimensions, one batch;
+// D[i][j] = finish(sum of fma(in(a_ik), in(b_kj)) in FP32, sequentially).
+bool plain_row_major(const Case& c) {
+  return c.beta == 0.0 && !c.gemm.trans_a && !c.gemm.trans_b && c.gemm.layout == Layout::RowMajor && c.gemm.batch == 1 &&
+         !c.gemm.lda && !c.gemm.ldb && !c.gemm.ldd && c.types.at("D") == Format::FP32;
+}
+template <class In, class Finish>
+void plain_gemm(const Case& c, const KernelIo& io, In in, Finish finish) {
+  const auto* a = static_cast<const float*>(io.in.at("A"));
+  const auto* b = static_cast<const float*>(io.in.at("B"));
+  auto* d = static_cast<float*>(io.out.at("D"));
+  const auto& g = c.gemm;
+  for (std::int64_t i = 0; i < g.m; ++i)
+    for (std::int64_t j = 0; j < g.n; ++j) {
+      float acc = 0.0f;
+      for (std::int64_t k = 0; k < g.k; ++k) acc = std::fma(in(a[i * g.k + k]), in(b[k * g.n + j]), acc);
+      d[i * g.n + j] = finish(acc);
+    }
+}
+
 // A TF32 tensor-core model: FP32 inputs rounded to TF32 exactly as core/format defines it
 // (to nearest by default, as the hardware conversion does; ties away as cvt.rna.tf32.f32;
 // or truncated), products and sums in FP32. Row-major, no transposes, beta = 0.
@@ -32,24 +52,12 @@ class Tf32Model final : public Kernel {
   std::string description() const override { return "inputs rounded to TF32, FP32 FMA"; }
   KernelTraits traits() const override { return {Memory::Host, true}; }
   std::optional<std::string> unsupported(const Case& c) const override {
-    if (c.types.at("compute") != Format::TF32 || c.beta != 0.0 || c.gemm.trans_a || c.gemm.trans_b ||
-        c.gemm.layout != Layout::RowMajor || c.gemm.batch != 1 || c.gemm.lda || c.gemm.ldb || c.gemm.ldd ||
-        c.epilogue != Epilogue::None || c.types.at("D") != Format::FP32)
-      return "not this case";
+    if (c.types.at("compute") != Format::TF32 || !plain_row_major(c) || c.epilogue != Epilogue::None) return "not this case";
     return std::nullopt;
   }
   void run(const Case& c, const KernelIo& io, RunNotes&) override {
-    const auto* a = static_cast<const float*>(io.in.at("A"));
-    const auto* b = static_cast<const float*>(io.in.at("B"));
-    auto* d = static_cast<float*>(io.out.at("D"));
-    const auto& g = c.gemm;
-    const auto tf32 = [&](float v) { return static_cast<float>(round_to(Format::TF32, v, rounding_)); };
-    for (std::int64_t i = 0; i < g.m; ++i)
-      for (std::int64_t j = 0; j < g.n; ++j) {
-        float acc = 0.0f;
-        for (std::int64_t k = 0; k < g.k; ++k) acc = std::fma(tf32(a[i * g.k + k]), tf32(b[k * g.n + j]), acc);
-        d[i * g.n + j] = static_cast<float>(c.alpha) * acc;
-      }
+    plain_gemm(c, io, [&](float v) { return static_cast<float>(round_to(Format::TF32, v, rounding_)); },
+               [&](float acc) { return static_cast<float>(c.alpha) * acc; });
   }
 
  private:
@@ -570,29 +578,21 @@ class DeclaredArithmetic final : public Kernel {
   std::string description() const override { return "FP32 FMA, flushes or approximate tanh"; }
   KernelTraits traits() const override { return t_; }
   std::optional<std::string> unsupported(const Case& c) const override {
-    if (c.types.at("compute") != Format::FP32 || c.types.at("A") != Format::FP32 || c.beta != 0.0 || c.gemm.trans_a ||
-        c.gemm.trans_b || c.gemm.layout != Layout::RowMajor || c.gemm.batch != 1 || c.gemm.lda || c.gemm.ldb ||
-        c.gemm.ldd || c.types.at("D") != Format::FP32 || (c.epilogue != Epilogue::None && c.epilogue != Epilogue::GeluTanh))
+    if (c.types.at("compute") != Format::FP32 || c.types.at("A") != Format::FP32 || !plain_row_major(c) ||
+        (c.epilogue != Epilogue::None && c.epilogue != Epilogue::GeluTanh))
       return "not this case";
     return std::nullopt;
   }
   void run(const Case& c, const KernelIo& io, RunNotes&) override {
-    const auto* a = static_cast<const float*>(io.in.at("A"));
-    const auto* b = static_cast<const float*>(io.in.at("B"));
-    auto* d = static_cast<float*>(io.out.at("D"));
-    const auto& g = c.gemm;
-    for (std::int64_t i = 0; i < g.m; ++i)
-      for (std::int64_t j = 0; j < g.n; ++j) {
-        float acc = 0.0f;
-        for (std::int64_t k = 0; k < g.k; ++k) acc = std::fma(a[i * g.k + k], b[k * g.n + j], acc);
-        if (flush_ && std::fabs(acc) < FLT_MIN) acc = std::copysign(0.0f, acc);
-        float v = static_cast<float>(c.alpha) * acc;
-        if (c.epilogue == Epilogue::GeluTanh) {
-          const double t = std::tanh(std::sqrt(2.0 / M_PI) * (v + 0.044715 * double(v) * v * v));
-          v = static_cast<float>(0.5 * v * (1.0 + t + (t > 0 ? -tanh_error_ : tanh_error_)));
-        }
-        d[i * g.n + j] = v;
+    plain_gemm(c, io, [](float v) { return v; }, [&](float acc) {
+      if (flush_ && std::fabs(acc) < FLT_MIN) acc = std::copysign(0.0f, acc);
+      float v = static_cast<float>(c.alpha) * acc;
+      if (c.epilogue == Epilogue::GeluTanh) {
+        const double t = std::tanh(std::sqrt(2.0 / M_PI) * (v + 0.044715 * double(v) * v * v));
+        v = static_cast<float>(0.5 * v * (1.0 + t + (t > 0 ? -tanh_error_ : tanh_error_)));
       }
+      return v;
+    });
   }
 
  private:
