@@ -20,6 +20,7 @@ using namespace ulpgate;
 TEST(MmaUnitGpu, FragmentsPairEveryFactorWithItsPartner) {
   if (!mma_available()) GTEST_SKIP() << "no CUDA device of compute capability 8.9 or more";
   for (const MmaInstruction& inst : mma_instructions()) {
+    if (inst.warpgroup && !wgmma_available()) continue;  // wgmma: compute capability 9.0 only
     const Format stored = inst.input == Format::TF32 ? Format::FP32 : inst.input;
     const std::int64_t dots = 64, k = 3 * inst.k;
     std::vector<std::uint32_t> a(static_cast<std::size_t>(dots * k)), b(a.size());
@@ -43,6 +44,7 @@ TEST(MmaUnitGpu, FragmentsPairEveryFactorWithItsPartner) {
 TEST(MmaUnitGpu, ProbedModelsReproduceEveryInstructionBitForBit) {
   if (!mma_available()) GTEST_SKIP() << "no CUDA device of compute capability 8.9 or more";
   for (const MmaInstruction& inst : mma_instructions()) {
+    if (inst.warpgroup && !wgmma_available()) continue;  // wgmma: compute capability 9.0 only
     const auto [dot, batch] = mma_unit(inst.name);
     const ProbedAccumulation p = probe_unit(dot, batch);
     ASSERT_TRUE(p.known()) << inst.name << ": " << p.describe();
