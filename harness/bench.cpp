@@ -111,7 +111,10 @@ BenchRow bench_kernel(Kernel& k, Case c, const BenchOptions& options) {
   row.t = timing_of(ms);
   row.tflops = row.flops / (row.t.median_ms * 1e-3) / 1e12;
   if (options.check) {
-    const Evaluation ev = evaluate_with_inputs(k, c, inputs, {});
+    EvaluationOptions eo;
+    eo.effective_bits = c.op == Op::Gemm;
+    const Evaluation ev = evaluate_with_inputs(k, c, inputs, eo);
+    row.effective_bits = ev.effective_bits;
     row.checked = true;
     row.passed = ev.verdict.passed;
     row.verdict = ev.verdict.passed ? "pass" : ev.verdict.reasons.front();
@@ -148,21 +151,23 @@ std::string bench_markdown(const BenchReport& r) {
                               "per kernel, {}; TFLOP/s from the median.\n\n",
                               r.device, r.clock_before_mhz, r.clock_after_mhz, r.options.warmup, r.options.reps,
                               r.options.flush_l2 ? "device kernels: L2 evicted before each timed run (256 MiB memset), timed by CUDA events; host kernels by the steady clock" : "L2 not flushed");
-  s += fmt::format("| kernel | case | median ms | p10 - p90 ms | TFLOP/s | % of {} | check | max normalised | notes |\n",
+  s += fmt::format("| kernel | case | median ms | p10 - p90 ms | TFLOP/s | % of {} | check | max normalised | effective bits "
+                   "| notes |\n",
                    r.baseline.empty() ? "baseline" : r.baseline);
-  s += "|---|---|---:|---:|---:|---:|---|---:|---|\n";
+  s += "|---|---|---:|---:|---:|---:|---|---:|---:|---|\n";
   for (const BenchRow& row : r.rows) {
     if (row.status != "ok") {
-      s += fmt::format("| {} | {} | | | | | {} | | |\n", row.kernel, shape_text(row.c), row.status);
+      s += fmt::format("| {} | {} | | | | | {} | | | |\n", row.kernel, shape_text(row.c), row.status);
       continue;
     }
     std::string notes = row.notes.count("algorithm") ? row.notes.at("algorithm") : row.notes.count("kernel") ? row.notes.at("kernel") : "";
     if (row.checked && !row.same_bits) notes += (notes.empty() ? "" : "; ") + std::string("checked run's bits differ from the timed run's");
-    s += fmt::format("| {} | {} | {:.4g} | {:.4g} - {:.4g} | {:.4g} | {} | {} | {} | {} |\n", row.kernel, shape_text(row.c),
+    s += fmt::format("| {} | {} | {:.4g} | {:.4g} - {:.4g} | {:.4g} | {} | {} | {} | {} | {} |\n", row.kernel, shape_text(row.c),
                      row.t.median_ms, row.t.p10_ms, row.t.p90_ms, row.tflops,
                      row.percent_of_baseline < 0 ? "" : fmt::format("{:.1f}", row.percent_of_baseline),
                      !row.checked ? "not checked" : row.passed ? "pass" : "**FAIL**: " + row.verdict,
-                     row.max_normalised < 0 ? "" : fmt::format("{:.3g}", row.max_normalised), notes);
+                     row.max_normalised < 0 ? "" : fmt::format("{:.3g}", row.max_normalised),
+                     std::isfinite(row.effective_bits) ? fmt::format("{:.2f}", row.effective_bits) : "", notes);
   }
   return s;
 }
@@ -180,6 +185,7 @@ nlohmann::json bench_json(const BenchReport& r) {
       if (row.checked)
         j["check"] = {{"passed", row.passed}, {"verdict", row.verdict}, {"max_normalised", row.max_normalised},
                       {"same_bits_as_timed", row.same_bits}};
+      if (row.checked && std::isfinite(row.effective_bits)) j["check"]["effective_bits"] = row.effective_bits;
       j["notes"] = row.notes;
     }
     rows.push_back(std::move(j));

@@ -15,12 +15,13 @@
 //     of S^2, about half: the usual "causal counts half");
 //   - % of the baseline kernel's TFLOP/s measured in the same run (--baseline);
 //   - the output of one more run judged by the check path (evaluate_with_inputs: exact
-//     reference, the kernel's declared arithmetic): verdict and max normalised error, and
-//     whether that output has the timed runs' bits;
+//     reference, the kernel's declared arithmetic): verdict, max normalised error, for GEMM
+//     the effective accumulator precision, and whether that output has the timed runs' bits;
 //   - the device's SM clock before and after (NVML).
 #pragma once
 
 #include <array>
+#include <cmath>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -61,6 +62,9 @@ struct BenchRow {
   double percent_of_baseline = -1;  ///< -1: no baseline, or this is it
   bool checked = false, passed = false, same_bits = false;
   double max_normalised = -1;
+  /// GEMM: the effective accumulator precision of the checked output (bits; the fit of the
+  /// kernel's model family, README "Effective bits"); NaN where not estimated.
+  double effective_bits = NAN;
   std::string verdict;        ///< the first failure reason, or "pass"
   RunNotes notes;             ///< the kernel's own (algorithm, tile, ...)
 };

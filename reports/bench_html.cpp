@@ -77,20 +77,21 @@ std::string render_bench_html(const BenchReport& r) {
                    r.options.flush_l2 ? "device kernels timed by CUDA events with L2 evicted before each run" : "L2 not flushed");
   for (const std::string& svg : svgs) h += "<figure>" + svg + "</figure>\n";
   h += fmt::format("<table><tr><th>kernel</th><th>case</th><th>median ms</th><th>p10 - p90 ms</th><th>TFLOP/s</th>"
-                   "<th>% of {}</th><th>check</th><th>max normalised</th></tr>\n",
+                   "<th>% of {}</th><th>check</th><th>max normalised</th><th>effective bits</th></tr>\n",
                    report::escape_html(r.baseline.empty() ? "baseline" : r.baseline));
   for (const BenchRow& row : r.rows) {
     if (row.status != "ok") {
-      h += fmt::format("<tr><td>{}</td><td>{}</td><td colspan=\"6\">{}</td></tr>\n", report::escape_html(row.kernel),
+      h += fmt::format("<tr><td>{}</td><td>{}</td><td colspan=\"7\">{}</td></tr>\n", report::escape_html(row.kernel),
                        report::escape_html(case_text(row.c)), report::escape_html(row.status));
       continue;
     }
     const std::string check = !row.checked ? "not checked" : row.passed ? "pass" : "<span class=\"fail\">FAIL</span>: " + report::escape_html(row.verdict);
     h += fmt::format("<tr><td>{}</td><td>{}</td><td>{:.4g}</td><td>{:.4g} - {:.4g}</td><td>{:.4g}</td><td>{}</td><td>{}</td>"
-                     "<td>{}</td></tr>\n",
+                     "<td>{}</td><td>{}</td></tr>\n",
                      report::escape_html(row.kernel), report::escape_html(case_text(row.c)), row.t.median_ms, row.t.p10_ms,
                      row.t.p90_ms, row.tflops, row.percent_of_baseline < 0 ? "" : fmt::format("{:.1f}", row.percent_of_baseline),
-                     check, row.max_normalised < 0 ? "" : fmt::format("{:.3g}", row.max_normalised));
+                     check, row.max_normalised < 0 ? "" : fmt::format("{:.3g}", row.max_normalised),
+                     std::isfinite(row.effective_bits) ? fmt::format("{:.2f}", row.effective_bits) : "");
   }
   h += "</table>\n</body></html>\n";
   return h;

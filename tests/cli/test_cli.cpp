@@ -707,6 +707,7 @@ TEST(Cli, BenchTimesAndChecksEveryKernel) {
   EXPECT_EQ(ok.out, slurp(dir + "/b.md"));
   const std::string json = slurp(dir + "/b.json");
   for (const char* key : {"\"ulpgate_bench\": 1", "\"tflops\"", "\"percent_of_baseline\"", "\"same_bits_as_timed\": true",
+                          "\"effective_bits\"",
                           "\"max_normalised\"", "\"reps\": 3", "\"timer\": \"steady clock\""})
     EXPECT_NE(json.find(key), std::string::npos) << key;
   EXPECT_NE(ok.err.find("bench: 1/"), std::string::npos) << ok.err;  // progress
