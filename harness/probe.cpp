@@ -380,6 +380,7 @@ std::int64_t dump_batched(const ProbeBatch& unit, const std::string& unit_name, 
                           const std::string& path, std::uint64_t seed) {
   const Format input = unit.input;
   const int bytes = (info(input).bits + 7) / 8;
+  if (bytes > 4) throw InputError(fmt::format("probe --dump: {} inputs: a dump's words are at most 32 bits", name(input)));
   std::string out = fmt::format("ulpgate-dots 1 unit={} input={} step={} seed={} span={}\n", unit_name, name(input),
                                 unit.step, seed, span);
   std::int64_t written = 0;
@@ -423,6 +424,7 @@ DotDump read_dots(const std::string& path) {
   if (!format) throw bad(fmt::format("input format '{}'", input));
   d.input = *format;
   const std::size_t bytes = static_cast<std::size_t>((info(d.input).bits + 7) / 8);
+  if (bytes > 4) throw bad(fmt::format("input format {}: a dump's words are at most 32 bits", input));
   std::size_t at = eol + 1;
   const auto get = [&](std::size_t n) {
     if (at + n > text.size()) throw bad(fmt::format("truncated at byte {}", at));

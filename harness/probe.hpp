@@ -173,6 +173,8 @@ BatchValidation validate_batched(const ProbedAccumulation& p, const ProbeBatch& 
                                  std::uint64_t seed = 1);
 
 /// The unit's results on `dots` random dot products (lengths 1 .. span) written to `path`
+/// (`ulpgate probe --dump DIR` names it DIR/UNIT.dots, characters other than letters,
+/// digits, '.', '_' and '-' of the unit's name made '_')
 /// for offline study of a unit no model describes yet: a text line
 /// "ulpgate-dots 1 unit=U input=F step=S seed=N span=L", then per dot, little-endian:
 /// uint32 length k, uint32 class, uint32 the result's FP32 bits, then k storage words of

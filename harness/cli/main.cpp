@@ -2,6 +2,7 @@
 // 2 bad usage or bad input (one line on stderr), 3 internal error.
 #include <malloc.h>
 #include <unistd.h>
+#include <cctype>
 #include <cstring>
 #include <climits>
 #include <cstdio>
@@ -392,7 +393,10 @@ int main(int argc, char** argv) {
                                   const ulpgate::ProbeBatch& batch, std::int64_t default_validate) {
         const std::string dtype(ulpgate::name(input));
         if (!probe_dump.empty()) {
-          const std::string file = probe_dump + "/" + unit + ".dots";
+          std::string base = unit;  // a file name of letters, digits, '.', '_' and '-'
+          for (char& ch : base)
+            if (!std::isalnum(static_cast<unsigned char>(ch)) && ch != '.' && ch != '_' && ch != '-') ch = '_';
+          const std::string file = probe_dump + "/" + base + ".dots";
           const std::int64_t n = ulpgate::dump_batched(batch, unit, probe_dump_count, probe_dump_span, file);
           std::printf("%s: %lld random dot products written to %s\n", unit.c_str(), static_cast<long long>(n), file.c_str());
         }

@@ -313,6 +313,12 @@ TEST(Probe, DumpReadsBackWhatTheUnitGave) {
   EXPECT_THROW(read_dots(path), InputError);
   write_text_file_atomically(path, "hello\n");
   EXPECT_THROW(read_dots(path), InputError);
+  // A format wider than a dump's words (fuzz_dots found the 8-byte read shifting past 32
+  // bits): refused.
+  std::string one_dot(28, '\0');  // length 1, class 0, result 0, one 8-byte factor each
+  one_dot[0] = '\1';
+  write_text_file_atomically(path, "ulpgate-dots 1 unit=u input=fp64 step=1\n" + one_dot);
+  EXPECT_THROW(read_dots(path), InputError);
 }
 
 // The step result's width (out) and an interleaved chunk (two or more steps dealt groups of
