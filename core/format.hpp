@@ -20,6 +20,9 @@ namespace ulpgate {
 
 enum class Format : std::uint8_t { FP64, FP32, TF32, FP16, BF16, E4M3, E5M2 };
 
+/// The 8-bit floating-point formats (E4M3, E5M2).
+constexpr bool is_fp8(Format f) { return f == Format::E4M3 || f == Format::E5M2; }
+
 /// All formats, in order of decreasing precision.
 inline constexpr Format kAllFormats[] = {Format::FP64, Format::FP32, Format::TF32, Format::FP16,
                                          Format::BF16, Format::E4M3, Format::E5M2};

@@ -88,7 +88,7 @@ std::string show(Format f, Code c) { return fmt::format("{} ({})", hex_code(f, c
 }  // namespace
 
 Overflow output_overflow(Format f) {
-  return f == Format::E4M3 || f == Format::E5M2 ? Overflow::Saturate : Overflow::NoSaturate;
+  return is_fp8(f) ? Overflow::Saturate : Overflow::NoSaturate;
 }
 
 int ulp_histogram_bin(double a) {

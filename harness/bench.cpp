@@ -18,7 +18,8 @@ BenchTiming timing_of(std::vector<double> ms) {
   if (ms.empty()) throw std::logic_error("timing_of: no times");
   std::sort(ms.begin(), ms.end());
   const std::size_t n = ms.size();
-  const auto rank = [&](double q) { return ms[std::min(n - 1, static_cast<std::size_t>(std::ceil(q * static_cast<double>(n))) - (q > 0 ? 1 : 0))]; };
+  // nearest rank: the ceil(q n)-th smallest (1-based), q in (0, 1]
+  const auto rank = [&](double q) { return ms[static_cast<std::size_t>(std::ceil(q * static_cast<double>(n))) - 1]; };
   BenchTiming t;
   t.reps = static_cast<int>(n);
   t.median_ms = n % 2 ? ms[n / 2] : (ms[n / 2 - 1] + ms[n / 2]) / 2;
@@ -133,9 +134,7 @@ std::vector<std::array<std::int64_t, 3>> gemm_shape_preset(const std::string& na
   throw InputError(fmt::format("--shapes '{}': square or llm", name));
 }
 
-namespace {
-
-std::string shape_text(const Case& c) {
+std::string bench_case_text(const Case& c) {
   if (c.op == Op::Gemm)
     return fmt::format("{}{}x{}x{} {}", c.gemm.batch > 1 ? fmt::format("{} x ", c.gemm.batch) : "", c.gemm.m, c.gemm.n,
                        c.gemm.k, name(c.types.at("A")));
@@ -143,8 +142,6 @@ std::string shape_text(const Case& c) {
   return fmt::format("B{} H{} Sq{} Skv{} D{}{} {}", a.batch, a.heads, a.seq_q, a.seq_kv, a.head_dim,
                      a.causal ? " causal" : "", name(c.types.at("Q")));
 }
-
-}  // namespace
 
 std::string bench_markdown(const BenchReport& r) {
   std::string s = fmt::format("# ulpgate bench\n\n{}; SM clock {} MHz before, {} MHz after. {} warm-up and {} timed runs "
@@ -157,12 +154,12 @@ std::string bench_markdown(const BenchReport& r) {
   s += "|---|---|---:|---:|---:|---:|---|---:|---:|---|\n";
   for (const BenchRow& row : r.rows) {
     if (row.status != "ok") {
-      s += fmt::format("| {} | {} | | | | | {} | | | |\n", row.kernel, shape_text(row.c), row.status);
+      s += fmt::format("| {} | {} | | | | | {} | | | |\n", row.kernel, bench_case_text(row.c), row.status);
       continue;
     }
     std::string notes = row.notes.count("algorithm") ? row.notes.at("algorithm") : row.notes.count("kernel") ? row.notes.at("kernel") : "";
     if (row.checked && !row.same_bits) notes += (notes.empty() ? "" : "; ") + std::string("checked run's bits differ from the timed run's");
-    s += fmt::format("| {} | {} | {:.4g} | {:.4g} - {:.4g} | {:.4g} | {} | {} | {} | {} | {} |\n", row.kernel, shape_text(row.c),
+    s += fmt::format("| {} | {} | {:.4g} | {:.4g} - {:.4g} | {:.4g} | {} | {} | {} | {} | {} |\n", row.kernel, bench_case_text(row.c),
                      row.t.median_ms, row.t.p10_ms, row.t.p90_ms, row.tflops,
                      row.percent_of_baseline < 0 ? "" : fmt::format("{:.1f}", row.percent_of_baseline),
                      !row.checked ? "not checked" : row.passed ? "pass" : "**FAIL**: " + row.verdict,

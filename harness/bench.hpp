@@ -87,6 +87,10 @@ BenchRow bench_kernel(Kernel& k, Case c, const BenchOptions& options);
 /// Throws InputError for another name.
 std::vector<std::array<std::int64_t, 3>> gemm_shape_preset(const std::string& name);
 
+/// A case as the bench's tables name it: "4096x4096x4096 fp16" (GEMM, "3 x " in front for
+/// a batch), "B4 H16 Sq4096 Skv4096 D128 causal fp16" (attention).
+std::string bench_case_text(const Case& c);
+
 /// Markdown: a header with the device, clocks and method, then one table row per result.
 std::string bench_markdown(const BenchReport& r);
 nlohmann::json bench_json(const BenchReport& r);

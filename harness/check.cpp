@@ -121,8 +121,7 @@ Evaluation evaluate_with_inputs(Kernel& k, const Case& c, const Inputs& inputs, 
       if (auto m = AccumulationModel::parse(k.traits().accumulation_model)) {
         // A model aligned by FP8 exponents takes the case's own FP8 formats (E4M3 x E5M2).
         const Format fa = c.types.at("A"), fb = c.types.at("B");
-        const auto fp8 = [](Format f) { return f == Format::E4M3 || f == Format::E5M2; };
-        if (m->align_inputs && fp8(m->align_format) && fp8(fa) && fp8(fb)) {
+        if (m->align_inputs && is_fp8(m->align_format) && is_fp8(fa) && is_fp8(fb)) {
           m->align_format = fa;
           m->align_format_b = fb == fa ? std::nullopt : std::optional<Format>(fb);
         }

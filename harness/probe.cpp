@@ -34,15 +34,6 @@ std::vector<double> in_steps(std::initializer_list<std::initializer_list<double>
   return p;
 }
 
-// The unit's position of the product at position q in step order (AccumulationModel::
-// interleave's dealing undone): the j-th product of step `step` of its chunk.
-std::int64_t dealt_position(std::int64_t q, int block, int promote, int interleave) {
-  if (!interleave) return q;
-  const std::int64_t chunk = promote, steps = chunk / block, c = q / chunk, r = q % chunk;
-  const std::int64_t step = r / block, j = r % block;
-  return c * chunk + ((j / interleave) * steps + step) * interleave + j % interleave;
-}
-
 // The first j in [from, to] whose 2^-j the experiment loses; 0 when it keeps every one.
 int first_lost(int from, int to, const std::function<bool(double)>& kept) {
   for (int j = from; j <= to; ++j)
@@ -274,7 +265,7 @@ std::optional<bool> probe_alignment(const ProbedAccumulation& p, const ProbeBatc
   const double x = std::ldexp(1.5, h), y = std::ldexp(1.5, s - h);
   const auto normal = [&](double v) { return decode(unit.input, encode(unit.input, v)) == v && std::fabs(v) >= info(unit.input).min_normal(); };
   if (!tiny || !normal(x) || !normal(y)) return std::nullopt;
-  const auto at = [&](std::int64_t q) { return static_cast<std::size_t>(dealt_position(q, p.block, p.promote, p.interleave)); };
+  const auto at = [&](std::int64_t q) { return static_cast<std::size_t>(interleaved_position(q, p.block, p.promote, p.interleave)); };
   const std::int64_t used = static_cast<std::int64_t>(at(2)) + 1;
   const std::int64_t k = (used + unit.step - 1) / unit.step * unit.step;
   std::vector<double> a(static_cast<std::size_t>(k), 0.0), b(a.size(), 0.0);
@@ -481,7 +472,7 @@ ProbedAccumulation probe_accumulation(const ProbeDot& dot, int max_block, int ma
     const std::int64_t len = r.interleave ? (n + r.promote - 1) / r.promote * r.promote : n;
     std::vector<double> q(static_cast<std::size_t>(len), 0.0);
     for (std::int64_t i = 0; i < n; ++i)
-      q[static_cast<std::size_t>(dealt_position(i, r.block, r.promote, r.interleave))] = std::ldexp(p[static_cast<std::size_t>(i)], s);
+      q[static_cast<std::size_t>(interleaved_position(i, r.block, r.promote, r.interleave))] = std::ldexp(p[static_cast<std::size_t>(i)], s);
     return std::ldexp(static_cast<double>(dot(q)), -s);
   };
   const int tiny_bits = reach_below(can);

@@ -178,7 +178,8 @@ BatchValidation validate_batched(const ProbedAccumulation& p, const ProbeBatch& 
 /// for offline study of a unit no model describes yet: a text line
 /// "ulpgate-dots 1 unit=U input=F step=S seed=N span=L", then per dot, little-endian:
 /// uint32 length k, uint32 class, uint32 the result's FP32 bits, then k storage words of
-/// a and k of b, each of the input format's width in bytes (TF32 as 4). Returns the count.
+/// a and k of b, each the input format's code (core/format.hpp) in as many bytes as its
+/// width needs (TF32's 19-bit codes in 3). Returns the count.
 std::int64_t dump_batched(const ProbeBatch& unit, const std::string& unit_name, std::int64_t dots, std::int64_t span,
                           const std::string& path, std::uint64_t seed = 1);
 

@@ -14,15 +14,6 @@
 namespace ulpgate {
 namespace {
 
-constexpr const char* kColours[] = {"#4477aa", "#ee6677", "#228833", "#ccbb44", "#66ccee", "#aa3377", "#000000"};
-
-std::string case_text(const Case& c) {
-  if (c.op == Op::Gemm) return fmt::format("{}x{}x{} {}", c.gemm.m, c.gemm.n, c.gemm.k, name(c.types.at("A")));
-  const AttentionShape& a = c.attention;
-  return fmt::format("B{} H{} Sq{} Skv{} D{}{} {}", a.batch, a.heads, a.seq_q, a.seq_kv, a.head_dim, a.causal ? " causal" : "",
-                     name(c.types.at("Q")));
-}
-
 // The size a row is drawn at: M N K for GEMM (the cube root reads as a side), seq_kv for
 // attention.
 double size_of(const Case& c) {
@@ -45,7 +36,7 @@ report::Plot speed_plot(const BenchReport& r, Op op) {
     data += fmt::format("$s{} << EOD\n", k);
     for (const auto& [x, y] : points) data += fmt::format("{:.17g} {:.17g}\n", x, y);
     data += "EOD\n";
-    plot += fmt::format("$s{} using 1:2 with linespoints pt 7 ps 0.8 lc rgb '{}' title {}, ", k, kColours[k % std::size(kColours)],
+    plot += fmt::format("$s{} using 1:2 with linespoints pt 7 ps 0.8 lc rgb '{}' title {}, ", k, report::kSeriesColours[k % std::size(report::kSeriesColours)],
                         report::gnuplot_string(order[k]));
   }
   const std::string x = op == Op::Gemm ? "(M N K)^(1/3)" : "seq_kv";
@@ -82,13 +73,13 @@ std::string render_bench_html(const BenchReport& r) {
   for (const BenchRow& row : r.rows) {
     if (row.status != "ok") {
       h += fmt::format("<tr><td>{}</td><td>{}</td><td colspan=\"7\">{}</td></tr>\n", report::escape_html(row.kernel),
-                       report::escape_html(case_text(row.c)), report::escape_html(row.status));
+                       report::escape_html(bench_case_text(row.c)), report::escape_html(row.status));
       continue;
     }
     const std::string check = !row.checked ? "not checked" : row.passed ? "pass" : "<span class=\"fail\">FAIL</span>: " + report::escape_html(row.verdict);
     h += fmt::format("<tr><td>{}</td><td>{}</td><td>{:.4g}</td><td>{:.4g} - {:.4g}</td><td>{:.4g}</td><td>{}</td><td>{}</td>"
                      "<td>{}</td><td>{}</td></tr>\n",
-                     report::escape_html(row.kernel), report::escape_html(case_text(row.c)), row.t.median_ms, row.t.p10_ms,
+                     report::escape_html(row.kernel), report::escape_html(bench_case_text(row.c)), row.t.median_ms, row.t.p10_ms,
                      row.t.p90_ms, row.tflops, row.percent_of_baseline < 0 ? "" : fmt::format("{:.1f}", row.percent_of_baseline),
                      check, row.max_normalised < 0 ? "" : fmt::format("{:.3g}", row.max_normalised),
                      std::isfinite(row.effective_bits) ? fmt::format("{:.2f}", row.effective_bits) : "");

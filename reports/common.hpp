@@ -17,6 +17,9 @@ namespace ulpgate::report {
 std::string valid_utf8(std::string_view s);
 /// Text for HTML element content and attribute values (quoted with ' or ").
 std::string escape_html(std::string_view s);
+
+/// The colours of a plot's series, in order (a colour-blind-safe palette).
+inline constexpr const char* kSeriesColours[] = {"#4477aa", "#ee6677", "#228833", "#ccbb44", "#66ccee", "#aa3377", "#000000"};
 /// Text for XML 1.0 content and attributes: escapes markup, and replaces characters XML
 /// cannot carry at all (control characters other than tab, newline, CR) with U+FFFD.
 std::string escape_xml(std::string_view s);

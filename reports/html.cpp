@@ -92,7 +92,6 @@ std::string case_title(const CaseResult& c) { return c.kernel + " — " + c.fami
 // --- Plots -----------------------------------------------------------------------------------
 
 // Series colours, distinguishable in print and for common colour blindness (Paul Tol).
-constexpr const char* kColours[] = {"#4477aa", "#ee6677", "#228833", "#ccbb44", "#66ccee", "#aa3377", "#000000"};
 
 bool is_reduction_length(const std::string& parameter) {
   return parameter == "K" || parameter == "k" || parameter == "seq_kv";
@@ -125,7 +124,7 @@ Plot sweep_plot(const SweepGroup& g) {
   std::map<std::string, std::size_t> format_colour;  // reference lines once per format
   for (std::size_t k = 0; k < g.series.size(); ++k) {
     const SweepSeries& s = *g.series[k];
-    const std::string colour = kColours[k % std::size(kColours)];
+    const std::string colour = report::kSeriesColours[k % std::size(report::kSeriesColours)];
     const std::string label = s.format + " " + s.dist;
     std::string points;
     for (std::size_t i = 0; i < s.x.size(); ++i)

@@ -70,7 +70,7 @@ int fuzz_command(const FuzzArgs& a, const LocalRegistry& local, const std::strin
 /// `ulpgate bench` (harness/bench.hpp): kernels by name (a name ending in '.' is a prefix),
 /// cases by GEMM shape or attention shape, one input type.
 struct BenchArgs {
-  std::vector<std::string> kernels, gemm_shapes, attention_shapes, plugins;
+  std::vector<std::string> kernels, gemm_shapes, attention_shapes;
   std::string baseline, shapes_preset, dtype, layout, json, md, html, seed = "1";
   bool causal = false, no_flush = false, no_check = false;
   int reps = 20, warmup = 3;

@@ -350,7 +350,6 @@ int main(int argc, char** argv) {
       if (!bench_args.json.empty()) ulpgate::check_output_file("--json", bench_args.json);
       if (!bench_args.md.empty()) ulpgate::check_output_file("--md", bench_args.md);
       if (!bench_args.html.empty()) ulpgate::check_output_file("--html", bench_args.html);
-      bench_args.plugins = plugins;
       return ulpgate::bench_command(bench_args, local);
     }
     if (probe->parsed()) {  // a model mismatch is a finding (exit 1); a bad kernel or case, exit 2

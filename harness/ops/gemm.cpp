@@ -396,7 +396,7 @@ void draw_large_shape(Case& c, const Kernel* k, int large_kind) {
     g.k = *gen::log_dim(16, cap(4096, std::min(kLargeOperand / (g.batch * std::max(g.m, g.n)),
                                                 budget / (g.batch * g.m * g.n))));
   }
-  if (k && k->unsupported(c) && (c.types.at("A") == Format::E4M3 || c.types.at("A") == Format::E5M2)) {
+  if (k && k->unsupported(c) && is_fp8(c.types.at("A"))) {
     g.k = std::max<std::int64_t>(16, g.k / 16 * 16);  // cuBLASLt FP8: K a multiple of 16
     while (g.batch * g.m * g.n * g.k > budget && g.k > 16) g.k -= 16;
   }

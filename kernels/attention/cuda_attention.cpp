@@ -13,8 +13,6 @@
 namespace ulpgate {
 namespace {
 
-std::string name_of(Format f) { return std::string(ulpgate::name(f)); }
-
 attn::FormatCode code(Format f) {
   switch (f) {
     case Format::TF32: return attn::kTf32;
@@ -57,7 +55,7 @@ class CudaAttention final : public Kernel {
     if (flash())
       return fmt::format("CUDA: FlashAttention-2 style, {} tensor cores (mma.sync m16n8k16, FP32 accumulation), 64 query "
                          "rows x 64-key tiles, P rounded to {} before P V; head_dim 64 or 128{}",
-                         name_of(flash_input()), name_of(flash_input()),
+                         ulpgate::name(flash_input()), ulpgate::name(flash_input()),
                          v_ == Variant::FlashNoRescale ? " (planted bug: no rescale when the max grows)" : "");
     if (v_ == Variant::Naive)
       return "CUDA: three-pass attention (scores, row softmax, P V) with FP32 intermediates in global memory";
@@ -82,10 +80,10 @@ class CudaAttention final : public Kernel {
     if (flash()) {
       for (const char* op : {"Q", "K", "V"})
         if (c.types.at(op) != flash_input())
-          return fmt::format("{} must be {} for this kernel, got {}", op, name_of(flash_input()), name_of(c.types.at(op)));
+          return fmt::format("{} must be {} for this kernel, got {}", op, ulpgate::name(flash_input()), ulpgate::name(c.types.at(op)));
       const Format out = c.types.at("O");
       if (out != Format::FP32 && out != Format::FP16 && out != Format::BF16)
-        return fmt::format("O must be fp32, fp16 or bf16, got {}", name_of(out));
+        return fmt::format("O must be fp32, fp16 or bf16, got {}", ulpgate::name(out));
       if (a.head_dim != a.eff_head_dim_v() || (a.head_dim != 64 && a.head_dim != 128))
         return fmt::format("head_dim {} (head_dim_v {}): only 64 and 128, equal", a.head_dim, a.eff_head_dim_v());
       if (a.batch * a.heads > 65535) return std::string("batch x heads > 65535");

@@ -61,14 +61,6 @@ __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
 }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
 
-__device__ __forceinline__ void store_out(const Operand& o, long long at, float v) {
-  switch (o.format) {
-    case kFp16: static_cast<__half*>(o.out)[at] = __float2half_rn(v); break;
-    case kBf16: static_cast<__nv_bfloat16*>(o.out)[at] = __float2bfloat16_rn(v); break;
-    default: static_cast<float*>(o.out)[at] = v; break;
-  }
-}
-
 // rows x D halves of an operand's (b, h) from row `first` on into shared memory (row stride
 // D + kPad); rows past `limit` are zero. 16-byte copies: D is a multiple of 8 and every row
 // starts on a multiple of 8 elements in both layouts.
@@ -218,7 +210,7 @@ __global__ void __launch_bounds__(kWarps * 32) flash_forward(Shape s, Operand q,
 #pragma unroll
     for (int dt = 0; dt < D / 8; ++dt)
 #pragma unroll
-      for (int c = 0; c < 2; ++c) store_out(o, o.offset(b, h, i, 8 * dt + 2 * t + c), oacc[dt][2 * r + c] * inv);
+      for (int c = 0; c < 2; ++c) store(o, o.offset(b, h, i, 8 * dt + 2 * t + c), oacc[dt][2 * r + c] * inv);
   }
 }
 

@@ -1,33 +1,7 @@
 #include "kernels/attention/launch.hpp"
 
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-#include <cuda_fp8.h>
-
 namespace ulpgate::attn {
 namespace {
-
-__device__ float load(const Operand& o, long long at) {
-  switch (o.format) {
-    case kFp16: return __half2float(static_cast<const __half*>(o.p)[at]);
-    case kBf16: return __bfloat162float(static_cast<const __nv_bfloat16*>(o.p)[at]);
-    case kE4m3: return static_cast<float>(static_cast<const __nv_fp8_e4m3*>(o.p)[at]);
-    case kE5m2: return static_cast<float>(static_cast<const __nv_fp8_e5m2*>(o.p)[at]);
-    case kTf32: return __uint_as_float(static_cast<const unsigned*>(o.p)[at] & 0xFFFFE000u);
-    default: return static_cast<const float*>(o.p)[at];
-  }
-}
-
-__device__ void store(const Operand& o, long long at, float v) {
-  switch (o.format) {
-    case kFp16: static_cast<__half*>(o.out)[at] = __float2half_rn(v); break;
-    case kBf16: static_cast<__nv_bfloat16*>(o.out)[at] = __float2bfloat16_rn(v); break;
-    case kE4m3: static_cast<__nv_fp8_e4m3*>(o.out)[at] = __nv_fp8_e4m3(v); break;  // saturating
-    case kE5m2: static_cast<__nv_fp8_e5m2*>(o.out)[at] = __nv_fp8_e5m2(v); break;
-    default: static_cast<float*>(o.out)[at] = v; break;
-  }
-}
-
 
 // Pass 1: S[row][j] = scale * (q_row . k_j), -inf for a key the query does not see.
 __global__ void scores(Shape s, Operand q, Operand k, float* S) {

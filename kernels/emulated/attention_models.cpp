@@ -14,7 +14,6 @@
 namespace ulpgate {
 namespace {
 
-bool is_fp8(Format f) { return f == Format::E4M3 || f == Format::E5M2; }
 
 float round_p(float p, Format f) { return static_cast<float>(decode(f, encode(f, p))); }
 

@@ -58,7 +58,8 @@ std::uint64_t round_magnitude(std::uint64_t mag, int drop, bool negative, Roundi
 }
 
 // One block-FMA step: acc and the exact products aligned to the largest, truncated to
-// frac_bits below its leading bit, summed exactly, rounded once to FP32.
+// frac_bits below its leading bit, summed exactly, rounded (to out_bits, then) to the
+// accumulator format.
 float block_step(const AccumulationModel& m, float acc, const double* p, const int* pe, int n) {
   double naive = acc;  // IEEE semantics for NaN/Inf, and the sign of an all-zero sum
   bool finite = std::isfinite(acc);
@@ -70,7 +71,7 @@ float block_step(const AccumulationModel& m, float acc, const double* p, const i
   }
   if (!finite || emax == INT32_MIN) return static_cast<float>(naive);  // NaN/Inf, or all zeros
   // Input-aligned (hardware-measured) models align to the accumulator's exponent field too,
-  // which is FP32's smallest normal exponent when it is zero or subnormal.
+  // which is its format's smallest normal exponent when it is zero or subnormal.
   if (m.align_inputs) emax = std::max(emax, info(m.acc_format).emin());
   const int q = emax - m.frac_bits;
   // |t| < 2^(emax+2) (2^(emax+1) aligned by the product itself), so |t / 2^q| < 2^(frac_bits+2)
@@ -102,7 +103,6 @@ double gelu_tanh(double x) {
   return 0.5 * x * (1.0 + std::tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)));
 }
 
-bool is_fp8(Format f) { return f == Format::E4M3 || f == Format::E5M2; }
 double scale(const Case& c, const char* op) {
   auto it = c.scales.find(op);
   return it == c.scales.end() ? 1.0 : it->second;
@@ -278,6 +278,13 @@ std::optional<AccumulationModel> AccumulationModel::parse(const std::string& tex
   return m;
 }
 
+std::int64_t interleaved_position(std::int64_t q, int block, int promote, int interleave) {
+  if (!interleave) return q;
+  const std::int64_t chunk = promote, steps = chunk / block, c = q / chunk, r = q % chunk;
+  const std::int64_t step = r / block, j = r % block;
+  return c * chunk + ((j / interleave) * steps + step) * interleave + j % interleave;
+}
+
 float model_dot(const AccumulationModel& m, const double* a, const double* b, std::int64_t k, float acc0) {
   switch (m.order) {
     case AccumulationModel::Order::SequentialFma: {
@@ -289,15 +296,12 @@ float model_dot(const AccumulationModel& m, const double* a, const double* b, st
     case AccumulationModel::Order::Pairwise:
       return k == 0 ? acc0 : add_round32(acc0, pairwise(a, b, k, m.rounding), m.rounding);
     case AccumulationModel::Order::BlockFma: {
-      if (m.interleave) {  // deal each chunk's products to its steps, then run in order
-        const std::int64_t chunk = m.promote, steps = chunk / m.block, g = m.interleave;
-        const std::int64_t padded = (k + chunk - 1) / chunk * chunk;
+      if (m.interleave) {  // deal each chunk's products to its steps, then run in step order
+        const std::int64_t padded = (k + m.promote - 1) / m.promote * m.promote;
         std::vector<double> pa(static_cast<std::size_t>(padded), 0.0), pb(pa.size(), 0.0);
-        for (std::int64_t q = 0; q < k; ++q) {
-          const std::int64_t c = q / chunk, r = q % chunk, group = r / g;
-          const std::int64_t at = c * chunk + (group % steps) * m.block + (group / steps) * g + r % g;
-          pa[static_cast<std::size_t>(at)] = a[q], pb[static_cast<std::size_t>(at)] = b[q];
-        }
+        for (std::int64_t q = 0; q < padded; ++q)
+          if (const std::int64_t at = interleaved_position(q, m.block, m.promote, m.interleave); at < k)
+            pa[static_cast<std::size_t>(q)] = a[at], pb[static_cast<std::size_t>(q)] = b[at];
         AccumulationModel in_order = m;
         in_order.interleave = 0;
         return model_dot(in_order, pa.data(), pb.data(), padded, acc0);

@@ -81,6 +81,11 @@ struct AccumulationModel {
   static std::optional<AccumulationModel> parse(const std::string& name);
 };
 
+/// AccumulationModel::interleave's dealing: the position in the dot product (the unit's
+/// order) of the product that is q-th in step order (chunk q / promote, step (q % promote) /
+/// block, j-th product of that step); q itself where interleave is 0.
+std::int64_t interleaved_position(std::int64_t q, int block, int promote, int interleave);
+
 /// The dot product sum_k a[k] b[k] accumulated under the model, starting from acc0.
 float model_dot(const AccumulationModel& m, const double* a, const double* b, std::int64_t k,
                 float acc0 = 0.0f);

@@ -88,12 +88,12 @@ class CublasGemm final : public Kernel {
   std::optional<std::string> unsupported(const Case& c) const override {
     if (c.op != Op::Gemm) return std::string("GEMM only");
     const Format a = c.types.at("A"), b = c.types.at("B"), d = c.types.at("D");
-    if (a != b) return fmt::format("A and B must have one format (A {}, B {})", name_of(a), name_of(b));
+    if (a != b) return fmt::format("A and B must have one format (A {}, B {})", ulpgate::name(a), ulpgate::name(b));
     if (std::find(v_.inputs.begin(), v_.inputs.end(), a) == v_.inputs.end())
-      return fmt::format("input format {} not handled by {}", name_of(a), v_.name);
+      return fmt::format("input format {} not handled by {}", ulpgate::name(a), v_.name);
     if (c.types.at("compute") != v_.compute && !fp16_compute(c))
-      return fmt::format("compute must be {}", name_of(v_.compute));
-    if (!output_ok(a, d)) return fmt::format("output format {} not supported with {} inputs", name_of(d), name_of(a));
+      return fmt::format("compute must be {}", ulpgate::name(v_.compute));
+    if (!output_ok(a, d)) return fmt::format("output format {} not supported with {} inputs", ulpgate::name(d), ulpgate::name(a));
     if (c.beta != 0.0 && (c.types.at("C") != d || c.gemm.eff_ldc() != c.gemm.eff_ldd()))
       return std::string("cuBLAS reads C in place of D: C must have D's format and leading dimension");
     if (c.epilogue != Epilogue::None) return std::string("cuBLAS has no epilogues (use cublaslt.*)");
@@ -149,7 +149,6 @@ class CublasGemm final : public Kernel {
   }
 
  private:
-  static std::string name_of(Format f) { return std::string(ulpgate::name(f)); }
   static const char* compute_name(cublasComputeType_t t) {
     switch (t) {
       case CUBLAS_COMPUTE_64F: return "64F";

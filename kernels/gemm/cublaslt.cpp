@@ -29,9 +29,6 @@ using LtLayout = std::unique_ptr<std::remove_pointer_t<cublasLtMatrixLayout_t>,
 using Preference = std::unique_ptr<std::remove_pointer_t<cublasLtMatmulPreference_t>,
                                    LtDeleter<cublasLtMatmulPreference_t, cublasLtMatmulPreferenceDestroy>>;
 
-bool is_fp8(Format f) { return f == Format::E4M3 || f == Format::E5M2; }
-std::string name_of(Format f) { return std::string(ulpgate::name(f)); }
-
 LtLayout make_layout(Format f, std::int64_t rows, std::int64_t cols, std::int64_t ld, std::int64_t batch,
                    std::int64_t stride) {
   cublasLtMatrixLayout_t l;
@@ -94,18 +91,18 @@ class CublasLtGemm final : public Kernel {
     const bool fp8 = is_fp8(a);
     if (std::find(v_.inputs.begin(), v_.inputs.end(), a) == v_.inputs.end() ||
         std::find(v_.inputs.begin(), v_.inputs.end(), b) == v_.inputs.end())
-      return fmt::format("input formats {}/{} not handled by {}", name_of(a), name_of(b), v_.name);
+      return fmt::format("input formats {}/{} not handled by {}", ulpgate::name(a), ulpgate::name(b), v_.name);
     if (!fp8 && a != b) return std::string("A and B must have one format");
     if (fp8 && a == Format::E5M2 && b == Format::E5M2) return std::string("cuBLASLt has no E5M2 x E5M2 GEMM");
-    if (c.types.at("compute") != v_.compute) return fmt::format("compute must be {}", name_of(v_.compute));
+    if (c.types.at("compute") != v_.compute) return fmt::format("compute must be {}", ulpgate::name(v_.compute));
     const bool out_ok = fp8 ? (d == Format::FP32 || d == Format::BF16 || d == Format::FP16)
                         : (a == Format::FP16 || a == Format::BF16) ? (d == a || d == Format::FP32)
                                                                     : d == Format::FP32;
-    if (!out_ok) return fmt::format("output format {} not supported with {} inputs", name_of(d), name_of(a));
+    if (!out_ok) return fmt::format("output format {} not supported with {} inputs", ulpgate::name(d), ulpgate::name(a));
     if (c.beta != 0.0 && c.types.at("C") != d) return std::string("C must have D's format");
     if (has_bias(c.epilogue)) {
       const Format want = fp8 ? (d == Format::FP16 ? Format::FP16 : Format::BF16) : d;
-      if (c.types.at("bias") != want) return fmt::format("bias must be {} here", name_of(want));
+      if (c.types.at("bias") != want) return fmt::format("bias must be {} here", ulpgate::name(want));
       if (c.gemm.layout == Layout::ColMajor)
         return std::string("cuBLASLt's bias runs along M of a column-major D, not along N: use layout row");
     }

@@ -62,11 +62,11 @@ class SimtGemm final : public Kernel {
     if (c.op != Op::Gemm) return std::string("GEMM only");
     for (const char* op : {"A", "B", "D"})
       if (c.types.at(op) != Format::FP32)
-        return fmt::format("FP32 SIMT kernel: {} must be fp32, got {}", op, name_of(c.types.at(op)));
+        return fmt::format("FP32 SIMT kernel: {} must be fp32, got {}", op, ulpgate::name(c.types.at(op)));
     if (c.types.at("compute") != Format::FP32)
-      return fmt::format("FP32 SIMT kernel: compute must be fp32, got {}", name_of(c.types.at("compute")));
+      return fmt::format("FP32 SIMT kernel: compute must be fp32, got {}", ulpgate::name(c.types.at("compute")));
     if (c.beta != 0.0 && c.types.at("C") != Format::FP32)
-      return fmt::format("FP32 SIMT kernel: C must be fp32, got {}", name_of(c.types.at("C")));
+      return fmt::format("FP32 SIMT kernel: C must be fp32, got {}", ulpgate::name(c.types.at("C")));
     if (c.epilogue != Epilogue::None) return std::string("no epilogue (bias, ReLU, GELU): cublaslt.* has them");
     if (!c.scales.empty()) return std::string("no operand scales (FP8 only)");
     if (!cuda_device_available()) return std::string(kNeedsCudaDevice);
@@ -95,7 +95,6 @@ class SimtGemm final : public Kernel {
   }
 
  private:
-  static std::string name_of(Format f) { return std::string(ulpgate::name(f)); }
   LadderStep s_;
 };
 

@@ -214,32 +214,29 @@ const MmaInstruction* find_mma_instruction(const std::string& name) {
   return nullptr;
 }
 
-bool wgmma_available() {
-  static const bool ok = [] {
+namespace {
+
+// The compute capability of this process's device (major x 10 + minor), 0 without one.
+int device_capability() {
+  static const int cc = [] {
     int n = 0, dev = 0;
     cudaDeviceProp p{};
-    return cudaGetDeviceCount(&n) == cudaSuccess && n > 0 && cudaGetDevice(&dev) == cudaSuccess &&
-           cudaGetDeviceProperties(&p, dev) == cudaSuccess && p.major == 9 && p.minor == 0;
+    const bool ok = cudaGetDeviceCount(&n) == cudaSuccess && n > 0 && cudaGetDevice(&dev) == cudaSuccess &&
+                    cudaGetDeviceProperties(&p, dev) == cudaSuccess;
+    return ok ? p.major * 10 + p.minor : 0;
   }();
-  return ok;
+  return cc;
 }
 
-bool mma_available() {
-  static const bool ok = [] {
-    int n = 0, dev = 0;
-    cudaDeviceProp p{};
-    return cudaGetDeviceCount(&n) == cudaSuccess && n > 0 && cudaGetDevice(&dev) == cudaSuccess &&
-           cudaGetDeviceProperties(&p, dev) == cudaSuccess && p.major * 10 + p.minor >= 89;
-  }();
-  return ok;
-}
+}  // namespace
+
+bool wgmma_available() { return device_capability() == 90; }
+
+bool mma_available() { return device_capability() >= 89; }
 
 std::optional<Format> mma_converts_inputs(const MmaInstruction& inst) {
-  if (inst.warpgroup || (inst.input != Format::E4M3 && inst.input != Format::E5M2)) return std::nullopt;  // wgmma: native FP8
-  int dev = 0;
-  cudaDeviceProp p{};
-  if (cudaGetDevice(&dev) != cudaSuccess || cudaGetDeviceProperties(&p, dev) != cudaSuccess) return std::nullopt;
-  return p.major == 9 ? std::optional<Format>(Format::FP16) : std::nullopt;
+  if (inst.warpgroup || !is_fp8(inst.input)) return std::nullopt;  // wgmma: native FP8
+  return device_capability() / 10 == 9 ? std::optional<Format>(Format::FP16) : std::nullopt;
 }
 
 std::vector<float> mma_dots(const MmaInstruction& inst, const std::vector<std::uint32_t>& a,

@@ -101,7 +101,6 @@ TEST(AttentionLargeRegime, DrawsWhereKernelsSwitchPathsWithinTheCost) {
 
 namespace {
 
-bool is_fp8(Format f) { return f == Format::E4M3 || f == Format::E5M2; }
 
 // cpu.attn_naive's arithmetic written out (FMA scores, max, exp, row sum, FMA of P V, one
 // division), with one planted bug: for seq_kv >= 4096 (the "long sequence" path) the
