@@ -7,6 +7,9 @@
 #include <fmt/format.h>
 
 #include "kernels/attention/launch.hpp"
+#if ULPGATE_HAVE_CUDNN
+#include "kernels/attention/cudnn_sdpa.hpp"
+#endif
 #include "kernels/cuda_check.hpp"
 #include "kernels/device.hpp"
 
@@ -33,7 +36,7 @@ attn::Operand operand(const Case& c, const std::string& name) {
   return o;
 }
 
-enum class Variant { Naive, Online, OnlineNoRescale, FlashFp16, FlashBf16, FlashNoRescale };
+enum class Variant { Naive, Online, OnlineNoRescale, FlashFp16, FlashBf16, FlashNoRescale, CudnnFp16, CudnnBf16 };
 
 class CudaAttention final : public Kernel {
  public:
@@ -48,10 +51,16 @@ class CudaAttention final : public Kernel {
       case Variant::FlashFp16: return "cuda.attn_flash.fp16";
       case Variant::FlashBf16: return "cuda.attn_flash.bf16";
       case Variant::FlashNoRescale: return "planted.cuda_attn_flash_no_rescale";
+      case Variant::CudnnFp16: return "cudnn.sdpa.fp16";
+      case Variant::CudnnBf16: return "cudnn.sdpa.bf16";
     }
     return "";
   }
+  bool cudnn() const { return v_ == Variant::CudnnFp16 || v_ == Variant::CudnnBf16; }
   std::string description() const override {
+    if (cudnn())
+      return fmt::format("cuDNN fused attention (backend graph API: Q K^T, scale, masks, softmax, P V; the engine of "
+                         "heuristics mode A), {} inputs", v_ == Variant::CudnnBf16 ? "bf16" : "fp16");
     if (flash())
       return fmt::format("CUDA: FlashAttention-2 style, {} tensor cores (mma.sync m16n8k16, FP32 accumulation), 64 query "
                          "rows x 64-key tiles, P rounded to {} before P V; head_dim 64 or 128{}",
@@ -66,6 +75,7 @@ class CudaAttention final : public Kernel {
     KernelTraits t{Memory::Device, true};
     t.thread_safe = true;  // all work on io.stream
     if (flash()) t.p_bits = info(flash_input()).frac_bits + 1;  // FP16 11, BF16 8
+    if (cudnn()) t.p_bits = v_ == Variant::CudnnBf16 ? 8 : 11;   // P in the input type (the graph's P tensor)
     return t;
   }
   std::optional<std::string> unsupported(const Case& c) const override {
@@ -77,6 +87,15 @@ class CudaAttention final : public Kernel {
     for (const auto& [op, s] : c.scales)
       if (s != 1.0) return fmt::format("scale {} is not applied by this kernel", op);
     const AttentionShape& a = c.attention;
+    if (cudnn()) {
+      const Format in = v_ == Variant::CudnnBf16 ? Format::BF16 : Format::FP16;
+      for (const char* op : {"Q", "K", "V", "O"})
+        if (c.types.at(op) != in) return fmt::format("{} must be {} for this kernel, got {}", op, name_of(in), name_of(c.types.at(op)));
+      if (a.head_dim != a.eff_head_dim_v() || a.head_dim % 8 != 0 || a.head_dim > 256)
+        return fmt::format("head_dim {} (head_dim_v {}): equal, a multiple of 8, at most 256", a.head_dim, a.eff_head_dim_v());
+      if (a.causal && a.seq_q != a.seq_kv) return std::string("causal with seq_q != seq_kv: the graph's mask is top-left aligned");
+      return std::nullopt;
+    }
     if (flash()) {
       for (const char* op : {"Q", "K", "V"})
         if (c.types.at(op) != flash_input())
@@ -108,6 +127,32 @@ class CudaAttention final : public Kernel {
       ULPGATE_CHECK(cudaMemcpyAsync(lengths.get(), a.kv_lengths.data(), a.kv_lengths.size() * sizeof(long long),
                                     cudaMemcpyHostToDevice, stream));
       s.kv_lengths = static_cast<const long long*>(lengths.get());
+    }
+    if (cudnn()) {
+#if ULPGATE_HAVE_CUDNN
+      attn::SdpaShape sh;
+      sh.bf16 = v_ == Variant::CudnnBf16;
+      sh.batch = a.batch, sh.heads = a.heads, sh.kv_heads = a.eff_kv_heads(), sh.seq_q = a.seq_q, sh.seq_kv = a.seq_kv;
+      sh.head_dim = a.head_dim, sh.causal = a.causal, sh.bshd = a.layout == AttentionLayout::BSHD, sh.scale = s.scale;
+      DeviceBuffer lq, lkv;
+      if (!a.kv_lengths.empty()) {
+        std::vector<int> qs(a.kv_lengths.size(), static_cast<int>(a.seq_q)), ks;
+        for (const std::int64_t len : a.kv_lengths) {
+          if (len == 0) throw KernelUnsupported("a batch without keys: cuDNN leaves its rows undefined");
+          ks.push_back(static_cast<int>(std::min(len, a.seq_kv)));
+        }
+        lq = DeviceBuffer(qs.size() * sizeof(int), io.stream), lkv = DeviceBuffer(ks.size() * sizeof(int), io.stream);
+        copy_to_device(lq.get(), qs.data(), qs.size() * sizeof(int), io.stream);
+        copy_to_device(lkv.get(), ks.data(), ks.size() * sizeof(int), io.stream);
+        sh.padded = true;
+      }
+      notes["engine"] = attn::cudnn_sdpa(sh, io.in.at("Q"), io.in.at("K"), io.in.at("V"), io.out.at("O"),
+                                         static_cast<const int*>(lq.get()), static_cast<const int*>(lkv.get()), io.stream);
+      notes["cudnn"] = attn::cudnn_version();
+      return;
+#else
+      throw KernelUnsupported("this build has no cuDNN");
+#endif
     }
     if (flash()) {
       ULPGATE_CHECK(attn::flash_attention(s, q, k, v, o, v_ != Variant::FlashNoRescale, stream));
@@ -141,6 +186,10 @@ std::vector<std::unique_ptr<Kernel>> make_attention_kernels() {
   out.push_back(std::make_unique<CudaAttention>(Variant::Online));
   out.push_back(std::make_unique<CudaAttention>(Variant::FlashFp16));
   out.push_back(std::make_unique<CudaAttention>(Variant::FlashBf16));
+#if ULPGATE_HAVE_CUDNN
+  out.push_back(std::make_unique<CudaAttention>(Variant::CudnnFp16));
+  out.push_back(std::make_unique<CudaAttention>(Variant::CudnnBf16));
+#endif
   return out;
 }
 

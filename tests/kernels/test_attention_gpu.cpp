@@ -125,3 +125,40 @@ TEST(AttentionGpu, FlashMissingRescaleIsCaught) {
   std::printf("[ flash ] %s: %d of %d cases failed\n", k->name().c_str(), failed, total);
   EXPECT_GT(failed, total / 4);
 }
+
+// cuDNN's fused attention (cudnn.sdpa.*, when the build has cuDNN) on the flash shapes it
+// takes (O in the input type; causal only with seq_q == seq_kv): every one must pass.
+TEST(AttentionGpu, CudnnPassesEveryShapeItTakes) {
+  if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device";
+  int kernels = 0;
+  for (auto& k : make_attention_kernels()) {
+    if (k->name().rfind("cudnn.sdpa", 0) != 0) continue;
+    ++kernels;
+    const Format in = k->name() == "cudnn.sdpa.bf16" ? Format::BF16 : Format::FP16;
+    int passed = 0, total = 0, unsupported = 0;
+    for (Case c : flash_cases(in)) {
+      c.types["O"] = in;
+      c.kernel = k->name();
+      if (k->unsupported(c)) {
+        ++unsupported;
+        continue;
+      }
+      const Evaluation ev = evaluate(*k, c, {});
+      if (ev.run.status == Disposition::NotSupported) {
+        ++unsupported;
+        continue;
+      }
+      ++total;
+      EXPECT_EQ(ev.run.status, Disposition::Ok) << k->name() << ": " << ev.run.message;
+      if (ev.verdict.passed) ++passed;
+      else ADD_FAILURE() << k->name() << " " << c.attention.seq_q << "x" << c.attention.seq_kv << " d " << c.attention.head_dim
+                         << (c.attention.causal ? " causal" : "") << ": " << ev.verdict.reasons.front();
+      if (total == 1)
+        std::printf("[ cudnn ] %s: %s, cuDNN %s\n", k->name().c_str(), ev.run.notes.count("engine") ? ev.run.notes.at("engine").c_str() : "?",
+                    ev.run.notes.count("cudnn") ? ev.run.notes.at("cudnn").c_str() : "?");
+    }
+    std::printf("[ cudnn ] %s: %d of %d cases passed, %d not supported\n", k->name().c_str(), passed, total, unsupported);
+    EXPECT_GT(total, 0);
+  }
+  if (kernels == 0) GTEST_SKIP() << "this build has no cuDNN";
+}

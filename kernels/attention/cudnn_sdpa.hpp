@@ -1,0 +1,27 @@
+// cuDNN's fused attention behind a plain interface (kernels/attention/cudnn_sdpa.cpp).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace ulpgate::attn {
+
+struct SdpaShape {
+  bool bf16 = false;  ///< Q, K, V, O in BF16 (else FP16)
+  std::int64_t batch = 1, heads = 1, kv_heads = 1, seq_q = 1, seq_kv = 1, head_dim = 64;
+  bool causal = false;  ///< top-left aligned: only for seq_q == seq_kv
+  bool padded = false;  ///< per-batch key lengths (seq_kv pointers given)
+  bool bshd = false;
+  float scale = 1.0f;
+};
+
+/// Runs attention on `stream` (device pointers; seq_q / seq_kv: device int32 per batch when
+/// padded) and returns the engine used ("engine N (heuristics A, config i of n)"). Throws
+/// KernelUnsupported when no cuDNN engine takes the graph, KernelError on failure.
+std::string cudnn_sdpa(const SdpaShape& s, const void* q, const void* k, const void* v, void* o, const int* seq_q,
+                       const int* seq_kv, void* stream);
+
+/// The cuDNN library's version at run time ("9.19.0").
+std::string cudnn_version();
+
+}  // namespace ulpgate::attn
