@@ -570,7 +570,7 @@ Case dtype_attention_case(std::string_view dtype) {
   Case c;
   c.op = Op::Attention;
   AttentionShape& a = c.attention;
-  a.batch = a.heads = 1, a.seq_q = 4, a.seq_kv = 8, a.head_dim = 16;
+  a.batch = a.heads = 1, a.seq_q = 4, a.seq_kv = 8, a.head_dim = 64;  // 64: the head size every attention kernel takes (flash: 64 and 128 only)
   const Format o = *f == Format::E4M3 ? Format::BF16 : *f;
   c.types = {{"Q", *f}, {"K", *f}, {"V", *f}, {"O", o}, {"compute", Format::FP32}};
   validate(c);

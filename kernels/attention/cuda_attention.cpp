@@ -90,7 +90,7 @@ class CudaAttention final : public Kernel {
     if (cudnn()) {
       const Format in = v_ == Variant::CudnnBf16 ? Format::BF16 : Format::FP16;
       for (const char* op : {"Q", "K", "V", "O"})
-        if (c.types.at(op) != in) return fmt::format("{} must be {} for this kernel, got {}", op, name_of(in), name_of(c.types.at(op)));
+        if (c.types.at(op) != in) return fmt::format("{} must be {} for this kernel, got {}", op, ulpgate::name(in), ulpgate::name(c.types.at(op)));
       if (a.head_dim != a.eff_head_dim_v() || a.head_dim % 8 != 0 || a.head_dim > 256)
         return fmt::format("head_dim {} (head_dim_v {}): equal, a multiple of 8, at most 256", a.head_dim, a.eff_head_dim_v());
       if (a.causal && a.seq_q != a.seq_kv) return std::string("causal with seq_q != seq_kv: the graph's mask is top-left aligned");
