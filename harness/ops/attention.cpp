@@ -120,7 +120,8 @@ class AttentionModule final : public OpModule {
       const std::int64_t hd = *gen::dim(256, dims, false);
       const bool other_dv = *gen::pick(std::vector<bool>{false, true});
       const std::int64_t dv = other_dv ? *gen::dim(256, dims, false) : 0;
-      keep_if_supported([&] { a.head_dim = hd, a.head_dim_v = dv == hd ? 0 : dv; }, [&] { a.head_dim_v = 0; });
+      const std::int64_t hd0 = a.head_dim;
+      keep_if_supported([&] { a.head_dim = hd, a.head_dim_v = dv == hd ? 0 : dv; }, [&] { a.head_dim = hd0, a.head_dim_v = 0; });
       if (limits.large) {
         draw_large_shape(a, keep_if_supported);
       } else {
@@ -423,6 +424,12 @@ class AttentionModule final : public OpModule {
     const auto terms = [&] {
       return static_cast<double>(a.batch) * a.heads * a.seq_q * a.seq_kv * (a.head_dim + a.eff_head_dim_v());
     };
+    // A kernel that takes only some value heads (flash: head_dim_v == head_dim) keeps its own.
+    bool dv_fixed = false;
+    const auto halve_dv = [&](std::int64_t dv) {
+      const std::int64_t before = a.head_dim_v;
+      keep_if_supported([&] { a.head_dim_v = dv / 2 == a.head_dim ? 0 : dv / 2; }, [&] { a.head_dim_v = before, dv_fixed = true; });
+    };
     while (large_reference_seconds(a) > kLargeReferenceSeconds || terms() > static_cast<double>(kLargeAttentionTermBudget)) {
       const std::int64_t dv = a.eff_head_dim_v();
       const bool over_terms = terms() > static_cast<double>(kLargeAttentionTermBudget);
@@ -433,10 +440,10 @@ class AttentionModule final : public OpModule {
       else if (a.kv_heads == 0 && a.heads > 1) a.heads /= 2;
       else if (a.kv_heads > 2 && a.kv_heads % 2 == 0) a.heads /= 2, a.kv_heads /= 2;  // the group stays
       else if (a.kv_heads > 0 && a.heads > 2 * a.kv_heads) a.heads = 2 * a.kv_heads;  // a group of two stays
-      else if (dv > 32) a.head_dim_v = dv / 2 == a.head_dim ? 0 : dv / 2;
+      else if (!dv_fixed && dv > 32) halve_dv(dv);
       else if (over_terms && a.seq_q > 1 && a.seq_q >= a.seq_kv) a.seq_q = (a.seq_q + 1) / 2;  // the longer of the two
       else if (a.seq_kv > 4096 || (over_terms && a.seq_kv > 1)) a.seq_kv = (a.seq_kv + 1) / 2;
-      else if (dv > 1) a.head_dim_v = dv / 2 == a.head_dim ? 0 : dv / 2;
+      else if (!dv_fixed && dv > 1) halve_dv(dv);
       else if (a.seq_q > 1) a.seq_q = (a.seq_q + 1) / 2;
       else if (a.seq_kv > 1) a.seq_kv = (a.seq_kv + 1) / 2;
       else break;

@@ -12,6 +12,7 @@
 #include "core/error.hpp"
 #include "harness/fuzz.hpp"
 #include "harness/gate.hpp"
+#include "kernels/emulated/attention_models.hpp"
 #include "kernels/emulated/gemm_models.hpp"
 
 using namespace ulpgate;
@@ -393,4 +394,42 @@ TEST(Fuzz, TargetCaseStreamDependsOnlyOnItsOwnName) {
     if (c.kernel == "cpu.fp32_seq") cb.push_back(to_json(c.spec));
   ASSERT_EQ(ca.size(), 4u);
   EXPECT_EQ(ca, cb);
+}
+
+// A kernel that takes only the head sizes flash kernels take (64 and 128) is a target of
+// the default campaign, and its generated cases keep to those sizes. (With the attention
+// op's basic case at head_dim 16, cuda.attn_flash and cudnn.sdpa were left out unsaid.)
+TEST(Fuzz, AttentionKernelOfHeadDim64And128IsADefaultTarget) {
+  class Head64Or128 final : public Kernel {
+   public:
+    std::string name() const override { return "test.attn_hd64_128"; }
+    std::string description() const override { return "online-softmax model, head_dim 64 or 128 only"; }
+    KernelTraits traits() const override { return inner_->traits(); }
+    std::optional<std::string> unsupported(const Case& c) const override {
+      if (c.op == Op::Attention && c.attention.head_dim != 64 && c.attention.head_dim != 128)
+        return std::string("head_dim 64 or 128 only");
+      if (c.op == Op::Attention && c.attention.eff_head_dim_v() != c.attention.head_dim) return std::string("head_dim_v");
+      return inner_->unsupported(c);
+    }
+    void run(const Case& c, const KernelIo& io, RunNotes& notes) override { inner_->run(c, io, notes); }
+
+   private:
+    std::unique_ptr<Kernel> inner_ = make_emulated_attention(*AttentionModel::parse("cpu.attn_online:block=64"));
+  };
+  Registry reg;
+  reg.add(std::make_unique<Head64Or128>());
+  const std::vector<FuzzTarget> targets = all_targets(reg, {});
+  ASSERT_FALSE(targets.empty());
+  for (const FuzzTarget& t : targets) EXPECT_EQ(t.op, Op::Attention) << target_name(t);
+  FuzzOptions o = options("test.attn_hd64_128", "fp16", "");
+  o.targets = targets;
+  o.cases = 10;
+  o.sizes = SizeSchedule::Realistic;  // cases 4 and 9 from the large regime
+  const RunRecord r = run_fuzz(reg, o);
+  ASSERT_FALSE(r.cases.empty());
+  for (const auto& c : r.cases) {
+    EXPECT_TRUE(c.spec.attention.head_dim == 64 || c.spec.attention.head_dim == 128) << c.spec.attention.head_dim;
+    EXPECT_EQ(c.status, Disposition::Ok) << c.message;
+    EXPECT_TRUE(c.verdict.passed) << c.spec.attention.seq_kv;
+  }
 }
