@@ -6,6 +6,7 @@
 
 #include "kernels/cuda_check.hpp"
 #include "kernels/device.hpp"
+#include "kernels/gemm/tensor_core.hpp"
 
 namespace ulpgate {
 
@@ -98,6 +99,83 @@ class SimtGemm final : public Kernel {
   LadderStep s_;
 };
 
+// The tensor-core steps (kernels/gemm/tensor_core.cu).
+struct TensorCoreStep {
+  tc::Step step;
+  const char* name;
+  const char* description;
+  const char* tiles;
+  Format input;  // FP16, BF16, or FP32 (read as TF32)
+};
+
+class TensorCoreGemm final : public Kernel {
+ public:
+  explicit TensorCoreGemm(TensorCoreStep s) : s_(s) {}
+  std::string name() const override { return s_.name; }
+  std::string description() const override { return s_.description; }
+  KernelTraits traits() const override {
+    KernelTraits t{Memory::Device, true};
+    t.thread_safe = true;  // no state; all work on io.stream
+    // Each element is one mma accumulator walked along K in order: the probe's model of the
+    // instruction is the kernel's arithmetic (docs/results/probe_h200.md), so the model rule
+    // applies. TF32 has no such model here (the CPU models accumulate FP32 inputs).
+    if (s_.input != Format::FP32) {
+      t.accumulation_model = fmt::format("cpu.blockfma:block=16,frac=25,round=rz,align={}", ulpgate::name(s_.input));
+      t.arithmetic_source = "probe, NVIDIA H200, 2026-12-02: mma.sync m16n8k16 adds 16 products per step, truncated";
+    }
+    return t;
+  }
+
+  std::optional<std::string> unsupported(const Case& c) const override {
+    if (c.op != Op::Gemm) return std::string("GEMM only");
+    const Format a = c.types.at("A"), b = c.types.at("B"), d = c.types.at("D");
+    const bool tf32 = s_.input == Format::FP32;
+    const auto input_ok = [&](Format f) { return f == s_.input || (tf32 && f == Format::TF32); };
+    if (!input_ok(a) || !input_ok(b))
+      return fmt::format("{} takes {} inputs, got A {} and B {}", s_.name, tf32 ? "fp32 or tf32" : ulpgate::name(s_.input),
+                         ulpgate::name(a), ulpgate::name(b));
+    const Format compute = tf32 ? Format::TF32 : Format::FP32;
+    if (c.types.at("compute") != compute)
+      return fmt::format("compute must be {}, got {}", ulpgate::name(compute), ulpgate::name(c.types.at("compute")));
+    if (d != Format::FP32 && (tf32 || d != s_.input))
+      return fmt::format("D must be fp32{}, got {}", tf32 ? "" : fmt::format(" or {}", ulpgate::name(s_.input)), ulpgate::name(d));
+    if (c.beta != 0.0 && c.types.at("C") != d) return fmt::format("C must have D's format ({})", ulpgate::name(d));
+    if (c.epilogue != Epilogue::None) return std::string("no epilogue (bias, ReLU, GELU): cublaslt.* has them");
+    if (!c.scales.empty()) return std::string("no operand scales (FP8 only)");
+    if (c.gemm.batch > 65535) return std::string("batch > 65535");
+    if (!cuda_device_available()) return std::string(kNeedsCudaDevice);
+    return std::nullopt;
+  }
+
+  void run(const Case& c, const KernelIo& io, RunNotes& notes) override {
+    const simt::Problem sp = simt_problem(c, io);  // the same mapping, read untyped
+    const auto panel = [&](const simt::Panel& p) { return tc::Panel{p.p, p.ld, p.batch_stride, p.along_k}; };
+    tc::Problem p;
+    p.m = sp.m, p.n = sp.n, p.k = sp.k, p.batch = sp.batch;
+    p.a = panel(sp.a), p.b = panel(sp.b);
+    p.c = sp.c, p.ldc = sp.ldc, p.stride_c = sp.stride_c;
+    p.d = sp.d, p.ldd = sp.ldd, p.stride_d = sp.stride_d;
+    const Format d = c.types.at("D");
+    p.out = d == Format::FP16 ? tc::Out::F16 : d == Format::BF16 ? tc::Out::BF16 : tc::Out::F32;
+    p.alpha = sp.alpha, p.beta = sp.beta;
+    tc::Plan plan;
+    ULPGATE_CHECK(tc::plan(s_.step, p, &plan));
+    const DeviceBuffer workspace(plan.workspace_bytes, io.stream);
+    ULPGATE_CHECK(tc::launch(s_.step, p, plan, workspace.get(), static_cast<cudaStream_t>(io.stream)));
+    if (p.alpha == 0.0f) {
+      notes["algorithm"] = "alpha = 0: D = beta C, A and B not read (BLAS)";
+      return;
+    }
+    notes["algorithm"] = s_.tiles;
+    std::string repacked = plan.repack_a ? "A" : "";
+    if (plan.repack_b) repacked += repacked.empty() ? "B" : " B";
+    notes["repacked"] = repacked.empty() ? "none" : repacked + " (not along K or not 16-byte aligned)";
+  }
+
+ private:
+  TensorCoreStep s_;
+};
+
 }  // namespace
 
 std::vector<std::unique_ptr<Kernel>> make_ladder_kernels() {
@@ -125,8 +203,24 @@ std::vector<std::unique_ptr<Kernel>> make_ladder_kernels() {
        "GEMM ladder 9: FP32 SIMT split-K, atomicAdd into D (not deterministic)",
        "step 7 on K ranges, atomicAdd into D = beta C"},
   };
+  const TensorCoreStep tc_steps[] = {
+      {tc::Step::WmmaFp16, "ladder.wmma_fp16", "GEMM ladder 10: WMMA 16 x 16 x 16, FP16 inputs, FP32 accumulation",
+       "64 x 64 x 32 tiles, 4 warps of 2 x 2 WMMA fragments, one shared buffer", Format::FP16},
+      {tc::Step::WmmaBf16, "ladder.wmma_bf16", "GEMM ladder 10: WMMA 16 x 16 x 16, BF16 inputs, FP32 accumulation",
+       "64 x 64 x 32 tiles, 4 warps of 2 x 2 WMMA fragments, one shared buffer", Format::BF16},
+      {tc::Step::MmaFp16, "ladder.mma_fp16",
+       "GEMM ladder 11: mma.sync m16n8k16 with ldmatrix and a 4-stage cp.async pipeline, FP16 inputs, FP32 accumulation",
+       "128 x 128 x 32 tiles, 4 warps of 64 x 64, swizzled shared memory, 4 stages", Format::FP16},
+      {tc::Step::MmaBf16, "ladder.mma_bf16",
+       "GEMM ladder 11: mma.sync m16n8k16 with ldmatrix and a 4-stage cp.async pipeline, BF16 inputs, FP32 accumulation",
+       "128 x 128 x 32 tiles, 4 warps of 64 x 64, swizzled shared memory, 4 stages", Format::BF16},
+      {tc::Step::MmaTf32, "ladder.mma_tf32",
+       "GEMM ladder 12: mma.sync m16n8k8 on TF32 (FP32 inputs rounded to nearest, ties away), FP32 accumulation",
+       "128 x 128 x 16 tiles, 4 warps of 64 x 64, swizzled shared memory, 4 stages", Format::FP32},
+  };
   std::vector<std::unique_ptr<Kernel>> out;
   for (const auto& s : steps) out.push_back(std::make_unique<SimtGemm>(s));
+  for (const auto& s : tc_steps) out.push_back(std::make_unique<TensorCoreGemm>(s));
   return out;
 }
 

@@ -34,13 +34,15 @@ const Shape kShapes[] = {{1, 1, 1},       {7, 7, 7},       {1, 129, 127}, {129, 
 // Case `index` of the list every kernel gets: each shape in both layouts and all four
 // transposes, with one of six memory variants and one of six alpha/beta pairs (drawn
 // independently) and one of five input distributions (ill-conditioned where K allows it).
-Case ladder_case(const Shape& s, Layout layout, int trans, int index) {
-  Case c = test_support::gemm_case(s.m, s.n, s.k, Format::FP32, Format::FP32);
+// in, out, compute: the types of the case (the tensor-core steps: FP16, BF16, TF32).
+Case ladder_case(const Shape& s, Layout layout, int trans, int index, Format in = Format::FP32, Format out = Format::FP32,
+                 Format compute = Format::FP32) {
+  Case c = test_support::gemm_case(s.m, s.n, s.k, in, out, compute);
   auto& g = c.gemm;
   g.layout = layout, g.trans_a = trans & 1, g.trans_b = trans & 2;
   const std::pair<double, double> scalars[] = {{1, 0}, {0.5, 2}, {-1, -0.5}, {0.1, 1}, {0, 1}, {0, 0}};
   std::tie(c.alpha, c.beta) = scalars[(index / 6 + index / 36) % 6];
-  if (c.beta != 0) c.types["C"] = Format::FP32;
+  if (c.beta != 0) c.types["C"] = out;
   const auto packed = [&](const char* op) { return gemm_view(c, op).ld; };
   const std::int64_t la = packed("A"), lb = packed("B"), lc = packed("D");
   switch (index % 6) {
@@ -73,12 +75,28 @@ std::string describe(const Case& c) {
                      c.dist.count("A") ? c.dist.at("A") : "");
 }
 
+// The FP32 SIMT steps (1-9) or the tensor-core steps (10-12).
+std::vector<std::unique_ptr<Kernel>> ladder_kernels(bool tensor_core) {
+  std::vector<std::unique_ptr<Kernel>> out;
+  for (auto& k : make_ladder_kernels())
+    if ((k->name().rfind("ladder.fp32_", 0) != 0) == tensor_core) out.push_back(std::move(k));
+  return out;
+}
+
+// A tensor-core step's case: its input type, D in FP32 or (every other case) the input type.
+Case tensor_core_case(const Kernel& k, const Shape& s, Layout layout, int trans, int index) {
+  const bool tf32 = k.name().find("tf32") != std::string::npos;
+  const Format in = tf32 ? Format::FP32 : k.name().find("bf16") != std::string::npos ? Format::BF16 : Format::FP16;
+  const Format out = tf32 || index % 2 == 0 ? Format::FP32 : in;
+  return ladder_case(s, layout, trans, index, in, out, tf32 ? Format::TF32 : Format::FP32);
+}
+
 }  // namespace
 
 TEST(LadderGpu, EveryStepPassesTheCheckPath) {
   if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device";
   std::printf("[ device ] %s\n", device_description().c_str());
-  for (auto& k : make_ladder_kernels()) {
+  for (auto& k : ladder_kernels(false)) {
     int index = 0, passed = 0;
     std::set<std::string> splits;
     for (const Shape& s : kShapes)
@@ -114,7 +132,7 @@ TEST(LadderGpu, EveryStepPassesTheCheckPath) {
 TEST(LadderGpu, InOrderStepsEqualTheSequentialModelBitForBit) {
   if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device";
   auto model = make_emulated_gemm(default_models()[0]);
-  for (auto& k : make_ladder_kernels()) {
+  for (auto& k : ladder_kernels(false)) {
     if (!k->traits().deterministic || k->name().find("splitk") != std::string::npos) continue;
     int index = 0, compared = 0;
     for (const Shape& s : kShapes)
@@ -140,7 +158,7 @@ TEST(LadderGpu, InOrderStepsEqualTheSequentialModelBitForBit) {
 TEST(LadderGpu, MisalignedBuffersTakeTheScalarPath) {
   if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device";
   void* stream = thread_stream();
-  for (auto& k : make_ladder_kernels()) {
+  for (auto& k : ladder_kernels(false)) {
     for (Layout layout : {Layout::RowMajor, Layout::ColMajor}) {
       Case c = test_support::gemm_case(131, 67, 300, Format::FP32, Format::FP32);
       c.gemm.layout = layout, c.gemm.batch = 2, c.alpha = 0.5, c.beta = 2, c.types["C"] = Format::FP32;
@@ -172,5 +190,86 @@ TEST(LadderGpu, MisalignedBuffersTakeTheScalarPath) {
         EXPECT_EQ(notes[1].at("vector_access").rfind("none", 0), 0u) << what << ": " << notes[1].at("vector_access");
       }
     }
+  }
+}
+
+// Steps 10-12 through the one check path on the same shapes, layouts, transposes, memory
+// variants (leading dimensions off 16 bytes take the repacked path) and alpha/beta, D in
+// FP32 and in the input type. FP16 and BF16 also meet the model rule (their declared mma
+// model).
+TEST(LadderGpu, TensorCoreStepsPassTheCheckPath) {
+  if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device";
+  for (auto& k : ladder_kernels(true)) {
+    int index = 0, passed = 0;
+    std::set<std::string> repacked;
+    for (const Shape& s : kShapes)
+      for (Layout layout : {Layout::RowMajor, Layout::ColMajor})
+        for (int trans = 0; trans < 4; ++trans) {
+          Case c = tensor_core_case(*k, s, layout, trans, index++);
+          c.kernel = k->name();
+          ASSERT_FALSE(k->unsupported(c)) << k->name() << " " << describe(c) << ": " << *k->unsupported(c);
+          const std::string what = fmt::format("{} {} D {}", k->name(), describe(c), name(c.types.at("D")));
+          const Evaluation ev = evaluate(*k, c, {});
+          if (ev.run.status != Disposition::Ok) {
+            ADD_FAILURE() << what << ": " << name(ev.run.status) << ": " << ev.run.message;
+            continue;
+          }
+          EXPECT_EQ(ev.run.unwritten, 0) << what;
+          EXPECT_EQ(ev.run.padding_written, 0) << what;
+          EXPECT_TRUE(ev.run.inputs_modified.empty()) << what;
+          for (const auto& r : ev.relations) ADD_FAILURE() << what << ": relation " << r.relation << ": " << r.problem;
+          EXPECT_TRUE(ev.verdict.passed) << what << ": " << (ev.verdict.reasons.empty() ? "" : ev.verdict.reasons[0]);
+          passed += ev.verdict.passed;
+          if (ev.run.notes.count("repacked")) repacked.insert(ev.run.notes.at("repacked"));
+        }
+    std::printf("[ ladder ] %-26s %d of %d cases passed; repacked: %s\n", k->name().c_str(), passed, index,
+                fmt::format("{}", fmt::join(repacked, ", ")).c_str());
+    EXPECT_GT(repacked.size(), 1u) << k->name() << ": both the direct and the repacked path";
+  }
+}
+
+// Each element is one mma accumulator walked along K in order, so steps 10 and 11 give the
+// probe's model of mma.sync m16n8k16 (cpu.blockfma:block=16,frac=25,round=rz) bit for bit,
+// and step 12 gives mma.sync m16n8k8's (block 8) on the inputs rounded to TF32 (to nearest,
+// ties away) first.
+TEST(LadderGpu, TensorCoreStepsEqualTheirMmaModelBitForBit) {
+  if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device";
+  for (auto& k : ladder_kernels(true)) {
+    const bool tf32 = k->name().find("tf32") != std::string::npos;
+    const std::string model_name = tf32 ? "cpu.blockfma:block=8,frac=25,round=rz,align=tf32" : k->traits().accumulation_model;
+    const auto parsed = AccumulationModel::parse(model_name);
+    ASSERT_TRUE(parsed) << model_name;
+    auto model = make_emulated_gemm(*parsed);
+    int index = 0, compared = 0, equal = 0;
+    for (const Shape& s : kShapes)
+      for (Layout layout : {Layout::RowMajor, Layout::ColMajor})
+        for (int trans = 0; trans < 4; ++trans) {
+          Case c = tensor_core_case(*k, s, layout, trans, index++);
+          if (c.alpha == 0) continue;  // the model multiplies by 0 (the sign of a zero may differ)
+          auto in = test_support::fill(c, test_support::Fill::Normal, c.seed);
+          const RunOutcome g = run_kernel(*k, c, in);
+          Case mc = c;
+          if (tf32) {  // the model's case: FP32 inputs already rounded to TF32 as cvt.rna does
+            mc.types["compute"] = Format::FP32;
+            for (const char* op : {"A", "B"}) {
+              Tensor& t = in.at(op);
+              for (std::size_t i = 0; i < t.size_bytes() / 4; ++i) {
+                float f;
+                std::memcpy(&f, static_cast<const char*>(t.data()) + 4 * i, 4);
+                f = static_cast<float>(decode(Format::TF32, encode(Format::TF32, f, Rounding::NearestAway)));
+                std::memcpy(static_cast<char*>(t.data()) + 4 * i, &f, 4);
+              }
+            }
+          }
+          const RunOutcome m = run_kernel(*model, mc, in);
+          ASSERT_EQ(g.status, Disposition::Ok) << g.message;
+          ASSERT_EQ(m.status, Disposition::Ok) << m.message;
+          const Tensor& gd = g.outputs.at("D");
+          const bool same = std::memcmp(gd.data(), m.outputs.at("D").data(), gd.size_bytes()) == 0;
+          EXPECT_TRUE(same) << k->name() << " " << describe(c) << ": differs from " << model_name;
+          ++compared, equal += same;
+        }
+    std::printf("[ ladder ] %-26s equals %s on %d of %d cases\n", k->name().c_str(), model_name.c_str(), equal, compared);
+    EXPECT_GT(compared, 0);
   }
 }
