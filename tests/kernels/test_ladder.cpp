@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "core/case.hpp"
+#include "kernels/emulated/gemm_models.hpp"
 #include "kernels/gemm/ladder.hpp"
 #include "tests/kernels/gemm_cases.hpp"
 
@@ -13,24 +14,34 @@ using namespace ulpgate;
 
 TEST(Ladder, NamesAndTraits) {
   const auto kernels = make_ladder_kernels();
-  const char* names[] = {"ladder.fp32_naive",  "ladder.fp32_coalesced", "ladder.fp32_smem",
-                         "ladder.fp32_reg1d",  "ladder.fp32_reg2d",     "ladder.fp32_vec_db",
-                         "ladder.fp32_warptile", "ladder.fp32_splitk",  "ladder.fp32_splitk_atomic"};
+  const char* names[] = {"ladder.fp32_naive",    "ladder.fp32_coalesced", "ladder.fp32_smem",
+                         "ladder.fp32_reg1d",    "ladder.fp32_reg2d",     "ladder.fp32_vec_db",
+                         "ladder.fp32_warptile", "ladder.fp32_splitk",    "ladder.fp32_splitk_atomic",
+                         "ladder.wmma_fp16",     "ladder.wmma_bf16",      "ladder.mma_fp16",
+                         "ladder.mma_bf16",      "ladder.mma_tf32"};
   ASSERT_EQ(kernels.size(), std::size(names));
   for (std::size_t i = 0; i < kernels.size(); ++i) {
     const Kernel& k = *kernels[i];
     EXPECT_EQ(k.name(), names[i]);
     const KernelTraits t = k.traits();
+    const bool simt = i < 9;
     EXPECT_EQ(t.memory, Memory::Device);
     EXPECT_TRUE(t.thread_safe);
-    EXPECT_TRUE(t.rounds_to_nearest);
+    EXPECT_EQ(t.rounds_to_nearest, simt) << k.name() << ": tensor cores truncate";
     EXPECT_EQ(t.accumulator_bits, 0);
     EXPECT_EQ(t.deterministic, k.name() != "ladder.fp32_splitk_atomic") << k.name();
+    // FP16 and BF16 steps declare the probe's mma.sync model (the model rule applies)
+    const char* model = k.name().find("fp16") != std::string::npos ? "cpu.blockfma:block=16,frac=25,round=rz,align=fp16"
+                        : k.name().find("bf16") != std::string::npos ? "cpu.blockfma:block=16,frac=25,round=rz,align=bf16"
+                                                                      : "";
+    EXPECT_EQ(t.accumulation_model, model) << k.name();
+    if (*model) EXPECT_TRUE(AccumulationModel::parse(model)) << model;
   }
 }
 
 TEST(Ladder, RefusesWhatItDoesNotCompute) {
   for (const auto& k : make_ladder_kernels()) {
+    if (k->name().rfind("ladder.fp32_", 0) != 0) continue;  // the tensor-core steps: below
     const auto why = [&](const Case& c) { return k->unsupported(c).value_or(""); };
     Case c = test_support::gemm_case(8, 8, 8, Format::FP16, Format::FP32);
     EXPECT_EQ(why(c), "FP32 SIMT kernel: A must be fp32, got fp16");
@@ -52,6 +63,36 @@ TEST(Ladder, RefusesWhatItDoesNotCompute) {
     c.beta = 2, c.types["C"] = Format::FP32, c.gemm.layout = Layout::ColMajor, c.gemm.trans_a = true;
     EXPECT_EQ(why(c), cuda_device_available() ? "" : kNeedsCudaDevice);
   }
+}
+
+TEST(Ladder, TensorCoreStepsRefuseWhatTheyDoNotCompute) {
+  Registry reg;
+  for (auto& k : make_ladder_kernels()) reg.add(std::move(k));
+  const auto why = [&](const char* kernel, const Case& c) { return reg.find(kernel)->unsupported(c).value_or(""); };
+  using test_support::gemm_case;
+  EXPECT_EQ(why("ladder.mma_fp16", gemm_case(8, 8, 8, Format::BF16, Format::FP32)),
+            "ladder.mma_fp16 takes fp16 inputs, got A bf16 and B bf16");
+  EXPECT_EQ(why("ladder.mma_bf16", gemm_case(8, 8, 8, Format::BF16, Format::FP16)), "D must be fp32 or bf16, got fp16");
+  EXPECT_EQ(why("ladder.wmma_fp16", gemm_case(8, 8, 8, Format::FP16, Format::FP32, Format::FP16)),
+            "compute must be fp32, got fp16");
+  EXPECT_EQ(why("ladder.mma_tf32", gemm_case(8, 8, 8, Format::FP32, Format::FP32)), "compute must be tf32, got fp32");
+  EXPECT_EQ(why("ladder.mma_tf32", gemm_case(8, 8, 8, Format::FP32, Format::BF16, Format::TF32)),
+            "D must be fp32, got bf16");
+  Case c = gemm_case(8, 8, 8, Format::FP16, Format::FP16);
+  c.beta = 1, c.types["C"] = Format::FP32;
+  EXPECT_EQ(why("ladder.mma_fp16", c), "C must have D's format (fp16)");
+  c = gemm_case(8, 8, 8, Format::FP16, Format::FP32);
+  c.epilogue = Epilogue::Relu;
+  EXPECT_EQ(why("ladder.mma_fp16", c), "no epilogue (bias, ReLU, GELU): cublaslt.* has them");
+  c = gemm_case(8, 8, 8, Format::FP16, Format::FP16);
+  c.gemm.batch = 65536;
+  EXPECT_EQ(why("ladder.mma_fp16", c), "batch > 65535");
+  // What they take: the run needs only a device.
+  const std::string device = cuda_device_available() ? "" : kNeedsCudaDevice;
+  EXPECT_EQ(why("ladder.mma_tf32", gemm_case(8, 8, 8, Format::TF32, Format::FP32, Format::TF32)), device);
+  c = gemm_case(8, 8, 8, Format::BF16, Format::BF16);
+  c.beta = 2, c.types["C"] = Format::BF16, c.gemm.layout = Layout::ColMajor, c.gemm.trans_b = true;
+  EXPECT_EQ(why("ladder.wmma_bf16", c), device);
 }
 
 // Every element the kernels address -- A(i, k), B(j, k), C(i, j), D(i, j) of the row-major
