@@ -34,7 +34,7 @@ done
 if has ladder_tc; then
   for dt in fp16 bf16 tf32; do
     t0=$(now)
-    kernels="--kernel ladder.mma_$dt"; [ $dt = tf32 ] || kernels="$kernels --kernel ladder.wmma_$dt"
+    kernels="--kernel ladder.mma_$dt"; [ $dt = tf32 ] || kernels="--kernel ladder.wgmma_$dt $kernels --kernel ladder.wmma_$dt"
     "$u" bench --baseline cublas.$dt $kernels --dtype $dt --shapes square --reps 20 --json "$out/ladder_tc_$dt.json" \
       --md "$out/ladder_tc_$dt.md" > /dev/null 2> "$out/ladder_tc_$dt.log"
     echo "ladder_tc_$dt: rc $? in $(took "$t0")"; grep -E "^\| " "$out/ladder_tc_$dt.md" | cut -c1-200

@@ -7,6 +7,7 @@
 #include "kernels/cuda_check.hpp"
 #include "kernels/device.hpp"
 #include "kernels/gemm/tensor_core.hpp"
+#include "kernels/probe/mma_unit.hpp"
 
 namespace ulpgate {
 
@@ -119,7 +120,7 @@ class TensorCoreGemm final : public Kernel {
     // Each element is one mma accumulator walked along K in order: the probe's model of the
     // instruction is the kernel's arithmetic (docs/results/probe_h200.md), so the model rule
     // applies. TF32 has no such model here (the CPU models accumulate FP32 inputs).
-    if (s_.input != Format::FP32) {
+    if (s_.input != Format::FP32 && !wgmma()) {
       t.accumulation_model = fmt::format("cpu.blockfma:block=16,frac=25,round=rz,align={}", ulpgate::name(s_.input));
       t.arithmetic_source = "probe, NVIDIA H200, 2026-12-02: mma.sync m16n8k16 adds 16 products per step, truncated";
     }
@@ -144,6 +145,7 @@ class TensorCoreGemm final : public Kernel {
     if (!c.scales.empty()) return std::string("no operand scales (FP8 only)");
     if (c.gemm.batch > 65535) return std::string("batch > 65535");
     if (!cuda_device_available()) return std::string(kNeedsCudaDevice);
+    if (wgmma() && !wgmma_available()) return std::string("wgmma and TMA need compute capability 9.0 (sm_90a)");
     return std::nullopt;
   }
 
@@ -173,6 +175,7 @@ class TensorCoreGemm final : public Kernel {
   }
 
  private:
+  bool wgmma() const { return s_.step == tc::Step::WgmmaFp16 || s_.step == tc::Step::WgmmaBf16; }
   TensorCoreStep s_;
 };
 
@@ -217,6 +220,14 @@ std::vector<std::unique_ptr<Kernel>> make_ladder_kernels() {
       {tc::Step::MmaTf32, "ladder.mma_tf32",
        "GEMM ladder 12: mma.sync m16n8k8 on TF32 (FP32 inputs rounded to nearest, ties away), FP32 accumulation",
        "128 x 128 x 16 tiles, 4 warps of 64 x 64, swizzled shared memory, 4 stages", Format::FP32},
+      {tc::Step::WgmmaFp16, "ladder.wgmma_fp16",
+       "GEMM ladder 13: Hopper wgmma m64n256k16 fed by TMA, warp-specialised (1 producer, 2 consumer warpgroups), FP16 "
+       "inputs, FP32 accumulation",
+       "128 x 256 x 64 tiles, TMA into 128-byte swizzled shared memory, 4 stages, mbarriers", Format::FP16},
+      {tc::Step::WgmmaBf16, "ladder.wgmma_bf16",
+       "GEMM ladder 13: Hopper wgmma m64n256k16 fed by TMA, warp-specialised (1 producer, 2 consumer warpgroups), BF16 "
+       "inputs, FP32 accumulation",
+       "128 x 256 x 64 tiles, TMA into 128-byte swizzled shared memory, 4 stages, mbarriers", Format::BF16},
   };
   std::vector<std::unique_ptr<Kernel>> out;
   for (const auto& s : steps) out.push_back(std::make_unique<SimtGemm>(s));

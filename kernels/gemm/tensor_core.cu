@@ -11,23 +11,22 @@
 //   11 mma.sync m16n8k16 (FP16 or BF16): 128 x 128 x 32 block tiles, four warps of 64 x 64;
 //      fragments loaded with ldmatrix from XOR-swizzled shared memory (no bank conflicts),
 //      a four-stage cp.async pipeline (loads of the next three k-tiles in flight while one is
-//      multiplied), the epilogue straight from registers.
+//      multiplied); the accumulators reach D through shared memory, stored along its rows.
 //   12 TF32 through mma.sync m16n8k8: step 11's pipeline on FP32 data (16 floats are the same
 //      64 bytes per tile row as 32 halves), each factor rounded to TF32 (cvt.rna: to nearest,
 //      ties away from zero) as it leaves shared memory.
+//   13 Hopper wgmma fed by TMA, warp-specialised: wgmma_tma.cu.
 //
 // The main loops read A and B along k from rows that start 16-byte aligned, zero-filling
 // past M, N and K (cp.async's source size); an operand stored otherwise is repacked first.
 #include "kernels/gemm/tensor_core.hpp"
 
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
 #include <mma.h>
+
+#include "kernels/gemm/tc_common.cuh"
 
 namespace ulpgate::tc {
 namespace {
-
-using i64 = std::int64_t;
 
 // ---------------------------------------------------------------------------------------
 // Repacking: an operand into a dense [batch][rows][ldp] copy along k (zeros past k), through
@@ -52,39 +51,6 @@ __global__ void repack_kernel(Panel src, i64 rows, i64 k, i64 ldp, T* dst) {
     const i64 r = r0 + ty + i, kk = k0 + tx;
     if (r < rows && kk < ldp) dst[(b * rows + r) * ldp + kk] = tile[ty + i][tx];
   }
-}
-
-// The operand as the main loops read it: rows along k, 16-byte aligned.
-struct Rows {
-  const char* p;
-  i64 ld, batch_stride;  // elements
-};
-
-// ---------------------------------------------------------------------------------------
-// Epilogue: D(i, j) = alpha acc + beta C(i, j) (one FMA, as the SIMT steps), stored in D's format.
-struct Epilogue {
-  const void* c;
-  i64 ldc, stride_c;
-  void* d;
-  i64 ldd, stride_d;
-  Out out;
-  float alpha, beta;
-};
-
-__device__ __forceinline__ float load_out(const void* p, i64 off, Out f) {
-  if (f == Out::F32) return static_cast<const float*>(p)[off];
-  if (f == Out::F16) return __half2float(static_cast<const __half*>(p)[off]);
-  return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[off]);
-}
-
-__device__ __forceinline__ void store(const Epilogue& e, i64 b, i64 m, i64 n, i64 i, i64 j, float acc) {
-  if (i >= m || j >= n) return;
-  float v = e.alpha * acc;
-  if (e.c) v = fmaf(e.beta, load_out(e.c, b * e.stride_c + i * e.ldc + j, e.out), v);
-  const i64 off = b * e.stride_d + i * e.ldd + j;
-  if (e.out == Out::F32) static_cast<float*>(e.d)[off] = v;
-  else if (e.out == Out::F16) static_cast<__half*>(e.d)[off] = __float2half_rn(v);
-  else static_cast<__nv_bfloat16*>(e.d)[off] = __float2bfloat16_rn(v);
 }
 
 // alpha = 0: D = beta C without reading A or B (BLAS), any step.
@@ -389,6 +355,7 @@ cudaError_t launch(Step s, const Problem& p, const Plan& pl, void* workspace, cu
   const Rows B = rows_of(p.b, pl.repack_b, p.n, pl.ld_packed_b,
                          ws + round_up(p.batch * p.m * pl.ld_packed_a * eb, 256));
   if (cudaError_t err = cudaGetLastError(); err != cudaSuccess) return err;
+  if (s == Step::WgmmaFp16 || s == Step::WgmmaBf16) return launch_wgmma(s, A, B, p, e, stream);
   if (s == Step::WmmaFp16 || s == Step::WmmaBf16) {
     using namespace wmma_step;
     const dim3 grid(static_cast<unsigned>((p.n + BN - 1) / BN), static_cast<unsigned>((p.m + BM - 1) / BM), batches.z);
