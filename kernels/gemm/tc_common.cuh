@@ -47,6 +47,16 @@ __device__ __forceinline__ void store(const Epilogue& e, i64 b, i64 m, i64 n, i6
 }
 
 
+/// The block's (tile row, tile column) in a grouped order: blocks running at once cover a
+/// band of `group` tile rows column by column, so that they share A's and B's tiles in L2
+/// (row by row, every wave would stream all of B from memory again).
+__device__ __forceinline__ void grouped_tile(int group, i64* tile_m, i64* tile_n) {
+  const i64 tiles_n = gridDim.x, tiles_m = gridDim.y, id = blockIdx.y * tiles_n + blockIdx.x;
+  const i64 band = group * tiles_n, first = id / band * group;
+  const i64 rows = tiles_m - first < group ? tiles_m - first : group;
+  *tile_m = first + id % band % rows, *tile_n = id % band / rows;
+}
+
 /// Launches the wgmma step (wgmma_tma.cu) on operands already along K and 16-byte aligned.
 cudaError_t launch_wgmma(Step s, const Rows& a, const Rows& b, const Problem& p, const Epilogue& e, cudaStream_t stream);
 

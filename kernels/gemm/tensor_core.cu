@@ -247,7 +247,9 @@ __global__ void __launch_bounds__(THREADS) gemm(Rows A, Rows B, i64 m, i64 n, i6
   constexpr int EB = Type::kElem, BKE = ROW_BYTES / EB;  // elements of k per tile
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int wm = (warp >> 1) * 64, wn = (warp & 1) * 64;
-  const i64 b = blockIdx.z, m0 = static_cast<i64>(blockIdx.y) * BM, n0 = static_cast<i64>(blockIdx.x) * BN;
+  i64 tile_m, tile_n;
+  grouped_tile(16, &tile_m, &tile_n);
+  const i64 b = blockIdx.z, m0 = tile_m * BM, n0 = tile_n * BN;
   const char* a = A.p + b * A.batch_stride * EB;
   const char* bb = B.p + b * B.batch_stride * EB;
   const std::uint32_t base = static_cast<std::uint32_t>(__cvta_generic_to_shared(smem));

@@ -95,7 +95,9 @@ __global__ void __launch_bounds__(THREADS, 1)
   unsigned char* smem = smem_raw + (base - raw);
   const std::uint32_t full = base + STAGES * STAGE_BYTES, empty = full + STAGES * 8;
   const int tid = threadIdx.x, wg = tid / 128;
-  const i64 b = blockIdx.z, m0 = static_cast<i64>(blockIdx.y) * BM, n0 = static_cast<i64>(blockIdx.x) * BN;
+  i64 tile_m, tile_n;
+  grouped_tile(16, &tile_m, &tile_n);
+  const i64 b = blockIdx.z, m0 = tile_m * BM, n0 = tile_n * BN;
   const int tiles = static_cast<int>((k + BK - 1) / BK);
   if (tid == 0) {
     for (int s = 0; s < STAGES; ++s) mbar_init(full + 8 * s, 1), mbar_init(empty + 8 * s, 2);
