@@ -137,6 +137,54 @@ std::string fuzz_reproducer(const FuzzOptions& o, const FuzzTarget& t, std::int6
   return cmd;
 }
 
+RunRecord merge_shards(const std::vector<std::pair<std::string, RunRecord>>& shards) {
+  if (shards.empty()) throw InputError("merge: give the records of every shard");
+  const auto& [first_path, first] = shards.front();
+  std::vector<const RunRecord*> by_index(static_cast<std::size_t>(std::max(first.shard_count, 1)), nullptr);
+  for (const auto& [path, r] : shards) {
+    if (r.kind != "fuzz") throw InputError(fmt::format("{}: a {} record, not a fuzz campaign's", path, r.kind.empty() ? "\"\"" : r.kind));
+    if (r.shard_count != first.shard_count)
+      throw InputError(fmt::format("{}: shard {}/{}, but {} is one of {} shards", path, r.shard_index, r.shard_count, first_path,
+                                   first.shard_count));
+    if (const auto diff = campaign_differences(first.campaign, r.campaign, first_path, path); !diff.empty())
+      throw InputError(fmt::format("{}: another campaign than {}: {}", path, first_path, diff.front()));
+    if (r.seed != first.seed) throw InputError(fmt::format("{}: seed {}, {} has {}", path, r.seed, first_path, first.seed));
+    const RunRecord*& slot = by_index[static_cast<std::size_t>(r.shard_index)];
+    if (slot) throw InputError(fmt::format("{}: shard {}/{} given twice", path, r.shard_index, r.shard_count));
+    slot = &r;
+  }
+  for (std::size_t i = 0; i < by_index.size(); ++i)
+    if (!by_index[i]) throw InputError(fmt::format("merge: shard {}/{} missing", i, by_index.size()));
+  // Each shard's cases: the prefix (corpus replays; shard 0: the planning's supports()
+  // failures), then each target's cases with the supports() failures met while drawing it.
+  std::vector<CaseResult> corpus, planning;
+  std::map<std::string, std::vector<CaseResult>> of_target;
+  for (const RunRecord* r : by_index) {
+    std::string current;
+    for (const CaseResult& c : r->cases) {
+      if (!c.target.empty()) current = c.target;
+      if (!current.empty()) of_target[current].push_back(c);
+      else (c.origin == "corpus" ? corpus : planning).push_back(c);
+    }
+  }
+  // The whole run replays the corpus files in name order (their reproducers name them).
+  std::stable_sort(corpus.begin(), corpus.end(), [](const CaseResult& a, const CaseResult& b) { return a.reproducer < b.reproducer; });
+  RunRecord out = first;
+  out.shard_index = 0, out.shard_count = 1;
+  out.environment = by_index.front()->environment;
+  out.cases = std::move(corpus);
+  out.cases.insert(out.cases.end(), planning.begin(), planning.end());
+  out.not_run.clear();
+  std::map<std::string, NotRun> not_run;
+  for (const RunRecord* r : by_index)
+    for (const NotRun& n : r->not_run) not_run[n.target] = n;
+  for (const std::string& t : first.campaign.targets) {
+    if (auto it = of_target.find(t); it != of_target.end()) out.cases.insert(out.cases.end(), it->second.begin(), it->second.end());
+    if (auto it = not_run.find(t); it != not_run.end()) out.not_run.push_back(it->second);
+  }
+  return out;
+}
+
 CaseResult replay_case(Registry& registry, Case c, const EvaluationOptions& options) {
   Kernel* k = registry.resolve(c.kernel);
   if (!k) throw InputError(fmt::format("case.kernel: '{}' is not a kernel here (see ulpgate list)", c.kernel));
@@ -152,9 +200,20 @@ RunRecord run_fuzz(Registry& registry, const FuzzOptions& o, const std::function
     if (log) log(s);
   };
   const std::vector<FuzzTarget> targets = o.targets.empty() ? all_targets(registry) : o.targets;
+  if (o.shard_count < 1 || o.shard_index < 0 || o.shard_index >= o.shard_count)
+    throw InputError(fmt::format("shard {}/{}: the index must be at least 0 and below the count", o.shard_index, o.shard_count));
+  // The targets this shard takes (all without sharding), and the kernels of the corpus
+  // cases it replays: those whose first target is its own.
+  const auto owns = [&](std::size_t index) { return static_cast<int>(index % o.shard_count) == o.shard_index; };
+  const auto owns_kernel = [&](const std::string& kernel) {
+    for (std::size_t i = 0; i < targets.size(); ++i)
+      if (targets[i].kernel == kernel) return owns(i);
+    return false;
+  };
   RunRecord record;
   record.kind = "fuzz";
   record.seed = o.seed;
+  record.shard_index = o.shard_index, record.shard_count = o.shard_count;
   record.campaign = campaign_definition(o, targets);
   record.environment = capture_environment();
   if (o.evaluation.tolerance) record.tolerance = *o.evaluation.tolerance;
@@ -162,7 +221,7 @@ RunRecord run_fuzz(Registry& registry, const FuzzOptions& o, const std::function
   EvaluationOptions options = o.evaluation;
   options.relations = o.metamorphic;
   FuzzProgress p;
-  p.total = static_cast<std::int64_t>(targets.size()) * o.cases;
+  for (std::size_t i = 0; i < targets.size(); ++i) p.total += owns(i) ? o.cases : 0;
   std::unique_ptr<IsolatedEvaluator> own;
   IsolatedEvaluator* isolated = o.evaluator;
   if (!isolated && o.isolation) isolated = (own = std::make_unique<IsolatedEvaluator>(*o.isolation)).get();
@@ -213,8 +272,7 @@ RunRecord run_fuzz(Registry& registry, const FuzzOptions& o, const std::function
     std::sort(files.begin(), files.end());
     for (const auto& f : files) {
       Case c = read_case_file(f.string());
-      const bool wanted = std::any_of(targets.begin(), targets.end(), [&](const FuzzTarget& t) { return t.kernel == c.kernel; });
-      if (!wanted || !registry.resolve(c.kernel)) continue;
+      if (!owns_kernel(c.kernel) || !registry.resolve(c.kernel)) continue;
       CaseResult r = isolated ? isolated->evaluate(c.kernel, c, options) : replay_case(registry, c, options);
       r.origin = "corpus";
       r.reproducer = replay_cmd + shell_word(f.string());
@@ -224,8 +282,12 @@ RunRecord run_fuzz(Registry& registry, const FuzzOptions& o, const std::function
     }
   }
 
-  take_support_failures();  // from planning the targets
-  for (const FuzzTarget& t : targets) {
+  // From planning the targets: every shard planned them, shard 0 records it.
+  if (o.shard_index == 0) take_support_failures();
+  else if (isolated) support_failures_seen = isolated->support_failures().size();
+  for (std::size_t target_index = 0; target_index < targets.size(); ++target_index) {
+    if (!owns(target_index)) continue;
+    const FuzzTarget& t = targets[target_index];
     Kernel* k = registry.resolve(t.kernel);
     if (!k) throw InputError(fmt::format("--kernel '{}': no such kernel here (see ulpgate list)", t.kernel));
     // Case i's limits: the small regime, or when the size schedule says so (large_case) the

@@ -79,6 +79,12 @@ struct FuzzOptions {
   /// an interrupted run of the same campaign journaled.
   std::string journal_path;
   bool resume = false;
+  /// Sharding (job arrays): this run takes target t (in campaign order) only when
+  /// t % shard_count == shard_index, and the corpus cases of the kernels it takes first; the
+  /// records of all shards merge (merge_shards) into the record of the whole campaign. A
+  /// target's cases never depend on other targets, so each shard's results are the whole
+  /// run's.
+  int shard_index = 0, shard_count = 1;
 };
 
 /// Every (kernel, dtype, op) of the registry whose kernel supports the op's basic case of
@@ -117,6 +123,13 @@ std::string fuzz_reproducer(const FuzzOptions& o, const FuzzTarget& t, std::int6
 RunRecord run_fuzz(Registry& registry, const FuzzOptions& options,
                    const std::function<void(const FuzzProgress&)>& progress = {},
                    const std::function<void(const std::string&)>& log = {});
+
+/// The records of the shards of one campaign (fuzz --shard i/N, every i once) as the record
+/// of the whole campaign: the same cases in the same order (the corpus first, then each
+/// target's), the same not-run list; the environment is shard 0's. InputError (naming the
+/// record) for records of different campaigns, a shard missing or given twice, or a record
+/// that is not a fuzz shard.
+RunRecord merge_shards(const std::vector<std::pair<std::string, RunRecord>>& shards);
 
 /// Evaluates one case file's case on its kernel (case.kernel) and returns the record entry.
 CaseResult replay_case(Registry& registry, Case c, const EvaluationOptions& options);

@@ -562,17 +562,19 @@ json to_json(const RunRecord& r) {
   for (const auto& s : r.sweeps) sweeps.push_back(sweep_to_json(s));
   for (const auto& n : r.not_run)
     not_run.push_back({{"target", n.target}, {"planned", n.planned}, {"run", n.run}, {"reason", n.reason}});
-  return {{"ulpgate_record", r.version},
-          {"kind", r.kind},
-          {"seed", r.seed},
-          {"command", r.command},
-          {"campaign", campaign_to_json(r.campaign)},
-          {"not_run", std::move(not_run)},
-          {"environment", env_to_json(r.environment)},
-          {"tolerance", tolerance_to_json(r.tolerance)},
-          {"baseline", baseline_to_json(r.baseline)},
-          {"cases", std::move(cases)},
-          {"sweeps", std::move(sweeps)}};
+  json j = {{"ulpgate_record", r.version},
+            {"kind", r.kind},
+            {"seed", r.seed},
+            {"command", r.command},
+            {"campaign", campaign_to_json(r.campaign)},
+            {"not_run", std::move(not_run)},
+            {"environment", env_to_json(r.environment)},
+            {"tolerance", tolerance_to_json(r.tolerance)},
+            {"baseline", baseline_to_json(r.baseline)},
+            {"cases", std::move(cases)},
+            {"sweeps", std::move(sweeps)}};
+  if (r.shard_count > 1) j["shard"] = {{"index", r.shard_index}, {"count", r.shard_count}};
+  return j;
 }
 
 RunRecord record_from_json(const json& j) {
@@ -597,6 +599,15 @@ RunRecord record_from_json(const json& j) {
     nr.finish();
     rec.not_run.push_back(std::move(n));
   });
+  if (r.has("shard")) {
+    Reader sr(r.need("shard"), "record.shard");
+    rec.shard_count = static_cast<int>(sr.integer("count", 1));
+    rec.shard_index = static_cast<int>(sr.integer("index", 0));
+    sr.finish();
+    if (rec.shard_count > 1 << 20 || rec.shard_index >= rec.shard_count)
+      fail("record.shard", fmt::format("index {} of {} shards: must be below the count (at most 2^20)", rec.shard_index,
+                                       rec.shard_count));
+  }
   rec.environment = env_from_json(r.need("environment"), "record.environment");
   rec.tolerance = tolerance_from_json(r.need("tolerance"), "record.tolerance");
   rec.baseline = baseline_from_json(r.need("baseline"), "record.baseline");

@@ -132,6 +132,9 @@ struct RunRecord {
   std::string command;  ///< the command line that produced it
   CampaignDefinition campaign;  ///< fuzz: what was asked for (kind "" otherwise)
   std::vector<NotRun> not_run;  ///< what of it did not run; empty: all of it ran
+  /// fuzz --shard INDEX/COUNT: this record holds shard INDEX (0-based) of COUNT of the
+  /// campaign (harness/fuzz.hpp); 0 of 1: the whole campaign.
+  int shard_index = 0, shard_count = 1;
   Environment environment;
   ToleranceModel tolerance;
   BaselineRule baseline;

@@ -63,9 +63,15 @@ struct FuzzArgs {
   bool allow_partial = false;  ///< exit 0 although the time budget cut the campaign short
   std::vector<std::string> plugins;  ///< for the worker
   std::uint64_t max_memory = 0;  ///< bytes a corpus case may need (--max-memory; 0: the default)
+  std::string shard;             ///< "INDEX/COUNT" (--shard; "": the whole campaign)
 };
 
 int fuzz_command(const FuzzArgs& a, const LocalRegistry& local, const std::string& command_line);
+
+/// `ulpgate merge RUN.json... --out DIR`: the shards' records of one campaign as the
+/// campaign's record and reports (harness/fuzz.hpp merge_shards); exit as fuzz would.
+int merge_command(const std::vector<std::string>& runs, const std::string& out_dir, bool no_html, bool allow_partial,
+                  const std::string& command_line);
 
 /// `ulpgate bench` (harness/bench.hpp): kernels by name (a name ending in '.' is a prefix),
 /// cases by GEMM shape or attention shape, one input type.

@@ -184,7 +184,56 @@ std::string why_no_targets(Registry& registry, const FuzzArgs& a) {
   return why.empty() ? "" : " (" + why + ")";
 }
 
+// "INDEX/COUNT", 0 <= INDEX < COUNT <= 2^20.
+std::pair<int, int> parse_shard(const std::string& s) {
+  const auto slash = s.find('/');
+  const auto number = [&](const std::string& t) -> long long {
+    if (t.empty() || t.size() > 8 || t.find_first_not_of("0123456789") != std::string::npos) return -1;
+    return std::stoll(t);
+  };
+  const long long i = slash == std::string::npos ? -1 : number(s.substr(0, slash));
+  const long long n = slash == std::string::npos ? -1 : number(s.substr(slash + 1));
+  if (i < 0 || n < 1 || n > (1 << 20) || i >= n)
+    throw InputError(fmt::format("--shard '{}': expected INDEX/COUNT with 0 <= INDEX < COUNT <= 1048576, e.g. 0/4", s));
+  return {static_cast<int>(i), static_cast<int>(n)};
+}
+
+// The record's files and summary, and the exit code (fuzz and merge alike).
+int write_campaign_outputs(const RunRecord& r, const std::filesystem::path& out, bool no_html, bool allow_partial) {
+  write_record_file((out / "fuzz.json").string(), r);
+  write_text_file_atomically((out / "report.md").string(), render_markdown(r));
+  write_text_file_atomically((out / "junit.xml").string(), render_junit(r));
+  if (!no_html) write_text_file_atomically((out / "report.html").string(), render_html(r));
+  std::int64_t failed = 0, unsupported = 0, not_run = 0;
+  for (const auto& c : r.cases) failed += !c.verdict.passed, unsupported += c.status == Disposition::NotSupported;
+  for (const auto& n : r.not_run) not_run += n.planned - n.run;
+  std::printf("%zu cases, %lld failed, %lld not supported by their kernel\n", r.cases.size(), static_cast<long long>(failed),
+              static_cast<long long>(unsupported));
+  if (not_run)
+    std::printf("PARTIAL: %lld planned cases not run (%zu targets cut short by the time budget)%s\n",
+                static_cast<long long>(not_run), r.not_run.size(),
+                allow_partial ? "; allowed by --allow-partial" : "; exit 1 (--allow-partial accepts it)");
+  std::printf("record %s, reports %s%s, %s\n", (out / "fuzz.json").c_str(),
+              no_html ? "" : ((out / "report.html").string() + ", ").c_str(), (out / "report.md").c_str(),
+              (out / "junit.xml").c_str());
+  return failed || (not_run && !allow_partial) ? kExitFailed : 0;
+}
+
 }  // namespace
+
+int merge_command(const std::vector<std::string>& runs, const std::string& out_dir, bool no_html, bool allow_partial,
+                  const std::string& command_line) {
+  check_out_dir(out_dir);
+  std::vector<std::pair<std::string, RunRecord>> shards;
+  for (const auto& path : runs) shards.emplace_back(path, read_record_file(path));
+  RunRecord r = merge_shards(shards);
+  r.command = command_line;
+  if (!no_html) report::check_gnuplot();
+  create_out_dir(out_dir);
+  std::printf("ulpgate merge: %zu shards of campaign seed %llu, %zu targets\n", shards.size(),
+              static_cast<unsigned long long>(r.seed), r.campaign.targets.size());
+  return write_campaign_outputs(r, std::filesystem::path(out_dir), no_html, allow_partial);
+}
 
 int fuzz_command(const FuzzArgs& a, const LocalRegistry& local, const std::string& command_line) {
   // Every flag, the output directory, the corpus and an earlier journal are checked before
@@ -208,6 +257,7 @@ int fuzz_command(const FuzzArgs& a, const LocalRegistry& local, const std::strin
   o.cases_dir = (std::filesystem::path(a.out_dir) / "cases").string();
   o.plugins = a.plugins;
   o.journal_path = (std::filesystem::path(a.out_dir) / "journal.jsonl").string();
+  if (!a.shard.empty()) std::tie(o.shard_index, o.shard_count) = parse_shard(a.shard);
   o.resume = a.resume;
   if (!a.resume)
     if (const std::size_t n = unfinished_journal_cases(o.journal_path))
@@ -252,9 +302,11 @@ int fuzz_command(const FuzzArgs& a, const LocalRegistry& local, const std::strin
   if (const char* e = std::getenv("ULPGATE_PROGRESS_SECONDS")) progress_every = std::strtod(e, nullptr);
   double last_progress = 0;
   std::printf("ulpgate fuzz: seed %llu, %zu targets (kernel x dtype), %lld cases each, sizes %s (small regime K <= %lld), "
-              "budget %s\n",
+              "budget %s%s\n",
               static_cast<unsigned long long>(a.seed), o.targets.size(), static_cast<long long>(a.cases), a.sizes.c_str(),
-              static_cast<long long>(a.max_k), a.seconds > 0 ? fmt::format("{:.0f} s", a.seconds).c_str() : "none");
+              static_cast<long long>(a.max_k), a.seconds > 0 ? fmt::format("{:.0f} s", a.seconds).c_str() : "none",
+              o.shard_count > 1 ? fmt::format("; shard {} of {} (every {}th target from target {})", o.shard_index,
+                                              o.shard_count, o.shard_count, o.shard_index).c_str() : "");
   std::fflush(stdout);
   FuzzProgress last;
   RunRecord r = run_fuzz(
@@ -286,24 +338,9 @@ int fuzz_command(const FuzzArgs& a, const LocalRegistry& local, const std::strin
                 100 * last.waiting / last.elapsed);
   r.command = command_line;
   const auto out = std::filesystem::path(a.out_dir);
-  write_record_file((out / "fuzz.json").string(), r);
-  write_text_file_atomically((out / "report.md").string(), render_markdown(r));
-  write_text_file_atomically((out / "junit.xml").string(), render_junit(r));
-  if (!a.no_html) write_text_file_atomically((out / "report.html").string(), render_html(r));
+  const int rc = write_campaign_outputs(r, out, a.no_html, a.allow_partial);
   mark_journal_finished(o.journal_path);  // the record is written: a new campaign may replace it
-  std::int64_t failed = 0, unsupported = 0, not_run = 0;
-  for (const auto& c : r.cases) failed += !c.verdict.passed, unsupported += c.status == Disposition::NotSupported;
-  for (const auto& n : r.not_run) not_run += n.planned - n.run;
-  std::printf("%zu cases, %lld failed, %lld not supported by their kernel\n", r.cases.size(), static_cast<long long>(failed),
-              static_cast<long long>(unsupported));
-  if (not_run)
-    std::printf("PARTIAL: %lld planned cases not run (%zu targets cut short by the time budget)%s\n",
-                static_cast<long long>(not_run), r.not_run.size(),
-                a.allow_partial ? "; allowed by --allow-partial" : "; exit 1 (--allow-partial accepts it)");
-  std::printf("record %s, reports %s%s, %s\n", (out / "fuzz.json").c_str(),
-              a.no_html ? "" : ((out / "report.html").string() + ", ").c_str(), (out / "report.md").c_str(),
-              (out / "junit.xml").c_str());
-  return failed || (not_run && !a.allow_partial) ? kExitFailed : 0;
+  return rc;
 }
 
 int replay_command(const std::string& case_path, const LocalRegistry& local, const std::string& out_json,

@@ -194,6 +194,19 @@ int main(int argc, char** argv) {
                  "Exit 0 although --time cut the campaign short (what did not run is recorded either way)");
   fuzz->add_flag("--no-html", fuzz_args.no_html,
                  "Write no report.html (it needs gnuplot; `ulpgate report fuzz.json --html F` draws it later)");
+  fuzz->add_option("--shard", fuzz_args.shard,
+                   "Run shard INDEX of COUNT (0-based, e.g. 2/8): every COUNT-th target; `ulpgate merge` joins the "
+                   "shards' records into the whole campaign's");
+
+  std::vector<std::string> merge_runs;
+  std::string merge_out = "ulpgate-out";
+  bool merge_no_html = false, merge_allow_partial = false;
+  auto* merge = app.add_subcommand("merge", "Join the records of a campaign's shards (fuzz --shard) into its record and "
+                                            "reports");
+  merge->add_option("RUN.json", merge_runs, "The shards' fuzz.json files, every shard once")->required();
+  merge->add_option("--out", merge_out, "Output directory (default ulpgate-out)");
+  merge->add_flag("--no-html", merge_no_html, "Write no report.html (it needs gnuplot)");
+  merge->add_flag("--allow-partial", merge_allow_partial, "Exit 0 although a time budget cut a shard short");
 
   std::string replay_case, replay_out;
   auto* replay = app.add_subcommand("replay", "Rerun one case file on its kernel and print its analysis");
@@ -442,6 +455,7 @@ int main(int argc, char** argv) {
       fuzz_args.max_memory = max_memory(fuzz_max_memory);
       return ulpgate::fuzz_command(fuzz_args, local, command_line);
     }
+    if (merge->parsed()) return ulpgate::merge_command(merge_runs, merge_out, merge_no_html, merge_allow_partial, command_line);
     if (replay->parsed()) {
       const std::uint64_t limit = max_memory(replay_max_memory);
       ulpgate::check_timeout(replay_timeout);

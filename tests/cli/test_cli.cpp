@@ -2,6 +2,9 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
 
 #include <array>
 #include <cstdio>
@@ -734,4 +737,38 @@ TEST(Cli, BenchTimesAndChecksEveryKernel) {
     EXPECT_EQ(r.code, 2) << args;
     EXPECT_EQ(r.err, "ulpgate: error: " + message + "\n") << args;
   }
+}
+
+// A job array: `fuzz --shard i/N` per task, `merge` of the shards' records gives the
+// unsharded campaign's cases; a shard missing, or a bad --shard, is a one-line input error.
+TEST(Cli, ShardedCampaignMergesToTheWholeOne) {
+  const std::string dir = testing::TempDir() + "ulpgate_cli_shards_" + std::to_string(getpid());
+  const std::string common = " --kernel cpu.fp32_seq --kernel cpu.fp32_pairwise --kernel cpu.attn_naive --dtype fp16"
+                             " --cases 3 --max-k 64 --in-process --no-html --time 0 --out ";
+  const Result whole = run("fuzz" + common + dir + "/whole");
+  ASSERT_EQ(whole.code, 0) << whole.out << whole.err;
+  std::string shards;
+  for (int i = 0; i < 2; ++i) {
+    const Result s = run("fuzz --shard " + std::to_string(i) + "/2" + common + dir + "/s" + std::to_string(i));
+    ASSERT_EQ(s.code, 0) << s.out << s.err;
+    EXPECT_NE(s.out.find("shard " + std::to_string(i) + " of 2"), std::string::npos) << s.out;
+    shards += " " + dir + "/s" + std::to_string(i) + "/fuzz.json";
+  }
+  const Result m = run("merge" + shards + " --no-html --out " + dir + "/merged");
+  ASSERT_EQ(m.code, 0) << m.out << m.err;
+  EXPECT_NE(m.out.find("9 cases, 0 failed"), std::string::npos) << m.out;
+  const auto cases_of = [](const std::string& path) {
+    nlohmann::json j = nlohmann::json::parse(std::ifstream(path));
+    for (auto& c : j["cases"]) c.erase("seconds");
+    return j["cases"];
+  };
+  EXPECT_EQ(cases_of(dir + "/merged/fuzz.json"), cases_of(dir + "/whole/fuzz.json"));
+  const Result missing = run("merge " + dir + "/s1/fuzz.json --no-html --out " + dir + "/m2");
+  EXPECT_EQ(missing.code, 2);
+  EXPECT_EQ(lines(missing.err), 1) << missing.err;
+  EXPECT_NE(missing.err.find("shard 0/2 missing"), std::string::npos) << missing.err;
+  const Result bad = run("fuzz --shard 2/2" + common + dir + "/bad");
+  EXPECT_EQ(bad.code, 2);
+  EXPECT_EQ(lines(bad.err), 1) << bad.err;
+  EXPECT_NE(bad.err.find("--shard '2/2'"), std::string::npos) << bad.err;
 }

@@ -7,6 +7,7 @@
 #include <map>
 #include <set>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "core/error.hpp"
@@ -432,4 +433,64 @@ TEST(Fuzz, AttentionKernelOfHeadDim64And128IsADefaultTarget) {
     EXPECT_EQ(c.status, Disposition::Ok) << c.message;
     EXPECT_TRUE(c.verdict.passed) << c.spec.attention.seq_kv;
   }
+}
+
+// --shard i/N runs every N-th target; merge_shards joins the shards' records into the
+// whole campaign's: the same cases (failures, shrunk reproducers and corpus replays
+// included) in the same order, and merge refuses shards of another campaign, a shard
+// missing or given twice.
+TEST(Fuzz, ShardsMergeIntoTheWholeCampaign) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / "ulpgate_test_shards";
+  fs::remove_all(dir);
+  Registry reg = builtin_registry();
+  reg.add(std::make_unique<DropsOddTail>());
+  FuzzOptions o = options("planted.odd_tail", "fp32", (dir / "corpus").string());
+  o.targets = {{"cpu.fp32_seq", "fp32"}, {"planted.odd_tail", "fp16"}, {"cpu.fp32_pairwise", "fp16"},
+               {"planted.odd_tail", "bf16"}, {"cpu.attn_naive", "fp16", Op::Attention}};
+  const RunRecord whole = run_fuzz(reg, o);  // fills the corpus: the shards replay it too
+  const RunRecord whole_again = run_fuzz(reg, o);
+  ASSERT_GT(std::count_if(whole_again.cases.begin(), whole_again.cases.end(), [](const CaseResult& c) { return c.origin == "corpus"; }), 0);
+  ASSERT_GT(std::count_if(whole_again.cases.begin(), whole_again.cases.end(), [](const CaseResult& c) { return !c.verdict.passed; }), 0);
+  std::vector<std::pair<std::string, RunRecord>> shards;
+  for (int i = 2; i >= 0; --i) {  // any order
+    FuzzOptions s = o;
+    s.shard_index = i, s.shard_count = 3;
+    shards.emplace_back(fmt::format("shard{}.json", i), run_fuzz(reg, s));
+    EXPECT_EQ(shards.back().second.shard_index, i);
+  }
+  const RunRecord merged = merge_shards(shards);
+  const auto comparable = [](const RunRecord& r) {
+    nlohmann::json cases = nlohmann::json::array();
+    for (const auto& c : r.cases) {
+      nlohmann::json j = case_result_to_json(c);
+      j.erase("seconds");
+      cases.push_back(j);
+    }
+    return cases;
+  };
+  EXPECT_EQ(merged.campaign, whole_again.campaign);
+  EXPECT_EQ(merged.shard_count, 1);
+  EXPECT_EQ(comparable(merged), comparable(whole_again));
+  // refusals
+  auto missing = shards;
+  missing.pop_back();
+  EXPECT_THROW(merge_shards(missing), InputError);
+  auto twice = shards;
+  twice.back() = twice.front();
+  EXPECT_THROW(merge_shards(twice), InputError);
+  auto other = shards;
+  FuzzOptions s = o;
+  s.seed = 8, s.shard_index = 0, s.shard_count = 3;
+  other.back().second = run_fuzz(reg, s);
+  try {
+    merge_shards(other);
+    ADD_FAILURE() << "merged shards of two campaigns";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("another campaign"), std::string::npos) << e.what();
+  }
+  FuzzOptions bad = o;
+  bad.shard_index = 3, bad.shard_count = 3;
+  EXPECT_THROW(run_fuzz(reg, bad), InputError);
+  fs::remove_all(dir);
 }
