@@ -215,10 +215,11 @@ Tensor tensor_from_npy(std::string_view bytes, Format f, std::int64_t elements) 
   if (h.fortran_order) throw InputError("fortran_order is True (ulpgate reads C order only)");
   if (h.elements != elements)
     throw InputError(fmt::format("shape {} holds {} elements, expected {}", show_shape(h.shape), h.elements, elements));
-  const std::size_t width = storage_bytes(f), need = static_cast<std::size_t>(elements) * width;
-  const std::size_t have = bytes.size() - h.data_offset;
-  if (have < need)
-    throw InputError(fmt::format("truncated: {} data bytes, expected {} ({} elements of '{}')", have, need, elements, want));
+  // elements may be up to 2^62 here (the fuzzer's calls): compared in whole words, no product overflows.
+  const std::size_t width = storage_bytes(f), have = bytes.size() - h.data_offset;
+  if (have / width < static_cast<std::uint64_t>(elements))
+    throw InputError(fmt::format("truncated: {} data bytes hold {} of the {} elements of '{}'", have, have / width, elements, want));
+  const std::size_t need = static_cast<std::size_t>(elements) * width;
   if (have > need) throw InputError(fmt::format("{} trailing bytes after the {} elements", have - need, elements));
   Tensor t(f, static_cast<std::size_t>(elements), Tensor::uninitialized);
   if (need) std::memcpy(t.data(), bytes.data() + h.data_offset, need);

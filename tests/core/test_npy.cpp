@@ -104,6 +104,7 @@ TEST(Npy, MalformedFilesAreRefusedWithOneLineNamingTheProblem) {
     std::string bytes;
     std::string message;
     Format f = Format::FP32;
+    std::int64_t n = 3;
   } cases[] = {
       {"GIF89a" + kThreeFloats, "not a .npy file (it does not start with \\x93NUMPY)"},
       {std::string("\x93NUMPY\x01", 7), ".npy file of 7 bytes ends inside its preamble"},
@@ -140,12 +141,14 @@ TEST(Npy, MalformedFilesAreRefusedWithOneLineNamingTheProblem) {
       {v1("{'descr': '<u2', 'fortran_order': False, 'shape': (3,), }", kThreeFloats.substr(0, 3)),
        "dtype '<u2' is not e5m2's '|u1' (fp8 as uint8 words)", Format::E5M2},
       {v1("{'descr': '<f4', 'fortran_order': False, 'shape': (2, 2), }"), "shape (2, 2) holds 4 elements, expected 3"},
-      {v1(good, kThreeFloats.substr(0, 8)), "truncated: 8 data bytes, expected 12 (3 elements of '<f4')"},
+      {v1(good, kThreeFloats.substr(0, 8)), "truncated: 8 data bytes hold 2 of the 3 elements of '<f4'"},
       {v1(good, kThreeFloats + "abcd"), "4 trailing bytes after the 3 elements"},
+      {v1("{'descr': '<f8', 'fortran_order': False, 'shape': (4611686018427387904,), }"),
+       "truncated: 12 data bytes hold 1 of the 4611686018427387904 elements of '<f8'", Format::FP64, std::int64_t{1} << 62},
       {v1(good, tf32), "element 1: 0x00000001 is not a TF32 word (low 13 bits not zero)", Format::TF32},
   };
   for (const auto& c : cases) {
-    const std::string why = refusal(c.bytes, c.f);
+    const std::string why = refusal(c.bytes, c.f, c.n);
     EXPECT_EQ(why.rfind(c.message, 0), 0u) << "got:      " << why << "\nexpected: " << c.message;
     EXPECT_EQ(why.find('\n'), std::string::npos) << why;
   }
