@@ -41,12 +41,7 @@ nlohmann::json buffer_description(const Case& c, const std::string& operand) {
 }  // namespace
 
 int export_command(const std::string& case_path, const std::string& dir, bool force, std::uint64_t max_memory) {
-  Case c = read_case_file(case_path);
-  try {
-    check_memory_need(c, max_memory);
-  } catch (const InputError& e) {
-    throw InputError(case_path + ": " + e.what());
-  }
+  Case c = read_case_within(case_path, max_memory);
   check_out_dir(dir);
   const std::filesystem::path out(dir);
   std::error_code ec;

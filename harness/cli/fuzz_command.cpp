@@ -171,13 +171,7 @@ void check_corpus(const std::string& dir, std::uint64_t max_memory) {
   if (!std::filesystem::is_directory(dir, ec)) return;
   for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
     if (e.path().extension() != ".json") continue;
-    const std::string path = e.path().string();
-    const Case c = read_case_file(path);
-    try {
-      check_memory_need(c, max_memory);
-    } catch (const InputError& err) {
-      throw InputError(path + ": " + err.what());
-    }
+    read_case_within(e.path().string(), max_memory);
   }
 }
 
@@ -328,13 +322,8 @@ int fuzz_command(const FuzzArgs& a, const LocalRegistry& local, const std::strin
 int replay_command(const std::string& case_path, const LocalRegistry& local, const std::string& out_json,
                    const std::optional<IsolationOptions>& isolation, const std::vector<std::string>& plugins,
                    std::uint64_t max_memory) {
-  const Case c = read_case_file(case_path);
+  const Case c = read_case_within(case_path, max_memory ? max_memory : default_max_memory());
   if (c.kernel.empty()) throw InputError(case_path + ": case.kernel is empty: name the kernel to replay on");
-  try {
-    check_memory_need(c, max_memory ? max_memory : default_max_memory());
-  } catch (const InputError& e) {
-    throw InputError(case_path + ": " + e.what());
-  }
   std::printf("ulpgate replay %s: kernel %s, seed %llu\n", case_path.c_str(), c.kernel.c_str(),
               static_cast<unsigned long long>(c.seed));
   std::fflush(stdout);
@@ -354,12 +343,7 @@ int replay_command(const std::string& case_path, const LocalRegistry& local, con
 
 int check_command(const std::string& case_path, const std::vector<std::string>& output_args, const std::string& out_json,
                   std::uint64_t max_memory) {
-  const Case c = read_case_file(case_path);
-  try {
-    check_memory_need(c, max_memory);
-  } catch (const InputError& e) {
-    throw InputError(case_path + ": " + e.what());
-  }
+  const Case c = read_case_within(case_path, max_memory);
   const std::vector<std::string> wanted = outputs_of(c);
   std::map<std::string, Tensor> outputs;
   std::vector<std::string> files, named;
