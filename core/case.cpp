@@ -225,6 +225,10 @@ AttentionView attention_view(const Case& c, std::string_view operand) {
   return v;
 }
 
+std::int64_t operand_elements(const Case& c, std::string_view operand) {
+  return c.op == Op::Gemm ? gemm_view(c, operand).elements() : attention_view(c, operand).elements();
+}
+
 bool attention_visible(const Case& c, std::int64_t b, std::int64_t i, std::int64_t j) {
   const auto& a = c.attention;
   const std::int64_t len = a.kv_lengths.empty() ? a.seq_kv : a.kv_lengths[b];

@@ -155,6 +155,8 @@ struct AttentionView {
 };
 /// The view of attention operand "Q", "K", "V" or "O"; throws InputError otherwise.
 AttentionView attention_view(const Case& c, std::string_view operand);
+/// Elements of an operand's buffer, padding included (gemm_view or attention_view by c.op).
+std::int64_t operand_elements(const Case& c, std::string_view operand);
 /// Whether key j is visible to query i in batch b (kv_lengths and causal, bottom-right aligned).
 bool attention_visible(const Case& c, std::int64_t b, std::int64_t i, std::int64_t j);
 

@@ -1,16 +1,19 @@
 // Writes the seed corpora under fuzz/corpus/<harness>/ with the project's own writers, so
 // that the seeds follow the schemas: `make_seeds DIR` (DIR = fuzz/corpus). Each seed stays
 // under the 4096 bytes the fuzz runs allow (-max_len=4096).
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <string>
 
+#include "core/npy.hpp"
 #include "distributions/spec.hpp"
 #include "harness/gate.hpp"
 #include "harness/journal.hpp"
 #include "harness/record.hpp"
+#include "tests/core/npy_samples.hpp"
 #include "tests/harness/record_samples.hpp"
 
 using namespace ulpgate;
@@ -108,6 +111,19 @@ int main(int argc, char** argv) {
                          "specials(0.01,0.01,0.01,base=amax(0.5,base=student_t(3,1)))",
                          "normal(0,)", "outliers(rate=2)", "gaussian", "exact(max=16,frac=0)"};
   for (int i = 0; i < static_cast<int>(std::size(specs)); ++i) seed("spec", "text" + std::to_string(i), specs[i]);
+
+  // Every format's words as export writes them (values 0, 1, -2, ... and a NaN), and the
+  // other versions and shapes the reader takes.
+  for (const Format f : kAllFormats) {
+    Tensor t(f, 6);
+    for (std::size_t i = 0; i + 1 < t.size(); ++i) t.set_value(i, (i % 2 ? -1.0 : 1.0) * static_cast<double>(i));
+    t.set_value(t.size() - 1, std::nan(""));
+    seed("npy", std::string(name(f)) + ".npy", npy_bytes(t));
+  }
+  const std::string words(12, '\x3c');  // six FP16 words 0x3c3c
+  seed("npy", "v2_fp16_2x3.npy", samples::npy_file(2, "{'descr': '<f2', 'fortran_order': False, 'shape': (2, 3), }", words));
+  seed("npy", "v3_bf16_scalar.npy", samples::npy_file(3, "{\"shape\": (), \"descr\": \"<u2\", \"fortran_order\": False}", words.substr(0, 2)));
+  seed("npy", "fortran_order.npy", samples::npy_file(1, "{'descr': '<f4', 'fortran_order': True, 'shape': (3,), }", words));
 
   RunRecord record = small_record();
   seed("record", "fuzz_pass.json", compact(to_json(record)));

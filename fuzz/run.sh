@@ -11,7 +11,7 @@ set -uo pipefail
 build=$(cd "$1" && pwd); shift
 src=$(cd "$(dirname "$0")/.." && pwd)
 status=0
-for h in ${FUZZERS:-case spec record baseline journal dots}; do
+for h in ${FUZZERS:-case spec record baseline journal dots npy}; do
   seeds=("$src/fuzz/corpus/$h")
   [ "$h" = case ] && seeds+=("$src/tests/data")
   mkdir -p "$build/fuzz-corpus/$h" "$build/fuzz-artifacts/$h" "$build/fuzz-logs"

@@ -64,6 +64,14 @@ Evaluation evaluate(Kernel& k, Case& c, const EvaluationOptions& options, const 
 Evaluation evaluate_with_inputs(Kernel& k, const Case& c, const Inputs& inputs, const EvaluationOptions& options,
                                 const Registry* registry = nullptr);
 
+/// Judges outputs computed elsewhere (`ulpgate check --outputs`) as a run of a kernel named
+/// `kernel` (e.g. "external:D.npy"): the inputs filled as for a kernel, then
+/// evaluate_with_inputs on a kernel whose run copies each output's logical elements from
+/// `outputs` (buffers laid out as gemm_view()/attention_view() say; their padding is not
+/// read), with default traits and no relations (nothing can be run again). InputError
+/// when an output is missing or of another format or size.
+CaseResult check_given_outputs(const Case& c, const std::map<std::string, Tensor>& outputs, const std::string& kernel);
+
 /// The run-record entry of an evaluation (reproducer left empty for the caller to set);
 /// a relation that failed is named in notes["relation"]. A passing case's metrics carry no
 /// error map (ErrorMetrics::map empty): maps are kept for failing cases.

@@ -47,8 +47,7 @@ std::vector<std::string> outputs_of(const Case& c) {
 
 Tensor make_output(const Case& c, const std::string& operand, bool alternate) {
   const Format f = c.types.at(operand);
-  const std::int64_t n = c.op == Op::Gemm ? gemm_view(c, operand).elements() : attention_view(c, operand).elements();
-  Tensor t(f, static_cast<std::size_t>(n));
+  Tensor t(f, static_cast<std::size_t>(operand_elements(c, operand)));
   t.fill_code(alternate ? alternate_poison_code(f) : poison_code(f));
   return t;
 }

@@ -87,6 +87,13 @@ int bench_command(const BenchArgs& a, const LocalRegistry& local);
 int replay_command(const std::string& case_path, const LocalRegistry& local, const std::string& out_json,
                    const std::optional<IsolationOptions>& isolation, const std::vector<std::string>& plugins,
                    std::uint64_t max_memory = 0);
+/// Judges outputs computed elsewhere (.npy files, "D.npy" or "D=FILE.npy") as replay judges
+/// a kernel run (harness/check.hpp, check_given_outputs); exit 0 pass, 1 fail.
+int check_command(const std::string& case_path, const std::vector<std::string>& outputs, const std::string& out_json,
+                  std::uint64_t max_memory);
+/// Writes the case's inputs (the buffers a kernel gets) as DIR/<operand>.npy and
+/// DIR/manifest.json; an earlier export in dir is replaced only with force.
+int export_command(const std::string& case_path, const std::string& dir, bool force, std::uint64_t max_memory);
 int gate_command(const std::string& baseline_path, const std::string& run_path, const std::string& junit_path,
                  const GateOptions& options);
 int baseline_update_command(const std::string& run_path, const std::string& out_path, double relative_slack,

@@ -1,4 +1,4 @@
-// `ulpgate fuzz`, `replay`, `gate` and `baseline update`.
+// `ulpgate fuzz`, `replay`, `check`, `gate` and `baseline update`.
 #include <fcntl.h>
 #include <signal.h>
 #include <unistd.h>
@@ -16,6 +16,7 @@
 #include "harness/cli/commands.hpp"
 #include "core/parallel.hpp"
 #include "core/error.hpp"
+#include "core/npy.hpp"
 #include "harness/cli/memory.hpp"
 #include "harness/cli/options.hpp"
 #include "harness/fuzz.hpp"
@@ -50,6 +51,24 @@ void print_case(const CaseResult& r) {
     }
   }
   for (const auto& [k, v] : r.notes) std::printf("  %s: %s\n", k.c_str(), v.c_str());
+}
+
+// replay and check: prints one case's analysis and writes it as a record of `kind` where
+// out_json is given; the exit code of its verdict.
+int finish_single_case(CaseResult& r, const std::string& kind, const std::string& command, const std::string& out_json) {
+  r.origin = kind;
+  r.reproducer = command;
+  print_case(r);
+  if (!out_json.empty()) {
+    RunRecord rec;
+    rec.kind = kind;
+    rec.seed = r.spec.seed;
+    rec.command = command;
+    rec.environment = capture_environment();
+    rec.cases.push_back(r);
+    write_record_file(out_json, rec);
+  }
+  return r.verdict.passed ? 0 : kExitFailed;
 }
 
 // Ctrl-C (SIGINT) or SIGTERM during a campaign: the worker's process group is killed
@@ -152,13 +171,7 @@ void check_corpus(const std::string& dir, std::uint64_t max_memory) {
   if (!std::filesystem::is_directory(dir, ec)) return;
   for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
     if (e.path().extension() != ".json") continue;
-    const std::string path = e.path().string();
-    const Case c = read_case_file(path);
-    try {
-      check_memory_need(c, max_memory);
-    } catch (const InputError& err) {
-      throw InputError(path + ": " + err.what());
-    }
+    read_case_within(e.path().string(), max_memory);
   }
 }
 
@@ -346,13 +359,8 @@ int fuzz_command(const FuzzArgs& a, const LocalRegistry& local, const std::strin
 int replay_command(const std::string& case_path, const LocalRegistry& local, const std::string& out_json,
                    const std::optional<IsolationOptions>& isolation, const std::vector<std::string>& plugins,
                    std::uint64_t max_memory) {
-  const Case c = read_case_file(case_path);
+  const Case c = read_case_within(case_path, max_memory ? max_memory : default_max_memory());
   if (c.kernel.empty()) throw InputError(case_path + ": case.kernel is empty: name the kernel to replay on");
-  try {
-    check_memory_need(c, max_memory ? max_memory : default_max_memory());
-  } catch (const InputError& e) {
-    throw InputError(case_path + ": " + e.what());
-  }
   std::printf("ulpgate replay %s: kernel %s, seed %llu\n", case_path.c_str(), c.kernel.c_str(),
               static_cast<unsigned long long>(c.seed));
   std::fflush(stdout);
@@ -367,19 +375,35 @@ int replay_command(const std::string& case_path, const LocalRegistry& local, con
   std::string command = "ulpgate";
   for (const auto& p : plugins) command += " --plugin " + p;
   command += " replay " + case_path;
-  r.origin = "replay";
-  r.reproducer = command;
-  print_case(r);
-  if (!out_json.empty()) {
-    RunRecord rec;
-    rec.kind = "replay";
-    rec.seed = c.seed;
-    rec.command = command;
-    rec.environment = capture_environment();
-    rec.cases.push_back(r);
-    write_record_file(out_json, rec);
+  return finish_single_case(r, "replay", command, out_json);
+}
+
+int check_command(const std::string& case_path, const std::vector<std::string>& output_args, const std::string& out_json,
+                  std::uint64_t max_memory) {
+  const Case c = read_case_within(case_path, max_memory);
+  const std::vector<std::string> wanted = outputs_of(c);
+  std::map<std::string, Tensor> outputs;
+  std::vector<std::string> files, named;
+  for (const std::string& arg : output_args) {
+    const auto eq = arg.find('=');
+    const std::string path = eq == std::string::npos ? arg : arg.substr(eq + 1);
+    const std::string op = eq == std::string::npos ? std::filesystem::path(arg).stem().string() : arg.substr(0, eq);
+    if (std::find(wanted.begin(), wanted.end(), op) == wanted.end())
+      throw InputError(fmt::format("--outputs {}: '{}' is not an output of this {} case (its output is {}: a file {}.npy, "
+                                   "or {}=FILE.npy)", arg, op, name(c.op), wanted.front(), wanted.front(), wanted.front()));
+    if (outputs.count(op)) throw InputError(fmt::format("--outputs: {} is given twice", op));
+    outputs.emplace(op, read_npy_file(path, c.types.at(op), operand_elements(c, op)));
+    files.push_back(path);
+    named.push_back(op + "=" + path);
   }
-  return r.verdict.passed ? 0 : kExitFailed;
+  for (const std::string& op : wanted)
+    if (!outputs.count(op)) throw InputError(fmt::format("--outputs: no file for the case's output {} ({}.npy)", op, op));
+  const std::string source = fmt::format("external:{}", fmt::join(files, ","));
+  std::printf("ulpgate check %s: %s, seed %llu\n", case_path.c_str(), source.c_str(), static_cast<unsigned long long>(c.seed));
+  std::fflush(stdout);
+  CaseResult r = check_given_outputs(c, outputs, source);
+  return finish_single_case(r, "check", fmt::format("ulpgate check {} --outputs {}", case_path, fmt::join(named, " --outputs ")),
+                            out_json);
 }
 
 int gate_command(const std::string& baseline_path, const std::string& run_path, const std::string& junit_path,

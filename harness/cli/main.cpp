@@ -219,6 +219,27 @@ int main(int argc, char** argv) {
   std::string replay_max_memory;
   replay->add_option("--max-memory", replay_max_memory, kMaxMemoryHelp);
 
+  std::string export_case, export_dir, export_max_memory;
+  bool export_force = false;
+  auto* export_ = app.add_subcommand("export", "Write a case's inputs as .npy files (the buffers a kernel gets, padding "
+                                               "included) and DIR/manifest.json, for a kernel run elsewhere");
+  export_->add_option("CASE.json", export_case, "Case file")->required();
+  export_->add_option("--dir", export_dir, "Directory for <operand>.npy and manifest.json")->required();
+  export_->add_flag("--force", export_force, "Replace an earlier export in --dir");
+  export_->add_option("--max-memory", export_max_memory, kMaxMemoryHelp);
+
+  std::string check_case, check_out, check_max_memory;
+  std::vector<std::string> check_outputs;
+  auto* check = app.add_subcommand("check", "Judge outputs computed elsewhere (.npy) against the case's exact reference, "
+                                            "as replay judges a kernel run");
+  check->add_option("CASE.json", check_case, "Case file (the one exported)")->required();
+  check->add_option("--outputs", check_outputs, "Output file named by its output (D.npy, O.npy) or NAME=FILE.npy (repeatable)")
+      ->required()
+      ->allow_extra_args(false)
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  check->add_option("--out", check_out, "Also write the run record here");
+  check->add_option("--max-memory", check_max_memory, kMaxMemoryHelp);
+
   std::vector<std::string> probe_kernels;
   int probe_max_block = 512, probe_max_promote = 4096;
   auto* probe = app.add_subcommand(
@@ -467,6 +488,12 @@ int main(int argc, char** argv) {
         iso->timeout_seconds = replay_timeout;
       }
       return ulpgate::replay_command(replay_case, local, replay_out, iso, plugins, limit);
+    }
+    if (export_->parsed())
+      return ulpgate::export_command(export_case, export_dir, export_force, max_memory(export_max_memory));
+    if (check->parsed()) {
+      if (!check_out.empty()) ulpgate::check_output_file("--out", check_out);
+      return ulpgate::check_command(check_case, check_outputs, check_out, max_memory(check_max_memory));
     }
     if (gate->parsed()) return ulpgate::gate_command(gate_baseline, gate_run, gate_junit, gate_options);
     if (baseline_update->parsed())

@@ -94,6 +94,16 @@ void check_memory_need(const Case& c, std::uint64_t limit) {
                                format_bytes(limit)));
 }
 
+Case read_case_within(const std::string& path, std::uint64_t limit) {
+  Case c = read_case_file(path);
+  try {
+    check_memory_need(c, limit);
+  } catch (const InputError& e) {
+    throw InputError(path + ": " + e.what());
+  }
+  return c;
+}
+
 std::uint64_t default_max_memory() {
   const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGE_SIZE);
   if (pages <= 0 || page <= 0) return 8'000'000'000;  // unknown: a small machine's half

@@ -32,6 +32,9 @@ inline constexpr std::uint64_t kMinMaxMemory = 256'000'000;
 /// 2.6 GB (ldc = 16777216 pads C), above --max-memory 1 GB".
 void check_memory_need(const Case& c, std::uint64_t limit);
 
+/// read_case_file, then check_memory_need with the path in front of its message.
+Case read_case_within(const std::string& path, std::uint64_t limit);
+
 /// Half the machine's physical memory (sysconf), the default --max-memory.
 std::uint64_t default_max_memory();
 

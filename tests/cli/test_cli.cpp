@@ -1,5 +1,6 @@
 // The CLI contract: exit codes and one-line errors.
 #include <gtest/gtest.h>
+#include <fmt/format.h>
 
 #include <filesystem>
 #include <fstream>
@@ -12,6 +13,10 @@
 #include <vector>
 #include <sys/wait.h>
 #include <unistd.h>
+
+#include "core/npy.hpp"
+#include "harness/record.hpp"
+#include "harness/runner.hpp"
 
 namespace {
 
@@ -771,4 +776,80 @@ TEST(Cli, ShardedCampaignMergesToTheWholeOne) {
   EXPECT_EQ(bad.code, 2);
   EXPECT_EQ(lines(bad.err), 1) << bad.err;
   EXPECT_NE(bad.err.find("--shard '2/2'"), std::string::npos) << bad.err;
+}
+
+// Bring your own outputs: export a case's inputs, compute its output elsewhere (here a CPU
+// model run on nothing but the exported files), check it; one element planted far off fails
+// (exit 1), a file of the wrong size or name is bad input (exit 2, one line).
+TEST(Cli, ExportThenCheckOutputsComputedElsewhere) {
+  using namespace ulpgate;
+  const std::string dir = tmp_dir("npy");
+  std::system(("mkdir -p " + dir).c_str());
+  Case g;
+  g.op = Op::Gemm;
+  g.gemm = {13, 7, 40, 2, Layout::ColMajor, true, false, 48, 0, 16, 16};
+  g.types = {{"A", Format::BF16}, {"B", Format::BF16}, {"C", Format::BF16}, {"D", Format::BF16}, {"bias", Format::FP32},
+             {"compute", Format::FP32}};
+  g.beta = 0.5, g.epilogue = Epilogue::Bias, g.seed = 3;
+  Case a;
+  a.op = Op::Attention;
+  a.attention.batch = 2, a.attention.heads = 2, a.attention.seq_q = 5, a.attention.seq_kv = 19, a.attention.head_dim = 16;
+  a.attention.layout = AttentionLayout::BSHD, a.attention.causal = true;
+  a.types = {{"Q", Format::FP16}, {"K", Format::FP16}, {"V", Format::FP16}, {"O", Format::FP16}, {"compute", Format::FP32}};
+  a.seed = 4;
+  Registry registry = builtin_registry();
+  for (const auto& [c, kernel] : {std::pair{g, "cpu.fp32_seq"}, std::pair{a, "cpu.attn_naive"}}) {
+    SCOPED_TRACE(kernel);
+    const std::string ex = dir + "/" + std::string(name(c.op)), case_path = ex + ".json";
+    write_case_file(case_path, c);
+    const Result e = run("export " + case_path + " --dir " + ex);
+    ASSERT_EQ(e.code, 0) << e.out << e.err;
+    expect_input_error(run("export " + case_path + " --dir " + ex), "holds an export already", "export again");
+    ASSERT_EQ(run("export " + case_path + " --dir " + ex + " --force").code, 0);
+
+    // The kernel's side: the manifest and the .npy files only.
+    const nlohmann::json m = read_json_file(ex + "/manifest.json");
+    const Case exported = case_from_json(m.at("case"));
+    std::map<std::string, Tensor> inputs;
+    for (const auto& [op, d] : m.at("inputs").items())
+      inputs[op] = read_npy_file(ex + "/" + d.at("file").get<std::string>(), *parse_format(d.at("format").get<std::string>()),
+                                 d.at("elements").get<std::int64_t>());
+    EXPECT_EQ(inputs.size(), c.inputs().size());
+    ASSERT_EQ(m.at("outputs").size(), 1u);
+    const std::string out = m.at("outputs").begin().key();
+    RunOutcome computed = run_kernel(*registry.find(kernel), exported, inputs);
+    ASSERT_EQ(computed.status, Disposition::Ok) << computed.message;
+    Tensor& t = computed.outputs.at(out);
+    EXPECT_EQ(static_cast<std::int64_t>(t.size()), m.at("outputs").at(out).at("elements").get<std::int64_t>());
+    const std::string file = ex + "/" + out + ".npy";
+    write_npy_file(file, t);
+
+    const Result ok = run("check " + case_path + " --outputs " + file + " --out " + ex + "/check.json");
+    EXPECT_EQ(ok.code, 0) << ok.out << ok.err;
+    EXPECT_NE(ok.out.find("external:" + file + " on "), std::string::npos) << ok.out;
+    EXPECT_NE(ok.out.find("verdict pass"), std::string::npos) << ok.out;
+    const RunRecord rec = read_record_file(ex + "/check.json");
+    EXPECT_EQ(rec.kind, "check");
+    ASSERT_EQ(rec.cases.size(), 1u);
+    EXPECT_EQ(rec.cases[0].kernel, "external:" + file);
+    EXPECT_EQ(rec.cases[0].reproducer, "ulpgate check " + case_path + " --outputs " + out + "=" + file);
+
+    const std::int64_t e5 = c.op == Op::Gemm ? gemm_view(c, "D").offset(1, 3, 2) : attention_view(c, "O").offset(1, 1, 2, 3);
+    t.set_value(static_cast<std::size_t>(e5), t.value(static_cast<std::size_t>(e5)) + 1000);
+    write_npy_file(ex + "/planted.npy", t);
+    const Result bad = run("check " + case_path + " --outputs " + out + "=" + ex + "/planted.npy");
+    EXPECT_EQ(bad.code, 1) << bad.out << bad.err;
+    EXPECT_NE(bad.out.find("verdict FAIL"), std::string::npos) << bad.out;
+
+    write_npy_file(ex + "/short.npy", Tensor(t.format(), t.size() - 1));
+    expect_input_error(run("check " + case_path + " --outputs " + out + "=" + ex + "/short.npy"),
+                       fmt::format("short.npy: shape ({},) holds {} elements, expected {}", t.size() - 1, t.size() - 1, t.size()),
+                       "an output one element short");
+    expect_input_error(run("check " + case_path + " --outputs " + ex + "/short.npy"), "'short' is not an output of this",
+                       "a file not named by its output");
+    write_npy_file(ex + "/fp64.npy", Tensor(Format::FP64, t.size()));
+    expect_input_error(run("check " + case_path + " --outputs " + out + "=" + ex + "/fp64.npy"),
+                       fmt::format("fp64.npy: dtype '<f8' is not {}'s '{}'", name(t.format()), npy_dtype(t.format())),
+                       "an output of another dtype");
+  }
 }

@@ -13,6 +13,7 @@
 #include <fmt/format.h>
 
 #include "core/parallel.hpp"
+#include "distributions/fill.hpp"
 #include "harness/check.hpp"
 #include "harness/ops/gemm.hpp"
 #include "harness/ops/op.hpp"
@@ -669,4 +670,50 @@ TEST(Evaluate, DeclaredActivationErrorCoversAnApproximateTanh) {
   EXPECT_EQ(fail_declared, 0);
   EXPECT_EQ(fail_plain, runs);
   EXPECT_EQ(fail_worse, runs);
+}
+
+// Outputs computed elsewhere (`ulpgate check --outputs`) are judged as the run that computed
+// them: the same reference and metrics, whatever their padding holds; a far-off element fails.
+TEST(Evaluate, GivenOutputsAreJudgedAsTheRunThatComputedThem) {
+  Case g;
+  g.op = Op::Gemm;
+  g.gemm = {13, 7, 40, 2, Layout::ColMajor, true, false, 0, 0, 0, 16};
+  g.types = {{"A", Format::BF16}, {"B", Format::BF16}, {"D", Format::FP32}, {"compute", Format::FP32}};
+  g.seed = 5;
+  Case a;
+  a.op = Op::Attention;
+  a.attention.batch = 2, a.attention.heads = 2, a.attention.seq_q = 5, a.attention.seq_kv = 19, a.attention.head_dim = 16;
+  a.attention.layout = AttentionLayout::BSHD;
+  a.types = {{"Q", Format::FP16}, {"K", Format::FP16}, {"V", Format::FP16}, {"O", Format::FP16}, {"compute", Format::FP32}};
+  a.seed = 6;
+  Registry registry = builtin_registry();
+  for (const auto& [c, kernel] : {std::pair{g, "cpu.fp32_seq"}, std::pair{a, "cpu.attn_naive"}}) {
+    SCOPED_TRACE(kernel);
+    Case filled = c;
+    const Inputs inputs = fill_inputs(filled);
+    EvaluationOptions options;
+    options.relations = false;
+    const Evaluation ev = evaluate_with_inputs(*registry.find(kernel), filled, inputs, options);
+    ASSERT_TRUE(ev.verdict.passed);
+    std::map<std::string, Tensor> outputs = ev.run.outputs;
+    const std::string out = outputs_of(c).front();
+    Tensor& t = outputs.at(out);
+    if (c.op == Op::Gemm)  // ldd 16 pads D: what a kernel may not write there is not read
+      for (std::size_t e = 0; e < t.size(); ++e)
+        if (gemm_view(c, out).is_padding(static_cast<std::int64_t>(e))) t.set_value(e, 1.0);
+    const CaseResult r = check_given_outputs(c, outputs, "external:test.npy");
+    EXPECT_EQ(r.kernel, "external:test.npy");
+    EXPECT_TRUE(r.verdict.passed) << fmt::format("{}", fmt::join(r.verdict.reasons, "; "));
+    ASSERT_EQ(r.metrics.size(), 1u);
+    EXPECT_EQ(r.metrics[0].elements, ev.metrics[0].elements);
+    EXPECT_EQ(r.metrics[0].exact_matches, ev.metrics[0].exact_matches);
+    EXPECT_EQ(r.metrics[0].max_normalised, ev.metrics[0].max_normalised);
+    EXPECT_EQ(r.metrics[0].max_ulp, ev.metrics[0].max_ulp);
+    EXPECT_EQ(r.metrics[0].padding_written, 0);
+    const std::int64_t e = op_module(c.op).output_offsets(c)[5];
+    t.set_value(static_cast<std::size_t>(e), t.value(static_cast<std::size_t>(e)) + 1000);
+    EXPECT_FALSE(check_given_outputs(c, outputs, "external:planted.npy").verdict.passed);
+    outputs.erase(out);
+    EXPECT_THROW(check_given_outputs(c, outputs, "external:none"), InputError);
+  }
 }
