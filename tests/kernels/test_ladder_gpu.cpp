@@ -7,6 +7,7 @@
 
 #include <cstring>
 #include <map>
+#include <optional>
 #include <set>
 
 #include <fmt/format.h>
@@ -92,6 +93,23 @@ Case tensor_core_case(const Kernel& k, const Shape& s, Layout layout, int trans,
   return ladder_case(s, layout, trans, index, in, out, tf32 ? Format::TF32 : Format::FP32);
 }
 
+// One case through the check path, every finding a test failure; the run's notes, or
+// nullopt when the kernel did not run.
+std::optional<RunNotes> expect_passes(Kernel& k, const Case& c, const std::string& what) {
+  const Evaluation ev = evaluate(k, c, {});
+  if (ev.run.status != Disposition::Ok) {
+    ADD_FAILURE() << what << ": " << name(ev.run.status) << ": " << ev.run.message;
+    return std::nullopt;
+  }
+  EXPECT_EQ(ev.run.unwritten, 0) << what;
+  EXPECT_EQ(ev.run.padding_written, 0) << what;
+  EXPECT_TRUE(ev.run.inputs_modified.empty()) << what;
+  for (const auto& r : ev.relations) ADD_FAILURE() << what << ": relation " << r.relation << ": " << r.problem;
+  EXPECT_TRUE(ev.verdict.passed) << what << ": " << (ev.verdict.reasons.empty() ? "" : ev.verdict.reasons[0]);
+  if (!ev.verdict.passed) return std::nullopt;
+  return ev.run.notes;
+}
+
 }  // namespace
 
 TEST(LadderGpu, EveryStepPassesTheCheckPath) {
@@ -107,20 +125,12 @@ TEST(LadderGpu, EveryStepPassesTheCheckPath) {
           c.kernel = k->name();
           ASSERT_FALSE(k->unsupported(c)) << k->name() << " " << describe(c) << ": " << *k->unsupported(c);
           const std::string what = k->name() + " " + describe(c);
-          const Evaluation ev = evaluate(*k, c, {});
-          if (ev.run.status != Disposition::Ok) {
-            ADD_FAILURE() << what << ": " << name(ev.run.status) << ": " << ev.run.message;
-            continue;
-          }
-          EXPECT_EQ(ev.run.unwritten, 0) << what;
-          EXPECT_EQ(ev.run.padding_written, 0) << what;
-          EXPECT_TRUE(ev.run.inputs_modified.empty()) << what;
-          for (const auto& r : ev.relations) ADD_FAILURE() << what << ": relation " << r.relation << ": " << r.problem;
-          EXPECT_TRUE(ev.verdict.passed) << what << ": " << (ev.verdict.reasons.empty() ? "" : ev.verdict.reasons[0]);
-          passed += ev.verdict.passed;
-          if (ev.run.notes.count("split_k")) splits.insert(ev.run.notes.at("split_k"));
-          if (s.k == 4096 && c.alpha != 0 && ev.run.notes.count("split_k")) {
-            EXPECT_NE(ev.run.notes.at("split_k").rfind("1 splits", 0), 0u) << what << ": K = 4096 was not split";
+          const std::optional<RunNotes> notes = expect_passes(*k, c, what);
+          if (!notes) continue;
+          ++passed;
+          if (notes->count("split_k")) splits.insert(notes->at("split_k"));
+          if (s.k == 4096 && c.alpha != 0 && notes->count("split_k")) {
+            EXPECT_NE(notes->at("split_k").rfind("1 splits", 0), 0u) << what << ": K = 4096 was not split";
           }
         }
     const std::string split_note = splits.empty() ? "" : fmt::format("; split_k: {}", fmt::join(splits, ", "));
@@ -211,18 +221,10 @@ TEST(LadderGpu, TensorCoreStepsPassTheCheckPath) {
           c.kernel = k->name();
           ASSERT_FALSE(k->unsupported(c)) << k->name() << " " << describe(c) << ": " << *k->unsupported(c);
           const std::string what = fmt::format("{} {} D {}", k->name(), describe(c), name(c.types.at("D")));
-          const Evaluation ev = evaluate(*k, c, {});
-          if (ev.run.status != Disposition::Ok) {
-            ADD_FAILURE() << what << ": " << name(ev.run.status) << ": " << ev.run.message;
-            continue;
-          }
-          EXPECT_EQ(ev.run.unwritten, 0) << what;
-          EXPECT_EQ(ev.run.padding_written, 0) << what;
-          EXPECT_TRUE(ev.run.inputs_modified.empty()) << what;
-          for (const auto& r : ev.relations) ADD_FAILURE() << what << ": relation " << r.relation << ": " << r.problem;
-          EXPECT_TRUE(ev.verdict.passed) << what << ": " << (ev.verdict.reasons.empty() ? "" : ev.verdict.reasons[0]);
-          passed += ev.verdict.passed;
-          if (ev.run.notes.count("repacked")) repacked.insert(ev.run.notes.at("repacked"));
+          const std::optional<RunNotes> notes = expect_passes(*k, c, what);
+          if (!notes) continue;
+          ++passed;
+          if (notes->count("repacked")) repacked.insert(notes->at("repacked"));
         }
     std::printf("[ ladder ] %-26s %d of %d cases passed; repacked: %s\n", k->name().c_str(), passed, index,
                 fmt::format("{}", fmt::join(repacked, ", ")).c_str());
