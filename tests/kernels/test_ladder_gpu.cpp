@@ -95,7 +95,7 @@ Case tensor_core_case(const Kernel& k, const Shape& s, Layout layout, int trans,
 
 // One case through the check path, every finding a test failure; the run's notes, or
 // nullopt when the kernel did not run.
-std::optional<RunNotes> expect_passes(Kernel& k, const Case& c, const std::string& what) {
+std::optional<RunNotes> expect_passes(Kernel& k, Case c, const std::string& what) {
   const Evaluation ev = evaluate(k, c, {});
   if (ev.run.status != Disposition::Ok) {
     ADD_FAILURE() << what << ": " << name(ev.run.status) << ": " << ev.run.message;
