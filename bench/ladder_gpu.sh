@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GEMM ladder's FP32 SIMT kernels (ladder.*, issue 20) on a machine with a CUDA device:
+# The GEMM ladder's kernels (ladder.*, issue 20) on a machine with a CUDA device:
 #   bench/ladder_gpu.sh BUILD_DIR OUT_DIR [parts...]
 # parts (default: tests fuzz timing):
 #   tests     tests/kernels/test_ladder_gpu (every ladder kernel through the check path, steps
@@ -7,8 +7,9 @@
 #   fuzz      ulpgate fuzz on every ladder.* kernel, 100 cases each, seed 1, no time budget
 #             (--time 0: all cases run), record and reports in OUT_DIR/fuzz (--no-html: the
 #             machine may lack gnuplot; `ulpgate report OUT_DIR/fuzz/fuzz.json --html F` later)
-#   timing    build/bench/bench_ladder: each ladder kernel and cuBLAS SGEMM at 4096^3, median
-#             of 20 runs after 3 warm-up runs, L2 flushed before each (OUT_DIR/timing.md)
+#   timing    ulpgate bench: each FP32 SIMT step beside cuBLAS SGEMM at 4096^3, median of 20
+#             runs after 3 warm-up runs, L2 evicted before each, every output checked
+#             (OUT_DIR/timing.md; the tensor-core steps: bench/bench_h200.sh ladder_tc)
 #   sanitize  compute-sanitizer memcheck and racecheck on the GPU test's smaller tests
 # Raw outputs go to OUT_DIR, a summary to stdout; exit 1 if a part failed.
 set -uo pipefail
@@ -48,7 +49,10 @@ if has fuzz; then
 fi
 if has timing; then
   t0=$(now)
-  "$build/bench/bench_ladder" --shape 4096x4096x4096 --reps 20 --warmup 3 > "$out/timing.md" 2>&1
+  simt=$("$build/ulpgate" list | awk '$1 ~ /^ladder\.fp32_/ { printf " --kernel %s", $1 }')
+  # shellcheck disable=SC2086
+  "$build/ulpgate" bench --baseline cublas.fp32 $simt --gemm 4096x4096x4096 --reps 20 --warmup 3 \
+    --md "$out/timing.md" > "$out/timing.log" 2>&1
   rc=$?
   echo "timing: rc $rc in $(took "$t0")"; cat "$out/timing.md"
   [ $rc -eq 0 ] || status=1
