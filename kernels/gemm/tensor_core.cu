@@ -328,9 +328,8 @@ cudaError_t plan(Step s, const Problem& p, Plan* out) {
   pl.repack_b = p.alpha != 0.0f && p.k > 0 && !aligned16(p.b, eb);
   pl.ld_packed_a = pl.repack_a ? round_up(p.k, 16 / eb) : 0;
   pl.ld_packed_b = pl.repack_b ? round_up(p.k, 16 / eb) : 0;
-  const std::size_t bytes_a = static_cast<std::size_t>(round_up(p.batch * p.m * pl.ld_packed_a * eb, 256));
-  const std::size_t bytes_b = static_cast<std::size_t>(round_up(p.batch * p.n * pl.ld_packed_b * eb, 256));
-  pl.workspace_bytes = bytes_a + bytes_b;
+  pl.offset_b = static_cast<std::size_t>(round_up(p.batch * p.m * pl.ld_packed_a * eb, 256));
+  pl.workspace_bytes = pl.offset_b + static_cast<std::size_t>(round_up(p.batch * p.n * pl.ld_packed_b * eb, 256));
   *out = pl;
   return cudaSuccess;
 }
@@ -354,8 +353,7 @@ cudaError_t launch(Step s, const Problem& p, const Plan& pl, void* workspace, cu
     return {dst, ldp, rows * ldp};
   };
   const Rows A = rows_of(p.a, pl.repack_a, p.m, pl.ld_packed_a, ws);
-  const Rows B = rows_of(p.b, pl.repack_b, p.n, pl.ld_packed_b,
-                         ws + round_up(p.batch * p.m * pl.ld_packed_a * eb, 256));
+  const Rows B = rows_of(p.b, pl.repack_b, p.n, pl.ld_packed_b, ws + pl.offset_b);
   if (cudaError_t err = cudaGetLastError(); err != cudaSuccess) return err;
   if (s == Step::WgmmaFp16 || s == Step::WgmmaBf16) return launch_wgmma(s, A, B, p, e, stream);
   if (s == Step::WmmaFp16 || s == Step::WmmaBf16) {

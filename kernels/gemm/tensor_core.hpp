@@ -49,6 +49,7 @@ struct Problem {
 struct Plan {
   bool repack_a = false, repack_b = false;
   std::int64_t ld_packed_a = 0, ld_packed_b = 0;  ///< elements, multiples of 16 bytes
+  std::size_t offset_b = 0;                       ///< where B's copy starts in the workspace (after A's)
   std::size_t workspace_bytes = 0;                ///< the repacked copies (256-byte aligned each)
 };
 
