@@ -601,12 +601,11 @@ RunRecord record_from_json(const json& j) {
   });
   if (r.has("shard")) {
     Reader sr(r.need("shard"), "record.shard");
-    rec.shard_count = static_cast<int>(sr.integer("count", 1));
-    rec.shard_index = static_cast<int>(sr.integer("index", 0));
+    const std::int64_t count = sr.integer("count", 1), index = sr.integer("index", 0);
     sr.finish();
-    if (rec.shard_count > 1 << 20 || rec.shard_index >= rec.shard_count)
-      fail("record.shard", fmt::format("index {} of {} shards: must be below the count (at most 2^20)", rec.shard_index,
-                                       rec.shard_count));
+    if (count > 1 << 20 || index >= count)  // checked before narrowing to int
+      fail("record.shard", fmt::format("index {} of {} shards: must be below the count (at most 2^20)", index, count));
+    rec.shard_count = static_cast<int>(count), rec.shard_index = static_cast<int>(index);
   }
   rec.environment = env_from_json(r.need("environment"), "record.environment");
   rec.tolerance = tolerance_from_json(r.need("tolerance"), "record.tolerance");

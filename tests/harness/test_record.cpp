@@ -398,6 +398,12 @@ TEST(Record, EveryMalformedFieldIsNamedInTheMessage) {
       {"fit points", [](json& j) { j["sweeps"][0]["fit"]["points"] = 6; },
        "record.sweeps[0].fit.points: must be <= the series' points (5), got 6"},
       {"fit", [](json& j) { j["sweeps"][2]["fit"].erase("exponent"); }, "record.sweeps[2].fit.exponent: missing"},
+      {"shard index", [](json& j) { j["shard"] = {{"index", 3}, {"count", 3}}; },
+       "record.shard: index 3 of 3 shards: must be below the count (at most 2^20)"},
+      {"shard count past int", [](json& j) { j["shard"] = {{"index", 1}, {"count", 4294967298LL}}; },
+       "record.shard: index 1 of 4294967298 shards: must be below the count (at most 2^20)"},
+      {"shard index past int", [](json& j) { j["shard"] = {{"index", 4294967296LL}, {"count", 2}}; },
+       "record.shard: index 4294967296 of 2 shards: must be below the count (at most 2^20)"},
       {"effective bits", [](json& j) { j["sweeps"][0]["effective_bits"] = "-" ; },
        "record.sweeps[0].effective_bits: must be a number (or \"nan\", \"inf\", \"-inf\"), got \"-\""},
   };
