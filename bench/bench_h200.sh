@@ -7,7 +7,7 @@
 #   ladder_square  the FP32 ladder and cuBLAS SGEMM (baseline) at 1024..8192 squared
 #   ladder_llm     the same at the LLM shapes (4096x4096x11008, ..., 8192^3)
 #   ladder_tc      the tensor-core steps next to cuBLAS of their type (FP16, BF16, TF32) at 1024..8192 squared
-#   sweeps         ulpgate sweep --vary seq_kv=128:65536 for the attention kernels, FP16 and
+#   sweeps         ulpgate sweep --vary seq_kv=128:65536 for the attention kernels (cuDNN's where built), FP16 and
 #                  BF16, on realistic logits: logits(std=3) (large scores) and sink(logit=16) (an
 #                  attention sink)
 # Raw outputs (Markdown and JSON per part) go to OUT_DIR; a summary to stdout.
@@ -43,7 +43,8 @@ fi
 if has sweeps; then
   for dt in fp16 bf16; do
     t0=$(now)
-    "$u" sweep --kernel cuda.attn_flash.$dt --kernel cuda.attn_online --kernel cuda.attn_naive --dtype $dt \
+    cudnn=""; "$u" list 2>/dev/null | grep -q "cudnn.sdpa.$dt" && cudnn="--kernel cudnn.sdpa.$dt"
+    "$u" sweep $cudnn --kernel cuda.attn_flash.$dt --kernel cuda.attn_online --kernel cuda.attn_naive --dtype $dt \
       --vary seq_kv=128:65536 --dist 'logits(std=3)' --dist 'sink(logit=16,key=0,std=1)' --seed 1 --out "$out/sweep_$dt" > "$out/sweep_$dt.log" 2>&1
     echo "sweep $dt: rc $? in $(took "$t0")"; grep -E "growth" "$out/sweep_$dt.log" | cut -c1-200
     rm -rf "$out/sweep_$dt/cases"

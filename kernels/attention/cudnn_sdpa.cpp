@@ -2,7 +2,7 @@
 // backend graph API (issue 19; docs/design/cudnn_sdpa.md). The graph is the one cuDNN's
 // runtime-fused flash-attention engine recognises on 9.19, built from primitive operations:
 //   S = Q K^T (float) -> S * scale -> [padding mask from kv_lengths] -> [causal mask]
-//   -> max, subtract, exp, sum, divide -> P (the input type) -> O = P V.
+//   -> max, subtract, exp, sum, [log, add: the statistics] divide -> P -> O = P V.
 // The first engine configuration of heuristics mode A that finalizes is used; its global
 // index and the cuDNN version go into every result's notes. Plans are cached per shape
 // and thread (building one takes a fraction of a second).
@@ -135,7 +135,7 @@ struct Graph {
 };
 
 // One shape's plan: the graph, the plan, the variant pack's ids in a fixed order (Q, K, V, O,
-// scale, -inf[, seq_len_q, seq_len_kv]), the workspace size and the engine chosen.
+// scale[, -inf: masks only][, seq_len_q, seq_len_kv]), the workspace size and the engine chosen.
 struct Plan {
   Graph g;
   std::unique_ptr<Desc> plan;
@@ -155,14 +155,16 @@ std::unique_ptr<Plan> build_plan(cudnnHandle_t handle, const attn::SdpaShape& s)
   const auto strides = [&](std::int64_t h, std::int64_t seq) {
     return s.bshd ? std::array<std::int64_t, 4>{seq * h * d, d, h * d, 1} : std::array<std::int64_t, 4>{h * seq * d, seq * d, d, 1};
   };
-  std::int64_t uq, uk, uv, uo, uscale, uinf, ulq = 0, ulkv = 0;
+  std::int64_t uq, uk, uv, uo, uscale, uinf = 0, ulq = 0, ulkv = 0;
   const Desc& q = g.tensor(io, {b, hq, sq, d}, strides(hq, sq), false, false, &uq);
   const auto ks = strides(hk, skv);
   const Desc& kt = g.tensor(io, {b, hk, d, skv}, {ks[0], ks[1], ks[3], ks[2]}, false, false, &uk);  // K^T: no copy
   const Desc& v = g.tensor(io, {b, hk, skv, d}, ks, false, false, &uv);
   const Desc& o = g.tensor(io, {b, hq, sq, d}, strides(hq, sq), false, false, &uo);
   const Desc& scale = g.tensor(f, {1, 1, 1, 1}, {1, 1, 1, 1}, false, true, &uscale);
-  const Desc& neg_inf = g.tensor(f, {1, 1, 1, 1}, {1, 1, 1, 1}, false, true, &uinf);
+  // -inf for the masks, only where a mask uses it: a variant pack naming a tensor the graph
+  // does not use is refused at execution (CUDNN_STATUS_BAD_PARAM_NULL_POINTER, H200 run 10).
+  const Desc* neg_inf = s.padded || s.causal ? &g.tensor(f, {1, 1, 1, 1}, {1, 1, 1, 1}, false, true, &uinf) : nullptr;
   const std::array<std::int64_t, 4> sdims{b, hq, sq, skv}, sstr{hq * sq * skv, sq * skv, skv, 1};
   const std::array<std::int64_t, 4> rdims{b, hq, sq, 1}, rstr{hq * sq, sq, 1, 1};
   const auto scores = [&](cudnnDataType_t t = CUDNN_DATA_FLOAT) -> const Desc& { return g.tensor(t, sdims, sstr, true, false); };
@@ -188,7 +190,7 @@ std::unique_ptr<Plan> build_plan(cudnnHandle_t handle, const attn::SdpaShape& s)
     const Desc& keep = scores(CUDNN_DATA_BOOLEAN);
     g.pointwise(CUDNN_POINTWISE_LOGICAL_AND, CUDNN_DATA_BOOLEAN, row_in, &col_in, keep);
     const Desc& next = scores();
-    g.pointwise(CUDNN_POINTWISE_BINARY_SELECT, f, *cur, &neg_inf, next, &keep);
+    g.pointwise(CUDNN_POINTWISE_BINARY_SELECT, f, *cur, neg_inf, next, &keep);
     cur = &next;
   }
   if (s.causal) {  // top-left aligned (seq_q == seq_kv here): column <= row kept
@@ -199,7 +201,7 @@ std::unique_ptr<Plan> build_plan(cudnnHandle_t handle, const attn::SdpaShape& s)
     const Desc& keep = scores(CUDNN_DATA_BOOLEAN);
     g.pointwise(CUDNN_POINTWISE_CMP_GE, CUDNN_DATA_BOOLEAN, row, &col, keep);
     const Desc& next = scores();
-    g.pointwise(CUDNN_POINTWISE_BINARY_SELECT, f, *cur, &neg_inf, next, &keep);
+    g.pointwise(CUDNN_POINTWISE_BINARY_SELECT, f, *cur, neg_inf, next, &keep);
     cur = &next;
   }
   const Desc& m = g.tensor(f, rdims, rstr, true, false);
@@ -210,7 +212,15 @@ std::unique_ptr<Plan> build_plan(cudnnHandle_t handle, const attn::SdpaShape& s)
   g.pointwise(CUDNN_POINTWISE_EXP, f, z, nullptr, e);
   const Desc& l = g.tensor(f, rdims, rstr, true, false);
   g.reduce(CUDNN_REDUCE_TENSOR_ADD, e, l);
-  const Desc& prob = scores(io);  // P in the input type, as the second matmul takes it
+  // The softmax statistics (log-sum-exp, max + log(sum)) as cuDNN's frontend always builds them,
+  // virtual here: the fused engine's pattern has them even when nothing reads them.
+  const Desc& log_l = g.tensor(f, rdims, rstr, true, false);
+  g.pointwise(CUDNN_POINTWISE_LOG, f, l, nullptr, log_l);
+  const Desc& stats = g.tensor(f, rdims, rstr, true, false);
+  g.pointwise(CUDNN_POINTWISE_ADD, f, m, &log_l, stats);
+  // P in the input type, as the second matmul takes it: the engines refuse a float P ("A and B
+  // need to have the same datatype in the matmul", cuDNN 9.19's log on the H200).
+  const Desc& prob = scores(io);
   g.pointwise(CUDNN_POINTWISE_DIV, f, e, &l, prob);
   g.matmul(prob, v, o, lq, nullptr, lkv);
 
@@ -262,7 +272,8 @@ std::unique_ptr<Plan> build_plan(cudnnHandle_t handle, const attn::SdpaShape& s)
   }
   if (!p->plan) throw KernelUnsupported("cuDNN: no engine configuration finalized (" + tried + ")");
   for (auto& c : cfgs) g.keep.push_back(std::move(c));
-  p->uids = {uq, uk, uv, uo, uscale, uinf};
+  p->uids = {uq, uk, uv, uo, uscale};
+  if (neg_inf) p->uids.push_back(uinf);
   if (s.padded) p->uids.insert(p->uids.end(), {ulq, ulkv});
   return p;
 }
@@ -294,7 +305,8 @@ std::string cudnn_sdpa(const SdpaShape& s, const void* q, const void* k, const v
   auto& plan = state.plans[key];
   if (!plan) plan = build_plan(state.handle, s);
   float scale = s.scale, neg_inf = -std::numeric_limits<float>::infinity();
-  std::vector<void*> ptrs{const_cast<void*>(q), const_cast<void*>(k), const_cast<void*>(v), o, &scale, &neg_inf};
+  std::vector<void*> ptrs{const_cast<void*>(q), const_cast<void*>(k), const_cast<void*>(v), o, &scale};
+  if (s.padded || s.causal) ptrs.push_back(&neg_inf);
   if (s.padded) ptrs.insert(ptrs.end(), {const_cast<int*>(seq_q), const_cast<int*>(seq_kv)});
   DeviceBuffer workspace(static_cast<std::size_t>(plan->workspace), stream);
   void* ws = workspace.get();

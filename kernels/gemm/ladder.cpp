@@ -117,12 +117,14 @@ class TensorCoreGemm final : public Kernel {
   KernelTraits traits() const override {
     KernelTraits t{Memory::Device, true};
     t.thread_safe = true;  // no state; all work on io.stream
-    // Each element is one mma accumulator walked along K in order: the probe's model of the
+    // Each element is one accumulator walked along K in order: the probe's model of the
     // instruction is the kernel's arithmetic (docs/results/probe_h200.md), so the model rule
-    // applies. TF32 has no such model here (the CPU models accumulate FP32 inputs).
-    if (s_.input != Format::FP32 && !wgmma()) {
+    // applies. wgmma's FP16/BF16 unit measured the same as mma.sync m16n8k16 (run 9). TF32
+    // has no such model here (the CPU models accumulate FP32 inputs).
+    if (s_.input != Format::FP32) {
       t.accumulation_model = fmt::format("cpu.blockfma:block=16,frac=25,round=rz,align={}", ulpgate::name(s_.input));
-      t.arithmetic_source = "probe, NVIDIA H200, 2026-12-02: mma.sync m16n8k16 adds 16 products per step, truncated";
+      t.arithmetic_source = wgmma() ? "probe, NVIDIA H200, 2026-12-03: wgmma m64nNk16 adds 16 products per step, truncated"
+                                    : "probe, NVIDIA H200, 2026-12-02: mma.sync m16n8k16 adds 16 products per step, truncated";
     }
     return t;
   }

@@ -31,10 +31,9 @@ TEST(Ladder, NamesAndTraits) {
     EXPECT_EQ(t.rounds_to_nearest, simt) << k.name() << ": tensor cores truncate";
     EXPECT_EQ(t.accumulator_bits, 0);
     EXPECT_EQ(t.deterministic, k.name() != "ladder.fp32_splitk_atomic") << k.name();
-    // FP16 and BF16 steps declare the probe's mma.sync model (the model rule applies)
-    // (wgmma: not yet measured by the probe, none declared)
-    const bool wgmma = k.name().rfind("ladder.wgmma", 0) == 0;
-    const char* model = wgmma ? "" : k.name().find("fp16") != std::string::npos ? "cpu.blockfma:block=16,frac=25,round=rz,align=fp16"
+    // FP16 and BF16 steps (mma.sync, WMMA and wgmma) declare the probe's model of their unit
+    // (the model rule applies)
+    const char* model = k.name().find("fp16") != std::string::npos ? "cpu.blockfma:block=16,frac=25,round=rz,align=fp16"
                         : k.name().find("bf16") != std::string::npos ? "cpu.blockfma:block=16,frac=25,round=rz,align=bf16"
                                                                       : "";
     EXPECT_EQ(t.accumulation_model, model) << k.name();

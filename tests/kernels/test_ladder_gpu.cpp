@@ -232,14 +232,14 @@ TEST(LadderGpu, TensorCoreStepsPassTheCheckPath) {
   }
 }
 
-// Each element is one mma accumulator walked along K in order, so steps 10 and 11 give the
-// probe's model of mma.sync m16n8k16 (cpu.blockfma:block=16,frac=25,round=rz) bit for bit,
+// Each element is one accumulator walked along K in order, so steps 10, 11 and 13 give the
+// probe's model of their unit (mma.sync m16n8k16, wgmma m64nNk16: cpu.blockfma:block=16,
+// frac=25,round=rz) bit for bit,
 // and step 12 gives mma.sync m16n8k8's (block 8) on the inputs rounded to TF32 (to nearest,
 // ties away) first.
 TEST(LadderGpu, TensorCoreStepsEqualTheirMmaModelBitForBit) {
   if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device";
   for (auto& k : ladder_kernels(true)) {
-    if (k->name().rfind("ladder.wgmma", 0) == 0) continue;  // no probe model of wgmma declared yet
     const bool tf32 = k->name().find("tf32") != std::string::npos;
     const std::string model_name = tf32 ? "cpu.blockfma:block=8,frac=25,round=rz,align=tf32" : k->traits().accumulation_model;
     const auto parsed = AccumulationModel::parse(model_name);
