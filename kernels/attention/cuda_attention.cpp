@@ -157,7 +157,7 @@ class CudaAttention final : public Kernel {
     if (flash()) {
       ULPGATE_CHECK(attn::flash_attention(s, q, k, v, o, v_ != Variant::FlashNoRescale, stream));
       device_synchronize(io.stream);
-      notes["kernel"] = "flash: 64 query rows x 64-key tiles, mma.sync m16n8k16, cp.async";
+      notes["kernel"] = "flash: 128 query rows (4 warps x 32) x 64-key tiles, K/V double-buffered by cp.async, ldmatrix, mma.sync m16n8k16";
       return;
     }
     if (v_ != Variant::Naive) {

@@ -82,8 +82,10 @@ inline constexpr long long kOnlineMaxHeadDimV = 256;
 /// FlashAttention-2 style forward pass (kernels/attention/flash.cu): Q, K, V all FP16 or all
 /// BF16 (q.format), head_dim = head_dim_v = 64 or 128, O FP32/FP16/BF16, tensor cores
 /// (mma.sync m16n8k16) with FP32 accumulation, P rounded to the input type before P V;
-/// batch x heads at most 65535. `rescale` false plants the classic bug (the accumulator and
-/// sum not rescaled when the running max grows; FP16 inputs).
+/// batch x heads at most 65535, seq_q and seq_kv below 2^30 (else cudaErrorInvalidValue).
+/// Blocks of 128 query rows (4 warps x 32), 64-key tiles, K and V double-buffered (cp.async),
+/// fragments by ldmatrix. `rescale` false plants the classic bug (the accumulator and sum not
+/// rescaled when the running max grows; FP16 inputs).
 cudaError_t flash_attention(const Shape& s, const Operand& q, const Operand& k, const Operand& v, const Operand& o,
                             bool rescale, cudaStream_t stream);
 
