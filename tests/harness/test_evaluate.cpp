@@ -17,6 +17,7 @@
 #include "harness/check.hpp"
 #include "harness/ops/gemm.hpp"
 #include "harness/ops/op.hpp"
+#include "kernels/emulated/attention_models.hpp"
 #include "kernels/emulated/gemm_models.hpp"
 
 using namespace ulpgate;
@@ -716,4 +717,65 @@ TEST(Evaluate, GivenOutputsAreJudgedAsTheRunThatComputedThem) {
     outputs.erase(out);
     EXPECT_THROW(check_given_outputs(c, outputs, "external:none"), InputError);
   }
+}
+
+// cuDNN's SDPA on the H200 (run 10) returns 0 for BF16 outputs near or below FP32's smallest
+// normal (exact -0x1.04p-126 came back -0, 0x1.6p-129 came back +0): its FP32 arithmetic
+// flushes subnormal results. A kernel that flushes BF16 outputs below 2^-126 passes where it
+// declares it (KernelTraits::flushes_subnormals) and fails where it does not; one that also
+// adds 2^-120 to an element fails either way.
+TEST(Evaluate, DeclaredSubnormalFlushingCoversAttentionOutputs) {
+  class Flushing final : public Kernel {
+   public:
+    Flushing(bool declared, double add) : declared_(declared), add_(add) {
+      inner_ = make_emulated_attention(*AttentionModel::parse("cpu.attn_naive"));
+    }
+    std::string name() const override { return "test.flushing_attention"; }
+    std::string description() const override { return "cpu.attn_naive, BF16 outputs below 2^-126 flushed to zero"; }
+    KernelTraits traits() const override {
+      KernelTraits t = inner_->traits();
+      t.flushes_subnormals = declared_;
+      return t;
+    }
+    std::optional<std::string> unsupported(const Case& c) const override { return inner_->unsupported(c); }
+    void run(const Case& c, const KernelIo& io, RunNotes& n) override {
+      inner_->run(c, io, n);
+      const AttentionShape& a = c.attention;
+      auto* o = static_cast<std::uint16_t*>(io.out.at("O"));
+      for (std::int64_t e = 0; e < a.batch * a.heads * a.seq_q * a.eff_head_dim_v(); ++e)
+        if ((o[e] & 0x7F80u) == 0) o[e] &= 0x8000u;
+      if (add_ != 0) {
+        float f;
+        const std::uint32_t w = static_cast<std::uint32_t>(o[0]) << 16;
+        std::memcpy(&f, &w, 4);
+        f += static_cast<float>(add_);
+        std::uint32_t back;
+        std::memcpy(&back, &f, 4);
+        o[0] = static_cast<std::uint16_t>(back >> 16);
+      }
+    }
+
+   private:
+    bool declared_;
+    double add_;
+    std::unique_ptr<Kernel> inner_;
+  };
+  int undeclared_failed = 0, declared_failed = 0, off_passed = 0, runs = 0;
+  for (std::uint64_t seed = 1; seed <= 6; ++seed) {
+    Case c;
+    c.op = Op::Attention;
+    c.attention.batch = 1, c.attention.heads = 2, c.attention.seq_q = 8, c.attention.seq_kv = 33, c.attention.head_dim = 16;
+    c.types = {{"Q", Format::BF16}, {"K", Format::BF16}, {"V", Format::BF16}, {"O", Format::BF16}, {"compute", Format::FP32}};
+    c.dist = {{"V", "subnormal(rate=0.9)"}};
+    c.seed = seed;
+    c.kernel = "test.flushing_attention";
+    Flushing plain(false, 0), declared(true, 0), off(true, 0x1p-120);
+    undeclared_failed += !evaluate(plain, c, {}).verdict.passed;
+    declared_failed += !evaluate(declared, c, {}).verdict.passed;
+    off_passed += evaluate(off, c, {}).verdict.passed;
+    ++runs;
+  }
+  EXPECT_EQ(declared_failed, 0);
+  EXPECT_EQ(undeclared_failed, runs);
+  EXPECT_EQ(off_passed, 0);
 }
