@@ -55,6 +55,7 @@ Class classify(const OutputComparison& cmp, std::size_t e, Code r) {
   const Format f = cmp.format;
   if (e < cmp.unreferenced.size() && cmp.unreferenced[e]) {  // no x_e: only a non-finite d_e is judged
     if (is_finite(f, cmp.got[e]) || accumulated_at(cmp, e) > cmp.accumulator_max) return Class::Unreferenced;
+    if (is_nan(f, cmp.got[e]) && e < cmp.nan_allowed.size() && cmp.nan_allowed[e]) return Class::Unreferenced;
     return is_nan(f, cmp.got[e]) ? Class::UnexpectedNan : Class::UnexpectedInf;
   }
   const Code g = cmp.got[e];
@@ -78,6 +79,7 @@ Class classify(const OutputComparison& cmp, std::size_t e, Code r) {
                       (is_inf(f, g) && is_inf(f, r) && is_negative(f, g) == is_negative(f, r));
     return same ? Class::Expected : Class::Mismatched;
   }
+  if (!g_finite && is_nan(f, g) && e < cmp.nan_allowed.size() && cmp.nan_allowed[e]) return Class::Expected;
   if (!g_finite) return is_nan(f, g) ? Class::UnexpectedNan : Class::UnexpectedInf;
   if (cmp.relu_output && x.kind == RefValue::Kind::NaN && g == 0) return Class::Expected;  // max(NaN, 0) = +0
   return Class::Missed;

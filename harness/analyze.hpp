@@ -146,6 +146,11 @@ struct OutputComparison {
   /// or Inf there (where the op says the true value is finite, accumulated_e within the
   /// accumulator) is unexpected. Empty: every element has its reference.
   std::vector<char> unreferenced;
+  /// Per element, 1 where a NaN is a correct kernel's answer although the reference is finite
+  /// (attention: a non-finite V at a key the row does not see, which a kernel computing P V as
+  /// a matrix product meets as 0 x Inf); a NaN there is expected, a finite value is judged as
+  /// everywhere. Empty: nowhere.
+  std::vector<char> nan_allowed;
   /// D is a ReLU's output: where x_e is NaN, +0 is right too (max(NaN, 0) is 0 under IEEE
   /// 754-2008 maxNum and CUDA's fmaxf, as cuBLASLt's RELU epilogue computes it).
   bool relu_output = false;

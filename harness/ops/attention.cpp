@@ -189,7 +189,9 @@ class AttentionModule final : public OpModule {
   OutputComparison compare(const Case& c, const Inputs& given, const Tensor& o, const ToleranceModel& tol) const override {
     // NaN or Inf inputs (a narrow format's overflow, FP8 NaN codes): softmax has no exact
     // value there. The reference takes them as 0, and every row they reach is marked as
-    // possibly overflowed (accumulated +Inf: any NaN or Inf accepted, no tolerance).
+    // possibly overflowed (accumulated +Inf: any NaN or Inf accepted, no tolerance); a
+    // non-finite V at a key a row does not see allows a NaN in that row's column only
+    // (masked_nonfinite_v).
     Inputs sanitized;
     std::vector<char> poisoned = poisoned_rows(c, given, sanitized);
     const Inputs& inputs = sanitized.empty() ? given : sanitized;
@@ -272,6 +274,7 @@ class AttentionModule final : public OpModule {
             if (!poisoned.empty() && poisoned[ref.row(b, h, i)]) cmp.accumulated[e] = INFINITY;
           }
         }
+    cmp.nan_allowed = masked_nonfinite_v(c, given);
     cmp.tolerance_note = fmt::format("accumulator {} bits{}, n = {} keys{}", tol.accumulator_bits,
                                      tol.p_bits ? fmt::format(", P {} bits", tol.p_bits) : "", a.seq_kv,
                                      sampled ? fmt::format(", {} of {} queries referenced", queries.size(), a.seq_q) : "");
@@ -379,6 +382,30 @@ class AttentionModule final : public OpModule {
         }
       }
     return rows;
+  }
+
+  // Per output element (b, h, i, d), 1 where V[b, kv_head(h), j, d] is NaN or Inf for a key j
+  // that row i does not see (causal, past kv_length): a kernel computing P V as a matrix
+  // product multiplies it by p = 0 and gets a NaN there (OutputComparison::nan_allowed).
+  // Empty when V is finite.
+  static std::vector<char> masked_nonfinite_v(const Case& c, const Inputs& in) {
+    const Tensor& v = in.at("V");
+    bool any = false;
+    for (std::size_t e = 0; e < v.size() && !any; ++e) any = !std::isfinite(v.value(e));
+    if (!any) return {};
+    const AttentionShape& a = c.attention;
+    const std::int64_t dv = a.eff_head_dim_v();
+    const AttentionView vv = attention_view(c, "V");
+    std::vector<char> out(static_cast<std::size_t>(a.batch * a.heads * a.seq_q * dv), 0);
+    for (std::int64_t b = 0; b < a.batch; ++b)
+      for (std::int64_t h = 0; h < a.heads; ++h)
+        for (std::int64_t j = 0; j < a.seq_kv; ++j)
+          for (std::int64_t d = 0; d < dv; ++d) {
+            if (std::isfinite(v.value(vv.offset(b, a.kv_head(h), j, d)))) continue;
+            for (std::int64_t i = 0; i < a.seq_q; ++i)
+              if (!attention_visible(c, b, i, j)) out[static_cast<std::size_t>(((b * a.heads + h) * a.seq_q + i) * dv + d)] = 1;
+          }
+    return out;
   }
 
   // K/V head counts for `heads` query heads, simplest first: 0 (multi-head), then every

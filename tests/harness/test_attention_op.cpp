@@ -485,3 +485,48 @@ TEST(AttentionOp, OutputOverflowOutsideTheSampleIsNoFalseAlarm) {
   const Evaluation ev = check(*online, c);
   EXPECT_TRUE(ev.verdict.passed) << ev.verdict.reasons.front();
 }
+
+// A non-finite V at a key some row does not see (causal, past its batch's kv_length) still
+// meets that row in a kernel that multiplies P by V as a matrix (p = 0 times Inf is NaN):
+// PyTorch's math SDPA, FlashAttention on a partially masked tile, the H200 run of
+// cuda.attn_flash.fp16 (5 "unexpected NaN" on a generated case with specials in V, run 10).
+// Such rows may be NaN in that column; a kernel that skips the masked key and stays finite
+// is judged as usual, and a NaN where V has no non-finite value in the column fails.
+TEST(AttentionOp, NonFiniteVAtAMaskedKeyMayReachTheRowsOfItsColumn) {
+  Case c = small_case(Format::FP32, 8);
+  AttentionShape& a = c.attention;
+  a.batch = 2, a.seq_q = 3, a.causal = true, a.kv_lengths = {8, 5};  // batch 1: keys 5..7 hidden
+  c.dist = {{"Q", "normal(0,1)"}, {"K", "normal(0,1)"}, {"V", "normal(0,1)"}};
+  Inputs in = fill_inputs(c);
+  const AttentionView vv = attention_view(c, "V");
+  in.at("V").set_value(vv.offset(0, 0, 7, 1), INFINITY);   // batch 0, key 7: seen by row 2 only
+  in.at("V").set_value(vv.offset(1, 0, 6, 2), -INFINITY);  // batch 1, key 6: past kv_length 5
+  // P V as a matrix product: O[b, h, i, d] += 0 x V[j, d] for the keys row i does not see
+  // (of the case it is given: the relations run slices of it).
+  const auto matmul_nan = [](bool plant_elsewhere) {
+    return Wrapped("matmul_pv", [plant_elsewhere](const Case& cc, const KernelIo& io, Kernel& inner, RunNotes& n) {
+      inner.run(cc, io, n);
+      const AttentionShape& s = cc.attention;
+      const AttentionView cv = attention_view(cc, "V"), co = attention_view(cc, "O");
+      const auto* v = static_cast<const float*>(io.in.at("V"));
+      auto* o = static_cast<float*>(io.out.at("O"));
+      for (std::int64_t b = 0; b < s.batch; ++b)
+        for (std::int64_t i = 0; i < s.seq_q; ++i)
+          for (std::int64_t j = 0; j < s.seq_kv; ++j)
+            for (std::int64_t d = 0; d < s.head_dim; ++d)
+              if (!attention_visible(cc, b, i, j) && !std::isfinite(v[cv.offset(b, 0, j, d)])) o[co.offset(b, 0, i, d)] = NAN;
+      if (plant_elsewhere && s.batch == 2) o[co.offset(0, 0, 0, 3)] = NAN;  // column 3 has no non-finite V
+    });
+  };
+  Wrapped ok = matmul_nan(false), bad = matmul_nan(true);
+  c.kernel = "matmul_pv";
+  const Evaluation good = evaluate_with_inputs(ok, c, in, EvaluationOptions{});
+  EXPECT_TRUE(good.verdict.passed) << good.verdict.reasons.front();
+  const Evaluation planted = evaluate_with_inputs(bad, c, in, EvaluationOptions{});
+  EXPECT_FALSE(planted.verdict.passed);
+  auto naive = make_emulated_attention(AttentionModel{});
+  c.kernel = naive->name();
+  const Evaluation skipping = evaluate_with_inputs(*naive, c, in, EvaluationOptions{});
+  EXPECT_TRUE(skipping.verdict.passed) << skipping.verdict.reasons.front();
+  EXPECT_GT(skipping.metrics[0].compared, 0);
+}
