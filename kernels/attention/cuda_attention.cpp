@@ -36,17 +36,19 @@ attn::Operand operand(const Case& c, const std::string& name) {
   return o;
 }
 
-enum class Variant { Naive, Online, OnlineNoRescale, FlashFp16, FlashBf16, FlashNoRescale, CudnnFp16, CudnnBf16 };
+enum class Variant { Naive, NaiveNoMax, Online, OnlineNoRescale, FlashFp16, FlashBf16, FlashNoRescale, CudnnFp16, CudnnBf16 };
 
 class CudaAttention final : public Kernel {
  public:
   explicit CudaAttention(Variant v) : v_(v) {}
+  bool naive() const { return v_ == Variant::Naive || v_ == Variant::NaiveNoMax; }
   bool flash() const { return v_ == Variant::FlashFp16 || v_ == Variant::FlashBf16 || v_ == Variant::FlashNoRescale; }
   Format flash_input() const { return v_ == Variant::FlashBf16 ? Format::BF16 : Format::FP16; }
   std::string name() const override {
     switch (v_) {
       case Variant::Naive: return "cuda.attn_naive";
       case Variant::Online: return "cuda.attn_online";
+      case Variant::NaiveNoMax: return "planted.cuda_attn_naive_no_max";
       case Variant::OnlineNoRescale: return "planted.cuda_attn_online_no_rescale";
       case Variant::FlashFp16: return "cuda.attn_flash.fp16";
       case Variant::FlashBf16: return "cuda.attn_flash.bf16";
@@ -66,8 +68,9 @@ class CudaAttention final : public Kernel {
                          "rows x 64-key tiles, P rounded to {} before P V; head_dim 64 or 128{}",
                          ulpgate::name(flash_input()), ulpgate::name(flash_input()),
                          v_ == Variant::FlashNoRescale ? " (planted bug: no rescale when the max grows)" : "");
-    if (v_ == Variant::Naive)
-      return "CUDA: three-pass attention (scores, row softmax, P V) with FP32 intermediates in global memory";
+    if (naive())
+      return std::string("CUDA: three-pass attention (scores, row softmax, P V) with FP32 intermediates in global memory") +
+             (v_ == Variant::NaiveNoMax ? " (planted bug: softmax without subtracting the row's max)" : "");
     return std::string("CUDA: online-softmax attention, a warp per query row, keys in blocks of 32, FP32") +
            (v_ == Variant::OnlineNoRescale ? " (planted bug: no rescale when the max grows)" : "");
   }
@@ -98,6 +101,14 @@ class CudaAttention final : public Kernel {
       if (a.head_dim != a.eff_head_dim_v() || a.head_dim % 8 != 0 || a.head_dim > 256)
         return fmt::format("head_dim {} (head_dim_v {}): equal, a multiple of 8, at most 256", a.head_dim, a.eff_head_dim_v());
       if (a.causal && a.seq_q != a.seq_kv) return std::string("causal with seq_q != seq_kv: the graph's mask is top-left aligned");
+      // Said here, not only at run time (where it is a failed run): a batch without keys,
+      // given or made by the masked(...) family when the inputs are filled (it empties at
+      // least one batch: distributions/fill.cpp).
+      for (const std::int64_t len : a.kv_lengths)
+        if (len == 0) return std::string("a batch without keys: cuDNN leaves its rows undefined");
+      for (const auto& [op, dist] : c.dist)
+        if (dist.rfind("masked", 0) == 0)
+          return fmt::format("{} {} empties a batch's keys: cuDNN leaves its rows undefined", op, dist);
       return std::nullopt;
     }
     if (flash()) {
@@ -111,11 +122,11 @@ class CudaAttention final : public Kernel {
         return fmt::format("head_dim {} (head_dim_v {}): only 64 and 128, equal", a.head_dim, a.eff_head_dim_v());
       if (a.batch * a.heads > 65535) return std::string("batch x heads > 65535");
     }
-    if (v_ == Variant::Naive && a.batch * a.heads * a.seq_q * a.seq_kv > (std::int64_t{1} << 31))
+    if (naive() && a.batch * a.heads * a.seq_q * a.seq_kv > (std::int64_t{1} << 31))
       return std::string("the score matrix would pass 2^31 elements (8 GB)");
-    if (v_ != Variant::Naive && a.eff_head_dim_v() > attn::kOnlineMaxHeadDimV)
+    if (!naive() && a.eff_head_dim_v() > attn::kOnlineMaxHeadDimV)
       return fmt::format("head_dim_v {} > {}", a.eff_head_dim_v(), attn::kOnlineMaxHeadDimV);
-    if (v_ != Variant::Naive && a.head_dim > 8192) return fmt::format("head_dim {} > 8192 (shared memory)", a.head_dim);
+    if (!naive() && a.head_dim > 8192) return fmt::format("head_dim {} > 8192 (shared memory)", a.head_dim);
     return std::nullopt;
   }
   void run(const Case& c, const KernelIo& io, RunNotes& notes) override {
@@ -164,7 +175,7 @@ class CudaAttention final : public Kernel {
       notes["kernel"] = "flash: 128 query rows (4 warps x 32) x 64-key tiles, K/V double-buffered by cp.async, ldmatrix, mma.sync m16n8k16";
       return;
     }
-    if (v_ != Variant::Naive) {
+    if (!naive()) {
       ULPGATE_CHECK(attn::online_attention(s, q, k, v, o, v_ == Variant::Online, stream));
       device_synchronize(io.stream);
       notes["kernel"] = "online softmax, a warp per query row, 32 keys per block";
@@ -173,7 +184,8 @@ class CudaAttention final : public Kernel {
     const long long rows = a.batch * a.heads * a.seq_q;
     DeviceBuffer S(static_cast<std::size_t>(rows * a.seq_kv) * sizeof(float), io.stream);
     DeviceBuffer l(static_cast<std::size_t>(rows) * sizeof(float), io.stream);
-    ULPGATE_CHECK(attn::naive_attention(s, q, k, v, o, static_cast<float*>(S.get()), static_cast<float*>(l.get()), stream));
+    ULPGATE_CHECK(attn::naive_attention(s, q, k, v, o, static_cast<float*>(S.get()), static_cast<float*>(l.get()),
+                                        v_ != Variant::NaiveNoMax, stream));
     device_synchronize(io.stream);  // the buffers above are freed on return
     notes["kernel"] = "three passes, FP32 scores and probabilities in global memory";
   }
@@ -197,6 +209,7 @@ std::vector<std::unique_ptr<Kernel>> make_attention_kernels() {
   return out;
 }
 
+std::unique_ptr<Kernel> make_planted_naive_no_max() { return std::make_unique<CudaAttention>(Variant::NaiveNoMax); }
 std::unique_ptr<Kernel> make_planted_online_no_rescale() { return std::make_unique<CudaAttention>(Variant::OnlineNoRescale); }
 std::unique_ptr<Kernel> make_planted_flash_no_rescale() { return std::make_unique<CudaAttention>(Variant::FlashNoRescale); }
 

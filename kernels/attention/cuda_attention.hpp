@@ -17,8 +17,10 @@ namespace ulpgate {
 /// cuda.attn_flash.fp16 / .bf16: FlashAttention-2 style on tensor cores (flash.cu).
 std::vector<std::unique_ptr<Kernel>> make_attention_kernels();
 
-/// cuda.attn_online with the classic bug planted: no rescale when the max grows (not
-/// registered; the GPU test shows the harness catching it).
+/// Planted bugs (not registered; the GPU tests show the harness catching them):
+/// cuda.attn_naive with the unsafe softmax exp(S) (the row's max not subtracted);
+std::unique_ptr<Kernel> make_planted_naive_no_max();
+/// cuda.attn_online without the rescale when the max grows;
 std::unique_ptr<Kernel> make_planted_online_no_rescale();
 /// cuda.attn_flash.fp16 with the same bug planted.
 std::unique_ptr<Kernel> make_planted_flash_no_rescale();

@@ -67,9 +67,10 @@ inline __device__ void store(const Operand& o, long long at, float v) {
 #endif
 
 /// The three passes on `stream`: S (rows x seq_kv floats) and l (rows floats) are scratch,
-/// rows = batch x heads x seq_q. Returns the launch error, if any.
+/// rows = batch x heads x seq_q. `subtract_max` false plants the unsafe softmax exp(S) without
+/// the row's max (for the harness's tests). Returns the launch error, if any.
 cudaError_t naive_attention(const Shape& s, const Operand& q, const Operand& k, const Operand& v, const Operand& o,
-                            float* S, float* l, cudaStream_t stream);
+                            float* S, float* l, bool subtract_max, cudaStream_t stream);
 
 /// Online softmax in one pass over the keys (FP32 SIMT): a warp per query row, keys in blocks
 /// of 32 (a score per lane), the running max and sum and the accumulator rescaled when the

@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 #include <rapidcheck.h>
 
+#include "core/case.hpp"
 #include "harness/check.hpp"
 #include "harness/ops/op.hpp"
 #include "kernels/attention/cuda_attention.hpp"
@@ -30,6 +31,7 @@ TEST(AttentionGpu, EveryKernelPassesGeneratedCases) {
         ++skipped;
         return;
       }
+      RC_LOG() << to_json(c).dump() << "\n";  // the shrunk case, replayable (ulpgate replay)
       const Evaluation ev = evaluate(*k, c, {});
       ++run;
       if (ev.run.status != Disposition::Ok) RC_FAIL(fmt::format("{}: {}", name(ev.run.status), ev.run.message));
@@ -59,6 +61,41 @@ TEST(AttentionGpu, MissingRescaleIsCaught) {
   });
   std::printf("[ attention ] %s: %d of %d cases failed\n", k->name().c_str(), failed, run);
   EXPECT_GT(failed, 0);
+}
+
+// The unsafe softmax exp(S) without the row's max: scores with a spread of 40 (logits(std=40))
+// pass about 88.7 and exp overflows, which the correct naive kernel survives; the planted one
+// fails there and on some generated cases.
+TEST(AttentionGpu, NaiveMissingMaxIsCaught) {
+  if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device";
+  auto planted = make_planted_naive_no_max();
+  auto kernels = make_attention_kernels();
+  Kernel& naive = *kernels.front();
+  ASSERT_EQ(naive.name(), "cuda.attn_naive");
+  Case c;
+  c.op = Op::Attention;
+  c.attention.batch = 2, c.attention.heads = 2, c.attention.seq_q = 16, c.attention.seq_kv = 100, c.attention.head_dim = 32;
+  c.types = {{"Q", Format::FP32}, {"K", Format::FP32}, {"V", Format::FP32}, {"O", Format::FP32}, {"compute", Format::FP32}};
+  c.dist = {{"Q", "logits(std=40)"}, {"V", "normal(0,1)"}};
+  c.seed = 3;
+  c.kernel = naive.name();
+  const Evaluation good = evaluate(naive, c, {});
+  EXPECT_TRUE(good.verdict.passed) << good.verdict.reasons.front();
+  c.kernel = planted->name();
+  const Evaluation bad = evaluate(*planted, c, {});
+  EXPECT_FALSE(bad.verdict.passed);
+  std::printf("[ attention ] %s on logits(std=40): %s\n", planted->name().c_str(),
+              bad.verdict.reasons.empty() ? "passed" : bad.verdict.reasons.front().c_str());
+  int run = 0, failed = 0;
+  rc::check("planted no-max on generated attention cases", [&] {
+    Case g = *op_module(Op::Attention).generate("", planted.get(), GenLimits{1024, false});
+    g.kernel = planted->name();
+    if (planted->unsupported(g)) return;
+    const Evaluation ev = evaluate(*planted, g, {});
+    ++run;
+    failed += !ev.verdict.passed;
+  });
+  std::printf("[ attention ] %s: %d of %d generated cases failed\n", planted->name().c_str(), failed, run);
 }
 
 namespace {
