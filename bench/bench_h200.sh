@@ -43,7 +43,7 @@ fi
 if has sweeps; then
   for dt in fp16 bf16; do
     t0=$(now)
-    cudnn=""; "$u" list 2>/dev/null | grep -q "cudnn.sdpa.$dt" && cudnn="--kernel cudnn.sdpa.$dt"
+    cudnn=""; "$u" list 2>/dev/null | grep "cudnn.sdpa.$dt" > /dev/null && cudnn="--kernel cudnn.sdpa.$dt"  # not grep -q: pipefail
     "$u" sweep $cudnn --kernel cuda.attn_flash.$dt --kernel cuda.attn_online --kernel cuda.attn_naive --dtype $dt \
       --vary seq_kv=128:65536 --dist 'logits(std=3)' --dist 'sink(logit=16,key=0,std=1)' --seed 1 --out "$out/sweep_$dt" > "$out/sweep_$dt.log" 2>&1
     echo "sweep $dt: rc $? in $(took "$t0")"; grep -E "growth" "$out/sweep_$dt.log" | cut -c1-200
