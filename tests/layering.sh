@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The dependency direction of DESIGN.md, checked on the sources: core <- distributions,
-# references, kernels <- harness <- reports <- cli. Each room may include only itself and
-# the rooms below it (include/ulpgate, the public C ABI, is open to all). Prints every
-# upward include and fails if there is one.
+# references, kernels <- harness <- reports <- cli and python (the Python module, beside the
+# CLI). Each room may include only itself and the rooms below it (include/ulpgate, the
+# public C ABI, is open to all). Prints every upward include and fails if there is one.
 set -uo pipefail
 root=${1:-$(cd "$(dirname "$0")/.." && pwd)}
 cd "$root" || exit 2
@@ -15,10 +15,11 @@ allowed() {  # room -> include prefixes it may use
     harness) echo "core distributions references kernels harness" ;;
     reports) echo "core distributions references kernels harness reports" ;;
     cli) echo "core distributions references kernels harness reports cli" ;;
+    python) echo "core distributions references kernels harness reports python" ;;
   esac
 }
 bad=0 checked=0
-for room in core distributions references kernels harness reports cli; do
+for room in core distributions references kernels harness reports cli python; do
   dir=$room
   [ "$room" = cli ] && dir=harness/cli
   [ -d "$dir" ] || continue

@@ -1,0 +1,238 @@
+"""Known answers for the Python module: correct NumPy kernels pass, planted bugs fail, inputs
+are the bits `ulpgate export` writes, errors are the CLI's one line, campaigns repeat."""
+import json
+import os
+import subprocess
+
+import numpy as np
+import pytest
+
+import ulpgate
+
+CLI = os.environ.get("ULPGATE_CLI", "")
+needs_cli = pytest.mark.skipif(not os.path.exists(CLI), reason="ULPGATE_CLI (the ulpgate binary) not set")
+
+
+def values(x, fmt):
+    """Exact float64 values of a format's words."""
+    return ulpgate.decode(x, fmt).astype(np.float64)
+
+
+def numpy_gemm(x, case, drop_last_k=False):
+    """D = op(A) op(B) in float64, rounded once to D's format; FP8 scales applied."""
+    t, s = case.types, case.scales
+    a = values(x["A"], t["A"]) * s.get("A", 1.0)
+    b = values(x["B"], t["B"]) * s.get("B", 1.0)
+    if drop_last_k:
+        a, b = a[..., :-1], b[..., :-1, :]
+    with np.errstate(invalid="ignore", over="ignore"):  # NaN and Inf inputs (specials)
+        return {"D": ulpgate.encode((a @ b) * s.get("D", 1.0), t["D"])}
+
+
+def test_case_round_trips_through_json_and_files(tmp_path):
+    c = ulpgate.gemm_case(7, 5, 33, dtype="bf16", out="fp16", trans_a=True, lda=40, seed=3)
+    assert ulpgate.Case.from_json(c.to_json()) == c
+    c.write(tmp_path / "c.json")
+    assert ulpgate.read_case(tmp_path / "c.json") == c
+    assert c.types == {"A": "bf16", "B": "bf16", "D": "fp16", "compute": "fp32"}
+    assert c.outputs == ["D"]
+    assert c.replace(seed=4).seed == 4
+
+
+def test_bad_input_raises_value_error_with_the_clis_message(tmp_path):
+    with pytest.raises(ValueError, match=r"case.dist.A: dist \"normal\(0,\)\": empty argument 2"):
+        ulpgate.inputs(ulpgate.gemm_case(4, 4, 4, dist="normal(0,)"))
+    with pytest.raises(ValueError, match="lda"):
+        ulpgate.gemm_case(4, 4, 4, lda=2)
+    with pytest.raises(ValueError, match="dtype '<f8' is not fp32's '<f4'"):
+        ulpgate.check(ulpgate.gemm_case(4, 4, 4), {"D": np.zeros((4, 4))})
+    with pytest.raises(ValueError, match="neither its logical shape"):
+        ulpgate.check(ulpgate.gemm_case(4, 4, 4), {"D": np.zeros((3, 4), np.float32)})
+    with pytest.raises(ValueError, match="'O' is not an output"):
+        ulpgate.check(ulpgate.gemm_case(4, 4, 4), {"O": np.zeros((4, 4), np.float32)})
+    with pytest.raises(ValueError, match="dtype 'fp12'"):
+        ulpgate.fuzz(lambda x: None, dtype="fp12")
+
+
+@needs_cli
+def test_a_bad_case_file_gives_the_clis_line(tmp_path):
+    c = ulpgate.gemm_case(4, 4, 4).to_dict()
+    c["gemm"]["lda"] = 2
+    (tmp_path / "bad.json").write_text(json.dumps(c))
+    cli = subprocess.run([CLI, "export", str(tmp_path / "bad.json"), "--dir", str(tmp_path / "x")],
+                         capture_output=True, text=True)
+    assert cli.returncode == 2
+    with pytest.raises(ValueError) as e:
+        ulpgate.read_case(tmp_path / "bad.json")
+    assert cli.stderr.strip() == "ulpgate: error: " + str(e.value)
+
+
+@needs_cli
+@pytest.mark.parametrize("case", [
+    ulpgate.gemm_case(9, 7, 21, dtype="bf16", layout="col", trans_b=True, ldb=30, beta=1.0, seed=11),
+    ulpgate.gemm_case(5, 6, 19, dtype="e4m3", dist={"A": "amax(frac=1,base=normal(0,1))", "B": "normal(0,1)"}),
+    ulpgate.attention_case(5, 9, head_dim=16, batch=2, heads=2, layout="bshd", dtype="fp16"),
+])
+def test_inputs_are_the_bits_export_writes(tmp_path, case):
+    case.write(tmp_path / "c.json")
+    subprocess.run([CLI, "export", str(tmp_path / "c.json"), "--dir", str(tmp_path / "e")], check=True,
+                   capture_output=True)
+    flat = ulpgate.inputs(case, flat=True)
+    manifest = json.loads((tmp_path / "e" / "manifest.json").read_text())
+    assert sorted(flat) == sorted(manifest["inputs"])
+    for op, a in flat.items():
+        npy = np.load(tmp_path / "e" / f"{op}.npy")
+        assert npy.dtype == a.dtype and np.array_equal(npy.view(np.uint8), a.view(np.uint8)), op
+    assert ulpgate.filled_case(case).to_dict() == manifest["case"]
+
+
+def test_logical_views_index_the_buffer_as_the_manifest_says():
+    c = ulpgate.gemm_case(3, 4, 5, layout="col", trans_a=True, lda=9, batch=2)
+    flat, logical = ulpgate.inputs(c, flat=True)["A"], ulpgate.inputs(c)["A"]
+    assert logical.shape == (2, 3, 5) and not logical.flags.writeable
+    # A stored K x M column-major, ld 9: op(A)[b][i][k] = A[b][r=k][c=i] at b*M*ld + i*ld + k.
+    for b, i, k in [(0, 0, 0), (1, 2, 4), (0, 1, 3)]:
+        assert logical[b, i, k] == flat[b * 3 * 9 + i * 9 + k]
+
+
+def test_reference_is_exact_where_float64_is():
+    # Small integers: every partial sum is exact in float64, so the reference equals it.
+    c = ulpgate.gemm_case(6, 5, 40, dtype="fp16", dist="exact(max=8,frac=0)", beta=1.0)
+    x = ulpgate.inputs(c)
+    d = values(x["A"], "fp16") @ values(x["B"], "fp16") + values(x["C"], "fp32")
+    assert np.array_equal(ulpgate.reference(c)["D"], d)
+
+
+def test_a_correct_gemm_passes_and_one_bad_element_fails(tmp_path):
+    c = ulpgate.gemm_case(33, 17, 300, dtype="fp16", trans_b=True, ldd=20, seed=5)
+    d = numpy_gemm(ulpgate.inputs(c), c)["D"]
+    ok = ulpgate.check(c, {"D": d})
+    assert ok.passed, ok.reasons
+    m = ok.metrics["D"]
+    assert m["elements"] == 33 * 17 and m["max_ulp"] <= 1 and m["unexpected_nan"] == 0
+    bad = d.copy()
+    bad[0, 7, 3] += 1e-2 * np.abs(d).max()
+    r = ulpgate.check(c, {"D": bad})
+    assert not r.passed
+    assert "D:tolerance@interior" in r.checks
+    assert any("exceed" in reason for reason in r.reasons), r.reasons
+    assert r.metrics["D"]["worst"]["index"] == [0, 7, 3]
+    r.write_record(tmp_path / "run.json")
+    rec = ulpgate.read_record(tmp_path / "run.json")
+    assert rec["kind"] == "check" and rec["cases"][0]["verdict"]["passed"] is False
+    if os.path.exists(CLI):
+        rep = subprocess.run([CLI, "report", str(tmp_path / "run.json"), "--md", str(tmp_path / "r.md")],
+                             capture_output=True, text=True)
+        assert rep.returncode == 0, rep.stderr
+        assert "D:tolerance@interior" in (tmp_path / "r.md").read_text()
+
+
+def test_bf16_outputs_go_through_encode():
+    c = ulpgate.gemm_case(8, 8, 64, dtype="bf16", out="bf16")
+    x = ulpgate.inputs(c)
+    assert x["A"].dtype == np.uint16
+    d = values(x["A"], "bf16") @ values(x["B"], "bf16")
+    assert ulpgate.check(c, {"D": ulpgate.encode(d, "bf16")}).passed
+    # Truncating to BF16 instead of rounding misrounds about half of the elements.
+    trunc = (d.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
+    r = ulpgate.check(c, {"D": trunc})
+    assert not r.passed and any("misrounded" in k for k in r.checks), r.checks
+
+
+def test_numpy_float16_matmul_and_a_float16_accumulation():
+    c = ulpgate.gemm_case(8, 8, 4096, dtype="fp16", out="fp16")
+    x = ulpgate.inputs(c)
+    a, b = np.ascontiguousarray(x["A"][0]), np.ascontiguousarray(x["B"][0])
+    # NumPy's float16 matmul (no BLAS) sums in float32 and rounds once to float16: it passes.
+    d16 = np.matmul(a, b)
+    assert d16.dtype == np.float16
+    r = ulpgate.check(c, {"D": d16})
+    assert r.passed, r.reasons
+    # Even as an FP32 output it passes at K = 4096: FP16's rounding (2^-12 |d|, 4050 FP32
+    # ulps) is within what FP32 accumulation may lose on these inputs (|d| << sum |a b|).
+    # The tolerance is relative to sum |a b|, not to the output's ulp.
+    r32 = ulpgate.check(c.replace(types={**c.types, "D": "fp32"}), {"D": d16.astype(np.float32)})
+    assert r32.passed and r32.metrics["D"]["max_ulp"] > 1000, r32
+    # A float16 accumulator (every partial sum rounded to FP16) fails the FP32 compute case.
+    acc = np.zeros((8, 8), np.float16)
+    for k in range(4096):
+        acc = (acc + a[:, k:k + 1] * b[k:k + 1, :]).astype(np.float16)
+    r16 = ulpgate.check(c, {"D": acc})
+    assert not r16.passed and "D:tolerance@interior" in r16.checks, r16
+
+
+def numpy_attention(x, case):
+    """softmax(Q K^T / sqrt(d)) V in float64, rounded once to O's format (plain cases)."""
+    t = case.types
+    q, k, v = (values(x[n], t[n]) for n in "QKV")
+    s = q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1])
+    p = np.exp(s - s.max(axis=-1, keepdims=True))
+    o = (p @ v) / p.sum(axis=-1, keepdims=True)
+    return {"O": ulpgate.encode(o, t["O"])}
+
+
+def test_attention_reference_and_check():
+    c = ulpgate.attention_case(7, 33, head_dim=16, batch=2, heads=3, layout="bshd", dtype="bf16", out="fp32")
+    o = numpy_attention(ulpgate.inputs(c), c)["O"]
+    assert np.allclose(ulpgate.reference(c)["O"], o, rtol=1e-6, atol=1e-7)
+    assert ulpgate.check(c, {"O": o}).passed
+    assert ulpgate.run(numpy_attention, c).passed
+
+
+def test_fuzz_passes_a_correct_kernel_and_repeats_from_its_seed(tmp_path):
+    f = ulpgate.fuzz(numpy_gemm, dtype="bf16", cases=12, seed=7, max_k=256, out=tmp_path / "out")
+    assert len(f.results) == 12 and not f.failures, f.summary()
+    assert f.passed
+    again = ulpgate.fuzz(numpy_gemm, dtype="bf16", cases=12, seed=7, max_k=256)
+    assert [r.id for r in again.results] == [r.id for r in f.results]
+    other = ulpgate.fuzz(numpy_gemm, dtype="bf16", cases=3, seed=8, max_k=256)
+    assert [r.id for r in other.results] != [r.id for r in f.results[:3]]
+    # Generated cases vary layouts, transposes, padding and output formats.
+    shapes = {(r.case.gemm["layout"], r.case.gemm["trans_a"], r.case.types["D"]) for r in f.results}
+    assert len(shapes) > 3
+    for name in ("fuzz.json", "report.md", "junit.xml"):
+        assert (tmp_path / "out" / name).exists()
+    assert ulpgate.read_record(tmp_path / "out" / "fuzz.json")["campaign"]["seed"] == 7
+
+
+def test_fuzz_finds_a_dropped_k_element(tmp_path):
+    def dropped(x, case):
+        return numpy_gemm(x, case, drop_last_k=True)
+    f = ulpgate.fuzz(dropped, dtype="fp16", cases=6, seed=1, max_k=128, out=tmp_path / "out")
+    assert len(f.failures) >= 5, f.summary()
+    assert all("D:tolerance" in r.signature or r.status != "ok" for r in f.failures), f.summary()
+    assert os.listdir(tmp_path / "out" / "cases")
+    shrunk = [r for r in f.results if r._dict.get("origin") == "shrunk"]
+    assert shrunk and "ulpgate.run(" in f.failures[0].reproducer
+    # A shrunk case replays through run() and still fails.
+    saved = sorted((tmp_path / "out" / "corpus").glob("*.json"))
+    assert saved and not ulpgate.run(dropped, ulpgate.read_case(saved[0])).passed
+
+
+def test_fuzz_records_what_the_kernel_raises():
+    def broken(x):
+        raise RuntimeError("no such luck")
+    f = ulpgate.fuzz(broken, dtype="fp32", cases=2, seed=1, max_k=32, metamorphic=False)
+    assert len(f.failures) >= 2
+    assert "no such luck" in f.failures[0].reasons[0]
+
+
+def test_fuzz_attention_plain_cases():
+    f = ulpgate.fuzz(numpy_attention, op="attention", dtype="fp16", cases=4, seed=3, max_k=64)
+    assert len(f.results) == 4 and not f.failures, f.summary()
+
+
+def test_the_readme_walkthrough_runs_as_written(tmp_path, monkeypatch, capsys):
+    readme = open(os.path.join(os.path.dirname(__file__), "..", "..", "README.md")).read()
+    section = readme[readme.index("## Python module"):]
+    code = section[section.index("```python\n") + 10:section.index("```\n", section.index("```python\n") + 10)]
+    monkeypatch.chdir(tmp_path)
+    old = np.seterr()
+    try:
+        exec(compile(code, "README.md", "exec"), {})
+    finally:
+        np.seterr(**old)
+    printed = capsys.readouterr().out.splitlines()
+    said = [line.split("# ", 1)[1].split(";")[0] for line in code.splitlines() if line.startswith("print(")]
+    assert printed == said
+    assert (tmp_path / "check.json").exists() and (tmp_path / "pyfuzz" / "report.md").exists()
