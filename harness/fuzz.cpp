@@ -137,6 +137,14 @@ std::string fuzz_reproducer(const FuzzOptions& o, const FuzzTarget& t, std::int6
   return cmd;
 }
 
+std::vector<std::string> corpus_files(const std::string& dir) {
+  std::vector<std::string> files;
+  if (dir.empty() || !std::filesystem::is_directory(dir)) return files;
+  for (const auto& e : std::filesystem::directory_iterator(dir))
+    if (e.path().extension() == ".json") files.push_back(e.path().string());
+  return files;
+}
+
 RunRecord merge_shards(const std::vector<std::pair<std::string, RunRecord>>& shards) {
   if (shards.empty()) throw InputError("merge: give the records of every shard");
   const auto& [first_path, first] = shards.front();
@@ -265,10 +273,9 @@ RunRecord run_fuzz(Registry& registry, const FuzzOptions& o, const std::function
   };
 
   // The corpus first: every saved failure of a kernel in this campaign is rerun.
-  if (!o.corpus_dir.empty() && std::filesystem::is_directory(o.corpus_dir)) {
+  {
     std::vector<std::filesystem::path> files;
-    for (const auto& e : std::filesystem::directory_iterator(o.corpus_dir))
-      if (e.path().extension() == ".json") files.push_back(e.path());
+    for (const auto& f : o.corpus_files ? *o.corpus_files : corpus_files(o.corpus_dir)) files.emplace_back(f);
     std::sort(files.begin(), files.end());
     for (const auto& f : files) {
       Case c = read_case_file(f.string());

@@ -56,6 +56,10 @@ struct FuzzOptions {
   std::int64_t max_k = 4096;        ///< largest K generated (small regime)
   SizeSchedule sizes = SizeSchedule::Realistic;
   std::string corpus_dir;           ///< shrunk failures, replayed first ("" : none)
+  /// The corpus files to replay, listed before the campaign started (nullopt: corpus_dir's
+  /// .json files as run_fuzz finds them). Processes running shards of one campaign at once
+  /// over one corpus (fuzz under mpirun) list it before any of them can save a shrunk case.
+  std::optional<std::vector<std::string>> corpus_files;
   std::string cases_dir;            ///< every failing case as a case file ("" : none)
   /// Plugin libraries the kernels come from: named in the campaign (with a hash of each
   /// file) and in every reproducer.
@@ -117,6 +121,10 @@ std::string target_name(const FuzzTarget& t);
 /// The command that regenerates case `index` of target t (its last case), with every flag
 /// that shapes the case stream and its judgement.
 std::string fuzz_reproducer(const FuzzOptions& o, const FuzzTarget& t, std::int64_t index);
+
+/// The case files (.json) a campaign with this corpus directory replays, as run_fuzz lists
+/// them ("" or no such directory: none).
+std::vector<std::string> corpus_files(const std::string& dir);
 
 /// Runs the campaign; returns the run record (kind "fuzz"). progress is called after each
 /// case; log receives one line per event worth printing (failures, corpus saves).

@@ -18,6 +18,7 @@
 #include "core/error.hpp"
 #include "core/npy.hpp"
 #include "harness/cli/memory.hpp"
+#include "harness/cli/mpi.hpp"
 #include "harness/cli/options.hpp"
 #include "harness/fuzz.hpp"
 #include "harness/gate.hpp"
@@ -222,10 +223,14 @@ int write_campaign_outputs(const RunRecord& r, const std::filesystem::path& out,
   for (const auto& n : r.not_run) not_run += n.planned - n.run;
   std::printf("%zu cases, %lld failed, %lld not supported by their kernel\n", r.cases.size(), static_cast<long long>(failed),
               static_cast<long long>(unsupported));
-  if (not_run)
-    std::printf("PARTIAL: %lld planned cases not run (%zu targets cut short by the time budget)%s\n",
-                static_cast<long long>(not_run), r.not_run.size(),
-                allow_partial ? "; allowed by --allow-partial" : "; exit 1 (--allow-partial accepts it)");
+  if (not_run) {
+    const bool lost_rank = std::any_of(r.not_run.begin(), r.not_run.end(),
+                                       [](const NotRun& n) { return n.reason.rfind("MPI rank ", 0) == 0; });
+    std::printf("PARTIAL: %lld planned cases not run (%zu targets cut short by %s)%s\n", static_cast<long long>(not_run),
+                r.not_run.size(), lost_rank ? "the time budget or a failed MPI rank" : "the time budget",
+                lost_rank ? "; a failed rank is exit 3"
+                : allow_partial ? "; allowed by --allow-partial" : "; exit 1 (--allow-partial accepts it)");
+  }
   std::printf("record %s, reports %s%s, %s\n", (out / "fuzz.json").c_str(),
               no_html ? "" : ((out / "report.html").string() + ", ").c_str(), (out / "report.md").c_str(),
               (out / "junit.xml").c_str());
@@ -248,16 +253,27 @@ int merge_command(const std::vector<std::string>& runs, const std::string& out_d
   return write_campaign_outputs(r, std::filesystem::path(out_dir), no_html, allow_partial);
 }
 
-int fuzz_command(const FuzzArgs& a, const LocalRegistry& local, const std::string& command_line) {
-  // Every flag, the output directory, the corpus and an earlier journal are checked before
-  // a worker starts or anything is written.
+namespace {
+
+// A campaign set up to run: its options, the worker and the registry the targets came from.
+struct Campaign {
+  FuzzOptions o;
+  std::unique_ptr<IsolatedEvaluator> evaluator;
+  Registry registry;
+};
+
+// Every flag, the output directory, the corpus and an earlier journal are checked before a
+// worker starts or anything is written. Under MPI (world.size > 1) this is rank
+// world.rank's shard of the campaign: its own journal (<out>/journal-rank-R.jsonl), its
+// share of the node's cores, and the corpus as it was before any rank ran.
+void prepare(Campaign& c, const FuzzArgs& a, const LocalRegistry& local, const mpi::World& world) {
   check_cases(a.cases);
   check_budget(a.seconds);
   check_timeout(a.timeout);
   for (const auto& d : a.dtypes) check_dtype(d);
   check_out_dir(a.out_dir);
   const std::uint64_t max_memory = a.max_memory ? a.max_memory : default_max_memory();
-  FuzzOptions o;
+  FuzzOptions& o = c.o;
   o.cases = a.cases;
   o.seconds = a.seconds;
   o.seed = a.seed;
@@ -271,6 +287,12 @@ int fuzz_command(const FuzzArgs& a, const LocalRegistry& local, const std::strin
   o.plugins = a.plugins;
   o.journal_path = (std::filesystem::path(a.out_dir) / "journal.jsonl").string();
   if (!a.shard.empty()) std::tie(o.shard_index, o.shard_count) = parse_shard(a.shard);
+  if (world.size > 1) {
+    if (!a.shard.empty())
+      throw InputError(fmt::format("--shard {}: under mpirun the {} ranks are the shards (drop --shard)", a.shard, world.size));
+    o.shard_index = world.rank, o.shard_count = world.size;
+    o.journal_path = (std::filesystem::path(a.out_dir) / fmt::format("journal-rank-{}.jsonl", world.rank)).string();
+  }
   o.resume = a.resume;
   if (!a.resume)
     if (const std::size_t n = unfinished_journal_cases(o.journal_path))
@@ -278,81 +300,209 @@ int fuzz_command(const FuzzArgs& a, const LocalRegistry& local, const std::strin
                                    "or remove it / choose another --out",
                                    o.journal_path, n));
   check_corpus(o.corpus_dir, max_memory);
+  if (world.size > 1) o.corpus_files = corpus_files(o.corpus_dir);
   interrupt::install(o.journal_path);
   // Isolated (the default): kernels, their supports() included, run only in the worker.
-  std::unique_ptr<IsolatedEvaluator> evaluator;
-  Registry registry;
   if (a.in_process && a.jobs > 1)
     throw InputError("--jobs needs worker processes: kernels in this process run one case at a time (drop --in-process)");
-  o.jobs = a.in_process ? 1 : a.jobs > 0 ? a.jobs : static_cast<int>(std::min(16u, default_threads()));
+  // The ranks of one node share its cores.
+  const unsigned cores = std::max(1u, default_threads() / static_cast<unsigned>(std::max(1, world.local_size)));
+  o.jobs = a.in_process ? 1 : a.jobs > 0 ? a.jobs : static_cast<int>(std::min(16u, cores));
   if (!a.in_process) {
     IsolationOptions iso;
     iso.plugins = a.plugins;
     iso.timeout_seconds = a.timeout;
     // Each worker's references get its share of the cores.
-    iso.reference_threads = std::max(1u, default_threads() / static_cast<unsigned>(o.jobs));
+    iso.reference_threads = std::max(1u, cores / static_cast<unsigned>(o.jobs));
     o.isolation = iso;
-    evaluator = std::make_unique<IsolatedEvaluator>(iso);
-    o.evaluator = evaluator.get();
-    registry = worker_registry(*evaluator, a.kernels);
+    c.evaluator = std::make_unique<IsolatedEvaluator>(iso);
+    o.evaluator = c.evaluator.get();
+    c.registry = worker_registry(*c.evaluator, a.kernels);
   } else {
-    registry = local();
+    c.registry = local();
   }
   // Only the kernels asked for are asked what they support: a campaign over one kernel
   // must not depend on (or crash in) another kernel's supports().
   for (const auto& k : a.kernels)
-    if (!registry.resolve(k)) throw InputError(fmt::format("--kernel '{}': no such kernel here (see ulpgate list)", k));
-  for (const auto& t : all_targets(registry, a.kernels))
+    if (!c.registry.resolve(k)) throw InputError(fmt::format("--kernel '{}': no such kernel here (see ulpgate list)", k));
+  for (const auto& t : all_targets(c.registry, a.kernels))
     if (a.dtypes.empty() || std::count(a.dtypes.begin(), a.dtypes.end(), t.dtype)) o.targets.push_back(t);
   if (o.targets.empty())
-    throw InputError("fuzz: no kernel here supports the requested --kernel/--dtype combination" + why_no_targets(registry, a));
+    throw InputError("fuzz: no kernel here supports the requested --kernel/--dtype combination" + why_no_targets(c.registry, a));
   if (!a.no_html) report::check_gnuplot();  // before the campaign, not after it
   create_out_dir(a.out_dir);
+}
+
+// Runs the campaign with progress on stderr and events on stdout.
+RunRecord run_campaign(Campaign& c, const FuzzArgs& a, const mpi::World& world) {
+  const FuzzOptions& o = c.o;
   const bool tty = isatty(STDERR_FILENO);
   // Without a terminal (CI logs), a progress line at least every 10 s
   // (ULPGATE_PROGRESS_SECONDS overrides), so a long campaign is never silent.
   double progress_every = 10;
   if (const char* e = std::getenv("ULPGATE_PROGRESS_SECONDS")) progress_every = std::strtod(e, nullptr);
   double last_progress = 0;
+  std::string split;
+  if (world.size > 1)
+    split = fmt::format("; MPI rank {} of {}: shard {}/{} (every {}th target from target {}){}", world.rank, world.size,
+                        o.shard_index, o.shard_count, o.shard_count, o.shard_index,
+                        world.gpu.empty() ? "" : ", CUDA_VISIBLE_DEVICES=" + world.gpu);
+  else if (o.shard_count > 1)
+    split = fmt::format("; shard {} of {} (every {}th target from target {})", o.shard_index, o.shard_count, o.shard_count,
+                        o.shard_index);
   std::printf("ulpgate fuzz: seed %llu, %zu targets (kernel x dtype), %lld cases each, sizes %s (small regime K <= %lld), "
               "budget %s%s\n",
               static_cast<unsigned long long>(a.seed), o.targets.size(), static_cast<long long>(a.cases), a.sizes.c_str(),
               static_cast<long long>(a.max_k), a.seconds > 0 ? fmt::format("{:.0f} s", a.seconds).c_str() : "none",
-              o.shard_count > 1 ? fmt::format("; shard {} of {} (every {}th target from target {})", o.shard_index,
-                                              o.shard_count, o.shard_count, o.shard_index).c_str() : "");
+              split.c_str());
   std::fflush(stdout);
+  // Several ranks write to one terminal: their progress lines are not redrawn in place.
+  const bool redraw = tty && world.size == 1;
+  const std::string who = world.size > 1 ? fmt::format("rank {}: ", world.rank) : "";
   FuzzProgress last;
   RunRecord r = run_fuzz(
-      registry, o,
+      c.registry, o,
       [&](const FuzzProgress& p) {
         last = p;
         const double rate = p.elapsed > 0 ? p.cases / p.elapsed : 0;
         const double eta = rate > 0 ? (p.total - p.cases) / rate : 0;
-        if (tty) {
+        if (redraw) {
           std::fprintf(stderr, "\r  %lld/%lld cases, %lld failing, %.1f cases/s, ETA %.0f s   ", static_cast<long long>(p.cases),
                        static_cast<long long>(p.total), static_cast<long long>(p.failures), rate, eta);
         } else if (p.elapsed - last_progress >= progress_every) {
           last_progress = p.elapsed;
-          std::fprintf(stderr, "progress: %lld/%lld cases, %lld failing, %.0f s elapsed, ETA %.0f s\n",
+          std::fprintf(stderr, "%sprogress: %lld/%lld cases, %lld failing, %.0f s elapsed, ETA %.0f s\n", who.c_str(),
                        static_cast<long long>(p.cases), static_cast<long long>(p.total), static_cast<long long>(p.failures),
                        p.elapsed, eta);
           std::fflush(stderr);
         }
       },
       [&](const std::string& line) {
-        if (tty) std::fprintf(stderr, "\r\033[K");
-        std::printf("  %s\n", line.c_str());
+        if (redraw) std::fprintf(stderr, "\r\033[K");
+        std::printf("  %s%s\n", who.c_str(), line.c_str());
         std::fflush(stdout);
       });
-  if (tty) std::fprintf(stderr, "\r\033[K");
+  if (redraw) std::fprintf(stderr, "\r\033[K");
   if (last.elapsed > 0)
-    std::printf("throughput: %lld cases in %.2f s, %.0f cases/s (%d at once; results awaited %.0f%% of the time)\n",
-                static_cast<long long>(last.cases), last.elapsed, last.cases / last.elapsed, o.jobs,
+    std::printf("%sthroughput: %lld cases in %.2f s, %.0f cases/s (%d at once; results awaited %.0f%% of the time)\n",
+                who.c_str(), static_cast<long long>(last.cases), last.elapsed, last.cases / last.elapsed, o.jobs,
                 100 * last.waiting / last.elapsed);
+  std::fflush(stdout);
+  return r;
+}
+
+// The record of a rank that sent none: its shard of the campaign with every target it
+// owned listed as not run (its corpus replays are missing too), so that the shards merge.
+RunRecord lost_shard(const FuzzOptions& o, int rank, int ranks, const std::string& why) {
+  RunRecord r;
+  r.kind = "fuzz";
+  r.seed = o.seed;
+  r.shard_index = rank, r.shard_count = ranks;
+  r.campaign = campaign_definition(o, o.targets);
+  r.environment = capture_environment();
+  for (std::size_t t = 0; t < o.targets.size(); ++t)
+    if (static_cast<int>(t % static_cast<std::size_t>(ranks)) == rank)
+      r.not_run.push_back({target_name(o.targets[t]), o.cases, 0, fmt::format("MPI rank {} failed: {}", rank, why)});
+  return r;
+}
+
+// `mpirun -n N ulpgate fuzz`: rank r runs shard r/N (the --shard split); rank 0 gathers the
+// ranks' records (JSON over MPI), merges them (merge_shards: the single-process record),
+// writes the record and reports; every rank exits with rank 0's code. A rank whose setup
+// fails stops them all before anything runs (its error, exit 2 or 3); a rank whose campaign
+// throws sends its error instead: its targets are recorded as not run and the exit is 3.
+int fuzz_over_ranks(const FuzzArgs& a, const LocalRegistry& local, const std::string& command_line, const mpi::World& world) {
+  Campaign c;
+  int status = 0;
+  std::string error;
+  const auto attempt = [&](const auto& f) {
+    try {
+      f();
+    } catch (const InputError& e) {
+      status = 2, error = e.what();
+    } catch (const std::exception& e) {
+      status = 3, error = std::string("internal error: ") + e.what();
+    }
+  };
+  attempt([&] { prepare(c, a, local, world); });
+  // Gather then broadcast: a barrier (no rank passes the broadcast before rank 0 has every
+  // rank's setup), so every rank has listed the corpus before any rank may save into it.
+  const std::vector<mpi::Message> setup = mpi::gather(world, status, error);
+  int rc = 0;
+  std::string first_error;
+  for (std::size_t r = 0; r < setup.size() && !rc; ++r)
+    if (setup[r].status)
+      rc = setup[r].status, first_error = setup[r].status == status && setup[r].text == error ? error
+                                          : fmt::format("MPI rank {}: {}", r, setup[r].text);
+  if (mpi::broadcast(world, rc)) {
+    if (world.rank == 0) std::fprintf(stderr, "ulpgate: error: %s\n", first_error.c_str());
+    mpi::finish(world);
+    return rc;
+  }
+  RunRecord mine;
+  std::string payload;
+  attempt([&] {
+    mine = run_campaign(c, a, world);
+    payload = to_json(mine).dump();
+  });
+  if (status) std::fprintf(stderr, "ulpgate: MPI rank %d: %s\n", world.rank, error.c_str());
+  const std::vector<mpi::Message> parts = mpi::gather(world, status, status ? error : payload);
+  int written = 0;
+  if (world.rank == 0) {
+    rc = 3;
+    try {
+      std::vector<std::pair<std::string, RunRecord>> shards;
+      std::vector<std::string> lost;
+      for (std::size_t r = 0; r < parts.size(); ++r) {
+        const int rank = static_cast<int>(r);
+        const std::string name = fmt::format("MPI rank {}", r);
+        if (parts[r].status == 0) {
+          shards.emplace_back(name, r == 0 ? std::move(mine) : record_from_json(nlohmann::json::parse(parts[r].text)));
+        } else {
+          shards.emplace_back(name, lost_shard(c.o, rank, world.size, parts[r].text));
+          lost.push_back(fmt::format("rank {} ({})", r, parts[r].text));
+        }
+      }
+      RunRecord merged = merge_shards(shards);
+      merged.command = command_line;
+      std::printf("ulpgate fuzz: %d MPI ranks, records merged\n", world.size);
+      rc = write_campaign_outputs(merged, std::filesystem::path(a.out_dir), a.no_html, a.allow_partial);
+      written = 1;
+      if (!lost.empty()) {
+        std::string list;
+        for (const auto& l : lost) list += (list.empty() ? "" : "; ") + l;
+        std::fprintf(stderr, "ulpgate: error: %zu of %d MPI ranks failed, their targets are recorded as not run: %s\n",
+                     lost.size(), world.size, list.c_str());
+        rc = 3;
+      }
+    } catch (const InputError& e) {
+      std::fprintf(stderr, "ulpgate: error: %s\n", e.what());
+      rc = 2;
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "ulpgate: internal error: %s\n", e.what());
+      rc = 3;
+    }
+    std::fflush(stdout);
+  }
+  rc = mpi::broadcast(world, rc);
+  written = mpi::broadcast(world, written);
+  // The record is written: a new campaign may replace this rank's journal.
+  if (written && status == 0) attempt([&] { mark_journal_finished(c.o.journal_path); });
+  mpi::finish(world);
+  return rc;
+}
+
+}  // namespace
+
+int fuzz_command(const FuzzArgs& a, const LocalRegistry& local, const std::string& command_line) {
+  const mpi::World world = mpi::join();
+  if (world.size > 1) return fuzz_over_ranks(a, local, command_line, world);
+  Campaign c;
+  prepare(c, a, local, world);
+  RunRecord r = run_campaign(c, a, world);
   r.command = command_line;
-  const auto out = std::filesystem::path(a.out_dir);
-  const int rc = write_campaign_outputs(r, out, a.no_html, a.allow_partial);
-  mark_journal_finished(o.journal_path);  // the record is written: a new campaign may replace it
+  const int rc = write_campaign_outputs(r, std::filesystem::path(a.out_dir), a.no_html, a.allow_partial);
+  mark_journal_finished(c.o.journal_path);  // the record is written: a new campaign may replace it
   return rc;
 }
 

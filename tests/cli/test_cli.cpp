@@ -11,6 +11,8 @@
 #include <cstdio>
 #include <string>
 #include <vector>
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -776,6 +778,102 @@ TEST(Cli, ShardedCampaignMergesToTheWholeOne) {
   EXPECT_EQ(bad.code, 2);
   EXPECT_EQ(lines(bad.err), 1) << bad.err;
   EXPECT_NE(bad.err.find("--shard '2/2'"), std::string::npos) << bad.err;
+}
+
+// mpirun -n 3 ulpgate fuzz (issue 22): each rank runs one shard of the campaign and rank 0
+// merges the records; the record is the single-process run's (cases, order, not-run list),
+// with the corpus filled by the first run replayed in the second. Skipped when built
+// without MPI.
+#ifdef ULPGATE_MPIEXEC
+namespace {
+const std::string kMpirun = std::string("OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 ") +
+                            ULPGATE_MPIEXEC + " --oversubscribe -n 3";
+// A record's cases and not-run list without timings, the output directory named OUT.
+nlohmann::json comparable_record(const std::string& out) {
+  nlohmann::json j = nlohmann::json::parse(std::ifstream(out + "/fuzz.json"));
+  for (auto& c : j["cases"]) c.erase("seconds");
+  std::string text = nlohmann::json{{"cases", j["cases"]}, {"not_run", j["not_run"]}, {"campaign", j["campaign"]}}.dump();
+  for (std::size_t at; (at = text.find(out)) != std::string::npos;) text.replace(at, out.size(), "OUT");
+  return nlohmann::json::parse(text);
+}
+}  // namespace
+#endif
+
+TEST(Cli, MpiRanksRunTheSingleProcessCampaign) {
+#ifndef ULPGATE_MPIEXEC
+  GTEST_SKIP() << "built without MPI (ULPGATE_MPI off)";
+#else
+  const std::string dir = tmp_dir("mpi");
+  // Four targets over three ranks (rank 0 takes two); planted.error_above_k8 fails every
+  // case with K > 8: failures, shrinking and the corpus take part.
+  const std::string common = std::string(" --plugin ") + PLANTED_PLUGIN +
+                             " fuzz --kernel cpu.fp32_seq --kernel planted.error_above_k8 --kernel cpu.attn_naive"
+                             " --kernel cpu.fp32_pairwise --dtype fp32 --cases 4 --sizes small --max-k 64 --jobs 1"
+                             " --seed 11 --no-html --time 0 --out ";
+  for (int round = 0; round < 2; ++round) {  // the second replays the corpus the first filled
+    SCOPED_TRACE(round);
+    const Result whole = run(common + dir + "/whole");
+    ASSERT_EQ(whole.code, 1) << whole.out << whole.err;
+    const Result ranks = run(common + dir + "/ranks", kMpirun);
+    ASSERT_EQ(ranks.code, 1) << ranks.out << ranks.err;
+    for (int r = 0; r < 3; ++r)
+      EXPECT_NE(ranks.out.find(fmt::format("MPI rank {} of 3: shard {}/3", r, r)), std::string::npos) << ranks.out;
+    EXPECT_NE(ranks.out.find("3 MPI ranks, records merged"), std::string::npos) << ranks.out;
+    const nlohmann::json a = comparable_record(dir + "/whole"), b = comparable_record(dir + "/ranks");
+    EXPECT_EQ(a, b);
+    EXPECT_GT(a["cases"].size(), 16u);  // the generated cases and a shrunk one (round 1: corpus replays too)
+    if (round == 1)
+      EXPECT_NE(a.dump().find("\"origin\":\"corpus\""), std::string::npos) << "no corpus case replayed";
+    EXPECT_TRUE(std::filesystem::exists(dir + "/ranks/journal-rank-2.jsonl"));
+  }
+#endif
+}
+
+// A rank whose campaign fails (here: its journal is locked by another process) sends its
+// error; rank 0 still writes the record, with that rank's targets as not run, and every
+// rank exits 3. Each rank gets the (node-local rank mod count)-th CUDA device.
+TEST(Cli, MpiRankThatFailsIsReported) {
+#ifndef ULPGATE_MPIEXEC
+  GTEST_SKIP() << "built without MPI (ULPGATE_MPI off)";
+#else
+  const std::string dir = tmp_dir("mpi_fail");
+  std::filesystem::create_directories(dir);
+  const int fd = ::open((dir + "/journal-rank-1.jsonl").c_str(), O_RDWR | O_CREAT, 0644);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::flock(fd, LOCK_EX | LOCK_NB), 0);
+  const Result r = run("fuzz --kernel cpu.fp32_seq --kernel cpu.fp32_pairwise --kernel cpu.attn_naive --dtype fp16"
+                       " --cases 2 --sizes small --max-k 32 --in-process --seed 5 --no-html --time 0 --out " + dir,
+                       "CUDA_VISIBLE_DEVICES=5,7 " + kMpirun);
+  ::close(fd);
+  EXPECT_EQ(r.code, 3) << r.out << r.err;
+  EXPECT_NE(r.err.find("1 of 3 MPI ranks failed"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("in use by another ulpgate process"), std::string::npos) << r.err;
+  EXPECT_NE(r.out.find("rank 1 of 3: shard 1/3 (every 3th target from target 1), CUDA_VISIBLE_DEVICES=7"),
+            std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("rank 2 of 3: shard 2/3 (every 3th target from target 2), CUDA_VISIBLE_DEVICES=5"),
+            std::string::npos) << r.out;
+  const ulpgate::RunRecord rec = ulpgate::read_record_file(dir + "/fuzz.json");
+  ASSERT_EQ(rec.not_run.size(), 1u);
+  EXPECT_EQ(rec.not_run[0].target, "cpu.fp32_pairwise fp16 gemm");
+  EXPECT_EQ(rec.not_run[0].run, 0);
+  EXPECT_NE(rec.not_run[0].reason.find("MPI rank 1 failed"), std::string::npos) << rec.not_run[0].reason;
+  EXPECT_EQ(rec.cases.size(), 4u);  // ranks 0 and 2: two cases each
+  // Under mpirun the ranks are the shards: --shard is bad input, reported once (rank 0).
+  const Result shard = run("fuzz --shard 0/2 --kernel cpu.fp32_seq --dtype fp16 --cases 1 --in-process --no-html --out " + dir +
+                           "/shard", kMpirun);
+  EXPECT_EQ(shard.code, 2) << shard.out << shard.err;
+  EXPECT_NE(shard.err.find("ulpgate: error: --shard 0/2: under mpirun the 3 ranks are the shards"), std::string::npos)
+      << shard.err;
+  EXPECT_EQ(shard.err.find("ulpgate: error"), shard.err.rfind("ulpgate: error")) << shard.err;
+#endif
+}
+
+// Only fuzz splits its work over MPI ranks: sweep under a launcher refuses (one line).
+TEST(Cli, SweepRefusesToRunAsManyMpiRanks) {
+  const Result r = run("sweep --kernel cpu.fp32_seq --vary K=16:32 --mn 4", "OMPI_COMM_WORLD_SIZE=2");
+  EXPECT_EQ(r.code, 2) << r.out << r.err;
+  EXPECT_EQ(lines(r.err), 1) << r.err;
+  EXPECT_NE(r.err.find("one of 2 MPI ranks"), std::string::npos) << r.err;
 }
 
 // Bring your own outputs: export a case's inputs, compute its output elsewhere (here a CPU

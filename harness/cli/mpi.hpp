@@ -1,0 +1,52 @@
+// The MPI side of `mpirun -n N ulpgate fuzz` (issue 22), all of it: joining the job, the
+// GPU of each rank, and the two collectives the campaign needs (gather to rank 0, and rank
+// 0's answer to all). fuzz_command.cpp decides what runs where; nothing else here knows of
+// MPI. Built without MPI (ULPGATE_MPI off), join() sees a launcher only to refuse it.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace ulpgate::mpi {
+
+struct World {
+  int rank = 0, size = 1;              ///< in MPI_COMM_WORLD
+  int local_rank = 0, local_size = 1;  ///< among the ranks of this node
+  std::string gpu;                     ///< CUDA_VISIBLE_DEVICES given to this rank ("": none set here)
+};
+
+/// Whether this ulpgate was built with MPI (ULPGATE_MPI).
+bool built_with_mpi();
+
+/// The number of ranks an MPI launcher (mpirun, mpiexec, srun) started, from the variables
+/// it sets (OMPI_COMM_WORLD_SIZE, PMI_SIZE, PMIX / Slurm ones); 1 when none is set.
+int launched_ranks();
+
+/// Joins the job when an MPI launcher started this process with more than one rank: picks
+/// this rank's GPU (below), then MPI_Init; {0, 1} otherwise (MPI untouched). Built without
+/// MPI, more than one launched rank is an InputError (each rank would run everything).
+///
+/// GPU: with CUDA devices on the node, rank r's CUDA_VISIBLE_DEVICES becomes one device,
+/// the (node-local rank mod count)-th of the visible ones (of CUDA_VISIBLE_DEVICES when set,
+/// else of the driver's /proc/driver/nvidia/gpus), before any CUDA call: this process and
+/// its worker processes see only that device. With no device, nothing is set.
+World join();
+
+/// Collective over the world: rank 0 gets every rank's (status, text) in rank order, the
+/// others an empty vector. Texts of any length (sent in pieces).
+struct Message {
+  int status = 0;
+  std::string text;
+};
+std::vector<Message> gather(const World& w, int status, const std::string& text);
+
+/// Collective: rank 0's value, on every rank.
+int broadcast(const World& w, int value);
+
+/// MPI_Finalize (once; nothing outside a job).
+void finish(const World& w);
+
+/// MPI_Abort of the whole job (a rank that can no longer take part in the collectives).
+[[noreturn]] void abort(const World& w, int code);
+
+}  // namespace ulpgate::mpi
