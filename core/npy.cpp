@@ -223,12 +223,15 @@ Tensor tensor_from_npy(std::string_view bytes, Format f, std::int64_t elements) 
   if (have > need) throw InputError(fmt::format("{} trailing bytes after the {} elements", have - need, elements));
   Tensor t(f, static_cast<std::size_t>(elements), Tensor::uninitialized);
   if (need) std::memcpy(t.data(), bytes.data() + h.data_offset, need);
-  if (f == Format::TF32) {
-    const auto* w = static_cast<const std::uint32_t*>(t.data());
-    for (std::int64_t i = 0; i < elements; ++i)
-      if (w[i] & 0x1fffu) throw InputError(fmt::format("element {}: 0x{:08x} is not a TF32 word (low 13 bits not zero)", i, w[i]));
-  }
+  check_tf32_words(t);
   return t;
+}
+
+void check_tf32_words(const Tensor& t) {
+  if (t.format() != Format::TF32) return;
+  const auto* w = static_cast<const std::uint32_t*>(t.data());
+  for (std::size_t i = 0; i < t.size(); ++i)
+    if (w[i] & 0x1fffu) throw InputError(fmt::format("element {}: 0x{:08x} is not a TF32 word (low 13 bits not zero)", i, w[i]));
 }
 
 std::string npy_bytes(const Tensor& t) {

@@ -35,6 +35,10 @@ struct NpyHeader {
 /// 'shape' (a tuple of non-negative integers), or one not ending in '\n'.
 NpyHeader parse_npy_header(std::string_view bytes);
 
+/// Throws InputError naming the first word of a TF32 tensor whose low 13 bits are not zero
+/// (no TF32 value); other formats: nothing to check.
+void check_tf32_words(const Tensor& t);
+
 /// The storage words of a .npy file that must hold `elements` words of format f in C order
 /// (any shape whose product is `elements`). InputError for what parse_npy_header refuses,
 /// fortran_order True, a dtype other than npy_dtype(f) (a big-endian one named as such),

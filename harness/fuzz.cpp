@@ -212,7 +212,7 @@ RunRecord run_fuzz(Registry& registry, const FuzzOptions& o, const std::function
     throw InputError(fmt::format("shard {}/{}: the index must be at least 0 and below the count", o.shard_index, o.shard_count));
   // The targets this shard takes (all without sharding), and the kernels of the corpus
   // cases it replays: those whose first target is its own.
-  const auto owns = [&](std::size_t index) { return static_cast<int>(index % o.shard_count) == o.shard_index; };
+  const auto owns = [&](std::size_t index) { return shard_owns(index, o.shard_index, o.shard_count); };
   const auto owns_kernel = [&](const std::string& kernel) {
     for (std::size_t i = 0; i < targets.size(); ++i)
       if (targets[i].kernel == kernel) return owns(i);
@@ -274,17 +274,16 @@ RunRecord run_fuzz(Registry& registry, const FuzzOptions& o, const std::function
 
   // The corpus first: every saved failure of a kernel in this campaign is rerun.
   {
-    std::vector<std::filesystem::path> files;
-    for (const auto& f : o.corpus_files ? *o.corpus_files : corpus_files(o.corpus_dir)) files.emplace_back(f);
+    std::vector<std::string> files = o.corpus_files ? *o.corpus_files : corpus_files(o.corpus_dir);
     std::sort(files.begin(), files.end());
     for (const auto& f : files) {
-      Case c = read_case_file(f.string());
+      Case c = read_case_file(f);
       if (!owns_kernel(c.kernel) || !registry.resolve(c.kernel)) continue;
       CaseResult r = isolated ? isolated->evaluate(c.kernel, c, options) : replay_case(registry, c, options);
       r.origin = "corpus";
-      r.reproducer = replay_cmd + shell_word(f.string());
+      r.reproducer = replay_cmd + shell_word(f);
       if (!r.verdict.passed) ++p.failures;
-      say(fmt::format("corpus {}: {}", f.filename().string(), r.verdict.passed ? "passes now" : "still fails"));
+      say(fmt::format("corpus {}: {}", std::filesystem::path(f).filename().string(), r.verdict.passed ? "passes now" : "still fails"));
       record.cases.push_back(std::move(r));
     }
   }

@@ -122,6 +122,12 @@ std::string target_name(const FuzzTarget& t);
 /// that shapes the case stream and its judgement.
 std::string fuzz_reproducer(const FuzzOptions& o, const FuzzTarget& t, std::int64_t index);
 
+/// Whether shard `shard_index` of `shard_count` runs the campaign's target `target_index`
+/// (every shard_count-th target from shard_index on).
+inline bool shard_owns(std::size_t target_index, int shard_index, int shard_count) {
+  return static_cast<int>(target_index % static_cast<std::size_t>(shard_count)) == shard_index;
+}
+
 /// The case files (.json) a campaign with this corpus directory replays, as run_fuzz lists
 /// them ("" or no such directory: none).
 std::vector<std::string> corpus_files(const std::string& dir);

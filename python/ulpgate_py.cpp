@@ -57,10 +57,7 @@ Tensor to_tensor(const py::array& a, Format f) {
                                  std::string(py::str(a.dtype())), name(f), std::string(npy_dtype(f))));
   Tensor t(f, static_cast<std::size_t>(a.size()), Tensor::uninitialized);
   if (t.size_bytes()) std::memcpy(t.data(), a.data(), t.size_bytes());
-  if (f == Format::TF32)  // as tensor_from_npy: TF32 words have their low 13 bits zero
-    for (std::size_t i = 0; i < t.size(); ++i)
-      if (static_cast<const std::uint32_t*>(t.data())[i] & 0x1fffu)
-        throw InputError(fmt::format("tf32 word {} has nonzero low 13 bits", i));
+  check_tf32_words(t);  // as tensor_from_npy
   return t;
 }
 

@@ -401,7 +401,7 @@ RunRecord lost_shard(const FuzzOptions& o, int rank, int ranks, const std::strin
   r.campaign = campaign_definition(o, o.targets);
   r.environment = capture_environment();
   for (std::size_t t = 0; t < o.targets.size(); ++t)
-    if (static_cast<int>(t % static_cast<std::size_t>(ranks)) == rank)
+    if (shard_owns(t, rank, ranks))
       r.not_run.push_back({target_name(o.targets[t]), o.cases, 0, fmt::format("MPI rank {} failed: {}", rank, why)});
   return r;
 }

@@ -84,8 +84,6 @@ void check(int rc, const char* what) {
 
 }  // namespace
 
-bool built_with_mpi() { return ULPGATE_MPI != 0; }
-
 int launched_ranks() {
   for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "MPI_LOCALNRANKS"})
     if (const int n = env_int(v); n >= 1) return n;
@@ -169,16 +167,6 @@ void finish(const World& w) {
   MPI_Finalized(&finalized);
   if (initialized && !finalized) MPI_Finalize();
 #endif
-}
-
-void abort(const World& w, int code) {
-  (void)w;
-#if ULPGATE_MPI
-  int initialized = 0;
-  MPI_Initialized(&initialized);
-  if (initialized) MPI_Abort(MPI_COMM_WORLD, code);
-#endif
-  std::exit(code);
 }
 
 }  // namespace ulpgate::mpi

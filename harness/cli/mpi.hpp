@@ -15,9 +15,6 @@ struct World {
   std::string gpu;                     ///< CUDA_VISIBLE_DEVICES given to this rank ("": none set here)
 };
 
-/// Whether this ulpgate was built with MPI (ULPGATE_MPI).
-bool built_with_mpi();
-
 /// The number of ranks an MPI launcher (mpirun, mpiexec, srun) started, from the variables
 /// it sets (OMPI_COMM_WORLD_SIZE, PMI_SIZE, PMIX / Slurm ones); 1 when none is set.
 int launched_ranks();
@@ -45,8 +42,5 @@ int broadcast(const World& w, int value);
 
 /// MPI_Finalize (once; nothing outside a job).
 void finish(const World& w);
-
-/// MPI_Abort of the whole job (a rank that can no longer take part in the collectives).
-[[noreturn]] void abort(const World& w, int code);
 
 }  // namespace ulpgate::mpi

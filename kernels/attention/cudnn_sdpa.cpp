@@ -144,6 +144,9 @@ struct Plan {
   std::string engine;
 };
 
+// Whether the graph masks scores (padding or causal), and so takes the -inf scalar.
+bool masked(const attn::SdpaShape& s) { return s.padded || s.causal; }
+
 using Key = std::tuple<bool, std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t, bool, bool, bool>;
 
 std::unique_ptr<Plan> build_plan(cudnnHandle_t handle, const attn::SdpaShape& s) {
@@ -164,7 +167,7 @@ std::unique_ptr<Plan> build_plan(cudnnHandle_t handle, const attn::SdpaShape& s)
   const Desc& scale = g.tensor(f, {1, 1, 1, 1}, {1, 1, 1, 1}, false, true, &uscale);
   // -inf for the masks, only where a mask uses it: a variant pack naming a tensor the graph
   // does not use is refused at execution (CUDNN_STATUS_BAD_PARAM_NULL_POINTER, H200 run 10).
-  const Desc* neg_inf = s.padded || s.causal ? &g.tensor(f, {1, 1, 1, 1}, {1, 1, 1, 1}, false, true, &uinf) : nullptr;
+  const Desc* neg_inf = masked(s) ? &g.tensor(f, {1, 1, 1, 1}, {1, 1, 1, 1}, false, true, &uinf) : nullptr;
   const std::array<std::int64_t, 4> sdims{b, hq, sq, skv}, sstr{hq * sq * skv, sq * skv, skv, 1};
   const std::array<std::int64_t, 4> rdims{b, hq, sq, 1}, rstr{hq * sq, sq, 1, 1};
   const auto scores = [&](cudnnDataType_t t = CUDNN_DATA_FLOAT) -> const Desc& { return g.tensor(t, sdims, sstr, true, false); };
@@ -306,7 +309,7 @@ std::string cudnn_sdpa(const SdpaShape& s, const void* q, const void* k, const v
   if (!plan) plan = build_plan(state.handle, s);
   float scale = s.scale, neg_inf = -std::numeric_limits<float>::infinity();
   std::vector<void*> ptrs{const_cast<void*>(q), const_cast<void*>(k), const_cast<void*>(v), o, &scale};
-  if (s.padded || s.causal) ptrs.push_back(&neg_inf);
+  if (masked(s)) ptrs.push_back(&neg_inf);
   if (s.padded) ptrs.insert(ptrs.end(), {const_cast<int*>(seq_q), const_cast<int*>(seq_kv)});
   DeviceBuffer workspace(static_cast<std::size_t>(plan->workspace), stream);
   void* ws = workspace.get();
