@@ -118,7 +118,7 @@ class ObjectReader {
 
 std::vector<std::string> operands_of(Op op) {
   if (op == Op::Gemm) return {"A", "B", "C", "D", "bias"};
-  return {"Q", "K", "V", "O"};
+  return {"Q", "K", "V", "O", "LSE"};
 }
 
 // Each size at most kMaxCaseSize.
@@ -219,6 +219,8 @@ AttentionView attention_view(const Case& c, std::string_view operand) {
     v.seq = a.seq_kv, v.dim = a.eff_head_dim_v(), v.heads = a.eff_kv_heads();
   } else if (operand == "O") {
     v.seq = a.seq_q, v.dim = a.eff_head_dim_v();
+  } else if (operand == "LSE") {
+    v.seq = a.seq_q, v.dim = 1, v.layout = AttentionLayout::BHSD;  // [batch][heads][seq_q] whatever the layout
   } else {
     throw InputError(fmt::format("attention has no operand '{}'", operand));
   }
@@ -305,6 +307,8 @@ void validate(const Case& c) {
       fail("case.types." + op, op == "C"      ? "missing (required when beta != 0)"
                                : op == "bias" ? "missing (required by the bias epilogue)"
                                               : "missing");
+  if (const auto lse = c.types.find("LSE"); lse != c.types.end() && lse->second != Format::FP32)
+    fail("case.types.LSE", fmt::format("the log-sum-exp output is fp32, got {}", name(lse->second)));
   if (!std::isfinite(c.alpha)) fail("case.alpha", "must be finite");
   if (!std::isfinite(c.beta)) fail("case.beta", "must be finite");
   if (c.op == Op::Attention && c.epilogue != Epilogue::None)

@@ -18,6 +18,10 @@
 //          query head h reads K/V head h / (heads / kv_heads); kv_heads 1 is multi-query).
 //          mask: key j of batch b is visible to query i iff j < kv_lengths[b] and, when
 //          causal, j <= i + (seq_kv - seq_q) (bottom-right aligned, as FlashAttention-2).
+//          LSE (an optional second output, asked for by types["LSE"] = fp32): the row's
+//          log-sum-exp LSE[b,h,i] = ln sum_j exp(scale q_i . k_j) over the visible keys j,
+//          packed [batch][heads][seq_q] whatever the layout (FlashAttention's softmax_lse,
+//          cuDNN's softmax stats); -inf for a row that sees no key.
 #pragma once
 
 #include <cstdint>
@@ -92,7 +96,8 @@ struct AttentionShape {
 /// D: stored = scale x result (after the epilogue). validate() refuses any other scale.
 constexpr bool takes_scale(Format f) { return f == Format::E4M3 || f == Format::E5M2; }
 
-/// One reproducible run. Operand names: GEMM A, B, C, D, bias; attention Q, K, V, O.
+/// One reproducible run. Operand names: GEMM A, B, C, D, bias; attention Q, K, V, O and,
+/// when the case asks for it, LSE.
 /// types also holds "compute" (the accumulation format).
 struct Case {
   Op op = Op::Gemm;
@@ -142,7 +147,7 @@ inline std::int64_t op_b_offset(const Case& c, const MatrixView& bv, std::int64_
 }
 
 /// Where element [batch][head][position][dim] of attention operand "Q", "K", "V" or "O"
-/// lives (packed; layout bhsd or bshd). heads is the operand's own: eff_kv_heads() for K
+/// lives (packed; layout bhsd or bshd); "LSE" is [batch][head][position] (dim 1, bhsd). heads is the operand's own: eff_kv_heads() for K
 /// and V, so their head index is AttentionShape::kv_head(h) of query head h.
 struct AttentionView {
   std::int64_t batch = 1, heads = 1, seq = 1, dim = 1;
@@ -153,7 +158,7 @@ struct AttentionView {
                                            : ((b * seq + s) * heads + h) * dim + d;
   }
 };
-/// The view of attention operand "Q", "K", "V" or "O"; throws InputError otherwise.
+/// The view of attention operand "Q", "K", "V", "O" or "LSE"; throws InputError otherwise.
 AttentionView attention_view(const Case& c, std::string_view operand);
 /// Elements of an operand's buffer, padding included (gemm_view or attention_view by c.op).
 std::int64_t operand_elements(const Case& c, std::string_view operand);

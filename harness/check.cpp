@@ -15,38 +15,58 @@
 namespace ulpgate {
 namespace {
 
-// The comparison of one run's output with its exact reference, its metrics and verdict.
+// The comparisons of one run's outputs (outputs_of order: the main output first) with
+// their exact references, their metrics, and the one verdict.
 struct Judged {
-  OutputComparison cmp;
-  ErrorMetrics metrics;
+  std::vector<OutputComparison> cmp;
+  std::vector<ErrorMetrics> metrics;
   Verdict verdict;
 };
 
-// Per logical output element, whether the run's write audit found it unwritten (empty: none).
-std::vector<char> unwritten_mask(const Case& c, const RunOutcome& run) {
-  const auto it = run.unwritten_at.find(outputs_of(c).front());
+// Per logical element of output `name`, whether the run's write audit found it unwritten
+// (empty: none).
+std::vector<char> unwritten_mask(const Case& c, const std::string& name, const RunOutcome& run) {
+  const auto it = run.unwritten_at.find(name);
   if (it == run.unwritten_at.end() || it->second.empty()) return {};
-  const std::vector<std::int64_t> offsets = op_module(c.op).output_offsets(c);
+  const std::vector<std::int64_t> offsets = op_module(c.op).output_offsets(c, name);
   std::vector<char> mask(offsets.size(), 0);
   for (std::size_t e = 0; e < offsets.size(); ++e)
     mask[e] = std::binary_search(it->second.begin(), it->second.end(), offsets[e]);
   return mask;
 }
 
-// The metrics and verdict of a run whose comparison (reference included) is cmp; the
-// worst element shown is a failing one where any fails.
+// The metrics and verdict of a run whose comparisons (references included) are j.cmp: each
+// output judged on its own (the baseline rule on the main output only), the verdict every
+// output's failures, its worst element and statistics the main output's where it failed,
+// else the first failing output's; each output's worst element shown is a failing one where
+// any fails.
 void judge_into(Judged& j, const Case& c, const RunOutcome& run, const ToleranceModel& tol,
                 double baseline_max_normalised = -1, const BaselineRule& rule = {}) {
   const OpModule& op = op_module(c.op);
-  j.cmp.unwritten = unwritten_mask(c, run);
-  ErrorMetrics audit;
-  audit.output = outputs_of(c).front();
-  audit.unwritten = run.unwritten;
-  audit.padding_written = run.padding_written;
-  Assessment a = analyze_and_judge(j.cmp, tol, op.reduction_length(c), audit, baseline_max_normalised, rule);
-  j.metrics = std::move(a.metrics);
-  j.verdict = std::move(a.verdict);
-  if (j.verdict.worst_element >= 0) j.metrics.worst = describe_element(j.cmp, j.verdict.worst_element);
+  const std::vector<std::string> names = outputs_of(c);
+  j.metrics.clear();
+  j.verdict = Verdict{};
+  for (std::size_t o = 0; o < j.cmp.size(); ++o) {
+    OutputComparison& cmp = j.cmp[o];
+    cmp.unwritten = unwritten_mask(c, names[o], run);
+    ErrorMetrics audit;
+    audit.output = names[o];
+    const auto at = run.unwritten_at.find(names[o]);
+    // The run's count where it has one output (it stands for a failed second run's too).
+    audit.unwritten = names.size() == 1 ? run.unwritten : at == run.unwritten_at.end() ? 0 : static_cast<std::int64_t>(at->second.size());
+    audit.padding_written = o == 0 ? run.padding_written : 0;
+    Assessment a = o == 0 ? analyze_and_judge(cmp, tol, op.reduction_length(c), audit, baseline_max_normalised, rule)
+                          : analyze_and_judge(cmp, tol, op.reduction_length(c), audit);
+    if (a.verdict.worst_element >= 0) a.metrics.worst = describe_element(cmp, a.verdict.worst_element);
+    j.metrics.push_back(std::move(a.metrics));
+    if (o == 0) {
+      j.verdict = std::move(a.verdict);
+    } else if (!a.verdict.passed) {
+      if (j.verdict.passed) j.verdict.worst_element = a.verdict.worst_element;
+      for (std::size_t r = 0; r < a.verdict.reasons.size(); ++r)
+        j.verdict.fail(std::move(a.verdict.checks[r]), names[o] + ": " + std::move(a.verdict.reasons[r]));
+    }
+  }
   if (!run.inputs_modified.empty()) {
     j.verdict.fail("inputs_modified", fmt::format("the kernel wrote to its inputs ({})", fmt::join(run.inputs_modified, ", ")));
   }
@@ -56,23 +76,24 @@ Judged judge_run(const Case& c, const Inputs& inputs, const RunOutcome& run, con
   Judged j;
   {
     const Phase phase("compare");
-    j.cmp = op_module(c.op).compare(c, inputs, run.outputs.at(outputs_of(c).front()), tol);
+    j.cmp = op_module(c.op).compare(c, inputs, run.outputs, tol);
   }
   const Phase phase("judge");
   judge_into(j, c, run, tol);
   return j;
 }
 
-// A run of case c against a given reference (its got codes and write audit replaced).
-Judged judge_against(OutputComparison reference, const Case& c, const RunOutcome& run, const ToleranceModel& tol) {
+// A run of case c against given references (their got codes and write audit replaced).
+Judged judge_against(std::vector<OutputComparison> reference, const Case& c, const RunOutcome& run, const ToleranceModel& tol) {
   Judged r;
   r.cmp = std::move(reference);
-  r.cmp.got = op_module(c.op).logical_output(c, run.outputs.at(outputs_of(c).front()));
+  const std::vector<std::string> names = outputs_of(c);
+  for (std::size_t o = 0; o < r.cmp.size(); ++o) r.cmp[o].got = op_module(c.op).logical_output(c, names[o], run.outputs.at(names[o]));
   judge_into(r, c, run, tol);
   return r;
 }
 
-// Another run of the same case against j's reference (same exact output and tolerance).
+// Another run of the same case against j's references (same exact outputs and tolerance).
 Judged rejudge(const Judged& j, const Case& c, const RunOutcome& run, const ToleranceModel& tol) {
   return judge_against(j.cmp, c, run, tol);
 }
@@ -84,11 +105,15 @@ class GivenOutputs final : public Kernel {
   GivenOutputs(std::string name, const std::map<std::string, Tensor>& outputs) : name_(std::move(name)), outputs_(outputs) {}
   std::string name() const override { return name_; }
   std::string description() const override { return "outputs computed elsewhere"; }
-  KernelTraits traits() const override { return {}; }
+  KernelTraits traits() const override {
+    KernelTraits t;
+    t.writes_lse = true;  // whatever outputs were given (check_given_outputs wants them all)
+    return t;
+  }
   std::optional<std::string> unsupported(const Case&) const override { return std::nullopt; }
   void run(const Case& c, const KernelIo& io, RunNotes&) override {
-    const std::vector<std::int64_t> offsets = op_module(c.op).output_offsets(c);
     for (const auto& [op, t] : outputs_) {
+      const std::vector<std::int64_t> offsets = op_module(c.op).output_offsets(c, op);
       const std::size_t w = storage_bytes(t.format());
       const auto* from = static_cast<const std::byte*>(t.data());
       auto* to = static_cast<std::byte*>(io.out.at(op));
@@ -161,21 +186,21 @@ Evaluation evaluate_with_inputs(Kernel& k, const Case& c, const Inputs& inputs, 
       if (model->supports(c)) base = run_kernel(*model, c, inputs);
     }
     Judged j = judge_run(c, inputs, ev.run, ev.tolerance);  // the reference, once
-    if (!j.cmp.reference_note.empty()) ev.run.notes["reference"] = j.cmp.reference_note;
+    if (!j.cmp.front().reference_note.empty()) ev.run.notes["reference"] = j.cmp.front().reference_note;
     if (base && base->status == Disposition::Ok) {
-      baseline = rejudge(j, c, *base, ev.tolerance).metrics.max_normalised;
+      baseline = rejudge(j, c, *base, ev.tolerance).metrics.front().max_normalised;
       judge_into(j, c, ev.run, ev.tolerance, baseline, *rule);
     }
     ev.baseline_max_normalised = baseline;
     ev.verdict = j.verdict;
     if (options.effective_bits) {
       const Phase phase("effective_bits");
-      const EffectiveBits eb = op.effective_bits(c, inputs, j.cmp, j.metrics.mean_normalised, k.traits());
+      const EffectiveBits eb = op.effective_bits(c, inputs, j.cmp.front(), j.metrics.front().mean_normalised, k.traits());
       ev.effective_bits = eb.bits;
       if (std::isfinite(eb.uncertainty)) ev.run.notes["effective_bits_uncertainty"] = fmt::format("{:.3g}", eb.uncertainty);
       if (!eb.family.empty()) ev.run.notes["effective_bits_family"] = eb.family;
     }
-    ev.metrics.push_back(std::move(j.metrics));
+    ev.metrics = std::move(j.metrics);
     if (options.relations && ev.verdict.passed) {
       const RelationContext ctx{
           k, [&](const Case& cc, const Inputs& in) { return run_kernel(k, cc, in); },
@@ -187,18 +212,27 @@ Evaluation evaluate_with_inputs(Kernel& k, const Case& c, const Inputs& inputs, 
             const Judged r = rejudge(j, c, run, ev.tolerance);
             return r.verdict.passed ? std::string() : r.verdict.reasons.front();
           },
-          j.cmp,
+          j.cmp.front(),
           [&](const Case& cc, const RunOutcome& run, OutputComparison reference) {
-            const Judged r = judge_against(std::move(reference), cc, run, options.tolerance.value_or(op.tolerance(cc, k.traits())));
+            std::vector<OutputComparison> main;
+            main.push_back(std::move(reference));
+            const Judged r = judge_against(std::move(main), cc, run, options.tolerance.value_or(op.tolerance(cc, k.traits())));
             return r.verdict.passed ? std::string() : r.verdict.reasons.front();
           }};
       // Repeatability holds for every op: a deterministic kernel gives the same bits twice.
       if (k.traits().deterministic) {
         const RunOutcome again = run_kernel(k, c, inputs);
-        const Tensor &a = again.outputs.at(outputs_of(c).front()), &b = ev.run.outputs.at(outputs_of(c).front());
-        if (again.status != Disposition::Ok || a.size_bytes() != b.size_bytes() ||
-            std::memcmp(a.data(), b.data(), a.size_bytes()) != 0)
-          ev.relations.push_back({"repeatability", "not bitwise repeatable: a second run gave other bits"});
+        bool same = again.status == Disposition::Ok;
+        std::string differs;
+        for (const std::string& name : outputs_of(c)) {
+          if (!same) break;
+          const Tensor &a = again.outputs.at(name), &b = ev.run.outputs.at(name);
+          same = a.size_bytes() == b.size_bytes() && std::memcmp(a.data(), b.data(), a.size_bytes()) == 0;
+          if (!same) differs = name;
+        }
+        if (!same)
+          ev.relations.push_back({"repeatability", differs.empty() ? "not bitwise repeatable: a second run failed"
+                                                                   : fmt::format("not bitwise repeatable: a second run gave other bits in {}", differs)});
       }
       for (RelationFailure& f : op.relations(ctx, c, inputs, ev.run)) ev.relations.push_back(std::move(f));
       for (const RelationFailure& f : ev.relations) ev.verdict.fail("relation:" + f.relation, f.problem);

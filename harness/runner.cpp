@@ -42,7 +42,9 @@ Code alternate_poison_code(Format f) {
 }
 
 std::vector<std::string> outputs_of(const Case& c) {
-  return c.op == Op::Gemm ? std::vector<std::string>{"D"} : std::vector<std::string>{"O"};
+  if (c.op == Op::Gemm) return {"D"};
+  if (c.types.count("LSE")) return {"O", "LSE"};
+  return {"O"};
 }
 
 Tensor make_output(const Case& c, const std::string& operand, bool alternate) {
@@ -132,6 +134,11 @@ RunOutcome run_poisoned(Kernel& k, const Case& c, const std::map<std::string, Te
   if (auto why = k.unsupported(c)) {
     out.status = Disposition::NotSupported;
     out.message = *why;
+    return out;
+  }
+  if (c.op == Op::Attention && c.types.count("LSE") && !k.traits().writes_lse) {
+    out.status = Disposition::NotSupported;
+    out.message = "the kernel does not write the log-sum-exp output (LSE)";
     return out;
   }
   for (const auto& op : c.inputs())

@@ -43,7 +43,8 @@ Code alternate_poison_code(Format f);
 /// (or the alternate poison).
 Tensor make_output(const Case& c, const std::string& operand, bool alternate = false);
 
-/// Output operand names of a case ("D" for GEMM, "O" for attention).
+/// Output operand names of a case, the op's main output first: "D" for GEMM, "O" for
+/// attention, then "LSE" where the case asks for the log-sum-exp (types["LSE"]).
 std::vector<std::string> outputs_of(const Case& c);
 
 /// Runs kernel k on case c with the given inputs (host tensors, as gemm_view()/

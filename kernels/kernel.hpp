@@ -44,6 +44,10 @@ struct KernelTraits {
   /// Attention: the precision (bits) P is rounded to before P V (flash kernels: FP16 11,
   /// BF16 8); 0: P is used at the compute precision. The tolerance model uses it.
   int p_bits = 0;
+  /// Attention: the kernel writes the log-sum-exp output (core/case.hpp, "LSE") where a case
+  /// asks for it. false: such cases are not supported (the runner says so, and generators
+  /// do not draw them for the kernel).
+  bool writes_lse = false;
   /// unsupported() and run() may be called from several threads at once (the CPU models:
   /// pure functions of their inputs; cuBLAS and cuBLASLt: a handle per thread). A device
   /// kernel that says so must also do all its device work on KernelIo::stream (each
@@ -68,7 +72,7 @@ struct KernelTraits {
 };
 
 /// Operand buffers, in the kernel's memory space. Inputs: A, B[, C][, bias] or Q, K, V;
-/// outputs: D or O. Each buffer holds the operand's storage words (tensor.hpp), laid out
+/// outputs: D, or O [and LSE]. Each buffer holds the operand's storage words (tensor.hpp), laid out
 /// as gemm_view()/attention_view() say.
 struct KernelIo {
   std::map<std::string, const void*> in;

@@ -114,7 +114,7 @@ py::tuple fill(const std::string& case_json) {
 py::dict reference(const std::string& case_json) {
   Case c = parse_case(case_json);
   const std::map<std::string, Tensor> inputs = fill_inputs(c);
-  std::vector<RefValue> values;
+  std::vector<RefValue> values, lse;
   std::vector<py::ssize_t> shape;
   std::string output;
   {
@@ -126,6 +126,7 @@ py::dict reference(const std::string& case_json) {
     } else {
       AttentionReference r = attention_reference(c, inputs);
       values = std::move(r.values);
+      if (c.types.count("LSE")) lse = std::move(r.lse);
       const AttentionShape& a = c.attention;
       shape = {a.batch, a.heads, a.seq_q, a.eff_head_dim_v()}, output = "O";
     }
@@ -135,6 +136,11 @@ py::dict reference(const std::string& case_json) {
   for (std::size_t i = 0; i < values.size(); ++i) p[i] = values[i].to_double();
   py::dict d;
   d[py::str(output)] = out;
+  if (!lse.empty()) {  // [batch][heads][seq_q]
+    py::array_t<double> l(std::vector<py::ssize_t>{shape[0], shape[1], shape[2]});
+    for (std::size_t i = 0; i < lse.size(); ++i) l.mutable_data()[i] = lse[i].to_double();
+    d["LSE"] = l;
+  }
   return d;
 }
 
@@ -228,10 +234,10 @@ class PythonKernel final : public Kernel {
       throw KernelError(fmt::format("the Python kernel raised {}", e.what()));
     }
     const std::map<std::string, Tensor> outputs = to_tensors(c, py::cast<py::dict>(result));
-    const std::vector<std::int64_t> offsets = op_module(c.op).output_offsets(c);
     for (const auto& [k, dst] : io.out) {
       const auto it = outputs.find(k);
       if (it == outputs.end()) throw KernelError(fmt::format("the Python kernel gave no output {}", k));
+      const std::vector<std::int64_t> offsets = op_module(c.op).output_offsets(c, k);
       const std::size_t w = storage_bytes(it->second.format());
       for (const std::int64_t e : offsets)
         std::memcpy(static_cast<std::byte*>(dst) + e * w, static_cast<const std::byte*>(it->second.data()) + e * w, w);
@@ -250,13 +256,14 @@ struct FuzzArgs {
   std::int64_t cases = 20, max_k = 4096;
   std::uint64_t seed = 1;
   double seconds = 0;
-  bool metamorphic = true, gelu = true, deterministic = true, rounds_to_nearest = false;
+  bool metamorphic = true, gelu = true, deterministic = true, rounds_to_nearest = false, lse = false;
 };
 
 std::string fuzz(py::object call, py::object supports, const FuzzArgs& a, const std::function<void(py::dict)>& progress) {
   KernelTraits traits;
   traits.deterministic = a.deterministic;
   traits.rounds_to_nearest = a.rounds_to_nearest;
+  traits.writes_lse = a.lse;
   auto owned = std::make_unique<PythonKernel>(a.name, std::move(call), std::move(supports), traits);
   PythonKernel* k = owned.get();
   Registry registry;
@@ -325,11 +332,11 @@ PYBIND11_MODULE(_ulpgate, m) {
   m.def("fuzz", [](py::object call, py::object supports, const std::string& name, const std::string& dtype,
                    const std::string& op, std::int64_t cases, std::uint64_t seed, std::int64_t max_k,
                    const std::string& sizes, double seconds, bool metamorphic, bool gelu, bool deterministic,
-                   bool rounds_to_nearest, const std::string& out, const std::function<void(py::dict)>& progress) {
+                   bool rounds_to_nearest, bool lse, const std::string& out, const std::function<void(py::dict)>& progress) {
     FuzzArgs a;
     a.name = name, a.dtype = dtype, a.op = op, a.cases = cases, a.seed = seed, a.max_k = max_k, a.sizes = sizes;
     a.seconds = seconds, a.metamorphic = metamorphic, a.gelu = gelu, a.deterministic = deterministic;
-    a.rounds_to_nearest = rounds_to_nearest, a.out = out;
+    a.rounds_to_nearest = rounds_to_nearest, a.lse = lse, a.out = out;
     return fuzz(std::move(call), std::move(supports), a, progress);
   });
 }

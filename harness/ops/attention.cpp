@@ -77,6 +77,14 @@ double scale_of(const Case& c) {
   return c.attention.softmax_scale.value_or(1.0 / std::sqrt(static_cast<double>(c.attention.head_dim)));
 }
 
+// How many keys query i of batch b sees (kv_lengths and causal, core/case.hpp).
+std::int64_t visible_keys(const Case& c, std::int64_t b, std::int64_t i) {
+  const AttentionShape& a = c.attention;
+  std::int64_t n = a.kv_lengths.empty() ? a.seq_kv : a.kv_lengths[static_cast<std::size_t>(b)];
+  if (a.causal) n = std::min(n, i + (a.seq_kv - a.seq_q) + 1);
+  return std::max<std::int64_t>(n, 0);
+}
+
 /// Per query row: the visible keys, and S = max_j |scale| sum_d |q_id k_jd| over them.
 struct RowFacts {
   std::vector<std::int64_t> keys;
@@ -171,6 +179,9 @@ class AttentionModule final : public OpModule {
         const std::int64_t kv_heads = *gen::pick(kv_head_choices(a.heads));
         keep_if_supported([&] { a.kv_heads = kv_heads; }, [&] { a.kv_heads = 0; });
       }
+      // The log-sum-exp output in one case of three, drawn after everything else.
+      if (*gen::pick(std::vector<int>{0, 0, 1}) && (!k || k->traits().writes_lse))
+        keep_if_supported([&] { c.types["LSE"] = Format::FP32; }, [&] { c.types.erase("LSE"); });
       validate(c);
       return c;
     });
@@ -186,7 +197,9 @@ class AttentionModule final : public OpModule {
     return t;
   }
 
-  OutputComparison compare(const Case& c, const Inputs& given, const Tensor& o, const ToleranceModel& tol) const override {
+  std::vector<OutputComparison> compare(const Case& c, const Inputs& given, const std::map<std::string, Tensor>& outputs,
+                                        const ToleranceModel& tol) const override {
+    const Tensor& o = outputs.at("O");
     // NaN or Inf inputs (a narrow format's overflow, FP8 NaN codes): softmax has no exact
     // value there. The reference takes them as 0, and every row they reach is marked as
     // possibly overflowed (accumulated +Inf: any NaN or Inf accepted, no tolerance); a
@@ -212,7 +225,7 @@ class AttentionModule final : public OpModule {
     cmp.shape = {a.batch, a.heads, a.seq_q, dv};
     const AttentionView vv = attention_view(c, "V");
     const std::int64_t n = a.batch * a.heads * a.seq_q * dv;
-    cmp.got = logical_output(c, o);
+    cmp.got = logical_output(c, "O", o);
     cmp.allowed.resize(n);
     cmp.accumulated.resize(n);
     cmp.exact.assign(ref.values.begin(), ref.values.end());
@@ -247,10 +260,35 @@ class AttentionModule final : public OpModule {
               m = std::max(m, std::fabs(v.value(vv.offset(b, hk, j, d))));
             }
     }
+    // The log-sum-exp, where the case asks for it (README "Attention LSE"): per row, the
+    // exact ln sum_j exp(s_j) against the kernel's FP32 value, condition term 1 + S (S the
+    // row's largest |scale| sum_d |q_d k_jd|, what the scores' errors scale with).
+    const bool with_lse = outputs.count("LSE") > 0;
+    OutputComparison lse;
+    const std::int64_t n_rows = a.batch * a.heads * a.seq_q;
+    if (with_lse) {
+      lse.format = c.types.at("LSE");
+      lse.shape = {a.batch, a.heads, a.seq_q};
+      lse.got = logical_output(c, "LSE", outputs.at("LSE"));
+      lse.exact.assign(ref.lse.begin(), ref.lse.end());
+      lse.condition.assign(static_cast<std::size_t>(n_rows), 0.0);
+      lse.allowed.assign(static_cast<std::size_t>(n_rows), 0.0);
+      lse.accumulated.assign(static_cast<std::size_t>(n_rows), 0.0);
+      lse.accumulator_max = info(acc_format).max_finite();
+      if (sampled) {
+        lse.unreferenced.resize(rows.size());
+        for (std::size_t r = 0; r < rows.size(); ++r) lse.unreferenced[r] = !rows[r];
+      }
+    }
     for (std::int64_t b = 0; b < a.batch; ++b)
       for (std::int64_t h = 0; h < a.heads; ++h)
         for (std::int64_t i = 0; i < a.seq_q; ++i) {
           if (sampled && !rows[static_cast<std::size_t>(ref.row(b, h, i))]) {
+            // LSE without a reference: a row that sees no key may be -inf (or +inf), and a
+            // poisoned row anything non-finite; elsewhere a NaN or Inf is unexpected.
+            if (with_lse)
+              lse.accumulated[static_cast<std::size_t>(ref.row(b, h, i))] =
+                  visible_keys(c, b, i) == 0 || (!poisoned.empty() && poisoned[ref.row(b, h, i)]) ? INFINITY : 0.0;
             // No reference: only a NaN or Inf is judged, unless the row met one in the
             // inputs, or O may round past its format's range (|O_d| <= max_j |v_jd|).
             const bool row_poisoned = !poisoned.empty() && poisoned[ref.row(b, h, i)];
@@ -273,16 +311,46 @@ class AttentionModule final : public OpModule {
             cmp.accumulated[e] = std::max(f.s, f.s / std::max(std::fabs(scale_of(c)), 0x1p-1000));
             if (!poisoned.empty() && poisoned[ref.row(b, h, i)]) cmp.accumulated[e] = INFINITY;
           }
+          if (with_lse) {
+            const auto r = static_cast<std::size_t>(ref.row(b, h, i));
+            if (nk == 0) {
+              // No visible key: ln 0 = -inf; +inf is FlashAttention's convention (its backward
+              // pass then gets exp(s - lse) = 0) and is accepted too. Nothing finite is.
+              if (decode(lse.format, lse.got[r]) == INFINITY) lse.exact[r] = RefValue::infinity(false);
+              continue;
+            }
+            // |LSE~ - LSE| <= max_j |ln p~_j - ln p_j| (eps: the scores' and exp's error) + the
+            // sum's relative error (at most 2 gamma(nk + 2) after the log) + the final
+            // m + ln l and its unit conversions, 4 u (|m| + ln l + 1) with |m| <= S, l <= nk.
+            const double e_sum = 2 * tol.gamma(nk + 2);
+            lse.allowed[r] = eps < 1 && e_sum < 1
+                                 ? eps + e_sum + 4 * u * (f.s + std::log(static_cast<double>(nk)) + 1)
+                                 : INFINITY;
+            lse.condition[r] = 1 + f.s;
+            lse.accumulated[r] = cmp.accumulated[ref.index(b, h, i, 0)];  // the scores' bound, or +Inf (poisoned)
+          }
         }
     cmp.nan_allowed = masked_nonfinite_v(c, given);
     cmp.tolerance_note = fmt::format("accumulator {} bits{}, n = {} keys{}", tol.accumulator_bits,
                                      tol.p_bits ? fmt::format(", P {} bits", tol.p_bits) : "", a.seq_kv,
                                      sampled ? fmt::format(", {} of {} queries referenced", queries.size(), a.seq_q) : "");
-    return cmp;
+    std::vector<OutputComparison> out;
+    out.push_back(std::move(cmp));
+    if (with_lse) {
+      lse.tolerance_note = fmt::format("scores and exp (accumulator {} bits), a sum of n = {} keys{}", tol.accumulator_bits,
+                                       a.seq_kv, sampled ? fmt::format(", {} of {} queries referenced", queries.size(), a.seq_q) : "");
+      out.push_back(std::move(lse));
+    }
+    return out;
   }
 
-  std::vector<std::int64_t> output_offsets(const Case& c) const override {
+  std::vector<std::int64_t> output_offsets(const Case& c, const std::string& output) const override {
     const AttentionShape& a = c.attention;
+    if (output == "LSE") {  // packed [batch][heads][seq_q]: logical order is storage order
+      std::vector<std::int64_t> at(static_cast<std::size_t>(a.batch * a.heads * a.seq_q));
+      std::iota(at.begin(), at.end(), std::int64_t{0});
+      return at;
+    }
     const AttentionView ov = attention_view(c, "O");
     std::vector<std::int64_t> at;
     at.reserve(static_cast<std::size_t>(ov.elements()));

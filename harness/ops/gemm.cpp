@@ -490,7 +490,14 @@ class GemmModule final : public OpModule {
 
   ToleranceModel tolerance(const Case& c, const KernelTraits& traits) const override { return precision_terms(c, traits); }
 
-  OutputComparison compare(const Case& c, const Inputs& inputs, const Tensor& d, const ToleranceModel& tol) const override {
+  std::vector<OutputComparison> compare(const Case& c, const Inputs& inputs, const std::map<std::string, Tensor>& outputs,
+                                        const ToleranceModel& tol) const override {
+    std::vector<OutputComparison> out;
+    out.push_back(compare_d(c, inputs, outputs.at("D"), tol));
+    return out;
+  }
+
+  OutputComparison compare_d(const Case& c, const Inputs& inputs, const Tensor& d, const ToleranceModel& tol) const {
     GemmReference ref = [&] {
       const Phase phase("reference");
       return gemm_reference(c, inputs);
@@ -498,7 +505,7 @@ class GemmModule final : public OpModule {
     OutputComparison cmp;
     cmp.format = c.types.at("D");
     cmp.shape = {c.gemm.batch, c.gemm.m, c.gemm.n};
-    cmp.got = logical_output(c, d);
+    cmp.got = logical_output(c, "D", d);
     cmp.exact = std::move(ref.values);
     cmp.condition = std::move(ref.magnitude);
     cmp.accumulated = std::move(ref.intermediate);
@@ -522,8 +529,8 @@ class GemmModule final : public OpModule {
     return cmp;  // allowed: empty, the ToleranceModel's GEMM bound with n = K applies
   }
 
-  std::vector<std::int64_t> output_offsets(const Case& c) const override {
-    const MatrixView dv = gemm_view(c, "D");
+  std::vector<std::int64_t> output_offsets(const Case& c, const std::string& output) const override {
+    const MatrixView dv = gemm_view(c, output);
     const std::int64_t m = c.gemm.m, n = c.gemm.n;
     std::vector<std::int64_t> at(static_cast<std::size_t>(c.gemm.batch * m * n));
     parallel_for(c.gemm.batch * m, [&](std::int64_t row) {  // row = b * m + i

@@ -16,8 +16,8 @@ const OpModule& op_module(Op op) { return op == Op::Gemm ? gemm_module() : atten
 
 std::vector<const OpModule*> all_op_modules() { return {&gemm_module(), &attention_module()}; }
 
-UninitVector<Code> OpModule::logical_output(const Case& c, const Tensor& output) const {
-  const std::vector<std::int64_t> offsets = output_offsets(c);
+UninitVector<Code> OpModule::logical_output(const Case& c, const std::string& name, const Tensor& output) const {
+  const std::vector<std::int64_t> offsets = output_offsets(c, name);
   UninitVector<Code> got(offsets.size());
   constexpr std::int64_t kGrain = std::int64_t{1} << 14;
   const auto n = static_cast<std::int64_t>(offsets.size());

@@ -59,12 +59,13 @@ struct RelationContext {
   /// The same for a run of the first case on inputs with the same exact output and the
   /// same tolerance (a permutation, say): the first run's reference is reused.
   std::function<std::string(const RunOutcome& run)> judge_same;
-  /// The first run's comparison: its reference (exact values, condition terms, bounds).
+  /// The first run's comparison of its main output (D, O): its reference (exact values,
+  /// condition terms, bounds).
   const OutputComparison& first;
-  /// The verdict's first reason for a run of case c judged against a given reference
-  /// (c's tolerance; the got codes and the write audit from the run): for a related case
-  /// whose exact output is a rearrangement of the first one's, computed without a new
-  /// reference.
+  /// The verdict's first reason for a run of case c judged against a given reference of its
+  /// main output (c's tolerance; the got codes and the write audit from the run): for a
+  /// related case whose exact output is a rearrangement of the first one's, computed without
+  /// a new reference. Other outputs (LSE) are not judged.
   std::function<std::string(const Case& c, const RunOutcome& run, OutputComparison reference)> judge_against;
 };
 
@@ -94,15 +95,18 @@ class OpModule {
   virtual std::int64_t reduction_length(const Case& c) const = 0;
   /// The tolerance model the declared types and the kernel's traits imply.
   virtual ToleranceModel tolerance(const Case& c, const KernelTraits& traits) const = 0;
-  /// The exact reference of the case's output, compared with the kernel's output tensor:
-  /// per element the code, the reference, the condition term and the allowed error.
-  virtual OutputComparison compare(const Case& c, const Inputs& inputs, const Tensor& output,
-                                   const ToleranceModel& tol) const = 0;
-  /// The buffer offset of each output element, in logical order (GEMM (b, i, j), attention
-  /// (b, h, i, d)).
-  virtual std::vector<std::int64_t> output_offsets(const Case& c) const = 0;
-  /// The output's codes in logical order.
-  UninitVector<Code> logical_output(const Case& c, const Tensor& output) const;
+  /// The exact references of the case's outputs (outputs_of(c), in that order; one
+  /// reference computation for all of them), each compared with the kernel's tensor of that
+  /// name in `outputs`: per element the code, the reference, the condition term and the
+  /// allowed error.
+  virtual std::vector<OutputComparison> compare(const Case& c, const Inputs& inputs,
+                                                const std::map<std::string, Tensor>& outputs,
+                                                const ToleranceModel& tol) const = 0;
+  /// The buffer offset of each element of output `output`, in logical order (GEMM D (b, i, j),
+  /// attention O (b, h, i, d), LSE (b, h, i)).
+  virtual std::vector<std::int64_t> output_offsets(const Case& c, const std::string& output) const = 0;
+  /// An output's codes in logical order.
+  UninitVector<Code> logical_output(const Case& c, const std::string& output, const Tensor& t) const;
   /// Runs the op's metamorphic relations that apply to a case whose first run passed
   /// (repeatability, common to every op, is checked by harness/check).
   virtual std::vector<RelationFailure> relations(const RelationContext& ctx, const Case& c, const Inputs& inputs,

@@ -40,8 +40,10 @@ extern "C" {
 /* Versions. 2 appended ulpgate_problem.kv_heads (every earlier field keeps its offset). A
    plugin built against version 1 still loads, but it would read K and V as having `heads`
    heads, so ulpgate never hands it an attention problem with kv_heads != heads: such cases
-   are "not supported" by it, with a reason that says why. */
-#define ULPGATE_PLUGIN_ABI_VERSION 2u
+   are "not supported" by it, with a reason that says why. 3 appended want_lse and lse (the
+   attention log-sum-exp output); plugins of versions 1 and 2 are never handed a case that
+   asks for it. */
+#define ULPGATE_PLUGIN_ABI_VERSION 3u
 
 typedef enum {
   ULPGATE_FP64 = 0, ULPGATE_FP32 = 1, ULPGATE_TF32 = 2, ULPGATE_FP16 = 3,
@@ -101,6 +103,14 @@ typedef struct {
   /* Version 2. Attention: the heads of K and V (1 <= kv_heads <= heads, heads % kv_heads
      == 0; equal to heads for multi-head attention). GEMM: 0. */
   int64_t kv_heads;
+  /* Version 3. Attention: 1 when the case asks for the log-sum-exp output too (refuse it in
+     supports() if the kernel does not write it), else 0; GEMM: 0. lse: where to write it
+     (NULL in supports() and when not asked): FP32, batch x heads x seq_q elements laid out
+     [b][h][i] whatever the layout, LSE = ln sum_j exp(softmax_scale q_i . k_j) over the
+     visible keys, -inf (or +inf, FlashAttention's convention) for a row without one. In the
+     kernel's memory, as q, k, v, o. */
+  int32_t want_lse;
+  void* lse;
 } ulpgate_problem;
 
 typedef struct {

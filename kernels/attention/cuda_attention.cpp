@@ -77,6 +77,7 @@ class CudaAttention final : public Kernel {
   KernelTraits traits() const override {
     KernelTraits t{Memory::Device, true};
     t.thread_safe = true;  // all work on io.stream
+    t.writes_lse = true;
     if (flash()) t.p_bits = info(flash_input()).frac_bits + 1;  // FP16 11, BF16 8
     if (cudnn()) t.p_bits = v_ == Variant::CudnnBf16 ? 8 : 11;   // P in the input type (the graph's P tensor)
     // cuDNN's fused engine flushes FP32 subnormal results (H200, cuDNN 9.19, run 10: BF16 O
@@ -136,6 +137,7 @@ class CudaAttention final : public Kernel {
             static_cast<float>(a.softmax_scale.value_or(1.0 / std::sqrt(static_cast<double>(a.head_dim)))), nullptr};
     attn::Operand q = operand(c, "Q"), k = operand(c, "K"), v = operand(c, "V"), o = operand(c, "O");
     q.p = io.in.at("Q"), k.p = io.in.at("K"), v.p = io.in.at("V"), o.out = io.out.at("O");
+    if (io.out.count("LSE")) s.lse = static_cast<float*>(io.out.at("LSE"));
     DeviceBuffer lengths;
     if (!a.kv_lengths.empty()) {
       lengths = DeviceBuffer(a.kv_lengths.size() * sizeof(long long), io.stream);
@@ -149,6 +151,7 @@ class CudaAttention final : public Kernel {
       sh.bf16 = v_ == Variant::CudnnBf16;
       sh.batch = a.batch, sh.heads = a.heads, sh.kv_heads = a.eff_kv_heads(), sh.seq_q = a.seq_q, sh.seq_kv = a.seq_kv;
       sh.head_dim = a.head_dim, sh.causal = a.causal, sh.bshd = a.layout == AttentionLayout::BSHD, sh.scale = s.scale;
+      sh.stats = s.lse != nullptr;
       DeviceBuffer lq, lkv;
       if (!a.kv_lengths.empty()) {
         std::vector<int> qs(a.kv_lengths.size(), static_cast<int>(a.seq_q)), ks;
@@ -161,7 +164,7 @@ class CudaAttention final : public Kernel {
         copy_to_device(lkv.get(), ks.data(), ks.size() * sizeof(int), io.stream);
         sh.padded = true;
       }
-      notes["engine"] = attn::cudnn_sdpa(sh, io.in.at("Q"), io.in.at("K"), io.in.at("V"), io.out.at("O"),
+      notes["engine"] = attn::cudnn_sdpa(sh, io.in.at("Q"), io.in.at("K"), io.in.at("V"), io.out.at("O"), s.lse,
                                          static_cast<const int*>(lq.get()), static_cast<const int*>(lkv.get()), io.stream);
       notes["cudnn"] = attn::cudnn_version();
       return;

@@ -135,7 +135,8 @@ struct Graph {
 };
 
 // One shape's plan: the graph, the plan, the variant pack's ids in a fixed order (Q, K, V, O,
-// scale[, -inf: masks only][, seq_len_q, seq_len_kv]), the workspace size and the engine chosen.
+// scale[, -inf: masks only][, seq_len_q, seq_len_kv][, stats]), the workspace size and the
+// engine chosen.
 struct Plan {
   Graph g;
   std::unique_ptr<Desc> plan;
@@ -147,7 +148,7 @@ struct Plan {
 // Whether the graph masks scores (padding or causal), and so takes the -inf scalar.
 bool masked(const attn::SdpaShape& s) { return s.padded || s.causal; }
 
-using Key = std::tuple<bool, std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t, bool, bool, bool>;
+using Key = std::tuple<bool, std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t, bool, bool, bool, bool>;
 
 std::unique_ptr<Plan> build_plan(cudnnHandle_t handle, const attn::SdpaShape& s) {
   auto p = std::make_unique<Plan>();
@@ -158,7 +159,7 @@ std::unique_ptr<Plan> build_plan(cudnnHandle_t handle, const attn::SdpaShape& s)
   const auto strides = [&](std::int64_t h, std::int64_t seq) {
     return s.bshd ? std::array<std::int64_t, 4>{seq * h * d, d, h * d, 1} : std::array<std::int64_t, 4>{h * seq * d, seq * d, d, 1};
   };
-  std::int64_t uq, uk, uv, uo, uscale, uinf = 0, ulq = 0, ulkv = 0;
+  std::int64_t uq, uk, uv, uo, uscale, uinf = 0, ulq = 0, ulkv = 0, ustats = 0;
   const Desc& q = g.tensor(io, {b, hq, sq, d}, strides(hq, sq), false, false, &uq);
   const auto ks = strides(hk, skv);
   const Desc& kt = g.tensor(io, {b, hk, d, skv}, {ks[0], ks[1], ks[3], ks[2]}, false, false, &uk);  // K^T: no copy
@@ -215,11 +216,12 @@ std::unique_ptr<Plan> build_plan(cudnnHandle_t handle, const attn::SdpaShape& s)
   g.pointwise(CUDNN_POINTWISE_EXP, f, z, nullptr, e);
   const Desc& l = g.tensor(f, rdims, rstr, true, false);
   g.reduce(CUDNN_REDUCE_TENSOR_ADD, e, l);
-  // The softmax statistics (log-sum-exp, max + log(sum)) as cuDNN's frontend always builds them,
-  // virtual here: the fused engine's pattern has them even when nothing reads them.
+  // The softmax statistics (log-sum-exp, max + log(sum)) as cuDNN's frontend always builds them:
+  // an output where the case asks for the LSE, else virtual (the fused engine's pattern has
+  // them even when nothing reads them).
   const Desc& log_l = g.tensor(f, rdims, rstr, true, false);
   g.pointwise(CUDNN_POINTWISE_LOG, f, l, nullptr, log_l);
-  const Desc& stats = g.tensor(f, rdims, rstr, true, false);
+  const Desc& stats = g.tensor(f, rdims, rstr, !s.stats, false, s.stats ? &ustats : nullptr);
   g.pointwise(CUDNN_POINTWISE_ADD, f, m, &log_l, stats);
   // P in the input type, as the second matmul takes it: the engines refuse a float P ("A and B
   // need to have the same datatype in the matmul", cuDNN 9.19's log on the H200).
@@ -278,6 +280,7 @@ std::unique_ptr<Plan> build_plan(cudnnHandle_t handle, const attn::SdpaShape& s)
   p->uids = {uq, uk, uv, uo, uscale};
   if (neg_inf) p->uids.push_back(uinf);
   if (s.padded) p->uids.insert(p->uids.end(), {ulq, ulkv});
+  if (s.stats) p->uids.push_back(ustats);
   return p;
 }
 
@@ -299,18 +302,19 @@ std::string cudnn_version() {
   return fmt::format("{}.{}.{}", v / 10000, (v / 100) % 100, v % 100);
 }
 
-std::string cudnn_sdpa(const SdpaShape& s, const void* q, const void* k, const void* v, void* o, const int* seq_q,
-                       const int* seq_kv, void* stream) {
+std::string cudnn_sdpa(const SdpaShape& s, const void* q, const void* k, const void* v, void* o, float* lse,
+                       const int* seq_q, const int* seq_kv, void* stream) {
   thread_local ThreadState state;
   if (!state.handle) check_cudnn(cudnnCreate(&state.handle), "create handle");
   check_cudnn(cudnnSetStream(state.handle, static_cast<cudaStream_t>(stream)), "set stream");
-  const Key key{s.bf16, s.batch, s.heads, s.kv_heads, s.seq_q, s.seq_kv, s.head_dim, s.causal, s.padded, s.bshd};
+  const Key key{s.bf16, s.batch, s.heads, s.kv_heads, s.seq_q, s.seq_kv, s.head_dim, s.causal, s.padded, s.bshd, s.stats};
   auto& plan = state.plans[key];
   if (!plan) plan = build_plan(state.handle, s);
   float scale = s.scale, neg_inf = -std::numeric_limits<float>::infinity();
   std::vector<void*> ptrs{const_cast<void*>(q), const_cast<void*>(k), const_cast<void*>(v), o, &scale};
   if (masked(s)) ptrs.push_back(&neg_inf);
   if (s.padded) ptrs.insert(ptrs.end(), {const_cast<int*>(seq_q), const_cast<int*>(seq_kv)});
+  if (s.stats) ptrs.push_back(lse);
   DeviceBuffer workspace(static_cast<std::size_t>(plan->workspace), stream);
   void* ws = workspace.get();
   Desc pack(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR);

@@ -12,14 +12,15 @@ struct SdpaShape {
   bool causal = false;  ///< top-left aligned: only for seq_q == seq_kv
   bool padded = false;  ///< per-batch key lengths (seq_kv pointers given)
   bool bshd = false;
+  bool stats = false;  ///< write the softmax stats (the log-sum-exp, FP32 [b][h][s]) to `lse`
   float scale = 1.0f;
 };
 
 /// Runs attention on `stream` (device pointers; seq_q / seq_kv: device int32 per batch when
 /// padded) and returns the engine used ("engine N (heuristics A, config i of n)"). Throws
 /// KernelUnsupported when no cuDNN engine takes the graph, KernelError on failure.
-std::string cudnn_sdpa(const SdpaShape& s, const void* q, const void* k, const void* v, void* o, const int* seq_q,
-                       const int* seq_kv, void* stream);
+std::string cudnn_sdpa(const SdpaShape& s, const void* q, const void* k, const void* v, void* o, float* lse,
+                       const int* seq_q, const int* seq_kv, void* stream);
 
 /// The cuDNN library's version at run time ("9.19.0").
 std::string cudnn_version();

@@ -389,6 +389,8 @@ __global__ void __launch_bounds__(kThreads, 2) flash_forward(Shape s, Operand q,
     const int mt = r / 2, e0 = 2 * (r % 2);
     const int i = wq0 + 16 * mt + 8 * (r % 2) + g;
     if (i >= seq_q) continue;
+    // The log-sum-exp (m is in log2 units): (m + log2 l) ln 2, -inf for a row without a key.
+    if (s.lse && t == 0) s.lse[bh * s.seq_q + i] = l[r] > 0.0f ? (m[r] + log2f(l[r])) * 0.6931471805599453f : -INFINITY;
     const float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
     const long long row = o.offset(b, h, i, 0);
     if (pairs && o.format == kFp16) {

@@ -33,6 +33,8 @@ struct Shape {
   bool causal;
   float scale;
   const long long* kv_lengths;  // device, one per batch; nullptr: all seq_kv
+  float* lse = nullptr;         // device [batch][heads][seq_q]: each row's ln sum_j exp(s_j), -inf
+                                // without a key; nullptr: not asked for
 #ifdef __CUDACC__
   __device__ bool visible(long long b, long long i, long long j) const {
     const long long len = kv_lengths ? kv_lengths[b] : seq_kv;

@@ -21,7 +21,8 @@ __global__ void scores(Shape s, Operand q, Operand k, float* S) {
   }
 }
 
-// Pass 2: each row's max m, P = exp(S - m) in place, l = sum P (0 for a row that sees no key).
+// Pass 2: each row's max m, P = exp(S - m) in place, l = sum P (0 for a row that sees no key),
+// and the log-sum-exp m + ln l where asked for (-inf without a key).
 // `subtract_max` false plants the classic unsafe softmax, P = exp(S): exact in real
 // arithmetic, but exp overflows to Inf (and Inf / Inf is NaN) once a score passes about 88.7,
 // and underflows to 0 rows whose scores all lie below about -103.
@@ -39,6 +40,7 @@ __global__ void softmax_rows(Shape s, float* S, float* l, bool subtract_max) {
       sum += p;
     }
     l[row] = sum;
+    if (s.lse) s.lse[row] = sum > 0.0f ? (subtract_max ? m + logf(sum) : logf(sum)) : -INFINITY;
   }
 }
 
@@ -107,6 +109,7 @@ __global__ void online_rows(Shape s, Operand q, Operand k, Operand v, Operand o,
       const long long d = lane + 32LL * e;
       if (d < s.head_dim_v) store(o, o.offset(b, h, i, d), l > 0.0f ? acc[e] / l : 0.0f);
     }
+    if (s.lse && lane == 0) s.lse[row] = l > 0.0f ? m + logf(l) : -INFINITY;
     __syncwarp();
   }
 }

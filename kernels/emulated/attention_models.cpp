@@ -38,6 +38,7 @@ class EmulatedAttention final : public Kernel {
   KernelTraits traits() const override {
     KernelTraits t;
     t.thread_safe = true;
+    t.writes_lse = true;
     if (m_.variant == AttentionModel::Variant::Flash) t.p_bits = info(m_.p_format).precision();
     return t;
   }
@@ -55,6 +56,7 @@ class EmulatedAttention final : public Kernel {
     const Format fq = c.types.at("Q"), fk = c.types.at("K"), fv = c.types.at("V"), fo = c.types.at("O");
     const std::int64_t hd = a.head_dim, dv = a.eff_head_dim_v();
     const float scale = static_cast<float>(a.softmax_scale.value_or(1.0 / std::sqrt(static_cast<double>(hd))));
+    float* lse = io.out.count("LSE") ? static_cast<float*>(io.out.at("LSE")) : nullptr;  // [batch][heads][seq_q]
     parallel_for(a.batch * a.heads * a.seq_q, [&](std::int64_t row) {
       const std::int64_t i = row % a.seq_q, h = (row / a.seq_q) % a.heads, b = row / (a.seq_q * a.heads);
       const std::int64_t hk = a.kv_head(h);  // grouped-query: the K/V head query head h reads
@@ -70,17 +72,16 @@ class EmulatedAttention final : public Kernel {
         return static_cast<float>(decode(fv, load_code(fv, io.in.at("V"), vv.offset(b, hk, j, d))));
       };
       float l = 0.0f;
+      float m = -std::numeric_limits<float>::infinity();
       if (m_.variant == AttentionModel::Variant::Naive) {
         std::vector<std::int64_t> keys;
         for (std::int64_t j = 0; j < a.seq_kv; ++j)
           if (attention_visible(c, b, i, j)) keys.push_back(j), s.push_back(score(j));
-        float m = -std::numeric_limits<float>::infinity();
         for (float x : s) m = std::max(m, x);
         for (float& x : s) l += (x = std::exp(x - m));
         for (std::size_t t = 0; t < keys.size(); ++t)
           for (std::int64_t d = 0; d < dv; ++d) acc[d] = std::fma(s[t], v_at(keys[t], d), acc[d]);
       } else {
-        float m = -std::numeric_limits<float>::infinity();
         for (std::int64_t j0 = 0; j0 < a.seq_kv; j0 += m_.block) {
           std::vector<std::int64_t> keys;
           s.clear();
@@ -108,6 +109,8 @@ class EmulatedAttention final : public Kernel {
         store_code(fo, io.out.at("O"), ov.offset(b, h, i, d),
                    encode(fo, o, Rounding::NearestEven, is_fp8(fo) ? Overflow::Saturate : Overflow::NoSaturate));
       }
+      // The log-sum-exp, m + ln l in FP32 (-inf for a row without a key), where asked for.
+      if (lse) lse[row] = l > 0.0f ? m + std::log(l) : -std::numeric_limits<float>::infinity();
     }, threads_for(static_cast<double>(a.batch) * a.heads * a.seq_q * a.seq_kv * static_cast<double>(hd + dv), 0x1p16));
     notes["model"] = name();
   }

@@ -75,6 +75,8 @@ ulpgate_problem to_problem(const Case& c, const KernelIo* io) {
     t.type_o = abi_format(c, "O"), t.type_compute = abi_format(c, "compute");
     t.q = in("Q"), t.k = in("K"), t.v = in("V"), t.o = io ? out("O") : nullptr;
     p.kv_heads = s.eff_kv_heads();
+    p.want_lse = c.types.count("LSE") ? 1 : 0;
+    p.lse = p.want_lse && io ? out("LSE") : nullptr;
   }
   p.stream = io ? io->stream : nullptr;
   return p;
@@ -89,7 +91,9 @@ class PluginKernel final : public Kernel {
     return fmt::format("{} (plugin {})", k_.description ? k_.description : "", library_);
   }
   KernelTraits traits() const override {
-    return {k_.memory == ULPGATE_DEVICE_MEMORY ? Memory::Device : Memory::Host, k_.deterministic != 0};
+    KernelTraits t{k_.memory == ULPGATE_DEVICE_MEMORY ? Memory::Device : Memory::Host, k_.deterministic != 0};
+    t.writes_lse = abi_ >= 3;  // its supports() sees want_lse and decides
+    return t;
   }
   std::optional<std::string> unsupported(const Case& c) const override {
     // Its buffers would be device memory: without a device every case would fail in
@@ -132,6 +136,9 @@ class PluginKernel final : public Kernel {
       return fmt::format("built against plugin ABI version {}, which cannot describe grouped-query attention "
                          "(kv_heads {} of {} heads); rebuild it against version {}",
                          abi_, c.attention.eff_kv_heads(), c.attention.heads, ULPGATE_PLUGIN_ABI_VERSION);
+    if (abi_ < 3 && c.types.count("LSE"))
+      return fmt::format("built against plugin ABI version {}, which has no log-sum-exp output; rebuild it against version {}",
+                         abi_, ULPGATE_PLUGIN_ABI_VERSION);
     return std::nullopt;
   }
   static std::vector<std::int64_t> kv_lengths(const Case& c) {

@@ -168,7 +168,10 @@ def numpy_attention(x, case):
     s = q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1])
     p = np.exp(s - s.max(axis=-1, keepdims=True))
     o = (p @ v) / p.sum(axis=-1, keepdims=True)
-    return {"O": ulpgate.encode(o, t["O"])}
+    out = {"O": ulpgate.encode(o, t["O"])}
+    if "LSE" in case.outputs:  # the log-sum-exp, [batch][heads][seq_q]
+        out["LSE"] = ulpgate.encode(s.max(axis=-1) + np.log(p.sum(axis=-1)), "fp32")
+    return out
 
 
 def test_attention_reference_and_check():
@@ -220,6 +223,18 @@ def test_fuzz_records_what_the_kernel_raises():
 def test_fuzz_attention_plain_cases():
     f = ulpgate.fuzz(numpy_attention, op="attention", dtype="fp16", cases=4, seed=3, max_k=64)
     assert len(f.results) == 4 and not f.failures, f.summary()
+
+
+def test_attention_log_sum_exp():
+    c = ulpgate.attention_case(5, 40, head_dim=16, batch=2, heads=2, dtype="fp16", out="fp16", lse=True)
+    assert c.outputs == ["O", "LSE"]
+    out = numpy_attention(ulpgate.inputs(c), c)
+    assert np.allclose(ulpgate.reference(c)["LSE"], out["LSE"], rtol=1e-6)
+    assert ulpgate.check(c, out).passed
+    assert not ulpgate.check(c, dict(out, LSE=out["LSE"] + np.float32(0.01))).passed
+    f = ulpgate.fuzz(numpy_attention, op="attention", dtype="fp16", cases=12, seed=5, max_k=64, lse=True)
+    assert not f.failures, f.summary()
+    assert any("LSE" in r.case.outputs for r in f.results)
 
 
 def test_the_readme_walkthrough_runs_as_written(tmp_path, monkeypatch, capsys):

@@ -118,17 +118,21 @@ def gemm_case(m, n, k, dtype="fp32", out=None, compute=None, batch=1, layout="ro
 
 def attention_case(seq_q, seq_kv, head_dim=64, batch=1, heads=1, kv_heads=0, head_dim_v=0, dtype="fp16", out=None,
                    compute="fp32", layout="bhsd", causal=False, softmax_scale=None, kv_lengths=None,
-                   dist="normal(0,1)", seed=1, kernel=""):
+                   dist="normal(0,1)", seed=1, kernel="", lse=False):
     """O = softmax(scale Q K^T + mask) V per batch and head (core/case.hpp). dtype: Q, K and
-    V's format; out: O's (default dtype); softmax_scale None: 1/sqrt(head_dim)."""
+    V's format; out: O's (default dtype); softmax_scale None: 1/sqrt(head_dim); lse: the case
+    asks for the log-sum-exp output LSE too (FP32, [batch][heads][seq_q])."""
     a = {"batch": batch, "heads": heads, "kv_heads": kv_heads, "seq_q": seq_q, "seq_kv": seq_kv,
          "head_dim": head_dim, "head_dim_v": head_dim_v, "layout": layout, "causal": causal,
          "kv_lengths": list(kv_lengths or [])}
     if softmax_scale is not None:
         a["softmax_scale"] = float(softmax_scale)
+    types = {"Q": dtype, "K": dtype, "V": dtype, "O": out or dtype, "compute": compute}
+    if lse:
+        types["LSE"] = "fp32"
     return Case({"ulpgate_case": 1, "op": "attention", "kernel": kernel, "alpha": 1.0, "beta": 0.0,
                  "epilogue": "none", "scales": {}, "seed": int(seed),
-                 "types": {"Q": dtype, "K": dtype, "V": dtype, "O": out or dtype, "compute": compute},
+                 "types": types,
                  "dist": _dists(dist, ["Q", "K", "V"]), "attention": a})
 
 
@@ -354,7 +358,7 @@ class FuzzResult:
 
 def fuzz(kernel, dtype="fp16", op="gemm", cases=20, seed=1, out=None, supports=plain, max_k=1024, sizes="small",
          time=0, metamorphic=True, gelu=False, deterministic=True, rounds_to_nearest=False, round_outputs=False,
-         name=None, progress=None):
+         lse=False, name=None, progress=None):
     """A fuzz campaign over a Python callable, with `ulpgate fuzz`'s generators, check path,
     metamorphic relations and shrinking (harness/fuzz.hpp), in this process.
 
@@ -364,7 +368,9 @@ def fuzz(kernel, dtype="fp16", op="gemm", cases=20, seed=1, out=None, supports=p
     None or why not: which generated cases the kernel takes (default plain(); everything()
     for a kernel that reads the case). Case i depends only on (seed, name, dtype, op, i) and
     the limits. out: writes fuzz.json, report.md, junit.xml, cases/ (failing cases) and
-    corpus/ (shrunk failures, replayed first next time) there."""
+    corpus/ (shrunk failures, replayed first next time) there. lse=True: attention cases may
+    ask for the log-sum-exp too (case.outputs has "LSE"; return {"O": ..., "LSE": ...}, FP32
+    [batch][heads][seq_q])."""
     name = name or _kernel_name(kernel)
     out = "" if out is None else str(out)
 
@@ -375,7 +381,7 @@ def fuzz(kernel, dtype="fp16", op="gemm", cases=20, seed=1, out=None, supports=p
         return supports(Case(case_json))
 
     rec = _u.fuzz(call, why_not, name, dtype, op, int(cases), int(seed), int(max_k), sizes, float(time),
-                  bool(metamorphic), bool(gelu), bool(deterministic), bool(rounds_to_nearest), out, progress)
+                  bool(metamorphic), bool(gelu), bool(deterministic), bool(rounds_to_nearest), bool(lse), out, progress)
     d = json.loads(rec)
     args = f"dtype={dtype!r}, op={op!r}, seed={seed}, max_k={max_k}, sizes={sizes!r}"
     d["command"] = f"ulpgate.fuzz({name}, {args}, cases={cases})"

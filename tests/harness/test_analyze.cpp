@@ -109,6 +109,24 @@ TEST(Analyze, NonFiniteClassification) {
   EXPECT_TRUE(judge(ok, analyze(ok), ToleranceModel{}, 1).passed);
 }
 
+// An exact value that is infinite (an Inf input; attention's LSE of a row without a key) is
+// missed by any finite output, however the op's per-element bound is given (ToleranceModel
+// terms, or OutputComparison::allowed): the bound's u_D |x_e| term is infinite there and
+// must not accept it.
+TEST(Analyze, FiniteOutputForAnInfiniteExactValueIsMissed) {
+  for (const bool allowed : {false, true}) {
+    auto cmp = fp16({0.0, -65504.0, 1.0}, {0.0, 0.0, 1.0});
+    cmp.exact[0] = RefValue::infinity(true), cmp.exact[1] = RefValue::infinity(true);
+    if (allowed) cmp.allowed = {0.5, 0.5, 0.5};
+    const ErrorMetrics m = analyze(cmp);
+    EXPECT_EQ(m.missed_nonfinite, 2) << allowed;
+    const Verdict v = judge(cmp, m, ToleranceModel{}, 1);
+    EXPECT_FALSE(v.passed) << allowed;
+    ASSERT_EQ(v.checks.size(), 1u) << allowed;
+    EXPECT_EQ(v.checks[0].rfind("out:missed_nonfinite", 0), 0u) << v.checks[0];
+  }
+}
+
 // A ReLU's max(x, 0) may return +0 for x = NaN (IEEE 754-2008 maxNum, CUDA's fmaxf:
 // cuBLASLt's RELU epilogue on the H200) or propagate the NaN (PyTorch): both are right for
 // a ReLU output. Any other finite value for a NaN is still a missed NaN, and without a ReLU

@@ -33,20 +33,26 @@ std::vector<std::unique_ptr<Kernel>> models() {
   return out;
 }
 
-// A kernel built from a model with one change to its outputs or inputs.
+// A kernel built from a model with one change to its outputs or inputs (writing the LSE
+// output where asked unless `lse` is false).
 class Wrapped : public Kernel {
  public:
-  Wrapped(std::string name, std::function<void(const Case&, const KernelIo&, Kernel&, RunNotes&)> run)
-      : name_(std::move(name)), run_(std::move(run)) {}
+  Wrapped(std::string name, std::function<void(const Case&, const KernelIo&, Kernel&, RunNotes&)> run, bool lse = true)
+      : name_(std::move(name)), run_(std::move(run)), lse_(lse) {}
   std::string name() const override { return name_; }
   std::string description() const override { return name_; }
-  KernelTraits traits() const override { return {}; }
+  KernelTraits traits() const override {
+    KernelTraits t;
+    t.writes_lse = lse_;
+    return t;
+  }
   std::optional<std::string> unsupported(const Case& c) const override { return inner_->unsupported(c); }
   void run(const Case& c, const KernelIo& io, RunNotes& notes) override { run_(c, io, *inner_, notes); }
 
  private:
   std::string name_;
   std::function<void(const Case&, const KernelIo&, Kernel&, RunNotes&)> run_;
+  bool lse_;
   std::unique_ptr<Kernel> inner_ = make_emulated_attention(AttentionModel{});
 };
 
@@ -347,14 +353,18 @@ TEST(AttentionOp, NonDeterministicKernelPassesTheRelations) {
 namespace {
 
 // A plain FP32 attention kernel with one planted bug of a class real kernels have.
-enum class Bug { None, TopLeftCausal, IgnoresKvLengths, ScaleOverD, MaskedRowNaN, LastBlockDropped };
+enum class Bug { None, TopLeftCausal, IgnoresKvLengths, ScaleOverD, MaskedRowNaN, LastBlockDropped, LseWithoutMax, LseInLog2 };
 
 class BuggyAttention final : public Kernel {
  public:
   explicit BuggyAttention(Bug bug) : bug_(bug) {}
   std::string name() const override { return "planted.attention." + std::to_string(static_cast<int>(bug_)); }
   std::string description() const override { return name(); }
-  KernelTraits traits() const override { return {}; }
+  KernelTraits traits() const override {
+    KernelTraits t;
+    t.writes_lse = true;
+    return t;
+  }
   std::optional<std::string> unsupported(const Case& c) const override {
     if (c.op != Op::Attention) return "attention only";
     for (const char* op : {"Q", "K", "V", "O"})
@@ -394,6 +404,10 @@ class BuggyAttention final : public Kernel {
             float o = l > 0 ? acc / l : (bug_ == Bug::MaskedRowNaN ? NAN : 0.0f);
             static_cast<float*>(io.out.at("O"))[ov.offset(b, h, i, e)] = o;
           }
+          if (io.out.count("LSE")) {  // the log-sum-exp, m + ln l (-inf without a key)
+            const float lse = bug_ == Bug::LseWithoutMax ? std::log(l) : bug_ == Bug::LseInLog2 ? m + std::log2(l) : m + std::log(l);
+            static_cast<float*>(io.out.at("LSE"))[(b * a.heads + h) * a.seq_q + i] = l > 0 ? lse : -INFINITY;
+          }
         }
   }
 
@@ -407,7 +421,7 @@ class BuggyAttention final : public Kernel {
 // the campaign finds every one, and passes the same kernel without a bug.
 TEST(AttentionOp, FuzzFindsPlantedBugClasses) {
   for (Bug bug : {Bug::None, Bug::TopLeftCausal, Bug::IgnoresKvLengths, Bug::ScaleOverD, Bug::MaskedRowNaN,
-                  Bug::LastBlockDropped}) {
+                  Bug::LastBlockDropped, Bug::LseWithoutMax, Bug::LseInLog2}) {
     Registry reg;
     reg.add(std::make_unique<BuggyAttention>(bug));
     FuzzOptions o;
@@ -529,4 +543,93 @@ TEST(AttentionOp, NonFiniteVAtAMaskedKeyMayReachTheRowsOfItsColumn) {
   const Evaluation skipping = evaluate_with_inputs(*naive, c, in, EvaluationOptions{});
   EXPECT_TRUE(skipping.verdict.passed) << skipping.verdict.reasons.front();
   EXPECT_GT(skipping.metrics[0].compared, 0);
+}
+
+// The log-sum-exp output against known answers: Q and K all ones with scale 1/2 give every
+// visible key the score head_dim / 2 = 2, so LSE = 2 + ln n (batch 0: n = 9), one visible key
+// LSE = 2 exactly (batch 1), no visible key -inf (batch 2). The models pass with LSE judged
+// beside O; a kernel writing +inf for the empty rows (FlashAttention's convention) passes, a
+// finite value or a NaN there fails, and so do ln l without the max and log2 l, under LSE's
+// own check tokens.
+TEST(AttentionOp, LogSumExpKnownAnswers) {
+  Case c = small_case(Format::FP32, 9);
+  AttentionShape& a = c.attention;
+  a.batch = 3, a.seq_q = 2, a.kv_lengths = {9, 1, 0}, a.softmax_scale = 0.5;
+  c.types["LSE"] = Format::FP32;
+  c.dist = {{"Q", "normal(0,1)"}, {"K", "normal(0,1)"}, {"V", "normal(0,1)"}};
+  validate(c);
+  Inputs in = fill_inputs(c);
+  for (const char* op : {"Q", "K"})
+    for (std::size_t e = 0; e < in.at(op).size(); ++e) in.at(op).set_value(e, 1.0);
+  EvaluationOptions plain;
+  plain.relations = false;
+  for (auto& k : models()) {
+    c.kernel = k->name();
+    const Evaluation ev = evaluate_with_inputs(*k, c, in, EvaluationOptions{});
+    ASSERT_EQ(ev.metrics.size(), 2u) << k->name();
+    EXPECT_EQ(ev.metrics[1].output, "LSE");
+    EXPECT_EQ(ev.metrics[1].elements, 6);
+    EXPECT_EQ(ev.metrics[1].expected_nonfinite, 2) << k->name();  // batch 2's rows: -inf
+    EXPECT_LE(ev.metrics[1].max_ulp, 1.0) << k->name();
+    EXPECT_TRUE(ev.verdict.passed) << k->name() << ": " << ev.verdict.reasons.front();
+    const std::vector<OutputComparison> cmp = attention_module().compare(c, in, ev.run.outputs, ev.tolerance);
+    ASSERT_EQ(cmp.size(), 2u);
+    EXPECT_DOUBLE_EQ(cmp[1].exact[0].to_double(), 2 + std::log(9.0));
+    EXPECT_EQ(cmp[1].exact[2].to_double(), 2.0);  // one key: its score, exactly
+    EXPECT_EQ(cmp[1].exact[4], RefValue::infinity(true));
+    EXPECT_EQ(ev.run.outputs.at("LSE").value(2), 2.0) << k->name();
+  }
+  // What a kernel writes for the rows without a key: +inf passes, a finite value or NaN fails.
+  for (const float empty : {INFINITY, 0.0f, NAN}) {
+    Wrapped k("empty_rows", [empty](const Case& cc, const KernelIo& io, Kernel& inner, RunNotes& n) {
+      inner.run(cc, io, n);
+      auto* lse = static_cast<float*>(io.out.at("LSE"));
+      lse[4] = lse[5] = empty;
+    });
+    c.kernel = k.name();
+    const Evaluation ev = evaluate_with_inputs(k, c, in, plain);
+    ASSERT_EQ(ev.run.status, Disposition::Ok) << ev.run.message;
+    EXPECT_EQ(ev.verdict.passed, std::isinf(empty)) << empty;
+    if (!std::isinf(empty)) {
+      ASSERT_FALSE(ev.verdict.checks.empty());
+      EXPECT_EQ(ev.verdict.checks.front().rfind("LSE:", 0), 0u) << ev.verdict.checks.front();
+    }
+  }
+  // Wrong formulas on generated inputs (Q, K normal: scores and their max far from 0).
+  Inputs normal = fill_inputs(c);
+  for (const int bug : {0, 1}) {
+    Wrapped k("wrong_lse", [bug](const Case& cc, const KernelIo& io, Kernel& inner, RunNotes& n) {
+      inner.run(cc, io, n);
+      auto* lse = static_cast<float*>(io.out.at("LSE"));
+      for (std::int64_t r = 0; r < cc.attention.batch * cc.attention.heads * cc.attention.seq_q; ++r)
+        if (std::isfinite(lse[r])) lse[r] = bug == 0 ? lse[r] - 0.25f : lse[r] * 1.0001f;  // an offset; 1e-4 relative
+    });
+    c.kernel = k.name();
+    const Evaluation ev = evaluate_with_inputs(k, c, normal, plain);
+    ASSERT_EQ(ev.run.status, Disposition::Ok) << ev.run.message;
+    EXPECT_FALSE(ev.verdict.passed) << bug;
+    EXPECT_EQ(ev.metrics.at(0).max_normalised, evaluate_with_inputs(*models().front(), c, normal, plain).metrics.at(0).max_normalised);
+    ASSERT_FALSE(ev.verdict.checks.empty());
+    EXPECT_EQ(ev.verdict.checks.front(), "LSE:tolerance@any") << bug;
+  }
+}
+
+// Kernels that do not declare the LSE output (KernelTraits::writes_lse) are not handed cases
+// that ask for it: the runner says "not supported" and the generators do not draw it for them.
+TEST(AttentionOp, KernelsWithoutTheLogSumExpAreNotHandedIt) {
+  Wrapped k("no_lse", [](const Case& cc, const KernelIo& io, Kernel& inner, RunNotes& n) { inner.run(cc, io, n); }, false);
+  Case c = small_case(Format::FP32, 9);
+  c.types["LSE"] = Format::FP32;
+  c.dist = {{"Q", "normal(0,1)"}, {"K", "normal(0,1)"}, {"V", "normal(0,1)"}};
+  const RunOutcome r = run_kernel(k, c, fill_inputs(c));
+  EXPECT_EQ(r.status, Disposition::NotSupported);
+  EXPECT_EQ(r.message, "the kernel does not write the log-sum-exp output (LSE)");
+  int with_lse = 0, model_lse = 0;
+  auto model = make_emulated_attention(AttentionModel{});
+  const auto draw = [](const Kernel* kernel, int i) {
+    return attention_module().generate("fp32", kernel, GenLimits{300, false})(rc::Random(static_cast<std::uint64_t>(i)), 50).value();
+  };
+  for (int i = 0; i < 60; ++i) with_lse += draw(&k, i).types.count("LSE"), model_lse += draw(model.get(), i).types.count("LSE");
+  EXPECT_EQ(with_lse, 0);
+  EXPECT_GT(model_lse, 5);  // about one case in three
 }

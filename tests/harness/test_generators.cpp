@@ -110,8 +110,8 @@ RC_GTEST_PROP(CaseGen, TransposedReferenceIsTheTransposedProblemsReference, ()) 
   if (c.beta != 0) tin.emplace("C", in.at("C"));
   const OpModule& op = op_module(Op::Gemm);
   const Tensor d = make_output(c, "D", false), td = make_output(tc, "D", false);
-  const OutputComparison moved = transposed_reference(op.compare(c, in, d, nominal_tolerance(c)));
-  const OutputComparison own = op.compare(tc, tin, td, nominal_tolerance(tc));
+  const OutputComparison moved = transposed_reference(op.compare(c, in, {{"D", d}}, nominal_tolerance(c)).front());
+  const OutputComparison own = op.compare(tc, tin, {{"D", td}}, nominal_tolerance(tc)).front();
   RC_ASSERT(moved.shape == own.shape);
   RC_ASSERT(moved.exact == own.exact);
   const auto same = [](const std::vector<double>& x, const std::vector<double>& y) {  // NaN equals NaN

@@ -97,8 +97,8 @@ namespace {
 
 // Cases the flash kernels take: FP16 or BF16 inputs, head_dim 64 or 128, over tile tails
 // (1, 63, 64, 65, 200 rows and keys), causal with seq_q != seq_kv, kv_lengths (one of them
-// 0), grouped-query heads, both layouts, O in FP32, FP16 or BF16, and large-magnitude
-// scores (normal(0, 3) Q) whose running max moves.
+// 0), grouped-query heads, both layouts, O in FP32, FP16 or BF16, the log-sum-exp output in
+// half of them, and large-magnitude scores (normal(0, 3) Q) whose running max moves.
 std::vector<Case> flash_cases(Format in) {
   std::vector<Case> out;
   int n = 0;
@@ -115,6 +115,7 @@ std::vector<Case> flash_cases(Format in) {
         if (n % 8 == 6) a.kv_lengths = {0, skv};
         const Format o = n % 3 == 0 ? Format::FP32 : n % 3 == 1 ? Format::FP16 : Format::BF16;
         c.types = {{"Q", in}, {"K", in}, {"V", in}, {"O", o}, {"compute", Format::FP32}};
+        if (n % 4 < 2) c.types["LSE"] = Format::FP32;  // the log-sum-exp in half of them
         c.dist = {{"Q", n % 2 ? "normal(0,3)" : "normal(0,1)"}, {"K", "normal(0,1)"}, {"V", "uniform(-1,1)"}};
         c.seed = static_cast<std::uint64_t>(100 + n);
         ++n;
@@ -130,7 +131,8 @@ TEST(AttentionGpu, FlashPassesEveryShapeItTakes) {
   for (auto& k : make_attention_kernels()) {
     if (k->name().rfind("cuda.attn_flash", 0) != 0) continue;
     const Format in = k->name() == "cuda.attn_flash.bf16" ? Format::BF16 : Format::FP16;
-    int passed = 0, total = 0;
+    int passed = 0, total = 0, with_lse = 0;
+    double lse_max_ulp = 0;
     for (Case c : flash_cases(in)) {
       c.kernel = k->name();
       ASSERT_FALSE(k->unsupported(c).has_value()) << *k->unsupported(c);
@@ -138,11 +140,17 @@ TEST(AttentionGpu, FlashPassesEveryShapeItTakes) {
       ++total;
       EXPECT_EQ(ev.run.status, Disposition::Ok) << k->name() << ": " << ev.run.message;
       EXPECT_EQ(ev.run.unwritten, 0);
+      if (c.types.count("LSE") && ev.run.status == Disposition::Ok) {
+        EXPECT_EQ(ev.metrics.size(), 2u);
+        if (ev.metrics.size() == 2) ++with_lse, lse_max_ulp = std::max(lse_max_ulp, ev.metrics[1].max_ulp);
+      }
       if (ev.verdict.passed) ++passed;
       else ADD_FAILURE() << k->name() << " " << c.attention.seq_q << "x" << c.attention.seq_kv << " d " << c.attention.head_dim
                          << (c.attention.causal ? " causal" : "") << ": " << ev.verdict.reasons.front();
     }
-    std::printf("[ flash ] %s: %d of %d cases passed\n", k->name().c_str(), passed, total);
+    std::printf("[ flash ] %s: %d of %d cases passed; LSE judged in %d, max %.3g ulp\n", k->name().c_str(), passed, total,
+                with_lse, lse_max_ulp);
+    EXPECT_GT(with_lse, 0);
   }
 }
 
@@ -168,7 +176,8 @@ TEST(AttentionGpu, CudnnPassesEveryShapeItTakes) {
     if (k->name().rfind("cudnn.sdpa", 0) != 0) continue;
     ++kernels;
     const Format in = k->name() == "cudnn.sdpa.bf16" ? Format::BF16 : Format::FP16;
-    int passed = 0, total = 0, unsupported = 0;
+    int passed = 0, total = 0, unsupported = 0, with_lse = 0;
+    double lse_max_ulp = 0;
     for (Case c : flash_cases(in)) {
       c.types["O"] = in;
       c.kernel = k->name();
@@ -183,6 +192,7 @@ TEST(AttentionGpu, CudnnPassesEveryShapeItTakes) {
       }
       ++total;
       EXPECT_EQ(ev.run.status, Disposition::Ok) << k->name() << ": " << ev.run.message;
+      if (ev.metrics.size() == 2) ++with_lse, lse_max_ulp = std::max(lse_max_ulp, ev.metrics[1].max_ulp);
       if (ev.verdict.passed) ++passed;
       else ADD_FAILURE() << k->name() << " " << c.attention.seq_q << "x" << c.attention.seq_kv << " d " << c.attention.head_dim
                          << (c.attention.causal ? " causal" : "") << ": " << ev.verdict.reasons.front();
@@ -190,8 +200,10 @@ TEST(AttentionGpu, CudnnPassesEveryShapeItTakes) {
         std::printf("[ cudnn ] %s: %s, cuDNN %s\n", k->name().c_str(), ev.run.notes.count("engine") ? ev.run.notes.at("engine").c_str() : "?",
                     ev.run.notes.count("cudnn") ? ev.run.notes.at("cudnn").c_str() : "?");
     }
-    std::printf("[ cudnn ] %s: %d of %d cases passed, %d not supported\n", k->name().c_str(), passed, total, unsupported);
+    std::printf("[ cudnn ] %s: %d of %d cases passed, %d not supported; LSE (softmax stats) judged in %d, max %.3g ulp\n",
+                k->name().c_str(), passed, total, unsupported, with_lse, lse_max_ulp);
     EXPECT_GT(total, 0);
+    EXPECT_GT(with_lse, 0);
   }
   if (kernels == 0) GTEST_SKIP() << "this build has no cuDNN";
 }

@@ -6,6 +6,7 @@
 
 #include "core/error.hpp"
 #include "distributions/fill.hpp"
+#include "harness/check.hpp"
 #include "harness/ops/attention.hpp"
 #include "kernels/emulated/attention_models.hpp"
 #include "harness/runner.hpp"
@@ -124,7 +125,7 @@ TEST(Plugin, AbiVersion1IsNeverHandedGroupedQueryCases) {
     Case gqa = fp32_attention(kv_heads, k->name());
     EXPECT_EQ(k->unsupported(gqa),
               fmt::format("built against plugin ABI version 1, which cannot describe grouped-query attention "
-                          "(kv_heads {} of 4 heads); rebuild it against version 2",
+                          "(kv_heads {} of 4 heads); rebuild it against version 3",
                           kv_heads));
     const RunOutcome r = run_kernel(*k, gqa, fill_inputs(gqa));
     EXPECT_EQ(r.status, Disposition::NotSupported);
@@ -135,10 +136,32 @@ TEST(Plugin, AbiVersion1IsNeverHandedGroupedQueryCases) {
 TEST(Plugin, UnknownAbiVersionIsAnInputError) {
   Registry reg;
   try {
-    load_plugin(ATTENTION_PLUGIN_V3, reg);
-    FAIL() << "a version-3 plugin loaded";
+    load_plugin(ATTENTION_PLUGIN_V4, reg);
+    FAIL() << "a version-4 plugin loaded";
   } catch (const InputError& e) {
-    EXPECT_EQ(std::string(e.what()), fmt::format("--plugin {}: ABI version 3, this ulpgate speaks 1 to 2", ATTENTION_PLUGIN_V3));
+    EXPECT_EQ(std::string(e.what()), fmt::format("--plugin {}: ABI version 4, this ulpgate speaks 1 to 3", ATTENTION_PLUGIN_V4));
   }
-  EXPECT_EQ(reg.find("test.attention_v3"), nullptr);
+  EXPECT_EQ(reg.find("test.attention_v4"), nullptr);
+}
+
+// ABI version 3 hands over the log-sum-exp output: the plugin writes it where a case asks
+// for it (judged like any kernel's), and a version-2 plugin is never handed such a case.
+TEST(Plugin, AbiVersion3WritesTheLogSumExp) {
+  Registry reg;
+  load_plugin(ATTENTION_PLUGIN_V3, reg);
+  load_plugin(ATTENTION_PLUGIN_V2, reg);
+  Kernel* v3 = reg.find("test.attention_v3");
+  Kernel* v2 = reg.find("test.attention_v2");
+  ASSERT_NE(v3, nullptr);
+  ASSERT_NE(v2, nullptr);
+  Case c = fp32_attention(2, v3->name());
+  c.types["LSE"] = Format::FP32;
+  EXPECT_EQ(v3->unsupported(c), std::nullopt);
+  EXPECT_EQ(v2->unsupported(c),
+            "built against plugin ABI version 2, which has no log-sum-exp output; rebuild it against version 3");
+  const CaseResult r = check_case(*v3, c, EvaluationOptions{});
+  EXPECT_TRUE(r.verdict.passed) << fmt::format("{}", fmt::join(r.verdict.reasons, "; "));
+  ASSERT_EQ(r.metrics.size(), 2u);
+  EXPECT_EQ(r.metrics[1].output, "LSE");
+  EXPECT_EQ(r.metrics[1].elements, c.attention.batch * c.attention.heads * c.attention.seq_q);
 }

@@ -1,10 +1,11 @@
 // Test equipment for the plugin ABI's versions (tests/kernels/test_plugin.cpp): one host
 // FP32 attention kernel, the arithmetic of cpu.attn_naive (FMA dot products, max, exp,
 // row sum, FMA of P V, one division), built three times:
+//   ATTENTION_PLUGIN_ABI=3  "test.attention_v3": writes the log-sum-exp m + ln l when asked
 //   ATTENTION_PLUGIN_ABI=2  "test.attention_v2": reads K/V head h / (heads / kv_heads)
 //   ATTENTION_PLUGIN_ABI=1  "test.attention_v1": declares ABI 1 and, as a plugin written
 //                           before kv_heads existed, reads K/V head h
-//   ATTENTION_PLUGIN_ABI=3  "test.attention_v3": a version this ulpgate does not know
+//   ATTENTION_PLUGIN_ABI=4  "test.attention_v4": a version this ulpgate does not know
 // Written against include/ulpgate/plugin.h only.
 #include <cmath>
 #include <cstdio>
@@ -74,6 +75,9 @@ int run(const ulpgate_problem* p, char*, size_t) {
             acc = std::fma(s[t], V[at(a, kv_heads, a.seq_kv, a.head_dim_v, b, hk, keys[t], d)], acc);
           O[at(a, a.heads, a.seq_q, a.head_dim_v, b, h, i, d)] = l > 0.0f ? acc / l : 0.0f;
         }
+#if ATTENTION_PLUGIN_ABI >= 3
+        if (p->lse) static_cast<float*>(p->lse)[(b * a.heads + h) * a.seq_q + i] = l > 0.0f ? m + std::log(l) : -INFINITY;
+#endif
       }
   return 0;
 }
