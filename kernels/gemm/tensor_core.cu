@@ -23,6 +23,7 @@
 
 #include <mma.h>
 
+#include "kernels/gemm/cp_async.cuh"
 #include "kernels/gemm/tc_common.cuh"
 
 namespace ulpgate::tc {
@@ -134,13 +135,6 @@ constexpr int LDC = BN + 4;                          // the epilogue's FP32 tile
 constexpr int SMEM_BYTES = BM * LDC * 4 > STAGES * STAGE_BYTES ? BM * LDC * 4 : STAGES * STAGE_BYTES;  // 66 KiB
 
 __device__ __forceinline__ std::uint32_t swz(int r, int c) { return r * ROW_BYTES + ((c ^ ((r >> 1) & 3)) << 4); }
-
-__device__ __forceinline__ void cp_async16(std::uint32_t dst, const void* src, int bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
 
 __device__ __forceinline__ void ldmatrix_x4(std::uint32_t (&r)[4], std::uint32_t addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
