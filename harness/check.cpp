@@ -102,14 +102,14 @@ Judged rejudge(const Judged& j, const Case& c, const RunOutcome& run, const Tole
 // a kernel that wrote these values would leave (the padding keeps its poison).
 class GivenOutputs final : public Kernel {
  public:
-  GivenOutputs(std::string name, const std::map<std::string, Tensor>& outputs) : name_(std::move(name)), outputs_(outputs) {}
+  GivenOutputs(std::string name, const std::map<std::string, Tensor>& outputs, KernelTraits traits)
+      : name_(std::move(name)), outputs_(outputs), traits_(std::move(traits)) {
+    traits_.writes_lse = true;  // whatever outputs were given (check_given_outputs wants them all)
+    traits_.memory = Memory::Host;
+  }
   std::string name() const override { return name_; }
   std::string description() const override { return "outputs computed elsewhere"; }
-  KernelTraits traits() const override {
-    KernelTraits t;
-    t.writes_lse = true;  // whatever outputs were given (check_given_outputs wants them all)
-    return t;
-  }
+  KernelTraits traits() const override { return traits_; }
   std::optional<std::string> unsupported(const Case&) const override { return std::nullopt; }
   void run(const Case& c, const KernelIo& io, RunNotes&) override {
     for (const auto& [op, t] : outputs_) {
@@ -124,6 +124,7 @@ class GivenOutputs final : public Kernel {
  private:
   std::string name_;
   const std::map<std::string, Tensor>& outputs_;
+  KernelTraits traits_;
 };
 
 }  // namespace
@@ -298,7 +299,8 @@ CaseResult check_case(Kernel& k, const Case& c, const EvaluationOptions& options
   }
 }
 
-CaseResult check_given_outputs(const Case& c, const std::map<std::string, Tensor>& outputs, const std::string& kernel) {
+CaseResult check_given_outputs(const Case& c, const std::map<std::string, Tensor>& outputs, const std::string& kernel,
+                               const KernelTraits& declared) {
   const std::vector<std::string> names = outputs_of(c);
   for (const std::string& op : names) {
     const auto it = outputs.find(op);
@@ -309,7 +311,7 @@ CaseResult check_given_outputs(const Case& c, const std::map<std::string, Tensor
                                    name(it->second.format()), n, name(c.types.at(op))));
   }
   if (outputs.size() != names.size()) throw InputError(fmt::format("values given for outputs other than {}", fmt::join(names, ", ")));
-  GivenOutputs k(kernel, outputs);
+  GivenOutputs k(kernel, outputs, declared);
   Case filled = c;  // as check_case: filling may add derived fields (amax scales, kv_lengths)
   const Inputs inputs = fill_inputs(filled);
   EvaluationOptions options;

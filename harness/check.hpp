@@ -70,7 +70,10 @@ Evaluation evaluate_with_inputs(Kernel& k, const Case& c, const Inputs& inputs, 
 /// `outputs` (buffers laid out as gemm_view()/attention_view() say; their padding is not
 /// read), with default traits and no relations (nothing can be run again). InputError
 /// when an output is missing or of another format or size.
-CaseResult check_given_outputs(const Case& c, const std::map<std::string, Tensor>& outputs, const std::string& kernel);
+/// `declared`: the arithmetic the outputs' kernel is known to have (e.g. p_bits for an
+/// attention that rounds P, as FlashAttention does), for the tolerance model; default: none.
+CaseResult check_given_outputs(const Case& c, const std::map<std::string, Tensor>& outputs, const std::string& kernel,
+                               const KernelTraits& declared = {});
 
 /// The run-record entry of an evaluation (reproducer left empty for the caller to set);
 /// a relation that failed is named in notes["relation"]. A passing case's metrics carry no

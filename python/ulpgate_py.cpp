@@ -168,11 +168,15 @@ py::array decode_array(const py::array& words, const std::string& fmt) {
   return out;
 }
 
-std::string check(const std::string& case_json, const py::dict& outputs, const std::string& kernel) {
+std::string check(const std::string& case_json, const py::dict& outputs, const std::string& kernel, int p_bits) {
   const Case c = parse_case(case_json);
   const std::map<std::string, Tensor> tensors = to_tensors(c, outputs);
+  if (p_bits != 0 && (c.op != Op::Attention || p_bits < 2 || p_bits > 24))
+    throw InputError(fmt::format("p_bits {}: attention cases only, 0 (P in FP32) or 2 to 24 bits", p_bits));
   py::gil_scoped_release release;
-  CaseResult r = check_given_outputs(c, tensors, kernel);
+  KernelTraits declared;
+  declared.p_bits = p_bits;
+  CaseResult r = check_given_outputs(c, tensors, kernel, declared);
   r.origin = "check";
   return dump(case_result_to_json(r));
 }

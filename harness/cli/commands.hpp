@@ -88,9 +88,10 @@ int replay_command(const std::string& case_path, const LocalRegistry& local, con
                    const std::optional<IsolationOptions>& isolation, const std::vector<std::string>& plugins,
                    std::uint64_t max_memory = 0);
 /// Judges outputs computed elsewhere (.npy files, "D.npy" or "D=FILE.npy") as replay judges
-/// a kernel run (harness/check.hpp, check_given_outputs); exit 0 pass, 1 fail.
+/// a kernel run (harness/check.hpp, check_given_outputs); exit 0 pass, 1 fail. p_bits > 0
+/// declares an attention kernel that rounds P to that many bits before P V (KernelTraits).
 int check_command(const std::string& case_path, const std::vector<std::string>& outputs, const std::string& out_json,
-                  std::uint64_t max_memory);
+                  std::uint64_t max_memory, int p_bits = 0);
 /// Writes the case's inputs (the buffers a kernel gets) as DIR/<operand>.npy and
 /// DIR/manifest.json; an earlier export in dir is replaced only with force.
 int export_command(const std::string& case_path, const std::string& dir, bool force, std::uint64_t max_memory);

@@ -529,8 +529,11 @@ int replay_command(const std::string& case_path, const LocalRegistry& local, con
 }
 
 int check_command(const std::string& case_path, const std::vector<std::string>& output_args, const std::string& out_json,
-                  std::uint64_t max_memory) {
+                  std::uint64_t max_memory, int p_bits) {
   const Case c = read_case_within(case_path, max_memory);
+  if (p_bits != 0 && (c.op != Op::Attention || p_bits < 2 || p_bits > 24))
+    throw InputError(c.op != Op::Attention ? "--p-bits: attention cases only (the precision P is rounded to before P V)"
+                                           : fmt::format("--p-bits {}: must be 0 (P in FP32) or 2 to 24 bits", p_bits));
   const std::vector<std::string> wanted = outputs_of(c);
   std::map<std::string, Tensor> outputs;
   std::vector<std::string> files, named;
@@ -539,8 +542,8 @@ int check_command(const std::string& case_path, const std::vector<std::string>& 
     const std::string path = eq == std::string::npos ? arg : arg.substr(eq + 1);
     const std::string op = eq == std::string::npos ? std::filesystem::path(arg).stem().string() : arg.substr(0, eq);
     if (std::find(wanted.begin(), wanted.end(), op) == wanted.end())
-      throw InputError(fmt::format("--outputs {}: '{}' is not an output of this {} case (its output is {}: a file {}.npy, "
-                                   "or {}=FILE.npy)", arg, op, name(c.op), wanted.front(), wanted.front(), wanted.front()));
+      throw InputError(fmt::format("--outputs {}: '{}' is not an output of this {} case (its outputs: {}; a file {}.npy, "
+                                   "or {}=FILE.npy)", arg, op, name(c.op), fmt::join(wanted, ", "), wanted.front(), wanted.front()));
     if (outputs.count(op)) throw InputError(fmt::format("--outputs: {} is given twice", op));
     outputs.emplace(op, read_npy_file(path, c.types.at(op), operand_elements(c, op)));
     files.push_back(path);
@@ -551,8 +554,11 @@ int check_command(const std::string& case_path, const std::vector<std::string>& 
   const std::string source = fmt::format("external:{}", fmt::join(files, ","));
   std::printf("ulpgate check %s: %s, seed %llu\n", case_path.c_str(), source.c_str(), static_cast<unsigned long long>(c.seed));
   std::fflush(stdout);
-  CaseResult r = check_given_outputs(c, outputs, source);
-  return finish_single_case(r, "check", fmt::format("ulpgate check {} --outputs {}", case_path, fmt::join(named, " --outputs ")),
+  KernelTraits declared;
+  declared.p_bits = p_bits;
+  CaseResult r = check_given_outputs(c, outputs, source, declared);
+  return finish_single_case(r, "check", fmt::format("ulpgate check {} --outputs {}{}", case_path, fmt::join(named, " --outputs "),
+                                                    p_bits ? fmt::format(" --p-bits {}", p_bits) : ""),
                             out_json);
 }
 

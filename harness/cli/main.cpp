@@ -240,6 +240,10 @@ int main(int argc, char** argv) {
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   check->add_option("--out", check_out, "Also write the run record here");
   check->add_option("--max-memory", check_max_memory, kMaxMemoryHelp);
+  int check_p_bits = 0;
+  check->add_option("--p-bits", check_p_bits,
+                    "Attention: the kernel rounds P to this many bits before P V (11: FP16, 8: BF16, as FlashAttention "
+                    "and cuDNN do); 0 (default): P kept in FP32");
 
   std::vector<std::string> probe_kernels;
   int probe_max_block = 512, probe_max_promote = 4096;
@@ -494,7 +498,7 @@ int main(int argc, char** argv) {
       return ulpgate::export_command(export_case, export_dir, export_force, max_memory(export_max_memory));
     if (check->parsed()) {
       if (!check_out.empty()) ulpgate::check_output_file("--out", check_out);
-      return ulpgate::check_command(check_case, check_outputs, check_out, max_memory(check_max_memory));
+      return ulpgate::check_command(check_case, check_outputs, check_out, max_memory(check_max_memory), check_p_bits);
     }
     if (gate->parsed()) return ulpgate::gate_command(gate_baseline, gate_run, gate_junit, gate_options);
     if (baseline_update->parsed())

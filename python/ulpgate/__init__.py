@@ -258,19 +258,21 @@ class Result:
         return f"<ulpgate.Result {self.kernel} {verdict}{' (' + ', '.join(parts) + ')' if parts else ''}>"
 
 
-def check(case, outputs, kernel_name="external:python"):
+def check(case, outputs, kernel_name="external:python", p_bits=0):
     """Judges outputs computed elsewhere as `ulpgate check --outputs` does (the same
     reference, metrics, tolerance and verdict; harness/check.hpp check_given_outputs).
-    outputs: {"D": array} or {"O": array}, each logical or flat (see _buffer) and of the
-    output format's dtype (encode() rounds values to it)."""
+    outputs: {"D": array}, or {"O": array} and "LSE" where the case asks for it, each logical
+    or flat (see _buffer) and of the output format's dtype (encode() rounds values to it).
+    p_bits: attention whose kernel rounds P to that many bits before P V (11 FP16, 8 BF16:
+    FlashAttention, cuDNN), as `ulpgate check --p-bits`."""
     case = _case(case)
     given = {name: _buffer(case, name, a) for name, a in dict(outputs).items()
              if name in case.types and name != "compute"}
     unknown = [n for n in outputs if n not in given]
     if unknown:
-        raise ValueError(f"'{unknown[0]}' is not an output of this {case.op} case (its output is "
-                         f"{case.outputs[0]})")
-    r = Result(_u.check(case._json, given, kernel_name))
+        raise ValueError(f"'{unknown[0]}' is not an output of this {case.op} case (its outputs: "
+                         f"{', '.join(case.outputs)})")
+    r = Result(_u.check(case._json, given, kernel_name, int(p_bits)))
     r._dict["reproducer"] = f"ulpgate.check(ulpgate.Case({case.to_json(indent=None)!r}), outputs)"
     return r
 

@@ -931,6 +931,18 @@ TEST(Cli, ExportThenCheckOutputsComputedElsewhere) {
     ASSERT_EQ(rec.cases.size(), 1u);
     EXPECT_EQ(rec.cases[0].kernel, "external:" + file);
     EXPECT_EQ(rec.cases[0].reproducer, "ulpgate check " + case_path + " --outputs " + out + "=" + file);
+    // --p-bits: an attention kernel that rounds P (here a correct FP32 one, which passes too).
+    if (c.op == Op::Gemm) {
+      expect_input_error(run("check " + case_path + " --outputs " + file + " --p-bits 8"),
+                         "--p-bits: attention cases only (the precision P is rounded to before P V)", "--p-bits on a GEMM");
+    } else {
+      const Result p = run("check " + case_path + " --outputs " + file + " --p-bits 11 --out " + ex + "/check_p.json");
+      EXPECT_EQ(p.code, 0) << p.out << p.err;
+      EXPECT_EQ(read_record_file(ex + "/check_p.json").cases.at(0).reproducer,
+                "ulpgate check " + case_path + " --outputs " + out + "=" + file + " --p-bits 11");
+      expect_input_error(run("check " + case_path + " --outputs " + file + " --p-bits 30"),
+                         "--p-bits 30: must be 0 (P in FP32) or 2 to 24 bits", "--p-bits out of range");
+    }
 
     const std::int64_t e5 = c.op == Op::Gemm ? gemm_view(c, "D").offset(1, 3, 2) : attention_view(c, "O").offset(1, 1, 2, 3);
     t.set_value(static_cast<std::size_t>(e5), t.value(static_cast<std::size_t>(e5)) + 1000);
