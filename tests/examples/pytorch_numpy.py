@@ -121,7 +121,11 @@ def main():
         doc, _ = report(out / "triton-missing", "triton")
         assert rc == 0 and doc["summary"].startswith("triton not available"), doc["summary"]
 
-    # The README walkthrough, as written.
+    # The README walkthrough, as written: the README's block is the file, and it runs.
+    readme = (EXAMPLES.parents[1] / "README.md").read_text()
+    block = readme[readme.index("## Check a PyTorch kernel"):]
+    block = block[block.index("```python\n") + len("```python\n"):]
+    assert block[:block.index("```")] == (EXAMPLES / "walkthrough.py").read_text(), "README block != walkthrough.py"
     (out / "walkthrough").mkdir()
     rc = run([py, EXAMPLES / "walkthrough.py", ulpgate], cwd=out / "walkthrough")
     rec = json.loads((out / "walkthrough" / "run.json").read_text())
