@@ -82,8 +82,11 @@ class TorchMatmul:
 
     def environment(self):
         t = self.torch
-        env = {"torch": t.__version__, "cuda": t.version.cuda, "gpu": t.cuda.get_device_name(),
-               "cublas_preferred": str(t.backends.cuda.preferred_blas_library())}
+        env = {"torch": t.__version__, "cuda": t.version.cuda, "gpu": t.cuda.get_device_name()}
+        try:
+            env["blas_preferred"] = str(t.backends.cuda.preferred_blas_library())
+        except (AttributeError, RuntimeError):
+            pass
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             env["flag_defaults"] = {a: str(getattr(self.flags_module, a)) for f, a in FLAG_ATTRS.items() if self.has_flag(f)}

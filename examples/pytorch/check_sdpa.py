@@ -58,12 +58,13 @@ class TorchSdpa:
 
     def environment(self):
         t = self.torch
-        env = {"torch": t.__version__, "cuda": t.version.cuda, "gpu": t.cuda.get_device_name(),
-               "cudnn": t.backends.cudnn.version()}
-        try:
-            env["math_sdp_fp16_bf16_reduction"] = t.backends.cuda.fp16_bf16_reduction_math_sdp_allowed()
-        except AttributeError:
-            pass
+        env = {"torch": t.__version__, "cuda": t.version.cuda, "gpu": t.cuda.get_device_name()}
+        for key, get in (("cudnn", lambda: t.backends.cudnn.version()),
+                         ("math_sdp_fp16_bf16_reduction", lambda: t.backends.cuda.fp16_bf16_reduction_math_sdp_allowed())):
+            try:
+                env[key] = get()
+            except (AttributeError, RuntimeError):
+                pass
         return env
 
     def to_device(self, words, fmt):
@@ -103,11 +104,10 @@ class TorchSdpa:
                     t.cuda.synchronize()
             except RuntimeError as e:
                 text = str(e).splitlines()[0] if str(e) else type(e).__name__
-                why = [str(w.message).splitlines()[0] for w in caught if "sdp" in str(w.message).lower() or
-                       "attention" in str(w.message).lower()]
-                if "No available kernel" in text:
-                    raise uc.NotSupported("; ".join([text] + why[:3])) from None
-                raise
+                if "No available kernel" not in text:
+                    raise
+                why = list(dict.fromkeys(str(w.message).splitlines()[0] for w in caught))  # torch's reasons
+                raise uc.NotSupported("; ".join([text] + why[:3])) from None
         return self.from_device(o, fmt), call
 
 
