@@ -316,8 +316,8 @@ def judge(rec):
     o = rec.get("outcome")
     if o in ("not supported", "skipped"):
         rec["as_expected"] = True
-    elif o == "error":
-        rec["as_expected"] = expect == "any"
+    elif o == "error":  # the kernel raised: never as expected
+        rec["as_expected"] = False
     else:
         rec["as_expected"] = expect == "any" or expect == o
     return rec
