@@ -291,15 +291,14 @@ class CheckPool:
         self.pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(1, jobs))
 
     def run_all(self, calls):
-        """calls: [(record, fn)]; fn() -> dict merged into record (or raises UlpgateError)."""
+        """calls: [(record, fn)]; fn() -> dict merged into record. A check that cannot judge (bad
+        output file, ulpgate's own error) is that record's error; the run goes on."""
         futures = [(rec, self.pool.submit(fn)) for rec, fn in calls]
         for rec, fut in futures:
             try:
                 rec.update(fut.result())
-            except UlpgateError as e:
-                if e.rc != 2 and e.rc != 1:
-                    raise
-                rec.update(outcome="error", message=str(e))
+            except Exception as e:
+                rec.update(outcome="error", message=f"{type(e).__name__}: {e}".splitlines()[0])
 
     def close(self):
         self.pool.shutdown()
