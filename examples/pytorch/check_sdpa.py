@@ -13,7 +13,7 @@ aten._scaled_dot_product_flash_attention(is_causal=True), which is bottom-right 
 torch.nn.attention.bias.causal_lower_right dispatches to). Padding on flash: 'not supported'.
 A backend that refuses a case, or raises, is that case's record, not the end of the run.
 
-    python3 examples/pytorch/check_sdpa.py --out /tmp/sdpa                 # the H200: about 2-3 min
+    python3 examples/pytorch/check_sdpa.py --out /tmp/sdpa                 # the H200: about 3 min
     python3 examples/pytorch/check_sdpa.py --out /tmp/s --backend numpy --quick   # no torch
 
 Writes OUT/sdpa.json and OUT/sdpa.md: per backend the max error (|o - x| / sum_j p_j |v_j|)
