@@ -264,13 +264,15 @@ class Ulpgate:
         for op, f in outputs.items():
             args += ["--outputs", f"{op}={f}"]
         self._run(args + ["--out", run_path], ok=(0, 1))
-        return summarize_run(json.loads(Path(run_path).read_text()), run_path)
+        return summarize_run(json.loads(Path(run_path).read_text()), run_path, next(iter(outputs)))
 
 
-def summarize_run(record, run_path=None):
-    """The numbers these scripts report, from one `ulpgate check` run record."""
+def summarize_run(record, run_path=None, output=None):
+    """The numbers these scripts report, from one `ulpgate check` run record (the metrics of
+    `output`, by default the first output's)."""
     case = record["cases"][0]
-    m = case["metrics"][0] if case.get("metrics") else {}
+    metrics = case.get("metrics") or [{}]
+    m = next((x for x in metrics if x.get("output") == output), metrics[0])
     keys = ("compared", "exact_matches", "max_abs", "max_rel", "normwise", "max_normalised",
             "mean_normalised", "max_ulp", "mean_ulp", "bias_ulp", "max_ulp_distance",
             "unexpected_nan", "unexpected_inf", "missed_nonfinite", "unwritten")
