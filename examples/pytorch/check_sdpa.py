@@ -152,6 +152,10 @@ def main():
     ap.add_argument("--heads", type=int, help="heads (default 2; --quick 1)")
     ap.add_argument("--dtype", choices=["fp16", "bf16"], nargs="+", default=["fp16", "bf16"])
     ap.add_argument("--dist", choices=sorted(DISTS), nargs="+", default=["normal", "sink"])
+    ap.add_argument("--p-bits", choices=["auto", "0"], default="auto",
+                    help="P's precision declared to `ulpgate check`: auto (default) the input type's for every "
+                         "backend but MATH (FlashAttention-2, memory-efficient and cuDNN round P before P V), "
+                         "0: P in FP32 for all")
     ap.add_argument("--numpy-round-p", action="store_true",
                     help="numpy backend: every backend but MATH rounds P to the input type before P V, "
                          "as FlashAttention-2 does (shows how ulpgate judges that, README)")
@@ -204,8 +208,10 @@ def main():
                             rec.update(call=call, kernel_seconds=round(time.perf_counter() - t0, 4))
                             o_path = u.work / f"{group}-{backend}-O.npy"
                             np.save(o_path, uc.output_buffer(o, exported.output_info("O")))
-                            calls.append((rec, lambda op=o_path, t=f"{group}-{backend}":
-                                          u.check(case_path, {"O": op}, u.work / f"{t}.run.json")))
+                            p_bits = 0 if args.p_bits == "0" or backend == "MATH" else (11 if dtype == "fp16" else 8)
+                            rec["p_bits"] = p_bits
+                            calls.append((rec, lambda op=o_path, t=f"{group}-{backend}", pb=p_bits:
+                                          u.check(case_path, {"O": op}, u.work / f"{t}.run.json", pb)))
                         pool.run_all(calls)
                         if not args.keep_files:
                             for f in list((u.work / group).glob("*.npy")) + list(u.work.glob(f"{group}-*-O.npy")):
@@ -255,10 +261,10 @@ def report_sections(records, seqs, backends):
          "max ULP dist from correct rounding", "correctly rounded"], overview) +
         "\nThe error includes O's own rounding (a correctly rounded BF16 output is up to 2^-8 |o| off), so "
         "on these ranges it is mostly the output format's; the ULP distance from the correctly rounded "
-        "value and the share of correctly rounded elements separate the kernels. `ulpgate check` judges an "
-        "outside kernel with P (the softmax weights) in FP32: a kernel that rounds P to BF16 before P V, as "
-        "FlashAttention-2 and cuDNN do, can exceed that bound at short seq_kv on normal(0,1) inputs "
-        "(`--backend numpy --numpy-round-p` shows it; README, Check a PyTorch kernel).\n"))
+        "value and the share of correctly rounded elements separate the kernels. Every backend but MATH is "
+        "checked with `ulpgate check --p-bits` (P rounded to the input type before P V, as FlashAttention-2, "
+        "the memory-efficient kernel and cuDNN do; `--p-bits 0` judges them with P in FP32, which a BF16 P "
+        "can exceed at short seq_kv: `--backend numpy --numpy-round-p --p-bits 0` shows it).\n"))
     for backend in backends:
         rows = []
         for key in series_keys:

@@ -258,11 +258,14 @@ class Ulpgate:
         self._run(["export", case_path, "--dir", directory, "--force"])
         return Exported(directory, json.loads((Path(directory) / "manifest.json").read_text()))
 
-    def check(self, case_path, outputs, run_path):
-        """`ulpgate check CASE --outputs O=FILE... --out RUN`: a summary of the record."""
+    def check(self, case_path, outputs, run_path, p_bits=0):
+        """`ulpgate check CASE --outputs O=FILE... [--p-bits N] --out RUN`: a summary of the
+        record. p_bits: the attention kernel rounds P to that many bits before P V."""
         args = ["check", case_path]
         for op, f in outputs.items():
             args += ["--outputs", f"{op}={f}"]
+        if p_bits:
+            args += ["--p-bits", str(p_bits)]
         self._run(args + ["--out", run_path], ok=(0, 1))
         return summarize_run(json.loads(Path(run_path).read_text()), run_path, next(iter(outputs)))
 
