@@ -108,16 +108,10 @@ class TorchMatmul:
                     setattr(self.flags_module, attr, value)
 
     def to_device(self, words, fmt):
-        w = np.ascontiguousarray(words)
-        if fmt == "bf16":  # the BF16 words reinterpreted, bit for bit
-            return self.torch.from_numpy(w.view(np.int16)).to(self.dev).view(self.torch.bfloat16)
-        return self.torch.from_numpy(w).to(self.dev)
+        return uc.torch_to_device(self.torch, self.dev, words, fmt)
 
     def from_device(self, t, fmt):
-        t = t.contiguous()
-        if fmt == "bf16":
-            return t.view(self.torch.int16).cpu().numpy().view(np.uint16)
-        return t.cpu().numpy()
+        return uc.torch_from_device(self.torch, t, fmt)
 
     def run(self, a_words, b_words, fmt, flags):
         """D = A B in the input type (torch.matmul's output type): D's words."""

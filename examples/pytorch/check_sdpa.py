@@ -68,16 +68,10 @@ class TorchSdpa:
         return env
 
     def to_device(self, words, fmt):
-        w = np.ascontiguousarray(words)
-        if fmt == "bf16":
-            return self.torch.from_numpy(w.view(np.int16)).to(self.dev).view(self.torch.bfloat16)
-        return self.torch.from_numpy(w).to(self.dev)
+        return uc.torch_to_device(self.torch, self.dev, words, fmt)
 
     def from_device(self, t, fmt):
-        t = t.contiguous()
-        if fmt == "bf16":
-            return t.view(self.torch.int16).cpu().numpy().view(np.uint16)
-        return t.cpu().numpy()
+        return uc.torch_from_device(self.torch, t, fmt)
 
     def run(self, backend, q, k, v, fmt, case):
         """O (batch, heads, seq_q, head_dim) words, and how torch was called."""

@@ -417,3 +417,19 @@ def main_guard(fn):
     except UlpgateError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2 if e.rc in (1, 2) else 3)
+
+
+def torch_to_device(torch, dev, words, fmt):
+    """Storage words (as exported) to a torch tensor on dev: BF16 words reinterpreted, bit for bit."""
+    w = np.ascontiguousarray(words)
+    if fmt == "bf16":
+        return torch.from_numpy(w.view(np.int16)).to(dev).view(torch.bfloat16)
+    return torch.from_numpy(w).to(dev)
+
+
+def torch_from_device(torch, t, fmt):
+    """A torch tensor back to storage words (BF16 as uint16 words)."""
+    t = t.contiguous()
+    if fmt == "bf16":
+        return t.view(torch.int16).cpu().numpy().view(np.uint16)
+    return t.cpu().numpy()
