@@ -141,11 +141,13 @@ Case attention_case(const AttentionOptions& o) {
                       {"head_dim_v", o.head_dim_v}, {"layout", o.layout}, {"causal", o.causal},
                       {"kv_lengths", o.kv_lengths}};
   if (o.softmax_scale) a["softmax_scale"] = *o.softmax_scale;
-  const std::string out = o.out.empty() ? o.dtype : o.out;
+  nlohmann::json types = {{"Q", o.dtype}, {"K", o.dtype}, {"V", o.dtype}, {"O", o.out.empty() ? o.dtype : o.out},
+                          {"compute", o.compute}};
+  if (o.lse) types["LSE"] = "fp32";
   return case_from_json({{"ulpgate_case", kCaseSchemaVersion},
                          {"op", "attention"},
                          {"seed", o.seed},
-                         {"types", {{"Q", o.dtype}, {"K", o.dtype}, {"V", o.dtype}, {"O", out}, {"compute", o.compute}}},
+                         {"types", types},
                          {"dist", {{"Q", o.dist}, {"K", o.dist}, {"V", o.dist}}},
                          {"attention", a}});
 }
@@ -168,7 +170,10 @@ Values reference(const Case& c) {
   }
   const AttentionReference r = attention_reference(f, in);
   for (const RefValue& v : r.values) out.push_back(v.to_double());
-  return {{"O", std::move(out)}};
+  Values values{{"O", std::move(out)}};
+  if (f.types.count("LSE"))
+    for (const RefValue& v : r.lse) values["LSE"].push_back(v.to_double());
+  return values;
 }
 
 std::optional<std::string> plain(const Case& c) {
@@ -203,7 +208,9 @@ std::string Result::summary() const {
 Result run(Kernel& k, const Case& c, const EvaluationOptions& options) { return to_result(check_case(k, c, options)); }
 
 Result run(const HostFunction& f, const Case& c, const EvaluationOptions& options) {
-  HostKernel k(f, "host", {}, {});
+  KernelTraits traits;
+  traits.writes_lse = true;  // the function is given every output the case has
+  HostKernel k(f, "host", {}, traits);
   return run(k, c, options);
 }
 
@@ -214,7 +221,7 @@ Result run(const std::string& kernel, const Case& c, const EvaluationOptions& op
   return to_result(check_case(*k, c, options, &registry));
 }
 
-Result check(const Case& c, const Values& outputs, const std::string& kernel) {
+Result check(const Case& c, const Values& outputs, const std::string& kernel, const KernelTraits& declared) {
   std::map<std::string, Tensor> buffers;
   for (const auto& [op, values] : outputs) {
     const auto t = c.types.find(op);
@@ -223,7 +230,7 @@ Result check(const Case& c, const Values& outputs, const std::string& kernel) {
     Tensor& buffer = buffers[op] = Tensor(t->second, static_cast<std::size_t>(operand_elements(c, op)));
     store_output<InputError>(c, op, values, buffer.data());
   }
-  CaseResult r = check_given_outputs(c, buffers, kernel);
+  CaseResult r = check_given_outputs(c, buffers, kernel, declared);
   r.origin = "check";
   return to_result(std::move(r));
 }

@@ -24,8 +24,8 @@ namespace ulpgate {
 
 /// Operand name -> the values of its elements in logical order, as distributions/fill.hpp
 /// indexes them: GEMM op(A) [b][i][k], op(B) [b][k][j], C and D [b][i][j], bias [j];
-/// attention Q, K, V, O [b][h][s][d] (K and V with their own heads). Layout, transposes and
-/// leading dimensions are undone. Every format's value is exact in a double; FP8 values
+/// attention Q, K, V, O [b][h][s][d] (K and V with their own heads), LSE [b][h][i]. Layout,
+/// transposes and leading dimensions are undone. Every format's value is exact in a double; FP8 values
 /// are the stored ones (Case::scales say the scale).
 using Values = std::map<std::string, std::vector<double>>;
 
@@ -49,6 +49,7 @@ struct AttentionOptions {
   std::int64_t kv_heads = 0, head_dim_v = 0;  ///< 0: heads, head_dim
   std::string dtype = "fp16";    ///< Q, K and V's format
   std::string out = "";          ///< O's format; "": dtype
+  bool lse = false;              ///< the log-sum-exp output LSE too (FP32, core/case.hpp)
   std::string compute = "fp32";
   std::string layout = "bhsd";   ///< "bhsd" or "bshd"
   bool causal = false;
@@ -68,12 +69,13 @@ Case attention_case(const AttentionOptions& o);
 /// the case as filled (FP8 amax scales and masked kv_lengths are drawn while filling).
 Values inputs(const Case& c, Case* filled = nullptr);
 
-/// The case's exact output rounded to double, in logical order: {"D": ...} or {"O": ...}.
+/// The case's exact outputs rounded to double, in logical order: {"D": ...} or {"O": ...}
+/// (and "LSE" where the case asks for it).
 /// Every element, even of long attention prefills (whose checks sample rows).
 Values reference(const Case& c);
 
 /// A host kernel: computes `outputs` (already sized, in logical order) from `inputs` of the
-/// filled case c. Each output value is rounded to nearest even into the output's format
+/// filled case c (the relations call it again on other inputs). Each output value is rounded to nearest even into the output's format
 /// (exact when it is already a value of that format); an element left as given (a marker
 /// NaN) is reported unwritten. Throw KernelError to fail the run with a message.
 using HostFunction = std::function<void(const Case& c, const Values& inputs, Values& outputs)>;
@@ -114,7 +116,8 @@ struct Result {
 /// Checks kernel k on case c: inputs filled, k run, the op's relations (repeatability,
 /// scaling, transposition, ...) run, the exact reference computed, one verdict.
 Result run(Kernel& k, const Case& c, const EvaluationOptions& options = {});
-/// The same with a host function as the kernel (whatever the case: no Supports asked).
+/// The same with a host function as the kernel (whatever the case: no Supports asked, LSE
+/// computed where the case asks for it).
 Result run(const HostFunction& f, const Case& c, const EvaluationOptions& options = {});
 /// The same with a kernel of `ulpgate list` by name ("cpu.fp32_seq", "cublaslt.bf16", ...);
 /// InputError if there is none by that name here. Each call builds the registry (and a
@@ -123,7 +126,10 @@ Result run(const std::string& kernel, const Case& c, const EvaluationOptions& op
 
 /// Judges outputs computed elsewhere (logical order, one vector per output, rounded as a
 /// HostFunction's are) as `ulpgate check --outputs` does: no relations, nothing is rerun.
-Result check(const Case& c, const Values& outputs, const std::string& kernel = "external:c++");
+/// `declared`: the arithmetic their kernel is known to have (e.g. p_bits for an attention
+/// that rounds P, as FlashAttention does), for the tolerance.
+Result check(const Case& c, const Values& outputs, const std::string& kernel = "external:c++",
+             const KernelTraits& declared = {});
 
 /// Writes r.summary(): `EXPECT_TRUE(r.passed) << r;`.
 std::ostream& operator<<(std::ostream& os, const Result& r);

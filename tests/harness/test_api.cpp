@@ -144,6 +144,23 @@ TEST(Api, CheckJudgesGivenOutputs) {
   }
 }
 
+// Every output the case has is the host function's to write: attention's LSE too. (These
+// functions ignore their inputs, so no relations: they run the function on other inputs.)
+TEST(Api, HostFunctionWritesLse) {
+  const Case c = attention_case({.seq_q = 4, .seq_kv = 6, .head_dim = 8, .batch = 2, .heads = 2, .lse = true});
+  ASSERT_EQ(reference(c).at("LSE").size(), 2u * 2 * 4);
+  EvaluationOptions options;
+  options.relations = false;
+  const Result r = run([](const Case& k, const Values&, Values& out) { out = reference(k); }, c, options);
+  EXPECT_TRUE(r.passed) << r;
+  ASSERT_EQ(r.metrics.size(), 2u);
+  EXPECT_EQ(r.metrics[1].output, "LSE");
+  const Result no_lse =
+      run([](const Case& k, const Values&, Values& out) { out["O"] = reference(k).at("O"); }, c, options);
+  EXPECT_FALSE(no_lse.passed);
+  EXPECT_EQ(no_lse.metrics.at(1).unwritten, 2 * 2 * 4) << no_lse;
+}
+
 // Cases from the fuzz campaign's generator, as a user's RapidCheck property draws them.
 RC_GTEST_PROP(Api, GeneratedBf16CasesPassAnFp32Gemm, ()) {
   static const std::unique_ptr<Kernel> kernel = host_kernel(fp32_gemm(), "fp32_gemm");
