@@ -169,6 +169,18 @@ class AttentionModule final : public OpModule {
       const Format o = *gen::pick(std::vector<Format>{o0, Format::FP32, Format::BF16, Format::FP16});
       keep_if_supported([&] { c.types["O"] = o; }, [&] { c.types["O"] = o0; });
       c.dist["Q"] = *gen::dist_spec(c, "Q", true, kExcludedFamilies);
+      if (k && parse_dist(c.dist["Q"]).family == "masked") {
+        // masked() makes filling set kv_lengths (some batches 0), which the kernel sees only
+        // then: ask it now with such lengths, and draw again without masked() if it refuses.
+        Case probe = c;
+        probe.attention.kv_lengths.assign(static_cast<std::size_t>(a.batch), a.seq_kv);
+        probe.attention.kv_lengths.front() = 0;
+        if (k->unsupported(probe)) {
+          std::vector<std::string> excluded = kExcludedFamilies;
+          excluded.push_back("masked");
+          c.dist["Q"] = *gen::dist_spec(c, "Q", true, excluded);
+        }
+      }
       if (find_family(parse_dist(c.dist["Q"]).family)->scope != Scope::AttnQK)
         c.dist["K"] = *gen::dist_spec(c, "K", false, kExcludedFamilies);
       c.dist["V"] = *gen::dist_spec(c, "V", false, kExcludedFamilies);

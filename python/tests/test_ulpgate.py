@@ -222,7 +222,18 @@ def test_fuzz_records_what_the_kernel_raises():
 
 def test_fuzz_attention_plain_cases():
     f = ulpgate.fuzz(numpy_attention, op="attention", dtype="fp16", cases=4, seed=3, max_k=64)
-    assert len(f.results) == 4 and not f.failures, f.summary()
+    # Every case must be checked: plain() once refused every attention case (the case JSON
+    # carries softmax_scale: null), and the campaign passed while comparing nothing.
+    assert [r.status for r in f.results] == ["ok"] * 4 and not f.failures, f.summary()
+    assert f.summary() == "4 cases: 4 checked, 0 failed", f.summary()
+
+
+def test_a_campaign_that_checks_nothing_does_not_pass():
+    f = ulpgate.fuzz(numpy_attention, op="attention", dtype="fp16", cases=3, seed=3, max_k=64,
+                     supports=lambda case: "never")
+    assert [r.status for r in f.results] == ["not_supported"] * 3
+    assert not f.passed and not f, f.summary()
+    assert f.summary() == "3 cases: 0 checked, 0 failed, 3 not supported", f.summary()
 
 
 def test_attention_log_sum_exp():
@@ -232,9 +243,16 @@ def test_attention_log_sum_exp():
     assert np.allclose(ulpgate.reference(c)["LSE"], out["LSE"], rtol=1e-6)
     assert ulpgate.check(c, out).passed
     assert not ulpgate.check(c, dict(out, LSE=out["LSE"] + np.float32(0.01))).passed
-    # Known gap (to fix next): fuzz(lse=True) does not draw LSE cases yet (0 of 40 on seed 5).
     f = ulpgate.fuzz(numpy_attention, op="attention", dtype="fp16", cases=12, seed=5, max_k=64, lse=True)
-    assert not f.failures, f.summary()
+    assert not f.failures and all(r.status == "ok" for r in f.results), f.summary()
+    with_lse = [r for r in f.results if "LSE" in r.case.outputs]
+    assert with_lse and all("LSE" in r.metrics and r.metrics["LSE"]["compared"] > 0 for r in with_lse), f.summary()
+    # A kernel whose LSE is off by a constant fails on the LSE cases, and only there.
+    def lse_off(inputs, case):
+        out = numpy_attention(inputs, case)
+        return dict(out, LSE=out["LSE"] + np.float32(0.05)) if "LSE" in out else out
+    g = ulpgate.fuzz(lse_off, op="attention", dtype="fp16", cases=12, seed=5, max_k=64, lse=True, metamorphic=False)
+    assert g.failures and all("LSE" in r.case.outputs for r in g.failures), g.summary()
 
 
 def test_the_readme_walkthrough_runs_as_written(tmp_path, monkeypatch, capsys):

@@ -320,7 +320,8 @@ def plain(case):
             return "plain GEMM only (alpha 1, beta 0, no epilogue)"
         return None
     a = case._dict["attention"]
-    if a["causal"] or a["kv_lengths"] or a.get("kv_heads", 0) not in (0, a["heads"]) or "softmax_scale" in a:
+    if a["causal"] or a["kv_lengths"] or a.get("kv_heads", 0) not in (0, a["heads"]) \
+            or a.get("softmax_scale") is not None:
         return "plain attention only (no causal mask, kv_lengths, grouped heads or softmax scale)"
     return None
 
@@ -339,13 +340,20 @@ class FuzzResult:
         self.results = [Result(c) for c in self.record["cases"]]
         self.failures = [r for r in self.results if not r.passed]
 
-    passed = property(lambda self: not self.failures and not self.record.get("not_run"))
     cases = property(lambda self: self.results)
+    checked = property(lambda self: [r for r in self.results if r.status != "not_supported"])
+
+    @property
+    def passed(self):
+        """No failure, every planned case run, and at least one case checked (a campaign whose
+        kernel took no case compared nothing, and does not pass)."""
+        return not self.failures and not self.record.get("not_run") and (bool(self.checked) or not self.results)
 
     def summary(self):
-        n, f = len(self.results), len(self.failures)
+        n, f, c = len(self.results), len(self.failures), len(self.checked)
         sigs = sorted({r.signature for r in self.failures})
-        return f"{n} cases, {f} failed" + (": " + ", ".join(sigs) if sigs else "")
+        s = f"{n} cases: {c} checked, {f} failed" + (f", {n - c} not supported" if n != c else "")
+        return s + (": " + ", ".join(sigs) if sigs else "")
 
     def write(self, path):
         """Writes the record (fuzz.json) for `ulpgate report` and `ulpgate gate`."""

@@ -11,6 +11,7 @@
 #include <random>
 
 #include "distributions/fill.hpp"
+#include "distributions/spec.hpp"
 #include "harness/check.hpp"
 #include "harness/fuzz.hpp"
 #include "harness/ops/attention.hpp"
@@ -632,6 +633,33 @@ TEST(AttentionOp, KernelsWithoutTheLogSumExpAreNotHandedIt) {
   for (int i = 0; i < 60; ++i) with_lse += draw(&k, i).types.count("LSE"), model_lse += draw(model.get(), i).types.count("LSE");
   EXPECT_EQ(with_lse, 0);
   EXPECT_GT(model_lse, 5);  // about one case in three
+}
+
+// A kernel that refuses kv_lengths is never handed a generated case that gets them anyway:
+// the masked() distribution sets kv_lengths when the inputs are filled, after the generator
+// asked the kernel about the case (ulpgate.plain refused every such case as not supported).
+TEST(AttentionOp, GeneratorsAskAboutTheLengthsThatFillingSets) {
+  class NoLengths final : public Wrapped {
+   public:
+    NoLengths() : Wrapped("no_lengths", [](const Case& cc, const KernelIo& io, Kernel& inner, RunNotes& n) { inner.run(cc, io, n); }) {}
+    std::optional<std::string> unsupported(const Case& c) const override {
+      if (!c.attention.kv_lengths.empty()) return "no kv_lengths";
+      return Wrapped::unsupported(c);
+    }
+  } k;
+  auto model = make_emulated_attention(AttentionModel{});
+  int refused = 0, model_masked = 0;
+  for (int i = 0; i < 300; ++i) {
+    const auto draw = [i](const Kernel* kernel) {
+      return attention_module().generate("fp16", kernel, GenLimits{300, false})(rc::Random(static_cast<std::uint64_t>(i)), 50).value();
+    };
+    Case c = draw(&k);
+    fill_inputs(c);
+    refused += k.unsupported(c).has_value();
+    model_masked += parse_dist(draw(model.get()).dist.at("Q")).family == "masked";
+  }
+  EXPECT_EQ(refused, 0);
+  EXPECT_GT(model_masked, 0) << "masked() never drawn: the test shows nothing";
 }
 
 // Outputs computed elsewhere by a kernel that rounds P to BF16 before P V (FlashAttention's
