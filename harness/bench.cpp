@@ -197,4 +197,50 @@ nlohmann::json bench_json(const BenchReport& r) {
           {"rows", rows}};
 }
 
+BenchReport bench_from_json(const nlohmann::json& j) {
+  if (!j.is_object() || !j.contains("ulpgate_bench")) throw InputError("not a bench report (no \"ulpgate_bench\" field)");
+  if (j["ulpgate_bench"] != 1) throw InputError(fmt::format("ulpgate_bench: version {} (this ulpgate reads 1)", j["ulpgate_bench"].dump()));
+  std::string at = "bench";
+  try {
+    BenchReport r;
+    r.device = j.at("device").get<std::string>();
+    r.clock_before_mhz = j.at("sm_clock_mhz").at("before").get<std::int64_t>();
+    r.clock_after_mhz = j.at("sm_clock_mhz").at("after").get<std::int64_t>();
+    r.options.warmup = j.at("warmup").get<int>(), r.options.reps = j.at("reps").get<int>();
+    r.options.flush_l2 = j.at("l2_flushed").get<bool>();
+    r.baseline = j.at("baseline").get<std::string>();
+    for (std::size_t i = 0; i < j.at("rows").size(); ++i) {
+      at = fmt::format("rows[{}]", i);
+      const nlohmann::json& x = j["rows"][i];
+      BenchRow row;
+      row.kernel = x.at("kernel").get<std::string>();
+      row.c = case_from_json(x.at("case"));
+      row.status = x.at("status").get<std::string>();
+      if (row.status == "ok") {
+        row.timer = x.at("timer").get<std::string>();
+        const nlohmann::json& ms = x.at("ms");
+        row.t = {ms.at("median").get<double>(), ms.at("min").get<double>(), ms.at("max").get<double>(),
+                 ms.at("p10").get<double>(), ms.at("p90").get<double>(), ms.at("reps").get<int>()};
+        row.flops = x.at("flops").get<double>(), row.tflops = x.at("tflops").get<double>();
+        row.percent_of_baseline = x.value("percent_of_baseline", -1.0);
+        if (x.contains("check")) {
+          const nlohmann::json& ch = x["check"];
+          row.checked = true;
+          row.passed = ch.at("passed").get<bool>(), row.verdict = ch.at("verdict").get<std::string>();
+          row.max_normalised = ch.at("max_normalised").get<double>();
+          row.same_bits = ch.at("same_bits_as_timed").get<bool>();
+          row.effective_bits = ch.value("effective_bits", static_cast<double>(NAN));
+        }
+        row.notes = x.at("notes").get<RunNotes>();
+      }
+      r.rows.push_back(std::move(row));
+    }
+    return r;
+  } catch (const nlohmann::json::exception& e) {
+    throw InputError(fmt::format("{}: {}", at, e.what()));
+  } catch (const InputError& e) {
+    throw InputError(fmt::format("{}: {}", at, e.what()));
+  }
+}
+
 }  // namespace ulpgate

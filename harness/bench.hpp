@@ -94,5 +94,8 @@ std::string bench_case_text(const Case& c);
 /// Markdown: a header with the device, clocks and method, then one table row per result.
 std::string bench_markdown(const BenchReport& r);
 nlohmann::json bench_json(const BenchReport& r);
+/// The report bench_json wrote (`ulpgate report BENCH.json` renders it again: Markdown,
+/// HTML with the speed-vs-size plots). InputError naming the field for anything else.
+BenchReport bench_from_json(const nlohmann::json& j);
 
 }  // namespace ulpgate

@@ -19,6 +19,7 @@
 #include "core/error.hpp"
 #include "core/format.hpp"
 #include "references/gemm_reference.hpp"
+#include "harness/bench.hpp"
 #include "harness/isolate.hpp"
 #include "harness/gate.hpp"
 #include "harness/probe.hpp"
@@ -76,7 +77,29 @@ struct ReportArgs {
   std::string run, html, md, junit;
 };
 
+// A bench report (`ulpgate bench --json`): its Markdown table and HTML with the plots.
+int bench_report_command(const ReportArgs& a, const nlohmann::json& j) {
+  ulpgate::BenchReport r;
+  try {
+    r = ulpgate::bench_from_json(j);
+  } catch (const ulpgate::InputError& e) {
+    throw ulpgate::InputError(a.run + ": " + e.what());
+  }
+  if (!a.junit.empty()) throw ulpgate::InputError(fmt::format("--junit: {} is a bench report, which has no test cases", a.run));
+  if (a.html.empty() && a.md.empty()) {
+    std::fputs(ulpgate::bench_markdown(r).c_str(), stdout);
+    return kExitOk;
+  }
+  std::vector<std::pair<std::string, std::string>> outputs;
+  if (!a.md.empty()) outputs.emplace_back(a.md, ulpgate::bench_markdown(r));
+  if (!a.html.empty()) outputs.emplace_back(a.html, ulpgate::render_bench_html(r));
+  for (const auto& [path, text] : outputs) ulpgate::write_text_file_atomically(path, text);
+  return kExitOk;
+}
+
 int report_command(const ReportArgs& a) {
+  if (const nlohmann::json j = ulpgate::read_json_file(a.run, "run record"); j.is_object() && j.contains("ulpgate_bench"))
+    return bench_report_command(a, j);
   const ulpgate::RunRecord r = ulpgate::read_record_file(a.run);
   if (a.html.empty() && a.md.empty() && a.junit.empty()) {
     std::fputs(ulpgate::render_markdown(r).c_str(), stdout);
@@ -332,7 +355,7 @@ int main(int argc, char** argv) {
   ReportArgs report_args;
   auto* report = app.add_subcommand("report", "Render a run record: Markdown summary (stdout when no file is "
                                               "named), self-contained HTML with plots, JUnit XML");
-  report->add_option("RUN.json", report_args.run, "Run record written by fuzz, sweep, replay or check")->required();
+  report->add_option("RUN.json", report_args.run, "Run record written by fuzz, sweep, replay or check, or a bench --json report")->required();
   report->add_option("--html", report_args.html, "Write the HTML report (needs gnuplot) to this file");
   report->add_option("--md", report_args.md, "Write the Markdown summary to this file");
   report->add_option("--junit", report_args.junit, "Write JUnit XML to this file");

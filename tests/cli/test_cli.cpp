@@ -725,6 +725,17 @@ TEST(Cli, BenchTimesAndChecksEveryKernel) {
   EXPECT_NE(html.find("<svg"), std::string::npos);
   EXPECT_NE(html.find("GEMM: speed vs size"), std::string::npos);
   EXPECT_NE(html.find("<td>cpu.fp32_pairwise</td><td>16x24x40 fp32</td>"), std::string::npos);
+  // `ulpgate report` renders the JSON again: the same Markdown, HTML with the plot; JUnit
+  // and a damaged report are one-line input errors.
+  const Result again = run("report " + dir + "/b.json --html " + dir + "/again.html");
+  EXPECT_EQ(again.code, 0) << again.err;
+  EXPECT_EQ(run("report " + dir + "/b.json").out, slurp(dir + "/b.md"));
+  EXPECT_EQ(slurp(dir + "/again.html"), html);
+  expect_input_error(run("report " + dir + "/b.json --junit " + dir + "/j.xml"), "is a bench report, which has no test cases", "junit");
+  std::string damaged = json;
+  damaged.replace(damaged.find("\"median\""), 8, "\"medi4n\"");
+  { std::FILE* f = std::fopen((dir + "/damaged.json").c_str(), "w"); std::fputs(damaged.c_str(), f); std::fclose(f); }
+  expect_input_error(run("report " + dir + "/damaged.json"), "/damaged.json: rows[0]: ", "damaged");
   // Attention, causal.
   const Result attn = run("bench --kernel cpu.attn_naive --attention 1x2x8x8x16 --causal --dtype fp16 --reps 2");
   EXPECT_EQ(attn.code, 0) << attn.err;
