@@ -34,6 +34,8 @@ constexpr int kMaxShrinkSteps = 400;
 constexpr int kMaxLargeShrinkSteps = 24;
 // How far (in multiples of jobs) drawing runs ahead of the oldest case not yet taken.
 constexpr std::int64_t kLookahead = 32;
+// A shared campaign's unit of work: this many consecutive cases of one target.
+constexpr std::int64_t kUnitCases = 16;
 
 std::uint64_t fnv1a(const std::string& s) {
   std::uint64_t h = 1469598103934665603ull;
@@ -208,6 +210,8 @@ RunRecord run_fuzz(Registry& registry, const FuzzOptions& o, const std::function
     if (log) log(s);
   };
   const std::vector<FuzzTarget> targets = o.targets.empty() ? all_targets(registry) : o.targets;
+  FuzzScheduler* const shared = o.scheduler;
+  if (shared && o.shard_count != 1) throw InputError("a shared campaign is not also sharded (drop --shard)");
   if (o.shard_count < 1 || o.shard_index < 0 || o.shard_index >= o.shard_count)
     throw InputError(fmt::format("shard {}/{}: the index must be at least 0 and below the count", o.shard_index, o.shard_count));
   // The targets this shard takes (all without sharding), and the kernels of the corpus
@@ -262,6 +266,8 @@ RunRecord run_fuzz(Registry& registry, const FuzzOptions& o, const std::function
                                {"stream", 2}};
     for (const auto& t : targets) campaign["targets"].push_back(t.kernel + " " + t.dtype);
     journal = std::make_unique<Journal>(o.journal_path, campaign, o.resume);
+    if (o.resume)
+      for (const auto& other : o.journals_read) journal->absorb(other, campaign);
     if (journal->loaded()) say(fmt::format("resuming: {} cases from {}", journal->loaded(), o.journal_path));
     for (const auto& n : journal->notes()) say(n);
   }
@@ -272,92 +278,133 @@ RunRecord run_fuzz(Registry& registry, const FuzzOptions& o, const std::function
     return path.string();
   };
 
-  // The corpus first: every saved failure of a kernel in this campaign is rerun.
+  // A corpus file's replay.
+  const auto replay_corpus = [&](const std::string& f) {
+    Case c = read_case_file(f);
+    CaseResult r = isolated ? isolated->evaluate(c.kernel, c, options) : replay_case(registry, c, options);
+    r.origin = "corpus";
+    r.reproducer = replay_cmd + shell_word(f);
+    if (!r.verdict.passed) ++p.failures;
+    say(fmt::format("corpus {}: {}", std::filesystem::path(f).filename().string(), r.verdict.passed ? "passes now" : "still fails"));
+    return r;
+  };
+  std::vector<std::string> corpus;  // the files this run replays, in order
   {
     std::vector<std::string> files = o.corpus_files ? *o.corpus_files : corpus_files(o.corpus_dir);
     std::sort(files.begin(), files.end());
     for (const auto& f : files) {
-      Case c = read_case_file(f);
-      if (!owns_kernel(c.kernel) || !registry.resolve(c.kernel)) continue;
-      CaseResult r = isolated ? isolated->evaluate(c.kernel, c, options) : replay_case(registry, c, options);
-      r.origin = "corpus";
-      r.reproducer = replay_cmd + shell_word(f);
-      if (!r.verdict.passed) ++p.failures;
-      say(fmt::format("corpus {}: {}", std::filesystem::path(f).filename().string(), r.verdict.passed ? "passes now" : "still fails"));
-      record.cases.push_back(std::move(r));
+      const Case c = read_case_file(f);
+      if ((shared || owns_kernel(c.kernel)) && registry.resolve(c.kernel)) corpus.push_back(f);
     }
   }
 
-  // From planning the targets: every shard planned them, shard 0 records it.
-  if (o.shard_index == 0) take_support_failures();
-  else if (isolated) support_failures_seen = isolated->support_failures().size();
-  for (std::size_t target_index = 0; target_index < targets.size(); ++target_index) {
-    if (!owns(target_index)) continue;
-    const FuzzTarget& t = targets[target_index];
-    Kernel* k = registry.resolve(t.kernel);
-    if (!k) throw InputError(fmt::format("--kernel '{}': no such kernel here (see ulpgate list)", t.kernel));
-    // Case i's limits: the small regime, or when the size schedule says so (large_case) the
-    // large one, the n-th large case of the target drawing shape kind n mod 5 (rotating);
-    // one generator for each of those six limits.
-    const auto limits_of = [&](std::int64_t index) {
-      if (!large_case(o.sizes, index)) return GenLimits{o.max_k, o.gelu, false};
-      const std::int64_t nth = o.sizes == SizeSchedule::Large ? index : index / 5;
-      return GenLimits{o.max_k, o.gelu, true, static_cast<int>(nth % 5)};
-    };
+  // A target's generators and the evaluations of its cases.
+  struct TargetRun {
+    const FuzzTarget* t = nullptr;
+    Kernel* k = nullptr;
     std::vector<rc::Gen<Case>> gens;  // [0]: small; [1 + kind]: large
-    gens.push_back(op_module(t.op).generate(t.dtype, k, GenLimits{o.max_k, o.gelu, false}));
+    std::uint64_t seed = 0;
+  };
+  // Case i's limits: the small regime, or when the size schedule says so (large_case) the
+  // large one, the n-th large case of the target drawing shape kind n mod 5 (rotating);
+  // one generator for each of those six limits.
+  const auto limits_of = [&](std::int64_t index) {
+    if (!large_case(o.sizes, index)) return GenLimits{o.max_k, o.gelu, false};
+    const std::int64_t nth = o.sizes == SizeSchedule::Large ? index : index / 5;
+    return GenLimits{o.max_k, o.gelu, true, static_cast<int>(nth % 5)};
+  };
+  const auto target_run = [&](std::size_t target_index) {
+    TargetRun tr;
+    tr.t = &targets[target_index];
+    tr.k = registry.resolve(tr.t->kernel);
+    if (!tr.k) throw InputError(fmt::format("--kernel '{}': no such kernel here (see ulpgate list)", tr.t->kernel));
+    tr.gens.push_back(op_module(tr.t->op).generate(tr.t->dtype, tr.k, GenLimits{o.max_k, o.gelu, false}));
     for (int kind = 0; kind < 5; ++kind)
-      gens.push_back(op_module(t.op).generate(t.dtype, k, GenLimits{o.max_k, o.gelu, true, kind}));
-    const auto gen_of = [&](std::int64_t index) -> const rc::Gen<Case>& {
-      const GenLimits l = limits_of(index);
-      return gens[l.large ? 1 + static_cast<std::size_t>(l.large_kind) : 0];
-    };
-    const std::uint64_t seed_of_target = target_seed(o.seed, t);
-    // A shrink candidate that passes is rejected, and one that fails only a metamorphic
-    // relation has another signature: unless the failure being shrunk is a relation's,
-    // candidates run without the relations (a passing one would otherwise run the kernel
-    // four or five more times, seconds for a large case), which changes no decision. Those
-    // bypass the journal, whose results are complete evaluations.
-    EvaluationOptions without_relations = options;
-    without_relations.relations = false;
-    const auto evaluate = [&](const Case& c, bool relations = true) {
-      const EvaluationOptions& eo = relations ? options : without_relations;
-      CaseResult r = journal && relations
-                         ? journal->resume_or_run(k->name(), c, [&] { return check_generated(registry, *k, c, eo, isolated); })
-                         : check_generated(registry, *k, c, eo, isolated);
-      r.target = target_name(t);
-      return r;
-    };
-    // Shrinks a failing case towards a minimal one with the same signature: the first
-    // shrink that still fails that way is taken, until none does (or the step or time
-    // budget ends it: the smallest so far is the result).
-    const auto shrink = [&](rc::Shrinkable<Case> failing, const CaseResult& first, int max_steps) {
-      CaseResult best = first;
-      const bool relation_failure = first.signature.find("relation:") != std::string::npos;
-      int steps = 0;
-      for (bool progressed = true; progressed;) {
-        progressed = false;
-        auto children = failing.shrinks();
-        while (auto child = children.next()) {
-          if (++steps > max_steps || budget_spent()) return best;
-          Case cc;
-          try {
-            cc = child->value();
-          } catch (const std::exception&) {
-            continue;  // a shrink the generator cannot build
-          }
-          CaseResult cr = evaluate(cc, relation_failure);
-          if (!cr.verdict.passed && same_failure(cr.signature, first.signature)) {
-            failing = *child;
-            best = std::move(cr);
-            progressed = true;
-            break;
-          }
+      tr.gens.push_back(op_module(tr.t->op).generate(tr.t->dtype, tr.k, GenLimits{o.max_k, o.gelu, true, kind}));
+    tr.seed = target_seed(o.seed, *tr.t);
+    return tr;
+  };
+  const auto gen_of = [&](const TargetRun& tr, std::int64_t index) -> const rc::Gen<Case>& {
+    const GenLimits l = limits_of(index);
+    return tr.gens[l.large ? 1 + static_cast<std::size_t>(l.large_kind) : 0];
+  };
+  // A shrink candidate that passes is rejected, and one that fails only a metamorphic
+  // relation has another signature: unless the failure being shrunk is a relation's,
+  // candidates run without the relations (a passing one would otherwise run the kernel
+  // four or five more times, seconds for a large case), which changes no decision. Those
+  // bypass the journal, whose results are complete evaluations.
+  EvaluationOptions without_relations = options;
+  without_relations.relations = false;
+  const auto evaluate = [&](const TargetRun& tr, const Case& c, bool relations) {
+    const EvaluationOptions& eo = relations ? options : without_relations;
+    Kernel& k = *tr.k;
+    CaseResult r = journal && relations
+                       ? journal->resume_or_run(k.name(), c, [&] { return check_generated(registry, k, c, eo, isolated); })
+                       : check_generated(registry, k, c, eo, isolated);
+    r.target = target_name(*tr.t);
+    return r;
+  };
+  // Shrinks a failing case towards a minimal one with the same signature: the first
+  // shrink that still fails that way is taken, until none does (or the step or time
+  // budget ends it: the smallest so far is the result).
+  const auto shrink = [&](const TargetRun& tr, rc::Shrinkable<Case> failing, const CaseResult& first, int max_steps) {
+    CaseResult best = first;
+    const bool relation_failure = first.signature.find("relation:") != std::string::npos;
+    int steps = 0;
+    for (bool progressed = true; progressed;) {
+      progressed = false;
+      auto children = failing.shrinks();
+      while (auto child = children.next()) {
+        if (++steps > max_steps || budget_spent()) return best;
+        Case cc;
+        try {
+          cc = child->value();
+        } catch (const std::exception&) {
+          continue;  // a shrink the generator cannot build
+        }
+        CaseResult cr = evaluate(tr, cc, relation_failure);
+        if (!cr.verdict.passed && same_failure(cr.signature, first.signature)) {
+          failing = *child;
+          best = std::move(cr);
+          progressed = true;
+          break;
         }
       }
-      return best;
-    };
-    std::vector<std::string> shrunk_signatures;
+    }
+    return best;
+  };
+  // The shrunk case of a failing generated case (case `index`), saved to the corpus; its
+  // result when it is smaller than the failing case.
+  const auto shrink_failure = [&](const TargetRun& tr, const rc::Shrinkable<Case>& drawn, const CaseResult& first,
+                                  std::int64_t index) -> std::optional<CaseResult> {
+    CaseResult m = shrink(tr, drawn, first, large_case(o.sizes, index) ? kMaxLargeShrinkSteps : kMaxShrinkSteps);
+    if (!o.corpus_dir.empty()) {
+      const std::string path = save_case(o.corpus_dir, m);
+      say(fmt::format("  shrunk to {}{}", path, m.id == first.id ? " (no smaller case fails the same way)" : ""));
+      m.reproducer = replay_cmd + shell_word(path);
+    }
+    if (m.id == first.id) return std::nullopt;
+    m.origin = "shrunk";
+    m.notes["shrunk_from"] = first.id;
+    return m;
+  };
+
+  // Cases [begin, end) of a target, appended to `out` in case order. With shrinking, the
+  // first failure of each signature (not in `shrunk_signatures` yet) is shrunk and its
+  // shrunk case follows it; without, the failures that could be shrunk (their case drawn
+  // again here is the one checked) are listed in `failures` (case index, position in out,
+  // the case) for shrinking later. Returns how many cases were taken (< end - begin: the
+  // time budget ended the drawing).
+  struct Unshrunk {
+    std::int64_t index = 0;
+    std::size_t position = 0;
+    Case requested;
+  };
+  const auto run_cases = [&](const TargetRun& tr, std::int64_t begin, std::int64_t end, bool shrinking,
+                             std::vector<std::string>& shrunk_signatures, std::vector<CaseResult>& out,
+                             std::vector<Unshrunk>* failures) {
+    const FuzzTarget& t = *tr.t;
+    Kernel* k = tr.k;
     // Cases are drawn (and looked up in the journal) in order here, checked as they come
     // (concurrently: at most 2 x jobs in the pool's threads at once, up to kLookahead x
     // jobs cases ahead of the oldest unfinished one), and taken in order.
@@ -369,13 +416,13 @@ RunRecord run_fuzz(Registry& registry, const FuzzOptions& o, const std::function
       bool done = false;     // generation failed, or the journal had it, or it was checked
       bool checked = false;  // checked now: to be journaled
     };
-    // Drawn and not taken yet, by case index (also the case's id in the pool: a target's
-    // cases are all taken before the next target's are drawn, so ids never meet).
+    // Drawn and not taken yet, by case index (also the case's id in the pool: a run's
+    // cases are all taken before the next run's are drawn, so ids never meet).
     std::map<std::int64_t, Slot> slots;
     const auto draw = [&](std::int64_t index) {
       Slot s;
       try {
-        s.drawn = draw_case(gen_of(index), seed_of_target, static_cast<std::uint64_t>(index));
+        s.drawn = draw_case(gen_of(tr, index), tr.seed, static_cast<std::uint64_t>(index));
         s.value = s.drawn->value();
         if (journal)
           if (auto earlier = journal->take(k->name(), s.value)) s.result = std::move(*earlier), s.done = true;
@@ -402,14 +449,14 @@ RunRecord run_fuzz(Registry& registry, const FuzzOptions& o, const std::function
       s.done = s.checked = true;
     };
     const std::int64_t lookahead = pool ? kLookahead * static_cast<std::int64_t>(o.jobs) : 1;
-    std::int64_t i = 0, next_draw = 0;
-    while (i < o.cases) {
-      while (next_draw < o.cases && next_draw - i < lookahead && (!pool || pool->in_flight() < 2 * std::size_t(o.jobs)) &&
+    std::int64_t i = begin, next_draw = begin;
+    while (i < end) {
+      while (next_draw < end && next_draw - i < lookahead && (!pool || pool->in_flight() < 2 * std::size_t(o.jobs)) &&
              !budget_spent()) {
         const auto id = static_cast<std::uint64_t>(next_draw);
         if (worker_draws) {
           pool->submit(id, k->name(),
-                       DrawSpec{t.op, t.dtype, seed_of_target, static_cast<std::uint64_t>(next_draw), limits_of(next_draw)},
+                       DrawSpec{t.op, t.dtype, tr.seed, static_cast<std::uint64_t>(next_draw), limits_of(next_draw)},
                        options);
           slots.emplace(next_draw++, Slot{});
           continue;
@@ -449,44 +496,217 @@ RunRecord run_fuzz(Registry& registry, const FuzzOptions& o, const std::function
         // To shrink it this thread needs the case's shrinks: drawn again here, the same
         // case (the same generator and supports() answers), or not shrunk if it is not.
         try {
-          s.drawn = draw_case(gen_of(i), seed_of_target, static_cast<std::uint64_t>(i));
+          s.drawn = draw_case(gen_of(tr, i), tr.seed, static_cast<std::uint64_t>(i));
           if (to_json(s.drawn->value()) != to_json(s.value)) s.drawn.reset();
         } catch (const std::exception&) {
           s.drawn.reset();
         }
       }
-      const bool shrink_it = !r.verdict.passed && s.drawn &&
+      if (!r.verdict.passed && s.drawn && !shrinking) failures->push_back({i, out.size(), s.value});
+      const bool shrink_it = shrinking && !r.verdict.passed && s.drawn &&
                              std::none_of(shrunk_signatures.begin(), shrunk_signatures.end(),
                                           [&](const std::string& sig) { return same_failure(sig, r.signature); });
       std::optional<CaseResult> kept;  // for shrinking only
       if (shrink_it) kept = r;
-      record.cases.push_back(std::move(r));
+      out.push_back(std::move(r));
       ++i;
       if (!kept) continue;
-      const CaseResult& first = *kept;
       // Shrinking checks one case at a time with the planning worker; the pool's cases in
       // flight finish first, so no case waits on it past its timeout.
       while (pool && pool->in_flight()) collect();
-      shrunk_signatures.push_back(first.signature);
-      CaseResult m = shrink(*s.drawn, first, large_case(o.sizes, i) ? kMaxLargeShrinkSteps : kMaxShrinkSteps);
-      if (!o.corpus_dir.empty()) {
-        const std::string path = save_case(o.corpus_dir, m);
-        say(fmt::format("  shrunk to {}{}", path, m.id == first.id ? " (no smaller case fails the same way)" : ""));
-        m.reproducer = replay_cmd + shell_word(path);
-      }
-      if (m.id != first.id) {
-        m.origin = "shrunk";
-        m.notes["shrunk_from"] = first.id;
-        record.cases.push_back(std::move(m));
-      }
+      shrunk_signatures.push_back(kept->signature);
+      if (auto m = shrink_failure(tr, *s.drawn, *kept, i - 1)) out.push_back(std::move(*m));
     }
-    if (i < o.cases) {
-      record.not_run.push_back({target_name(t), o.cases, i, fmt::format("time budget (--time {}) spent", o.seconds)});
-      say(fmt::format("time budget spent: {} of {} cases of {} not run", o.cases - i, o.cases, target_name(t)));
+    return i - begin;
+  };
+
+  if (!shared) {
+    // The corpus first: every saved failure of a kernel in this shard is rerun.
+    for (const auto& f : corpus) record.cases.push_back(replay_corpus(f));
+    // From planning the targets: every shard planned them, shard 0 records it.
+    if (o.shard_index == 0) take_support_failures();
+    else if (isolated) support_failures_seen = isolated->support_failures().size();
+    for (std::size_t target_index = 0; target_index < targets.size(); ++target_index) {
+      if (!owns(target_index)) continue;
+      const TargetRun tr = target_run(target_index);
+      std::vector<std::string> shrunk_signatures;
+      const std::int64_t taken = run_cases(tr, 0, o.cases, true, shrunk_signatures, record.cases, nullptr);
+      if (taken < o.cases) {
+        record.not_run.push_back({target_name(*tr.t), o.cases, taken, fmt::format("time budget (--time {}) spent", o.seconds)});
+        say(fmt::format("time budget spent: {} of {} cases of {} not run", o.cases - taken, o.cases, target_name(*tr.t)));
+      }
+      take_support_failures();
     }
     take_support_failures();
+    return record;
   }
-  take_support_failures();
+  // Shared (o.scheduler, fuzz under mpirun): the processes claim the campaign's units as
+  // they become free (dynamic load balancing) and exchange what they found; every process
+  // assembles the same record, the single-process run's. Units: each corpus file, then each
+  // target's cases in runs of kUnitCases; shrinking waits until every case is known, so
+  // that the failures shrunk are those a single process shrinks (the first of each
+  // signature in each target, in case order), each shrink a unit of its own.
+  FuzzScheduler& sched = *shared;
+  const auto support_failures = [&] {
+    std::vector<CaseResult> out;
+    if (!isolated) return out;
+    for (; support_failures_seen < isolated->support_failures().size(); ++support_failures_seen) {
+      CaseResult r = isolated->support_failures()[support_failures_seen];
+      r.origin = "supports";
+      say(fmt::format("FAIL {}: {}", r.kernel, r.message));
+      ++p.failures;
+      out.push_back(std::move(r));
+    }
+    return out;
+  };
+  const auto results_json = [](const std::vector<CaseResult>& rs) {
+    nlohmann::json a = nlohmann::json::array();
+    for (const auto& r : rs) a.push_back(case_result_to_json(r));
+    return a;
+  };
+  const auto results_of = [](const nlohmann::json& a) {
+    std::vector<CaseResult> out;
+    for (const auto& r : a) out.push_back(case_result_from_json(r, "result"));
+    return out;
+  };
+  struct Unit {
+    std::int64_t corpus = -1;  // a corpus file's index, or -1: cases [begin, end) of target
+    std::size_t target = 0;
+    std::int64_t begin = 0, end = 0;
+  };
+  std::vector<Unit> units;
+  for (std::size_t f = 0; f < corpus.size(); ++f) units.push_back({static_cast<std::int64_t>(f)});
+  for (std::size_t t = 0; t < targets.size(); ++t)
+    for (std::int64_t b = 0; b < o.cases; b += kUnitCases) units.push_back({-1, t, b, std::min(o.cases, b + kUnitCases)});
+  const auto n_units = static_cast<std::int64_t>(units.size());
+  std::map<std::size_t, TargetRun> runs;
+  const auto run_of = [&](std::size_t t) -> const TargetRun& {
+    auto it = runs.find(t);
+    if (it == runs.end()) it = runs.emplace(t, target_run(t)).first;
+    return it->second;
+  };
+  std::string error;  // this process's, which stops its part of the work
+  nlohmann::json mine{{"units", nlohmann::json::array()}};
+  if (sched.rank() == 0) mine["planning"] = results_json(support_failures());
+  else if (isolated) support_failures_seen = isolated->support_failures().size();
+  try {
+    for (std::int64_t u; (u = sched.claim(0, n_units)) < n_units;) {
+      const Unit& unit = units[static_cast<std::size_t>(u)];
+      nlohmann::json j{{"unit", u}};
+      std::vector<CaseResult> out;
+      if (unit.corpus >= 0) {
+        out.push_back(replay_corpus(corpus[static_cast<std::size_t>(unit.corpus)]));
+      } else {
+        std::vector<std::string> unused;
+        std::vector<Unshrunk> failures;
+        j["taken"] = run_cases(run_of(unit.target), unit.begin, unit.end, false, unused, out, &failures);
+        j["failures"] = nlohmann::json::array();
+        for (const auto& f : failures)
+          j["failures"].push_back({{"index", f.index}, {"position", f.position}, {"case", to_json(f.requested)}});
+      }
+      j["cases"] = results_json(out);
+      j["supports"] = results_json(support_failures());
+      mine["units"].push_back(std::move(j));
+    }
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  mine["error"] = error;
+  // Every process's units, by unit; the processes that failed.
+  std::vector<nlohmann::json> unit_out(units.size());
+  std::vector<CaseResult> planning;
+  std::string lost_why;  // why units are missing: the processes that failed
+  const auto take_exchange = [&](const std::vector<std::string>& texts, const char* key, std::vector<nlohmann::json>& into) {
+    for (std::size_t r = 0; r < texts.size(); ++r) {
+      const nlohmann::json j = nlohmann::json::parse(texts[r]);
+      for (const auto& x : j.at(key)) into[x.at(key == std::string("units") ? "unit" : "job").get<std::size_t>()] = x;
+      if (j.contains("planning")) planning = results_of(j["planning"]);
+      const std::string e = j.value("error", "");
+      const bool known = std::any_of(sched.failures.begin(), sched.failures.end(), [&](const auto& f) { return f.first == static_cast<int>(r); });
+      if (!e.empty() && !known) {
+        sched.failures.push_back({static_cast<int>(r), e});
+        lost_why += fmt::format("{}MPI rank {} failed: {}", lost_why.empty() ? "" : "; ", r, e);
+      }
+    }
+  };
+  take_exchange(sched.exchange(mine.dump()), "units", unit_out);
+
+  // The failures to shrink, in the single process's order.
+  struct Job {
+    std::size_t unit = 0, target = 0, position = 0;
+    std::int64_t index = 0;
+    Case requested;
+  };
+  std::vector<Job> jobs;
+  for (std::size_t t = 0; t < targets.size(); ++t) {
+    std::vector<std::string> signatures;
+    for (std::size_t u = 0; u < units.size(); ++u) {
+      if (units[u].corpus >= 0 || units[u].target != t || unit_out[u].is_null()) continue;
+      for (const auto& f : unit_out[u].at("failures")) {
+        const auto position = f.at("position").get<std::size_t>();
+        const std::string sig = unit_out[u].at("cases").at(position).at("signature").get<std::string>();
+        if (std::any_of(signatures.begin(), signatures.end(), [&](const std::string& x) { return same_failure(x, sig); }))
+          continue;
+        signatures.push_back(sig);
+        jobs.push_back({u, t, position, f.at("index").get<std::int64_t>(), case_from_json(f.at("case"))});
+      }
+    }
+  }
+  nlohmann::json shrunk{{"job", nlohmann::json::array()}};
+  if (error.empty()) {
+    try {
+      const auto n_jobs = static_cast<std::int64_t>(jobs.size());
+      for (std::int64_t q; (q = sched.claim(1, n_jobs)) < n_jobs;) {
+        const Job& job = jobs[static_cast<std::size_t>(q)];
+        const TargetRun& tr = run_of(job.target);
+        const CaseResult first = case_result_from_json(unit_out[job.unit]["cases"][job.position], "result");
+        nlohmann::json j{{"job", q}, {"shrunk", nullptr}};
+        const rc::Shrinkable<Case> drawn = draw_case(gen_of(tr, job.index), tr.seed, static_cast<std::uint64_t>(job.index));
+        if (to_json(drawn.value()) == to_json(job.requested))
+          if (auto m = shrink_failure(tr, drawn, first, job.index)) j["shrunk"] = case_result_to_json(*m);
+        shrunk["job"].push_back(std::move(j));
+      }
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  }
+  shrunk["error"] = error;
+  std::vector<nlohmann::json> job_out(jobs.size());
+  take_exchange(sched.exchange(shrunk.dump()), "job", job_out);
+
+  // The record: the corpus, the planning's supports() failures, each target's cases (each
+  // shrunk case after the case it came from) with the supports() failures met drawing them.
+  std::map<std::pair<std::size_t, std::size_t>, CaseResult> shrunk_at;  // (unit, position)
+  for (std::size_t q = 0; q < jobs.size(); ++q)
+    if (!job_out[q].is_null() && !job_out[q]["shrunk"].is_null())
+      shrunk_at.emplace(std::make_pair(jobs[q].unit, jobs[q].position), case_result_from_json(job_out[q]["shrunk"], "result"));
+  for (std::size_t u = 0; u < units.size(); ++u)
+    if (units[u].corpus >= 0 && !unit_out[u].is_null())
+      for (auto& r : results_of(unit_out[u]["cases"])) record.cases.push_back(std::move(r));
+  for (auto& r : planning) record.cases.push_back(std::move(r));
+  for (std::size_t t = 0; t < targets.size(); ++t) {
+    std::int64_t taken = 0;
+    bool lost = false;
+    std::vector<CaseResult> supports;
+    for (std::size_t u = 0; u < units.size(); ++u) {
+      if (units[u].corpus >= 0 || units[u].target != t) continue;
+      if (unit_out[u].is_null()) {
+        lost = true;
+        continue;
+      }
+      taken += unit_out[u]["taken"].get<std::int64_t>();
+      std::vector<CaseResult> cases = results_of(unit_out[u]["cases"]);
+      for (std::size_t k = 0; k < cases.size(); ++k) {
+        record.cases.push_back(std::move(cases[k]));
+        if (auto it = shrunk_at.find({u, k}); it != shrunk_at.end()) record.cases.push_back(std::move(it->second));
+      }
+      for (auto& r : results_of(unit_out[u]["supports"])) supports.push_back(std::move(r));
+    }
+    for (auto& r : supports) record.cases.push_back(std::move(r));
+    if (taken < o.cases)
+      record.not_run.push_back({target_name(targets[t]), o.cases, taken,
+                                lost ? lost_why : fmt::format("time budget (--time {}) spent", o.seconds)});
+  }
   return record;
 }
 

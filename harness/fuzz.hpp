@@ -27,6 +27,7 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <rapidcheck.h>
@@ -47,6 +48,30 @@ struct FuzzTarget {
 /// schedule s (harness/record.hpp): never (small), indices 4, 9, 14, ... (realistic: every
 /// fifth, 20% of the budget), always (large).
 bool large_case(SizeSchedule s, std::int64_t index);
+
+/// Processes sharing one campaign (the ranks of `mpirun ulpgate fuzz`) claim its work as
+/// they become free: dynamic load balancing that keeps the single-process record. run_fuzz
+/// cuts the campaign into units every process lists alike: each corpus file, then each
+/// target's cases in runs of 16 (phase 0); once every process has exchanged what it found,
+/// one unit per failure to shrink (phase 1: the first failure of each signature in each
+/// target, in case order, as a single process shrinks them). Every process returns the
+/// whole record.
+class FuzzScheduler {
+ public:
+  virtual ~FuzzScheduler() = default;
+  /// This process's place among them (0: the one that records the planning's supports()
+  /// failures).
+  virtual int rank() const = 0;
+  /// The next unit of `phase` for this process, first come first served across the
+  /// processes; `count` (the same on every process) or more when none is left.
+  virtual std::int64_t claim(int phase, std::int64_t count) = 0;
+  /// Collective: every process's text, in rank order, on every process. run_fuzz makes
+  /// exactly two (after each phase).
+  virtual std::vector<std::string> exchange(const std::string& text) = 0;
+  /// Filled by run_fuzz: the processes whose part of the campaign threw (rank, error);
+  /// the units they had not finished are in the record's not-run list.
+  std::vector<std::pair<int, std::string>> failures;
+};
 
 struct FuzzOptions {
   std::vector<FuzzTarget> targets;  ///< empty: every kernel here x every dtype it supports
@@ -89,6 +114,11 @@ struct FuzzOptions {
   /// target's cases never depend on other targets, so each shard's results are the whole
   /// run's.
   int shard_index = 0, shard_count = 1;
+  /// Shared with other processes that claim its units as they go (see FuzzScheduler;
+  /// nullptr: this process runs its shard alone). Each process has its own journal_path;
+  /// journals_read are the others' journals, whose results a resume reuses too.
+  FuzzScheduler* scheduler = nullptr;
+  std::vector<std::string> journals_read;
 };
 
 /// Every (kernel, dtype, op) of the registry whose kernel supports the op's basic case of

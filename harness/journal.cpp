@@ -9,6 +9,8 @@
 #include <chrono>
 #include <cstring>
 
+#include <filesystem>
+
 #include <fmt/format.h>
 
 #include "core/error.hpp"
@@ -226,6 +228,21 @@ void Journal::sync_now() {
   if (::fsync(fd_) != 0) throw InputError(fmt::format("{}: cannot sync the journal ({})", path_, errno_text()));
   unsynced_ = false;
   last_sync_ = std::chrono::steady_clock::now();
+}
+
+void Journal::absorb(const std::string& other, const json& campaign) {
+  std::error_code ec;
+  if (!std::filesystem::exists(other, ec)) return;
+  JournalContents c = read_journal(other);
+  if (c.campaign != campaign)
+    throw InputError(fmt::format("{}: journal of another campaign ({}); resume needs the same campaign "
+                                 "(remove the file to start over)",
+                                 other, dump(c.campaign)));
+  for (JournalEntry& e : c.entries) {
+    by_key_[key(e.kernel, e.requested)].push_back(entries_.size());
+    entries_.push_back(std::move(e));
+    ++loaded_;
+  }
 }
 
 const CaseResult* Journal::find(const std::string& kernel, const Case& requested) const {

@@ -68,6 +68,11 @@ class Journal {
   /// earlier run's first entry, then its second. Does not count the case as visited.
   const CaseResult* find(const std::string& kernel, const Case& requested) const;
 
+  /// Adds the entries of another journal of the same campaign (another process's part of
+  /// a shared campaign) to those find() and take() know, read-only: nothing is written
+  /// here or there. A missing file adds nothing; one of another campaign is an InputError.
+  void absorb(const std::string& other, const nlohmann::json& campaign);
+
   /// find(), counting the case as visited in this run when found.
   std::optional<CaseResult> take(const std::string& kernel, const Case& requested);
 

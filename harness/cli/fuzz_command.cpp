@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <regex>
 #include <memory>
 
 #include <fmt/format.h>
@@ -258,6 +259,7 @@ namespace {
 // A campaign set up to run: its options, the worker and the registry the targets came from.
 struct Campaign {
   FuzzOptions o;
+  std::unique_ptr<mpi::Scheduler> scheduler;  // under mpirun
   std::unique_ptr<IsolatedEvaluator> evaluator;
   Registry registry;
 };
@@ -289,9 +291,15 @@ void prepare(Campaign& c, const FuzzArgs& a, const LocalRegistry& local, const m
   if (!a.shard.empty()) std::tie(o.shard_index, o.shard_count) = parse_shard(a.shard);
   if (world.size > 1) {
     if (!a.shard.empty())
-      throw InputError(fmt::format("--shard {}: under mpirun the {} ranks are the shards (drop --shard)", a.shard, world.size));
-    o.shard_index = world.rank, o.shard_count = world.size;
+      throw InputError(fmt::format("--shard {}: under mpirun the {} ranks share the campaign themselves (drop --shard)", a.shard, world.size));
     o.journal_path = (std::filesystem::path(a.out_dir) / fmt::format("journal-rank-{}.jsonl", world.rank)).string();
+    // Units go to whichever rank is free: a resume finds a case in any rank's journal.
+    const std::regex rank_journal("journal-rank-[0-9]+\\.jsonl");
+    std::error_code ec;
+    for (std::filesystem::directory_iterator it(a.out_dir, ec), end; !ec && it != end; it.increment(ec))
+      if (std::regex_match(it->path().filename().string(), rank_journal) && it->path().string() != o.journal_path)
+        o.journals_read.push_back(it->path().string());
+    std::sort(o.journals_read.begin(), o.journals_read.end());
   }
   o.resume = a.resume;
   if (!a.resume)
@@ -344,8 +352,7 @@ RunRecord run_campaign(Campaign& c, const FuzzArgs& a, const mpi::World& world) 
   double last_progress = 0;
   std::string split;
   if (world.size > 1)
-    split = fmt::format("; MPI rank {} of {}: shard {}/{} (every {}th target from target {}){}", world.rank, world.size,
-                        o.shard_index, o.shard_count, o.shard_count, o.shard_index,
+    split = fmt::format("; MPI rank {} of {}: runs of 16 cases claimed as it goes{}", world.rank, world.size,
                         world.gpu.empty() ? "" : ", CUDA_VISIBLE_DEVICES=" + world.gpu);
   else if (o.shard_count > 1)
     split = fmt::format("; shard {} of {} (every {}th target from target {})", o.shard_index, o.shard_count, o.shard_count,
@@ -391,26 +398,12 @@ RunRecord run_campaign(Campaign& c, const FuzzArgs& a, const mpi::World& world) 
   return r;
 }
 
-// The record of a rank that sent none: its shard of the campaign with every target it
-// owned listed as not run (its corpus replays are missing too), so that the shards merge.
-RunRecord lost_shard(const FuzzOptions& o, int rank, int ranks, const std::string& why) {
-  RunRecord r;
-  r.kind = "fuzz";
-  r.seed = o.seed;
-  r.shard_index = rank, r.shard_count = ranks;
-  r.campaign = campaign_definition(o, o.targets);
-  r.environment = capture_environment();
-  for (std::size_t t = 0; t < o.targets.size(); ++t)
-    if (shard_owns(t, rank, ranks))
-      r.not_run.push_back({target_name(o.targets[t]), o.cases, 0, fmt::format("MPI rank {} failed: {}", rank, why)});
-  return r;
-}
-
-// `mpirun -n N ulpgate fuzz`: rank r runs shard r/N (the --shard split); rank 0 gathers the
-// ranks' records (JSON over MPI), merges them (merge_shards: the single-process record),
-// writes the record and reports; every rank exits with rank 0's code. A rank whose setup
+// `mpirun -n N ulpgate fuzz`: the ranks share the campaign's units as they become free
+// (FuzzOptions::scheduler, dynamic load balancing); each ends with the whole record, which
+// rank 0 writes with the reports; every rank exits with rank 0's code. A rank whose setup
 // fails stops them all before anything runs (its error, exit 2 or 3); a rank whose campaign
-// throws sends its error instead: its targets are recorded as not run and the exit is 3.
+// throws still meets the others' exchanges: the units it had not finished are recorded as
+// not run and the exit is 3.
 int fuzz_over_ranks(const FuzzArgs& a, const LocalRegistry& local, const std::string& command_line, const mpi::World& world) {
   Campaign c;
   int status = 0;
@@ -426,7 +419,8 @@ int fuzz_over_ranks(const FuzzArgs& a, const LocalRegistry& local, const std::st
   };
   attempt([&] { prepare(c, a, local, world); });
   // Gather then broadcast: a barrier (no rank passes the broadcast before rank 0 has every
-  // rank's setup), so every rank has listed the corpus before any rank may save into it.
+  // rank's setup), so every rank has listed the corpus and the journals before any rank
+  // may save into them.
   const std::vector<mpi::Message> setup = mpi::gather(world, status, error);
   int rc = 0;
   std::string first_error;
@@ -439,40 +433,28 @@ int fuzz_over_ranks(const FuzzArgs& a, const LocalRegistry& local, const std::st
     mpi::finish(world);
     return rc;
   }
-  RunRecord mine;
-  std::string payload;
-  attempt([&] {
-    mine = run_campaign(c, a, world);
-    payload = to_json(mine).dump();
-  });
-  if (status) std::fprintf(stderr, "ulpgate: MPI rank %d: %s\n", world.rank, error.c_str());
-  const std::vector<mpi::Message> parts = mpi::gather(world, status, status ? error : payload);
+  c.scheduler = std::make_unique<mpi::Scheduler>(world);
+  c.o.scheduler = c.scheduler.get();
+  RunRecord record;
+  attempt([&] { record = run_campaign(c, a, world); });
+  if (status) {
+    std::fprintf(stderr, "ulpgate: MPI rank %d: %s\n", world.rank, error.c_str());
+    c.scheduler->complete_with_error(error);
+  }
   int written = 0;
   if (world.rank == 0) {
     rc = 3;
     try {
-      std::vector<std::pair<std::string, RunRecord>> shards;
-      std::vector<std::string> lost;
-      for (std::size_t r = 0; r < parts.size(); ++r) {
-        const int rank = static_cast<int>(r);
-        const std::string name = fmt::format("MPI rank {}", r);
-        if (parts[r].status == 0) {
-          shards.emplace_back(name, r == 0 ? std::move(mine) : record_from_json(nlohmann::json::parse(parts[r].text)));
-        } else {
-          shards.emplace_back(name, lost_shard(c.o, rank, world.size, parts[r].text));
-          lost.push_back(fmt::format("rank {} ({})", r, parts[r].text));
-        }
-      }
-      RunRecord merged = merge_shards(shards);
-      merged.command = command_line;
-      std::printf("ulpgate fuzz: %d MPI ranks, records merged\n", world.size);
-      rc = write_campaign_outputs(merged, std::filesystem::path(a.out_dir), a.no_html, a.allow_partial);
+      if (status) throw std::runtime_error("rank 0 has no record to write: " + error);
+      record.command = command_line;
+      std::printf("ulpgate fuzz: %d MPI ranks, work shared as they went\n", world.size);
+      rc = write_campaign_outputs(record, std::filesystem::path(a.out_dir), a.no_html, a.allow_partial);
       written = 1;
-      if (!lost.empty()) {
+      if (!c.scheduler->failures.empty()) {
         std::string list;
-        for (const auto& l : lost) list += (list.empty() ? "" : "; ") + l;
-        std::fprintf(stderr, "ulpgate: error: %zu of %d MPI ranks failed, their targets are recorded as not run: %s\n",
-                     lost.size(), world.size, list.c_str());
+        for (const auto& [rank, why] : c.scheduler->failures) list += fmt::format("{}rank {} ({})", list.empty() ? "" : "; ", rank, why);
+        std::fprintf(stderr, "ulpgate: error: %zu of %d MPI ranks failed, the cases they had not finished are recorded as "
+                     "not run: %s\n", c.scheduler->failures.size(), world.size, list.c_str());
         rc = 3;
       }
     } catch (const InputError& e) {
@@ -488,6 +470,7 @@ int fuzz_over_ranks(const FuzzArgs& a, const LocalRegistry& local, const std::st
   written = mpi::broadcast(world, written);
   // The record is written: a new campaign may replace this rank's journal.
   if (written && status == 0) attempt([&] { mark_journal_finished(c.o.journal_path); });
+  c.scheduler.reset();  // collective
   mpi::finish(world);
   return rc;
 }

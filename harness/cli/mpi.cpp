@@ -1,6 +1,7 @@
 #include "harness/cli/mpi.hpp"
 
 #include <algorithm>
+#include <climits>
 #include <cstdint>
 #include <cstdlib>
 #include <cstdio>
@@ -10,6 +11,7 @@
 #include <vector>
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include "core/error.hpp"
 
@@ -157,6 +159,83 @@ int broadcast(const World& w, int value) {
 #endif
   (void)w;
   return value;
+}
+
+#if ULPGATE_MPI
+namespace {
+constexpr int kPhases = 2;  // run_fuzz's: cases, shrinks
+MPI_Win& window(void*& w) { return *static_cast<MPI_Win*>(w); }
+}  // namespace
+#endif
+
+Scheduler::Scheduler(const World& w) : w_(w) {
+#if ULPGATE_MPI
+  win_ = new MPI_Win;
+  std::int64_t* base = nullptr;
+  const MPI_Aint bytes = w.rank == 0 ? kPhases * static_cast<MPI_Aint>(sizeof(std::int64_t)) : 0;
+  check(MPI_Win_allocate(bytes, sizeof(std::int64_t), MPI_INFO_NULL, MPI_COMM_WORLD, &base, &window(win_)),
+        "MPI_Win_allocate");
+  check(MPI_Win_lock_all(0, window(win_)), "MPI_Win_lock_all");
+  if (w.rank == 0) {
+    const std::int64_t zeros[kPhases] = {};
+    check(MPI_Put(zeros, kPhases, MPI_INT64_T, 0, 0, kPhases, MPI_INT64_T, window(win_)), "MPI_Put");
+    check(MPI_Win_flush(0, window(win_)), "MPI_Win_flush");
+  }
+  check(MPI_Barrier(MPI_COMM_WORLD), "MPI_Barrier");  // no claim before the counters are 0
+#endif
+}
+
+Scheduler::~Scheduler() {
+#if ULPGATE_MPI
+  MPI_Win_unlock_all(window(win_));
+  MPI_Win_free(&window(win_));
+  delete static_cast<MPI_Win*>(win_);
+#endif
+}
+
+std::int64_t Scheduler::claim(int phase, std::int64_t count) {
+  (void)count;
+#if ULPGATE_MPI
+  if (phase < 0 || phase >= kPhases) throw std::logic_error("Scheduler::claim: no such phase");
+  const std::int64_t one = 1;
+  std::int64_t got = 0;
+  check(MPI_Fetch_and_op(&one, &got, MPI_INT64_T, 0, phase, MPI_SUM, window(win_)), "MPI_Fetch_and_op");
+  check(MPI_Win_flush(0, window(win_)), "MPI_Win_flush");
+  return got;
+#else
+  (void)phase;
+  return count;
+#endif
+}
+
+std::vector<std::string> Scheduler::exchange(const std::string& text) {
+  ++exchanges_;
+  std::vector<std::string> out;
+#if ULPGATE_MPI
+  const auto n = static_cast<std::int64_t>(text.size());
+  std::vector<std::int64_t> sizes(static_cast<std::size_t>(w_.size));
+  check(MPI_Allgather(&n, 1, MPI_INT64_T, sizes.data(), 1, MPI_INT64_T, MPI_COMM_WORLD), "MPI_Allgather");
+  std::vector<int> counts, displs;
+  std::int64_t total = 0;
+  for (const std::int64_t s : sizes) {
+    if (total + s > INT32_MAX) throw std::runtime_error("the ranks' results exceed 2 GiB in one exchange");
+    counts.push_back(static_cast<int>(s)), displs.push_back(static_cast<int>(total));
+    total += s;
+  }
+  std::string all(static_cast<std::size_t>(total), '\0');
+  check(MPI_Allgatherv(text.data(), static_cast<int>(n), MPI_CHAR, all.data(), counts.data(), displs.data(), MPI_CHAR,
+                       MPI_COMM_WORLD),
+        "MPI_Allgatherv");
+  for (std::size_t r = 0; r < sizes.size(); ++r) out.push_back(all.substr(static_cast<std::size_t>(displs[r]), static_cast<std::size_t>(sizes[r])));
+#else
+  out.push_back(text);
+#endif
+  return out;
+}
+
+void Scheduler::complete_with_error(const std::string& error) {
+  const std::string nothing = nlohmann::json{{"units", nlohmann::json::array()}, {"job", nlohmann::json::array()}, {"error", error}}.dump();
+  while (exchanges_ < 2) exchange(nothing);
 }
 
 void finish(const World& w) {

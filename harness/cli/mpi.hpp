@@ -4,8 +4,11 @@
 // MPI. Built without MPI (ULPGATE_MPI off), join() sees a launcher only to refuse it.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
+
+#include "harness/fuzz.hpp"
 
 namespace ulpgate::mpi {
 
@@ -39,6 +42,28 @@ std::vector<Message> gather(const World& w, int status, const std::string& text)
 
 /// Collective: rank 0's value, on every rank.
 int broadcast(const World& w, int value);
+
+/// The campaign's work shared over the ranks (FuzzScheduler, dynamic load balancing): one
+/// counter per phase in an RMA window on rank 0, claimed with MPI_Fetch_and_op, and the
+/// exchange an MPI_Allgatherv. Collective to make and to destroy. A rank whose campaign
+/// threw calls complete_with_error() so that the others' exchanges still meet it.
+class Scheduler final : public FuzzScheduler {
+ public:
+  explicit Scheduler(const World& w);
+  ~Scheduler() override;
+  Scheduler(const Scheduler&) = delete;
+  Scheduler& operator=(const Scheduler&) = delete;
+  int rank() const override { return w_.rank; }
+  std::int64_t claim(int phase, std::int64_t count) override;
+  std::vector<std::string> exchange(const std::string& text) override;
+  /// The exchanges run_fuzz has not made yet, with nothing done and this error.
+  void complete_with_error(const std::string& error);
+
+ private:
+  World w_;
+  int exchanges_ = 0;
+  void* win_ = nullptr;  // MPI_Win, kept opaque here
+};
 
 /// MPI_Finalize (once; nothing outside a job).
 void finish(const World& w);

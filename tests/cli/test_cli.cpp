@@ -791,10 +791,11 @@ TEST(Cli, ShardedCampaignMergesToTheWholeOne) {
   EXPECT_NE(bad.err.find("--shard '2/2'"), std::string::npos) << bad.err;
 }
 
-// mpirun -n 3 ulpgate fuzz (issue 22): each rank runs one shard of the campaign and rank 0
-// merges the records; the record is the single-process run's (cases, order, not-run list),
-// with the corpus filled by the first run replayed in the second. Skipped when built
-// without MPI.
+// mpirun -n 3 ulpgate fuzz (issue 22): the ranks claim runs of 16 cases as they become free
+// and exchange their results; the record is the single-process run's (cases, order, shrunk
+// cases, not-run list), with the corpus filled by the first run replayed in the second.
+// 40 cases per target: three units each, failures with one signature in all three (only
+// the first is shrunk, as in one process). Skipped when built without MPI.
 #ifdef ULPGATE_MPIEXEC
 namespace {
 const std::string kMpirun = std::string("OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 ") +
@@ -815,11 +816,11 @@ TEST(Cli, MpiRanksRunTheSingleProcessCampaign) {
   GTEST_SKIP() << "built without MPI (ULPGATE_MPI off)";
 #else
   const std::string dir = tmp_dir("mpi");
-  // Four targets over three ranks (rank 0 takes two); planted.error_above_k8 fails every
+  // Four targets of three units each over three ranks; planted.error_above_k8 fails every
   // case with K > 8: failures, shrinking and the corpus take part.
   const std::string common = std::string(" --plugin ") + PLANTED_PLUGIN +
                              " fuzz --kernel cpu.fp32_seq --kernel planted.error_above_k8 --kernel cpu.attn_naive"
-                             " --kernel cpu.fp32_pairwise --dtype fp32 --cases 4 --sizes small --max-k 64 --jobs 1"
+                             " --kernel cpu.fp32_pairwise --dtype fp32 --cases 40 --sizes small --max-k 64 --jobs 1"
                              " --seed 11 --no-html --time 0 --out ";
   for (int round = 0; round < 2; ++round) {  // the second replays the corpus the first filled
     SCOPED_TRACE(round);
@@ -828,11 +829,16 @@ TEST(Cli, MpiRanksRunTheSingleProcessCampaign) {
     const Result ranks = run(common + dir + "/ranks", kMpirun);
     ASSERT_EQ(ranks.code, 1) << ranks.out << ranks.err;
     for (int r = 0; r < 3; ++r)
-      EXPECT_NE(ranks.out.find(fmt::format("MPI rank {} of 3: shard {}/3", r, r)), std::string::npos) << ranks.out;
-    EXPECT_NE(ranks.out.find("3 MPI ranks, records merged"), std::string::npos) << ranks.out;
+      EXPECT_NE(ranks.out.find(fmt::format("MPI rank {} of 3: runs of 16 cases claimed as it goes", r)), std::string::npos)
+          << ranks.out;
+    EXPECT_NE(ranks.out.find("3 MPI ranks, work shared as they went"), std::string::npos) << ranks.out;
     const nlohmann::json a = comparable_record(dir + "/whole"), b = comparable_record(dir + "/ranks");
     EXPECT_EQ(a, b);
-    EXPECT_GT(a["cases"].size(), 16u);  // the generated cases and a shrunk one (round 1: corpus replays too)
+    EXPECT_GT(a["cases"].size(), 160u);  // the generated cases and a shrunk one (round 1: corpus replays too)
+    const std::string text = a.dump();
+    std::size_t shrunk = 0;
+    for (std::size_t at = 0; (at = text.find("\"origin\":\"shrunk\"", at)) != std::string::npos; ++at) ++shrunk;
+    EXPECT_GE(shrunk, 1u);
     if (round == 1)
       EXPECT_NE(a.dump().find("\"origin\":\"corpus\""), std::string::npos) << "no corpus case replayed";
     EXPECT_TRUE(std::filesystem::exists(dir + "/ranks/journal-rank-2.jsonl"));
@@ -840,9 +846,9 @@ TEST(Cli, MpiRanksRunTheSingleProcessCampaign) {
 #endif
 }
 
-// A rank whose campaign fails (here: its journal is locked by another process) sends its
-// error; rank 0 still writes the record, with that rank's targets as not run, and every
-// rank exits 3. Each rank gets the (node-local rank mod count)-th CUDA device.
+// A rank whose campaign fails (here: its journal is locked by another process) reports its
+// error and claims no work: the other ranks run every case, rank 0 writes the whole record,
+// and every rank exits 3. Each rank gets the (node-local rank mod count)-th CUDA device.
 TEST(Cli, MpiRankThatFailsIsReported) {
 #ifndef ULPGATE_MPIEXEC
   GTEST_SKIP() << "built without MPI (ULPGATE_MPI off)";
@@ -859,23 +865,61 @@ TEST(Cli, MpiRankThatFailsIsReported) {
   EXPECT_EQ(r.code, 3) << r.out << r.err;
   EXPECT_NE(r.err.find("1 of 3 MPI ranks failed"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("in use by another ulpgate process"), std::string::npos) << r.err;
-  EXPECT_NE(r.out.find("rank 1 of 3: shard 1/3 (every 3th target from target 1), CUDA_VISIBLE_DEVICES=7"),
-            std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("rank 2 of 3: shard 2/3 (every 3th target from target 2), CUDA_VISIBLE_DEVICES=5"),
-            std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("rank 1 of 3: runs of 16 cases claimed as it goes, CUDA_VISIBLE_DEVICES=7"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("rank 2 of 3: runs of 16 cases claimed as it goes, CUDA_VISIBLE_DEVICES=5"), std::string::npos) << r.out;
   const ulpgate::RunRecord rec = ulpgate::read_record_file(dir + "/fuzz.json");
-  ASSERT_EQ(rec.not_run.size(), 1u);
-  EXPECT_EQ(rec.not_run[0].target, "cpu.fp32_pairwise fp16 gemm");
-  EXPECT_EQ(rec.not_run[0].run, 0);
-  EXPECT_NE(rec.not_run[0].reason.find("MPI rank 1 failed"), std::string::npos) << rec.not_run[0].reason;
-  EXPECT_EQ(rec.cases.size(), 4u);  // ranks 0 and 2: two cases each
+  EXPECT_TRUE(rec.not_run.empty());
+  EXPECT_EQ(rec.cases.size(), 6u);  // ranks 0 and 2 ran rank 1's share too
   // Under mpirun the ranks are the shards: --shard is bad input, reported once (rank 0).
   const Result shard = run("fuzz --shard 0/2 --kernel cpu.fp32_seq --dtype fp16 --cases 1 --in-process --no-html --out " + dir +
                            "/shard", kMpirun);
   EXPECT_EQ(shard.code, 2) << shard.out << shard.err;
-  EXPECT_NE(shard.err.find("ulpgate: error: --shard 0/2: under mpirun the 3 ranks are the shards"), std::string::npos)
+  EXPECT_NE(shard.err.find("ulpgate: error: --shard 0/2: under mpirun the 3 ranks share the campaign themselves"), std::string::npos)
       << shard.err;
   EXPECT_EQ(shard.err.find("ulpgate: error"), shard.err.rfind("ulpgate: error")) << shard.err;
+#endif
+}
+
+// An interrupted campaign resumes with any number of ranks: a rank finds a case in whichever
+// rank's journal holds it, so the resumed run evaluates nothing again and its record is the
+// first run's.
+TEST(Cli, MpiResumeReusesEveryRanksJournal) {
+#ifndef ULPGATE_MPIEXEC
+  GTEST_SKIP() << "built without MPI (ULPGATE_MPI off)";
+#else
+  const std::string dir = tmp_dir("mpi_resume");
+  const std::string common = " fuzz --kernel cpu.fp32_seq --kernel cpu.fp32_pairwise --dtype fp16 --cases 40 --sizes small"
+                             " --max-k 32 --in-process --seed 9 --no-html --time 0 --out " + dir;
+  const Result first = run(common, kMpirun);
+  ASSERT_EQ(first.code, 0) << first.out << first.err;
+  const nlohmann::json a = comparable_record(dir);
+  // Interrupted before the record was written: no "finished" line, no record.
+  std::size_t journaled = 0;
+  for (int r = 0; r < 3; ++r) {
+    const std::string path = dir + fmt::format("/journal-rank-{}.jsonl", r);
+    std::string text = slurp(path), kept;
+    for (std::size_t at = 0, next; at < text.size(); at = next + 1) {
+      next = text.find('\n', at);
+      const std::string line = text.substr(at, next - at);
+      if (line.find("\"finished\"") == std::string::npos) kept += line + "\n";
+      journaled += line.find("\"result\"") != std::string::npos;
+    }
+    std::ofstream(path, std::ios::trunc) << kept;
+  }
+  EXPECT_EQ(journaled, 80u);
+  std::filesystem::remove(dir + "/fuzz.json");
+  std::string two = kMpirun;
+  two.replace(two.rfind("-n 3"), 4, "-n 2");
+  const Result again = run(common + " --resume", two);
+  ASSERT_EQ(again.code, 0) << again.out << again.err;
+  EXPECT_NE(again.out.find("resuming:"), std::string::npos) << again.out;
+  EXPECT_EQ(comparable_record(dir), a);
+  std::size_t after = 0;  // nothing evaluated again: no new entry in any journal
+  for (int r = 0; r < 3; ++r) {
+    const std::string text = slurp(dir + fmt::format("/journal-rank-{}.jsonl", r));
+    for (std::size_t at = 0; (at = text.find("\"result\"", at)) != std::string::npos; ++at) ++after;
+  }
+  EXPECT_EQ(after, 80u);
 #endif
 }
 
