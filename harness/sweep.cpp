@@ -75,6 +75,26 @@ std::optional<PrecisionCliff> precision_cliff(const std::vector<double>& bits, d
   return std::nullopt;
 }
 
+Case sweep_point(const SweepOptions& options, std::size_t p) {
+  Case c = options.base;
+  if (c.op == Op::Gemm) {
+    c.gemm.k = options.values.at(p);
+    c.gemm.lda = c.gemm.ldb = 0;  // packed: a fixed padding would not fit every K
+  } else {
+    c.attention.seq_kv = options.values.at(p);
+    c.attention.kv_lengths.clear();
+  }
+  validate(c);
+  return c;
+}
+
+EvaluationOptions sweep_evaluation(const SweepOptions& options) {
+  EvaluationOptions eo = options.evaluation;
+  eo.effective_bits = true;
+  eo.relations = false;
+  return eo;
+}
+
 SweepOutcome run_sweep(const SweepOptions& options, const PointChecker& check,
                        const std::function<void(std::size_t, std::size_t)>& progress) {
   const bool gemm = options.base.op == Op::Gemm;
@@ -84,9 +104,7 @@ SweepOutcome run_sweep(const SweepOptions& options, const PointChecker& check,
   if (gemm && (options.base.alpha != 1.0 || options.base.beta != 0.0 || options.base.epilogue != Epilogue::None))
     throw InputError("sweep: the calibrated precision estimate needs alpha = 1, beta = 0 and no epilogue");
   metric_value(ErrorMetrics{}, options.metric);  // validates the name up front
-  EvaluationOptions eo = options.evaluation;
-  eo.effective_bits = true;
-  eo.relations = false;
+  const EvaluationOptions eo = sweep_evaluation(options);
   SweepOutcome out;
   SweepSeries& s = out.series;
   std::vector<std::size_t> point_case;  // per point with a result: its entry in out.cases
@@ -97,16 +115,7 @@ SweepOutcome run_sweep(const SweepOptions& options, const PointChecker& check,
   s.parameter = options.parameter;
   s.metric = options.metric;
   for (std::size_t p = 0; p < options.values.size(); ++p) {
-    Case c = options.base;
-    if (gemm) {
-      c.gemm.k = options.values[p];
-      c.gemm.lda = c.gemm.ldb = 0;  // packed: a fixed padding would not fit every K
-    } else {
-      c.attention.seq_kv = options.values[p];
-      c.attention.kv_lengths.clear();
-    }
-    validate(c);
-    CaseResult r = check(c, eo);
+    CaseResult r = check(sweep_point(options, p), eo);
     if (r.status == Disposition::Ok && !r.metrics.empty()) {
       point_case.push_back(out.cases.size());
       s.x.push_back(static_cast<double>(options.values[p]));

@@ -79,6 +79,12 @@ std::optional<PrecisionCliff> precision_cliff(const std::vector<double>& bits, d
 /// How one sweep point is checked: the isolated worker's evaluate, or check_case here.
 using PointChecker = std::function<CaseResult(const Case&, const EvaluationOptions&)>;
 
+/// Point p of the sweep (values[p]) as run_sweep checks it, and the options it checks
+/// with (effective bits on, relations off): what a process checking points for another
+/// (a rank of `mpirun ulpgate sweep`) needs.
+Case sweep_point(const SweepOptions& options, std::size_t p);
+EvaluationOptions sweep_evaluation(const SweepOptions& options);
+
 /// Runs the sweep, each point through `check`; progress(i, n) is called after each point.
 SweepOutcome run_sweep(const SweepOptions& options, const PointChecker& check,
                        const std::function<void(std::size_t, std::size_t)>& progress = {});

@@ -527,10 +527,6 @@ int main(int argc, char** argv) {
     if (baseline_update->parsed())
       return ulpgate::baseline_update_command(base_run, base_out, base_slack, base_slack_ulp);
     if (sweep->parsed()) {
-      if (const int ranks = ulpgate::mpi::launched_ranks(); ranks > 1)
-        throw ulpgate::InputError(fmt::format("sweep: started as one of {} MPI ranks, but only fuzz splits its work over "
-                                              "ranks (each would run the whole sweep): run it without mpirun",
-                                              ranks));
       sweep_args.plugins = plugins;
       sweep_args.seed = ulpgate::parse_seed(sweep_seed);
       sweep_args.max_memory = max_memory(sweep_max_memory);

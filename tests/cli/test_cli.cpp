@@ -923,12 +923,31 @@ TEST(Cli, MpiResumeReusesEveryRanksJournal) {
 #endif
 }
 
-// Only fuzz splits its work over MPI ranks: sweep under a launcher refuses (one line).
-TEST(Cli, SweepRefusesToRunAsManyMpiRanks) {
+// mpirun -n 3 ulpgate sweep: the ranks check the (series, point) units as they become free;
+// rank 0 fits and reports, and the record is the single process's. A build without MPI
+// refuses to run as one of several ranks (one line).
+TEST(Cli, MpiSweepSharesItsPoints) {
+#ifndef ULPGATE_MPIEXEC
   const Result r = run("sweep --kernel cpu.fp32_seq --vary K=16:32 --mn 4", "OMPI_COMM_WORLD_SIZE=2");
   EXPECT_EQ(r.code, 2) << r.out << r.err;
   EXPECT_EQ(lines(r.err), 1) << r.err;
   EXPECT_NE(r.err.find("one of 2 MPI ranks"), std::string::npos) << r.err;
+#else
+  const std::string dir = tmp_dir("mpi_sweep");
+  const std::string args = " sweep --kernel cpu.fp32_seq --kernel cpu.attn_naive --vary K=16:1024 --mn 8 --in-process --out ";
+  const Result one = run(args + dir + "/one");
+  ASSERT_EQ(one.code, 0) << one.out << one.err;
+  const Result three = run(args + dir + "/three", kMpirun);
+  ASSERT_EQ(three.code, 0) << three.out << three.err;
+  EXPECT_NE(three.out.find("ulpgate sweep: 3 MPI ranks, 7 points shared as they went"), std::string::npos) << three.out;
+  EXPECT_NE(three.out.find("not supported"), std::string::npos) << three.out;  // cpu.attn_naive takes no GEMM
+  const auto points = [](const std::string& path) {
+    nlohmann::json j = nlohmann::json::parse(std::ifstream(path));
+    for (auto& c : j["cases"]) c.erase("seconds");
+    return nlohmann::json{{"cases", j["cases"]}, {"sweeps", j["sweeps"]}};
+  };
+  EXPECT_EQ(points(dir + "/one/sweep.json"), points(dir + "/three/sweep.json"));
+#endif
 }
 
 // Bring your own outputs: export a case's inputs, compute its output elsewhere (here a CPU
