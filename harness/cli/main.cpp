@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -422,10 +423,15 @@ int main(int argc, char** argv) {
         ulpgate::create_out_dir(probe_dump);
       }
       ulpgate::Registry registry = local();
-      int rc = kExitOk;
-      nlohmann::json models = nlohmann::json::array();
-      const auto record = [&](const std::string& unit, const std::string& dtype, const ulpgate::ProbedAccumulation& p,
-                              const std::string& problem) {
+      // One unit's result: its lines, its JSON object, its exit code (0, or 1: not a
+      // block-FMA unit).
+      struct Probed {
+        std::string text;
+        nlohmann::json model;
+        int rc = kExitOk;
+      };
+      const auto model_json = [&](const std::string& unit, const std::string& dtype, const ulpgate::ProbedAccumulation& p,
+                                  const std::string& problem) {
         nlohmann::json j{{"unit", unit}, {"input", dtype}};
         if (problem.empty()) {
           j["block"] = p.block;
@@ -445,13 +451,14 @@ int main(int argc, char** argv) {
         } else {
           j["problem"] = problem;
         }
-        models.push_back(std::move(j));
+        return j;
       };
       // The experiments, the alignment and the validation in batches, then a line and a JSON
       // object; a unit outside the block-FMA model is a finding (exit 1), a case the unit
-      // does not take, exit 2.
+      // does not take, exit 2 (InputError).
       const auto probe_unit = [&](const std::string& unit, ulpgate::Format input, const ulpgate::ProbeDot& dot,
                                   const ulpgate::ProbeBatch& batch, std::int64_t default_validate) {
+        Probed out;
         const std::string dtype(ulpgate::name(input));
         if (!probe_dump.empty()) {
           std::string base = unit;  // a file name of letters, digits, '.', '_' and '-'
@@ -459,7 +466,7 @@ int main(int argc, char** argv) {
             if (!std::isalnum(static_cast<unsigned char>(ch)) && ch != '.' && ch != '_' && ch != '-') ch = '_';
           const std::string file = probe_dump + "/" + base + ".dots";
           const std::int64_t n = ulpgate::dump_batched(batch, unit, probe_dump_count, probe_dump_span, file);
-          std::printf("%s: %lld random dot products written to %s\n", unit.c_str(), static_cast<long long>(n), file.c_str());
+          out.text += fmt::format("{}: {} random dot products written to {}\n", unit, n, file);
         }
         try {
           ulpgate::ProbedAccumulation p = ulpgate::probe_unit(dot, batch, probe_max_block, probe_max_promote);
@@ -470,30 +477,90 @@ int main(int argc, char** argv) {
             p.validated = static_cast<int>(std::min<std::int64_t>(v.total(), INT32_MAX));
             counts = fmt::format(" ({} normal, {} cancelling, {} with subnormal inputs)", v.normal, v.cancelling, v.subnormal);
           }
-          std::printf("%s (%s inputs): %s%s\n", unit.c_str(), dtype.c_str(), p.describe().c_str(), counts.c_str());
-          record(unit, dtype, p, "");
+          out.text += fmt::format("{} ({} inputs): {}{}\n", unit, dtype, p.describe(), counts);
+          out.model = model_json(unit, dtype, p, "");
         } catch (const ulpgate::InputError&) {
           throw;
         } catch (const std::runtime_error& e) {
-          std::printf("%s: not a block-FMA unit: %s\n", unit.c_str(), e.what());
-          record(unit, dtype, {}, e.what());
-          rc = 1;
+          out.text += fmt::format("{}: not a block-FMA unit: {}\n", unit, e.what());
+          out.model = model_json(unit, dtype, {}, e.what());
+          out.rc = 1;
         }
-        std::fflush(stdout);
+        return out;
       };
-      for (const std::string& inst : probe_instructions) {
-        const auto [dot, batch] = ulpgate::mma_unit(inst);  // unknown name or no device: exit 2
-        probe_unit(inst, batch.input, dot, batch, 1000000);
-      }
+      // The units in the order given: instructions, then kernels (names checked first).
+      std::vector<std::function<Probed()>> units;
+      for (const std::string& inst : probe_instructions)
+        units.push_back([&, inst] {
+          const auto [dot, batch] = ulpgate::mma_unit(inst);  // unknown name or no device: exit 2
+          return probe_unit(inst, batch.input, dot, batch, 1000000);
+        });
       for (const std::string& name : probe_kernels) {
         ulpgate::Kernel* k = registry.resolve(name);
         if (!k) throw ulpgate::InputError(fmt::format("unknown kernel '{}' (see ulpgate list)", name));
         const std::string dtype = probe_dtype.empty() ? ulpgate::default_dtype(name) : probe_dtype;
         const ulpgate::Format input = *ulpgate::parse_format(dtype);
         // validated in batches: up to mn dot products per GEMM, on D's diagonal
-        probe_unit(name, input, ulpgate::kernel_unit(*k, input, probe_mn), ulpgate::kernel_batch(*k, input, probe_mn), 1000);
+        units.push_back([&, name, k, input] {
+          return probe_unit(name, input, ulpgate::kernel_unit(*k, input, probe_mn), ulpgate::kernel_batch(*k, input, probe_mn), 1000);
+        });
       }
-      if (!probe_json.empty()) ulpgate::write_text_file_atomically(probe_json, models.dump(2) + "\n");
+      nlohmann::json models = nlohmann::json::array();
+      int rc = kExitOk;
+      const ulpgate::mpi::World world = ulpgate::mpi::join();
+      if (world.size == 1) {
+        for (const auto& unit : units) {
+          const Probed r = unit();
+          std::fputs(r.text.c_str(), stdout);
+          std::fflush(stdout);
+          models.push_back(r.model);
+          rc = std::max(rc, r.rc);
+        }
+        if (!probe_json.empty()) ulpgate::write_text_file_atomically(probe_json, models.dump(2) + "\n");
+        return rc;
+      }
+      // mpirun: the ranks (each with its own GPU where there are several) claim the units
+      // as they become free; rank 0 prints them in the order given and writes the JSON.
+      std::vector<nlohmann::json> done(units.size());
+      {
+        ulpgate::mpi::Scheduler sched(world);
+        nlohmann::json mine = nlohmann::json::array();
+        const auto n = static_cast<std::int64_t>(units.size());
+        for (std::int64_t u; (u = sched.claim(0, n)) < n;) {
+          nlohmann::json j{{"unit", u}};
+          try {
+            const Probed r = units[static_cast<std::size_t>(u)]();
+            j["text"] = r.text, j["model"] = r.model, j["rc"] = r.rc;
+          } catch (const ulpgate::InputError& e) {
+            j["error"] = e.what(), j["rc"] = kExitUsage;
+          } catch (const std::exception& e) {
+            j["error"] = std::string("internal error: ") + e.what(), j["rc"] = kExitInternal;
+          }
+          mine.push_back(std::move(j));
+        }
+        for (const std::string& text : sched.exchange(mine.dump()))
+          for (auto& j : nlohmann::json::parse(text)) {
+            const auto u = j.at("unit").get<std::size_t>();
+            done[u] = std::move(j);
+          }
+      }
+      if (world.rank == 0) {
+        std::string errors;
+        for (const auto& j : done) {
+          if (j.contains("error")) {
+            errors += fmt::format("ulpgate: error: {}\n", j["error"].get<std::string>());
+          } else {
+            std::fputs(j["text"].get<std::string>().c_str(), stdout);
+            models.push_back(j["model"]);
+          }
+          rc = std::max(rc, j["rc"].get<int>());
+        }
+        std::fflush(stdout);
+        std::fputs(errors.c_str(), stderr);
+        if (!probe_json.empty()) ulpgate::write_text_file_atomically(probe_json, models.dump(2) + "\n");
+      }
+      rc = ulpgate::mpi::broadcast(world, rc);
+      ulpgate::mpi::finish(world);
       return rc;
     }
     std::string command_line;

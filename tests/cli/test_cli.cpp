@@ -923,6 +923,27 @@ TEST(Cli, MpiResumeReusesEveryRanksJournal) {
 #endif
 }
 
+// mpirun -n 3 ulpgate probe: the ranks probe the units as they become free; rank 0 prints
+// them in the order given and writes the JSON, the single process's output; the exit code
+// is the worst unit's (1: a unit outside the block-FMA model).
+TEST(Cli, MpiProbeSharesItsUnits) {
+#ifndef ULPGATE_MPIEXEC
+  GTEST_SKIP() << "built without MPI (ULPGATE_MPI off)";
+#else
+  const std::string dir = tmp_dir("mpi_probe");
+  std::filesystem::create_directories(dir);
+  const std::string args = " probe --kernel cpu.fp32_seq --kernel cpu.blockfma:block=16,frac=25,round=rz"
+                           " --kernel cpu.fp32_pairwise --kernel cpu.blockfma:block=4,frac=30,round=rne --json ";
+  const Result one = run(args + dir + "/one.json");
+  const Result three = run(args + dir + "/three.json", kMpirun);
+  EXPECT_EQ(one.code, 1) << one.out << one.err;  // cpu.fp32_pairwise is no block-FMA unit
+  EXPECT_EQ(three.code, 1) << three.out << three.err;
+  EXPECT_EQ(one.out, three.out);
+  EXPECT_EQ(lines(three.out), 4u) << three.out;
+  EXPECT_EQ(slurp(dir + "/one.json"), slurp(dir + "/three.json"));
+#endif
+}
+
 // mpirun -n 3 ulpgate sweep: the ranks check the (series, point) units as they become free;
 // rank 0 fits and reports, and the record is the single process's. A build without MPI
 // refuses to run as one of several ranks (one line).
