@@ -8,6 +8,8 @@
 #include <nlohmann/json.hpp>
 
 #include <array>
+#include <csignal>
+#include <thread>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -920,6 +922,59 @@ TEST(Cli, MpiResumeReusesEveryRanksJournal) {
     for (std::size_t at = 0; (at = text.find("\"result\"", at)) != std::string::npos; ++at) ++after;
   }
   EXPECT_EQ(after, 80u);
+#endif
+}
+
+// A rank killed mid-run (SIGKILL: no MPI can go on without it) takes the job down, but
+// nothing finished is lost: every rank journaled its cases as it went, and `--resume` (here
+// on 2 ranks) reruns only the cases no journal holds; the record is the single process's.
+TEST(Cli, MpiRankKilledMidRunIsResumed) {
+#ifndef ULPGATE_MPIEXEC
+  GTEST_SKIP() << "built without MPI (ULPGATE_MPI off)";
+#else
+  const std::string dir = tmp_dir("mpi_killed");
+  std::filesystem::create_directories(dir);
+  const std::string common = " fuzz --kernel cpu.fp32_seq --kernel cpu.fp32_pairwise --kernel cpu.attn_naive --dtype fp32"
+                             " --cases 64 --sizes small --max-k 64 --in-process --seed 21 --no-html --time 0 --out ";
+  const Result whole = run(common + dir + "/whole");
+  ASSERT_EQ(whole.code, 0) << whole.out << whole.err;
+  std::system(("(" + kMpirun + " " + ULPGATE_BIN + common + dir + "/ranks > " + dir + "/first.log 2>&1; echo $? > " + dir +
+               "/first.rc) &").c_str());
+  // Once rank 1 has journaled a few cases, kill it.
+  const auto journaled = [&](int rank) {  // complete entries
+    const std::string text = slurp(dir + fmt::format("/ranks/journal-rank-{}.jsonl", rank));
+    int n = 0;
+    for (std::size_t at = 0; (at = text.find("\"result\"", at)) != std::string::npos; ++at) n += text.find('\n', at) != std::string::npos;
+    return n;
+  };
+  int killed = 0;
+  for (int wait = 0; wait < 600 && !killed && !std::filesystem::exists(dir + "/first.rc"); ++wait) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    if (journaled(1) < 5) continue;
+    for (const auto& e : std::filesystem::directory_iterator("/proc")) {
+      const std::string env = slurp(e.path().string() + "/environ"), cmd = slurp(e.path().string() + "/cmdline");
+      if (env.find(std::string("OMPI_COMM_WORLD_RANK=1") + '\0') != std::string::npos && cmd.find(dir + "/ranks") != std::string::npos &&
+          cmd.rfind(ULPGATE_BIN, 0) == 0)
+        killed += ::kill(std::stoi(e.path().filename().string()), SIGKILL) == 0;
+    }
+  }
+  ASSERT_EQ(killed, 1) << "rank 1 was not found running (the campaign ended too soon?)";
+  for (int wait = 0; wait < 600 && !std::filesystem::exists(dir + "/first.rc"); ++wait)
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  EXPECT_NE(slurp(dir + "/first.rc"), "0\n") << slurp(dir + "/first.log");
+  EXPECT_FALSE(std::filesystem::exists(dir + "/ranks/fuzz.json"));
+  const int before = journaled(0) + journaled(1) + journaled(2);
+  EXPECT_GT(before, 5);
+  EXPECT_LT(before, 192);
+  std::string two = kMpirun;
+  two.replace(two.rfind("-n 3"), 4, "-n 2");
+  const Result again = run(common + dir + "/ranks --resume", two);
+  ASSERT_EQ(again.code, 0) << again.out << again.err;
+  const nlohmann::json a = comparable_record(dir + "/whole");
+  EXPECT_EQ(a["cases"].size(), 192u);
+  EXPECT_EQ(a, comparable_record(dir + "/ranks"));
+  EXPECT_EQ(journaled(0) + journaled(1) + journaled(2), 192) << "a case evaluated twice, or lost";
 #endif
 }
 
