@@ -421,18 +421,8 @@ int fuzz_over_ranks(const FuzzArgs& a, const LocalRegistry& local, const std::st
   // Gather then broadcast: a barrier (no rank passes the broadcast before rank 0 has every
   // rank's setup), so every rank has listed the corpus and the journals before any rank
   // may save into them.
-  const std::vector<mpi::Message> setup = mpi::gather(world, status, error);
+  if (const int failed = mpi::agree_on_setup(world, status, error)) return failed;
   int rc = 0;
-  std::string first_error;
-  for (std::size_t r = 0; r < setup.size() && !rc; ++r)
-    if (setup[r].status)
-      rc = setup[r].status, first_error = setup[r].status == status && setup[r].text == error ? error
-                                          : fmt::format("MPI rank {}: {}", r, setup[r].text);
-  if (mpi::broadcast(world, rc)) {
-    if (world.rank == 0) std::fprintf(stderr, "ulpgate: error: %s\n", first_error.c_str());
-    mpi::finish(world);
-    return rc;
-  }
   c.scheduler = std::make_unique<mpi::Scheduler>(world);
   c.o.scheduler = c.scheduler.get();
   RunRecord record;

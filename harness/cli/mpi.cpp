@@ -161,6 +161,22 @@ int broadcast(const World& w, int value) {
   return value;
 }
 
+int agree_on_setup(const World& w, int status, const std::string& error) {
+  const std::vector<Message> setup = gather(w, status, error);
+  int rc = 0;
+  std::string first;
+  for (std::size_t r = 0; r < setup.size() && !rc; ++r)
+    if (setup[r].status)
+      rc = setup[r].status,
+      first = setup[r].status == status && setup[r].text == error ? error : fmt::format("MPI rank {}: {}", r, setup[r].text);
+  rc = broadcast(w, rc);
+  if (rc) {
+    if (w.rank == 0) std::fprintf(stderr, "ulpgate: error: %s\n", first.c_str());
+    finish(w);
+  }
+  return rc;
+}
+
 #if ULPGATE_MPI
 namespace {
 constexpr int kPhases = 2;  // run_fuzz's: cases, shrinks

@@ -43,6 +43,12 @@ std::vector<Message> gather(const World& w, int status, const std::string& text)
 /// Collective: rank 0's value, on every rank.
 int broadcast(const World& w, int value);
 
+/// Collective, after each rank's setup: 0 when every rank set up (status 0), else the
+/// first failing rank's status on every rank, its error printed once by rank 0 (prefixed
+/// "MPI rank r: " unless rank 0 failed the same way) and MPI finished. A barrier too: no
+/// rank returns before every rank has set up.
+int agree_on_setup(const World& w, int status, const std::string& error);
+
 /// The campaign's work shared over the ranks (FuzzScheduler, dynamic load balancing): one
 /// counter per phase in an RMA window on rank 0, claimed with MPI_Fetch_and_op, and the
 /// exchange an MPI_Allgatherv. Collective to make and to destroy. A rank whose campaign

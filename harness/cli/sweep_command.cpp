@@ -202,16 +202,7 @@ int sweep_command(const SweepArgs& a, const LocalRegistry& local, const std::str
     } catch (const std::exception& e) {
       status = 3, error = std::string("internal error: ") + e.what();
     }
-    const std::vector<mpi::Message> setup = mpi::gather(world, status, error);
-    int rc = 0;
-    std::string first;
-    for (std::size_t r = 0; r < setup.size() && !rc; ++r)
-      if (setup[r].status) rc = setup[r].status, first = setup[r].text;
-    if (mpi::broadcast(world, rc)) {
-      if (world.rank == 0) std::fprintf(stderr, "ulpgate: error: %s\n", first.c_str());
-      mpi::finish(world);
-      return rc;
-    }
+    if (const int failed = mpi::agree_on_setup(world, status, error)) return failed;
     std::vector<std::pair<std::size_t, std::size_t>> units;
     for (std::size_t si = 0; si < plan.size(); ++si)
       if (!plan[si].kernel->unsupported(plan[si].options.base))
