@@ -231,11 +231,15 @@ std::int64_t operand_elements(const Case& c, std::string_view operand) {
   return c.op == Op::Gemm ? gemm_view(c, operand).elements() : attention_view(c, operand).elements();
 }
 
-bool attention_visible(const Case& c, std::int64_t b, std::int64_t i, std::int64_t j) {
+std::int64_t attention_visible_count(const Case& c, std::int64_t b, std::int64_t i) {
   const auto& a = c.attention;
-  const std::int64_t len = a.kv_lengths.empty() ? a.seq_kv : a.kv_lengths[b];
-  if (j >= len) return false;
-  return !a.causal || j <= i + (a.seq_kv - a.seq_q);
+  std::int64_t n = a.kv_lengths.empty() ? a.seq_kv : a.kv_lengths[static_cast<std::size_t>(b)];
+  if (a.causal) n = std::min(n, i + (a.seq_kv - a.seq_q) + 1);
+  return std::max<std::int64_t>(n, 0);
+}
+
+bool attention_visible(const Case& c, std::int64_t b, std::int64_t i, std::int64_t j) {
+  return j >= 0 && j < attention_visible_count(c, b, i);
 }
 
 void validate(const Case& c) {

@@ -162,7 +162,10 @@ struct AttentionView {
 AttentionView attention_view(const Case& c, std::string_view operand);
 /// Elements of an operand's buffer, padding included (gemm_view or attention_view by c.op).
 std::int64_t operand_elements(const Case& c, std::string_view operand);
-/// Whether key j is visible to query i in batch b (kv_lengths and causal, bottom-right aligned).
+/// How many keys query i of batch b sees: keys 0 .. n-1, kv_lengths[b] of them and, causal
+/// (bottom-right aligned), at most i + seq_kv - seq_q + 1 (0 for the rows above the diagonal).
+std::int64_t attention_visible_count(const Case& c, std::int64_t b, std::int64_t i);
+/// Whether key j is visible to query i in batch b: j < attention_visible_count(c, b, i).
 bool attention_visible(const Case& c, std::int64_t b, std::int64_t i, std::int64_t j);
 
 inline constexpr int kCaseSchemaVersion = 1;

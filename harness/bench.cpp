@@ -33,18 +33,10 @@ double case_flops(const Case& c) {
     return 2.0 * static_cast<double>(c.gemm.batch) * static_cast<double>(c.gemm.m) * static_cast<double>(c.gemm.n) *
            static_cast<double>(c.gemm.k);
   const AttentionShape& a = c.attention;
-  // Visible (query, key) pairs per batch: key j is seen by query i when j < length and, causal,
-  // j <= i + (seq_kv - seq_q).
+  // Visible (query, key) pairs (core/case.hpp attention_visible_count).
   double pairs = 0;
-  for (std::int64_t b = 0; b < a.batch; ++b) {
-    const std::int64_t len = a.kv_lengths.empty() ? a.seq_kv : std::min(a.kv_lengths[static_cast<std::size_t>(b)], a.seq_kv);
-    if (!a.causal) {
-      pairs += static_cast<double>(a.seq_q) * static_cast<double>(len);
-      continue;
-    }
-    for (std::int64_t i = 0; i < a.seq_q; ++i)
-      pairs += static_cast<double>(std::clamp<std::int64_t>(i + (a.seq_kv - a.seq_q) + 1, 0, len));
-  }
+  for (std::int64_t b = 0; b < a.batch; ++b)
+    for (std::int64_t i = 0; i < a.seq_q; ++i) pairs += static_cast<double>(attention_visible_count(c, b, i));
   return 2.0 * static_cast<double>(a.head_dim + a.eff_head_dim_v()) * static_cast<double>(a.heads) * pairs;
 }
 

@@ -77,14 +77,6 @@ double scale_of(const Case& c) {
   return c.attention.softmax_scale.value_or(1.0 / std::sqrt(static_cast<double>(c.attention.head_dim)));
 }
 
-// How many keys query i of batch b sees (kv_lengths and causal, core/case.hpp).
-std::int64_t visible_keys(const Case& c, std::int64_t b, std::int64_t i) {
-  const AttentionShape& a = c.attention;
-  std::int64_t n = a.kv_lengths.empty() ? a.seq_kv : a.kv_lengths[static_cast<std::size_t>(b)];
-  if (a.causal) n = std::min(n, i + (a.seq_kv - a.seq_q) + 1);
-  return std::max<std::int64_t>(n, 0);
-}
-
 /// Per query row: the visible keys, and S = max_j |scale| sum_d |q_id k_jd| over them.
 struct RowFacts {
   std::vector<std::int64_t> keys;
@@ -300,7 +292,7 @@ class AttentionModule final : public OpModule {
             // poisoned row anything non-finite; elsewhere a NaN or Inf is unexpected.
             if (with_lse)
               lse.accumulated[static_cast<std::size_t>(ref.row(b, h, i))] =
-                  visible_keys(c, b, i) == 0 || (!poisoned.empty() && poisoned[ref.row(b, h, i)]) ? INFINITY : 0.0;
+                  attention_visible_count(c, b, i) == 0 || (!poisoned.empty() && poisoned[ref.row(b, h, i)]) ? INFINITY : 0.0;
             // No reference: only a NaN or Inf is judged, unless the row met one in the
             // inputs, or O may round past its format's range (|O_d| <= max_j |v_jd|).
             const bool row_poisoned = !poisoned.empty() && poisoned[ref.row(b, h, i)];
