@@ -294,7 +294,7 @@ RunRecord run_fuzz(Registry& registry, const FuzzOptions& o, const std::function
     std::sort(files.begin(), files.end());
     for (const auto& f : files) {
       const Case c = read_case_file(f);
-      if ((shared || owns_kernel(c.kernel)) && registry.resolve(c.kernel)) corpus.push_back(f);
+      if (owns_kernel(c.kernel) && registry.resolve(c.kernel)) corpus.push_back(f);
     }
   }
 

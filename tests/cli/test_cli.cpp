@@ -844,6 +844,16 @@ TEST(Cli, MpiRanksRunTheSingleProcessCampaign) {
     if (round == 1)
       EXPECT_NE(a.dump().find("\"origin\":\"corpus\""), std::string::npos) << "no corpus case replayed";
     EXPECT_TRUE(std::filesystem::exists(dir + "/ranks/journal-rank-2.jsonl"));
+    if (round == 0) {
+      // A corpus case of a kernel outside this campaign: neither run replays it.
+      for (const char* run_dir : {"/whole", "/ranks"}) {
+        const std::string corpus = dir + run_dir + "/corpus";
+        const std::string first = std::filesystem::directory_iterator(corpus)->path().string();
+        nlohmann::json c = nlohmann::json::parse(std::ifstream(first));
+        c["kernel"] = "cpu.blockfma:block=4,frac=23,round=rz";
+        std::ofstream(corpus + "/zz_other_kernel.json") << c.dump();
+      }
+    }
   }
 #endif
 }
