@@ -34,8 +34,6 @@ constexpr int kMaxShrinkSteps = 400;
 constexpr int kMaxLargeShrinkSteps = 24;
 // How far (in multiples of jobs) drawing runs ahead of the oldest case not yet taken.
 constexpr std::int64_t kLookahead = 32;
-// A shared campaign's unit of work: this many consecutive cases of one target.
-constexpr std::int64_t kUnitCases = 16;
 
 std::uint64_t fnv1a(const std::string& s) {
   std::uint64_t h = 1469598103934665603ull;
@@ -87,6 +85,10 @@ std::uint64_t target_seed(std::uint64_t campaign_seed, const FuzzTarget& t) {
 
 rc::Shrinkable<Case> draw_case(const rc::Gen<Case>& gen, std::uint64_t target_seed, std::uint64_t index) {
   return gen(rc::Random(low64(random_block(target_seed, 0xF023u, index))), static_cast<int>((37 * index) % 101));
+}
+
+std::string failed_exchange(const std::string& error) {
+  return nlohmann::json{{"units", nlohmann::json::array()}, {"jobs", nlohmann::json::array()}, {"error", error}}.dump();
 }
 
 std::string target_name(const FuzzTarget& t) {
@@ -250,15 +252,20 @@ RunRecord run_fuzz(Registry& registry, const FuzzOptions& o, const std::function
   std::size_t support_failures_seen = 0;
   // A supports() query that crashed or hung the worker: recorded as a failed result (the
   // kernel is then unsupported everywhere and the campaign goes on).
-  const auto take_support_failures = [&] {
-    if (!isolated) return;
+  const auto support_failures = [&] {  // those not taken yet
+    std::vector<CaseResult> out;
+    if (!isolated) return out;
     for (; support_failures_seen < isolated->support_failures().size(); ++support_failures_seen) {
       CaseResult r = isolated->support_failures()[support_failures_seen];
       r.origin = "supports";
       say(fmt::format("FAIL {}: {}", r.kernel, r.message));
       ++p.failures;
-      record.cases.push_back(std::move(r));
+      out.push_back(std::move(r));
     }
+    return out;
+  };
+  const auto take_support_failures = [&] {
+    for (CaseResult& r : support_failures()) record.cases.push_back(std::move(r));
   };
   std::unique_ptr<Journal> journal;
   if (!o.journal_path.empty()) {
@@ -543,22 +550,10 @@ RunRecord run_fuzz(Registry& registry, const FuzzOptions& o, const std::function
   // Shared (o.scheduler, fuzz under mpirun): the processes claim the campaign's units as
   // they become free (dynamic load balancing) and exchange what they found; every process
   // assembles the same record, the single-process run's. Units: each corpus file, then each
-  // target's cases in runs of kUnitCases; shrinking waits until every case is known, so
+  // target's cases in runs of kSharedUnitCases; shrinking waits until every case is known, so
   // that the failures shrunk are those a single process shrinks (the first of each
   // signature in each target, in case order), each shrink a unit of its own.
   FuzzScheduler& sched = *shared;
-  const auto support_failures = [&] {
-    std::vector<CaseResult> out;
-    if (!isolated) return out;
-    for (; support_failures_seen < isolated->support_failures().size(); ++support_failures_seen) {
-      CaseResult r = isolated->support_failures()[support_failures_seen];
-      r.origin = "supports";
-      say(fmt::format("FAIL {}: {}", r.kernel, r.message));
-      ++p.failures;
-      out.push_back(std::move(r));
-    }
-    return out;
-  };
   const auto results_json = [](const std::vector<CaseResult>& rs) {
     nlohmann::json a = nlohmann::json::array();
     for (const auto& r : rs) a.push_back(case_result_to_json(r));
@@ -577,7 +572,7 @@ RunRecord run_fuzz(Registry& registry, const FuzzOptions& o, const std::function
   std::vector<Unit> units;
   for (std::size_t f = 0; f < corpus.size(); ++f) units.push_back({static_cast<std::int64_t>(f)});
   for (std::size_t t = 0; t < targets.size(); ++t)
-    for (std::int64_t b = 0; b < o.cases; b += kUnitCases) units.push_back({-1, t, b, std::min(o.cases, b + kUnitCases)});
+    for (std::int64_t b = 0; b < o.cases; b += kSharedUnitCases) units.push_back({-1, t, b, std::min(o.cases, b + kSharedUnitCases)});
   const auto n_units = static_cast<std::int64_t>(units.size());
   std::map<std::size_t, TargetRun> runs;
   const auto run_of = [&](std::size_t t) -> const TargetRun& {
@@ -616,10 +611,12 @@ RunRecord run_fuzz(Registry& registry, const FuzzOptions& o, const std::function
   std::vector<nlohmann::json> unit_out(units.size());
   std::vector<CaseResult> planning;
   std::string lost_why;  // why units are missing: the processes that failed
-  const auto take_exchange = [&](const std::vector<std::string>& texts, const char* key, std::vector<nlohmann::json>& into) {
+  // (each process's list under `key`, its entries numbered by `id`)
+  const auto take_exchange = [&](const std::vector<std::string>& texts, const char* key, const char* id,
+                                 std::vector<nlohmann::json>& into) {
     for (std::size_t r = 0; r < texts.size(); ++r) {
       const nlohmann::json j = nlohmann::json::parse(texts[r]);
-      for (const auto& x : j.at(key)) into[x.at(key == std::string("units") ? "unit" : "job").get<std::size_t>()] = x;
+      for (const auto& x : j.at(key)) into[x.at(id).get<std::size_t>()] = x;
       if (j.contains("planning")) planning = results_of(j["planning"]);
       const std::string e = j.value("error", "");
       const bool known = std::any_of(sched.failures.begin(), sched.failures.end(), [&](const auto& f) { return f.first == static_cast<int>(r); });
@@ -629,7 +626,7 @@ RunRecord run_fuzz(Registry& registry, const FuzzOptions& o, const std::function
       }
     }
   };
-  take_exchange(sched.exchange(mine.dump()), "units", unit_out);
+  take_exchange(sched.exchange(mine.dump()), "units", "unit", unit_out);
 
   // The failures to shrink, in the single process's order.
   struct Job {
@@ -652,7 +649,7 @@ RunRecord run_fuzz(Registry& registry, const FuzzOptions& o, const std::function
       }
     }
   }
-  nlohmann::json shrunk{{"job", nlohmann::json::array()}};
+  nlohmann::json shrunk{{"jobs", nlohmann::json::array()}};
   if (error.empty()) {
     try {
       const auto n_jobs = static_cast<std::int64_t>(jobs.size());
@@ -664,7 +661,7 @@ RunRecord run_fuzz(Registry& registry, const FuzzOptions& o, const std::function
         const rc::Shrinkable<Case> drawn = draw_case(gen_of(tr, job.index), tr.seed, static_cast<std::uint64_t>(job.index));
         if (to_json(drawn.value()) == to_json(job.requested))
           if (auto m = shrink_failure(tr, drawn, first, job.index)) j["shrunk"] = case_result_to_json(*m);
-        shrunk["job"].push_back(std::move(j));
+        shrunk["jobs"].push_back(std::move(j));
       }
     } catch (const std::exception& e) {
       error = e.what();
@@ -672,7 +669,7 @@ RunRecord run_fuzz(Registry& registry, const FuzzOptions& o, const std::function
   }
   shrunk["error"] = error;
   std::vector<nlohmann::json> job_out(jobs.size());
-  take_exchange(sched.exchange(shrunk.dump()), "job", job_out);
+  take_exchange(sched.exchange(shrunk.dump()), "jobs", "job", job_out);
 
   // The record: the corpus, the planning's supports() failures, each target's cases (each
   // shrunk case after the case it came from) with the supports() failures met drawing them.

@@ -49,10 +49,15 @@ struct FuzzTarget {
 /// fifth, 20% of the budget), always (large).
 bool large_case(SizeSchedule s, std::int64_t index);
 
+/// A shared campaign's unit of generated cases: this many consecutive cases of one target.
+inline constexpr std::int64_t kSharedUnitCases = 16;
+/// How many exchanges run_fuzz makes in a shared campaign (after each phase).
+inline constexpr int kSharedFuzzExchanges = 2;
+
 /// Processes sharing one campaign (the ranks of `mpirun ulpgate fuzz`) claim its work as
 /// they become free: dynamic load balancing that keeps the single-process record. run_fuzz
 /// cuts the campaign into units every process lists alike: each corpus file, then each
-/// target's cases in runs of 16 (phase 0); once every process has exchanged what it found,
+/// target's cases in runs of kSharedUnitCases (phase 0); once every process has exchanged what it found,
 /// one unit per failure to shrink (phase 1: the first failure of each signature in each
 /// target, in case order, as a single process shrinks them). Every process returns the
 /// whole record.
@@ -66,12 +71,16 @@ class FuzzScheduler {
   /// processes; `count` (the same on every process) or more when none is left.
   virtual std::int64_t claim(int phase, std::int64_t count) = 0;
   /// Collective: every process's text, in rank order, on every process. run_fuzz makes
-  /// exactly two (after each phase).
+  /// exactly kSharedFuzzExchanges.
   virtual std::vector<std::string> exchange(const std::string& text) = 0;
   /// Filled by run_fuzz: the processes whose part of the campaign threw (rank, error);
   /// the units they had not finished are in the record's not-run list.
   std::vector<std::pair<int, std::string>> failures;
 };
+
+/// What a process whose campaign threw before run_fuzz's exchanges sends in each one it
+/// has not made: no work done, and its error (the others then record it as failed).
+std::string failed_exchange(const std::string& error);
 
 struct FuzzOptions {
   std::vector<FuzzTarget> targets;  ///< empty: every kernel here x every dtype it supports

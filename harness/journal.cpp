@@ -187,10 +187,7 @@ Journal::Journal(std::string path, const json& campaign, bool resume, bool sync)
       // Resumed, the campaign is unfinished again until it marks the journal once more.
       if (parsed.finished && ::ftruncate(fd_, static_cast<off_t>(parsed.finished_at)) != 0)
         throw InputError(fmt::format("{}: cannot reopen the finished journal ({})", path_, errno_text()));
-      entries_ = std::move(parsed.entries);
-      loaded_ = entries_.size();
-      for (std::size_t i = 0; i < entries_.size(); ++i)
-        by_key_[key(entries_[i].kernel, entries_[i].requested)].push_back(i);
+      add_loaded(std::move(parsed.entries));
     } else {
       if (::ftruncate(fd_, 0) != 0) throw InputError(fmt::format("{}: cannot truncate ({})", path_, errno_text()));
       write_line(dump(header_json(campaign)) + "\n");
@@ -238,7 +235,11 @@ void Journal::absorb(const std::string& other, const json& campaign) {
     throw InputError(fmt::format("{}: journal of another campaign ({}); resume needs the same campaign "
                                  "(remove the file to start over)",
                                  other, dump(c.campaign)));
-  for (JournalEntry& e : c.entries) {
+  add_loaded(std::move(c.entries));
+}
+
+void Journal::add_loaded(std::vector<JournalEntry> entries) {
+  for (JournalEntry& e : entries) {
     by_key_[key(e.kernel, e.requested)].push_back(entries_.size());
     entries_.push_back(std::move(e));
     ++loaded_;

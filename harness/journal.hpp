@@ -105,6 +105,8 @@ class Journal {
 
  private:
   static std::string key(const std::string& kernel, const Case& requested);
+  /// Earlier results (this file's or another's), found by find() and take().
+  void add_loaded(std::vector<JournalEntry> entries);
   void write_line(const std::string& line);
   void sync_now();
 

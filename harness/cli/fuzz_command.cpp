@@ -352,8 +352,8 @@ RunRecord run_campaign(Campaign& c, const FuzzArgs& a, const mpi::World& world) 
   double last_progress = 0;
   std::string split;
   if (world.size > 1)
-    split = fmt::format("; MPI rank {} of {}: runs of 16 cases claimed as it goes{}", world.rank, world.size,
-                        world.gpu.empty() ? "" : ", CUDA_VISIBLE_DEVICES=" + world.gpu);
+    split = fmt::format("; MPI rank {} of {}: runs of {} cases claimed as it goes{}", world.rank, world.size,
+                        kSharedUnitCases, world.gpu.empty() ? "" : ", CUDA_VISIBLE_DEVICES=" + world.gpu);
   else if (o.shard_count > 1)
     split = fmt::format("; shard {} of {} (every {}th target from target {})", o.shard_index, o.shard_count, o.shard_count,
                         o.shard_index);

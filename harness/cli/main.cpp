@@ -521,29 +521,22 @@ int main(int argc, char** argv) {
       }
       // mpirun: the ranks (each with its own GPU where there are several) claim the units
       // as they become free; rank 0 prints them in the order given and writes the JSON.
-      std::vector<nlohmann::json> done(units.size());
-      {
-        ulpgate::mpi::Scheduler sched(world);
-        nlohmann::json mine = nlohmann::json::array();
-        const auto n = static_cast<std::int64_t>(units.size());
-        for (std::int64_t u; (u = sched.claim(0, n)) < n;) {
-          nlohmann::json j{{"unit", u}};
-          try {
-            const Probed r = units[static_cast<std::size_t>(u)]();
-            j["text"] = r.text, j["model"] = r.model, j["rc"] = r.rc;
-          } catch (const ulpgate::InputError& e) {
-            j["error"] = e.what(), j["rc"] = kExitUsage;
-          } catch (const std::exception& e) {
-            j["error"] = std::string("internal error: ") + e.what(), j["rc"] = kExitInternal;
-          }
-          mine.push_back(std::move(j));
-        }
-        for (const std::string& text : sched.exchange(mine.dump()))
-          for (auto& j : nlohmann::json::parse(text)) {
-            const auto u = j.at("unit").get<std::size_t>();
-            done[u] = std::move(j);
-          }
-      }
+      std::vector<std::string> failures;  // (a unit's errors are in its result)
+      const std::vector<nlohmann::json> done = ulpgate::mpi::share_units(
+          world, static_cast<std::int64_t>(units.size()),
+          [&](std::int64_t u) {
+            nlohmann::json j;
+            try {
+              const Probed r = units[static_cast<std::size_t>(u)]();
+              j["text"] = r.text, j["model"] = r.model, j["rc"] = r.rc;
+            } catch (const ulpgate::InputError& e) {
+              j["error"] = e.what(), j["rc"] = kExitUsage;
+            } catch (const std::exception& e) {
+              j["error"] = std::string("internal error: ") + e.what(), j["rc"] = kExitInternal;
+            }
+            return j;
+          },
+          failures);
       if (world.rank == 0) {
         std::string errors;
         for (const auto& j : done) {

@@ -11,7 +11,6 @@
 #include <vector>
 
 #include <fmt/format.h>
-#include <nlohmann/json.hpp>
 
 #include "core/error.hpp"
 
@@ -179,7 +178,7 @@ int agree_on_setup(const World& w, int status, const std::string& error) {
 
 #if ULPGATE_MPI
 namespace {
-constexpr int kPhases = 2;  // run_fuzz's: cases, shrinks
+constexpr int kPhases = 2;  // run_fuzz's: cases, shrinks (sweep and probe use the first)
 MPI_Win& window(void*& w) { return *static_cast<MPI_Win*>(w); }
 }  // namespace
 #endif
@@ -250,8 +249,27 @@ std::vector<std::string> Scheduler::exchange(const std::string& text) {
 }
 
 void Scheduler::complete_with_error(const std::string& error) {
-  const std::string nothing = nlohmann::json{{"units", nlohmann::json::array()}, {"job", nlohmann::json::array()}, {"error", error}}.dump();
-  while (exchanges_ < 2) exchange(nothing);
+  while (exchanges_ < kSharedFuzzExchanges) exchange(failed_exchange(error));
+}
+
+std::vector<nlohmann::json> share_units(const World& w, std::int64_t n, const std::function<nlohmann::json(std::int64_t)>& run,
+                                        std::vector<std::string>& failures) {
+  Scheduler sched(w);
+  nlohmann::json mine{{"units", nlohmann::json::array()}, {"error", ""}};
+  try {
+    for (std::int64_t u; (u = sched.claim(0, n)) < n;) mine["units"].push_back({{"unit", u}, {"result", run(u)}});
+  } catch (const std::exception& e) {
+    mine["error"] = e.what();
+    std::fprintf(stderr, "ulpgate: MPI rank %d: %s\n", w.rank, e.what());
+  }
+  std::vector<nlohmann::json> out(static_cast<std::size_t>(n));
+  const std::vector<std::string> all = sched.exchange(mine.dump());
+  for (std::size_t r = 0; r < all.size(); ++r) {
+    const nlohmann::json j = nlohmann::json::parse(all[r]);
+    for (const auto& x : j.at("units")) out.at(x.at("unit").get<std::size_t>()) = x.at("result");
+    if (const std::string e = j.at("error").get<std::string>(); !e.empty()) failures.push_back(fmt::format("MPI rank {} failed: {}", r, e));
+  }
+  return out;
 }
 
 void finish(const World& w) {

@@ -5,8 +5,11 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "harness/fuzz.hpp"
 
@@ -70,6 +73,13 @@ class Scheduler final : public FuzzScheduler {
   int exchanges_ = 0;
   void* win_ = nullptr;  // MPI_Win, kept opaque here
 };
+
+/// Collective: units 0 .. n-1 run over the ranks, each by the next free rank (a Scheduler's
+/// first phase); every rank gets each unit's result, in unit order (null for a unit a
+/// failing rank left undone). A `run` that throws stops this rank's claims: its error is
+/// printed here and every rank finds "MPI rank r failed: ..." in `failures`.
+std::vector<nlohmann::json> share_units(const World& w, std::int64_t n, const std::function<nlohmann::json(std::int64_t)>& run,
+                                        std::vector<std::string>& failures);
 
 /// MPI_Finalize (once; nothing outside a job).
 void finish(const World& w);

@@ -207,39 +207,27 @@ int sweep_command(const SweepArgs& a, const LocalRegistry& local, const std::str
     for (std::size_t si = 0; si < plan.size(); ++si)
       if (!plan[si].kernel->unsupported(plan[si].options.base))
         for (std::size_t p = 0; p < plan[si].options.values.size(); ++p) units.emplace_back(si, p);
-    int failed_ranks = 0;
-    {
-      mpi::Scheduler sched(world);
-      nlohmann::json mine{{"points", nlohmann::json::array()}};
-      const auto n = static_cast<std::int64_t>(units.size());
-      const auto start = std::chrono::steady_clock::now();
-      try {
-        for (std::int64_t u; (u = sched.claim(0, n)) < n;) {
+    const auto start = std::chrono::steady_clock::now();
+    std::vector<std::string> failures;
+    const std::vector<nlohmann::json> results = mpi::share_units(
+        world, static_cast<std::int64_t>(units.size()),
+        [&](std::int64_t u) {
           const auto [si, p] = units[static_cast<std::size_t>(u)];
           const Series& series = plan[si];
           const Case c = sweep_point(series.options, p);
           const EvaluationOptions eo = sweep_evaluation(series.options);
           const CaseResult r = isolated ? isolated->evaluate(c.kernel, c, eo) : check_case(*series.kernel, c, eo, &registry);
-          mine["points"].push_back({{"unit", u}, {"result", case_result_to_json(r)}});
           std::fprintf(stderr, "  rank %d: %s %s %s: %s = %lld (%.1f s)\n", world.rank, series.kernel->name().c_str(),
                        series.dtype.c_str(), series.dist.c_str(), vary.parameter.c_str(),
                        static_cast<long long>(series.options.values[p]),
                        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
-        }
-      } catch (const std::exception& e) {
-        error = e.what();
-        std::fprintf(stderr, "ulpgate: MPI rank %d: %s\n", world.rank, error.c_str());
-      }
-      mine["error"] = error;
-      const std::vector<std::string> all = sched.exchange(mine.dump());
-      for (std::size_t r = 0; r < all.size(); ++r) {
-        const nlohmann::json j = nlohmann::json::parse(all[r]);
-        for (const auto& x : j.at("points"))
-          shared_points.emplace(units[x.at("unit").get<std::size_t>()], case_result_from_json(x.at("result"), "result"));
-        if (const std::string e = j.value("error", ""); !e.empty())
-          ++failed_ranks, lost += fmt::format("{}MPI rank {} failed: {}", lost.empty() ? "" : "; ", r, e);
-      }
-    }
+          return case_result_to_json(r);
+        },
+        failures);
+    for (std::size_t u = 0; u < units.size(); ++u)
+      if (!results[u].is_null()) shared_points.emplace(units[u], case_result_from_json(results[u], "result"));
+    for (const std::string& f : failures) lost += (lost.empty() ? "" : "; ") + f;
+    const int failed_ranks = static_cast<int>(failures.size());
     int code = 0;
     if (world.rank == 0) {
       std::printf("ulpgate sweep: %d MPI ranks, %zu points shared as they went\n", world.size, units.size());
