@@ -79,13 +79,7 @@ struct ReportArgs {
 };
 
 // A bench report (`ulpgate bench --json`): its Markdown table and HTML with the plots.
-int bench_report_command(const ReportArgs& a, const nlohmann::json& j) {
-  ulpgate::BenchReport r;
-  try {
-    r = ulpgate::bench_from_json(j);
-  } catch (const ulpgate::InputError& e) {
-    throw ulpgate::InputError(a.run + ": " + e.what());
-  }
+int bench_report_command(const ReportArgs& a, const ulpgate::BenchReport& r) {
   if (!a.junit.empty()) throw ulpgate::InputError(fmt::format("--junit: {} is a bench report, which has no test cases", a.run));
   if (a.html.empty() && a.md.empty()) {
     std::fputs(ulpgate::bench_markdown(r).c_str(), stdout);
@@ -99,9 +93,18 @@ int bench_report_command(const ReportArgs& a, const nlohmann::json& j) {
 }
 
 int report_command(const ReportArgs& a) {
-  if (const nlohmann::json j = ulpgate::read_json_file(a.run, "run record"); j.is_object() && j.contains("ulpgate_bench"))
-    return bench_report_command(a, j);
-  const ulpgate::RunRecord r = ulpgate::read_record_file(a.run);
+  // Read and parsed once: a run record, or a bench report.
+  const nlohmann::json j = ulpgate::read_json_file(a.run, "run record");
+  const auto convert = [&](const auto& from_json) {
+    try {
+      return from_json(j);
+    } catch (const ulpgate::InputError& e) {
+      throw ulpgate::InputError(a.run + ": " + e.what());
+    }
+  };
+  if (j.is_object() && j.contains("ulpgate_bench"))
+    return bench_report_command(a, convert([](const nlohmann::json& x) { return ulpgate::bench_from_json(x); }));
+  const ulpgate::RunRecord r = convert([](const nlohmann::json& x) { return ulpgate::record_from_json(x); });
   if (a.html.empty() && a.md.empty() && a.junit.empty()) {
     std::fputs(ulpgate::render_markdown(r).c_str(), stdout);
     return kExitOk;
