@@ -162,7 +162,17 @@ GateResult gate(const Baseline& baseline, const RunRecord& run, const GateOption
     throw InputError(fmt::format("gate: the run record is not a fuzz campaign (kind '{}'); gate a record written by "
                                  "'ulpgate fuzz'", run.kind));
   GateResult g;
-  g.campaign_differences = campaign_differences(baseline.campaign, run.campaign);
+  // A rebuilt plugin is what the gate judges: its bytes (hash) may differ, not its file
+  // name, nor its kernels (the targets name them), nor anything else of the campaign.
+  CampaignDefinition same_build = run.campaign;
+  for (std::size_t i = 0; i < same_build.plugins.size(); ++i) {
+    if (i >= baseline.campaign.plugins.size()) break;
+    const PluginIdentity &was = baseline.campaign.plugins[i], &now = run.campaign.plugins[i];
+    if (was.name != now.name || was.hash == now.hash) continue;
+    g.rebuilt_plugins.push_back(fmt::format("{} ({} in the baseline, {} in the run)", now.name, was.hash, now.hash));
+    same_build.plugins[i].hash = was.hash;
+  }
+  g.campaign_differences = campaign_differences(baseline.campaign, same_build);
   if (!g.campaign_differences.empty() && !options.allow_different_campaign)
     throw InputError(fmt::format("gate: the run is of another campaign than the baseline ({}); rerun the baseline's "
                                  "campaign, or pass --allow-different-campaign",
@@ -242,6 +252,7 @@ GateResult gate(const Baseline& baseline, const RunRecord& run, const GateOption
 
 std::string render_gate_table(const GateResult& g) {
   std::string out;
+  for (const auto& p : g.rebuilt_plugins) out += "  plugin rebuilt: " + p + "\n";
   for (const auto& d : g.campaign_differences) out += "  campaign differs: " + d + "\n";
   std::map<std::string, int> shown;
   std::map<std::string, int> hidden;

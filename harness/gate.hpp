@@ -5,7 +5,8 @@
 // (record.hpp case_id: kernel + complete case JSON), the max normalised and max ULP error
 // of each output. The gate
 //   - refuses (InputError, exit 2) a run of another campaign definition, naming the
-//     difference, unless allow_different_campaign;
+//     difference, unless allow_different_campaign; a plugin rebuilt under the same file
+//     name (another hash, the same kernels) is the same campaign, and is named;
 //   - matches cases by id and classifies every one: matched (compared with its baseline
 //     numbers: ok, regressed or improved), new (not in the baseline), missing (in the
 //     baseline, not in the run) or not run (in the baseline, in a target the run lists as
@@ -81,6 +82,9 @@ struct GateResult {
   bool failed = false;
   std::int64_t matched = 0, regressed = 0, improved = 0, new_cases = 0, missing = 0, not_run = 0, failing = 0;
   std::vector<std::string> campaign_differences;  ///< when allowed to differ
+  /// Plugins whose file has other bytes than the baseline's (a rebuilt kernel), each as
+  /// "NAME (HASH in the baseline, HASH in the run)": judged, not another campaign.
+  std::vector<std::string> rebuilt_plugins;
   std::vector<GateRow> rows;                      ///< every case that is not plainly ok
 };
 

@@ -3,6 +3,7 @@
 # (planted.release from the planted test plugin: pairwise summation, or sequential with
 # PLANTED_REGRESSION=1, both within tolerance):
 #   campaign -> baseline -> gate passes; the regressed kernel -> gate exit 1 ("regressed");
+#   a rebuilt plugin (other bytes, the same kernels) -> judged: gate exit 0 unchanged, 1 regressed;
 #   a run cut short by its time budget -> fuzz exit 1 and gate exit 1 ("not run");
 #   another campaign (seed) -> gate exit 2.
 #
@@ -39,6 +40,21 @@ expect 1 "gate on the regressed kernel" "$bin" gate --baseline "$out/baseline.js
   "$out/regressed/fuzz.json"
 grep -q "regressed" "$out/last.log" || fail "regression not named"
 grep -q '<failure message="regressed"' "$out/gate-regressed.xml" || fail "regression not in the JUnit XML"
+
+# 3b. The kernel rebuilt (the plugin's bytes differ, its kernels' names do not): the gate
+# judges it against the previous build's baseline.
+mkdir -p "$out/rebuilt"
+cp "$plugin" "$out/rebuilt/$(basename "$plugin")"
+printf 'rebuilt' >> "$out/rebuilt/$(basename "$plugin")"
+rebuilt=$(echo "$campaign" | sed "s|--plugin $plugin|--plugin $out/rebuilt/$(basename "$plugin")|")
+expect 0 "rebuilt campaign" "$bin" $rebuilt --time 0 --out "$out/ci-rebuilt"
+expect 0 "gate on the rebuilt, unchanged kernel" "$bin" gate --baseline "$out/baseline.json" "$out/ci-rebuilt/fuzz.json"
+grep -q "20 matched, 0 regressed" "$out/last.log" || fail "rebuilt: not 20 cases matched: $(tail -1 "$out/last.log")"
+grep -q "plugin rebuilt: $(basename "$plugin")" "$out/last.log" || fail "rebuilt plugin not named"
+PLANTED_REGRESSION=1 expect 0 "rebuilt, regressed campaign" "$bin" $rebuilt --time 0 --out "$out/ci-rebuilt-regressed"
+expect 1 "gate on the rebuilt, regressed kernel" "$bin" gate --baseline "$out/baseline.json" \
+  "$out/ci-rebuilt-regressed/fuzz.json"
+grep -q "regressed" "$out/last.log" || fail "rebuilt: regression not named"
 
 # 4. A run cut short by its budget is refused: by fuzz (exit 1) and by the gate.
 expect 1 "partial campaign" "$bin" $campaign --time 0.000001 --out "$out/partial"

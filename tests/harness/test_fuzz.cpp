@@ -359,6 +359,38 @@ TEST(Gate, RefusesAnotherCampaignNamingTheDifference) {
   EXPECT_THROW(gate(b, replay), InputError);
 }
 
+// A rebuilt plugin (another hash under the same file name) is what the gate exists for: its
+// run is judged against the baseline of the previous build, case by case. Other kernel
+// names or another plugin file are still another campaign.
+TEST(Gate, JudgesARebuiltPluginOfTheSameKernels) {
+  RunRecord base = gate_run();
+  base.campaign.plugins = {{"libk.so", "fnv1a64:0000000000000001"}};
+  const Baseline b = baseline_from_record(base);
+  RunRecord rebuilt = base;
+  rebuilt.campaign.plugins[0].hash = "fnv1a64:0000000000000002";
+  const GateResult same = gate(b, rebuilt);
+  EXPECT_FALSE(same.failed) << render_gate_table(same);
+  EXPECT_EQ(same.matched, 4);
+  EXPECT_TRUE(same.campaign_differences.empty());
+  EXPECT_NE(render_gate_table(same).find("plugin rebuilt: libk.so (fnv1a64:0000000000000001 in the baseline, "
+                                         "fnv1a64:0000000000000002 in the run)"),
+            std::string::npos)
+      << render_gate_table(same);
+  rebuilt.cases[0].metrics[0].max_ulp = 1.5;  // beyond the 1-ULP floor
+  const GateResult worse = gate(b, rebuilt);
+  EXPECT_TRUE(worse.failed);
+  EXPECT_EQ(worse.regressed, 1);
+  RunRecord renamed = rebuilt;
+  renamed.campaign.targets[1] = "k2 fp16 gemm";
+  EXPECT_THROW(gate(b, renamed), InputError);
+  RunRecord other_file = base;
+  other_file.campaign.plugins[0].name = "libother.so";
+  EXPECT_THROW(gate(b, other_file), InputError);
+  RunRecord other_seed = rebuilt;
+  other_seed.campaign.seed = 2;
+  EXPECT_THROW(gate(b, other_seed), InputError);
+}
+
 TEST(Gate, BadBaselineFilesAreInputErrors) {
   auto msg = [](const nlohmann::json& j) {
     try {
