@@ -243,7 +243,7 @@ json describe_kernels(Registry& registry, const json& names) {
                    {"accumulator_bits", t.accumulator_bits}, {"p_bits", t.p_bits}, {"promote", t.promote},
                    {"arithmetic_source", t.arithmetic_source}, {"accumulation_model", t.accumulation_model},
                    {"rounds_to_nearest", t.rounds_to_nearest}, {"flushes_subnormals", t.flushes_subnormals},
-                   {"activation_error", t.activation_error}});
+                   {"activation_error", t.activation_error}, {"writes_lse", t.writes_lse}});
   }
   return {{"kernels", out}};
 }
@@ -1037,6 +1037,7 @@ std::vector<std::unique_ptr<Kernel>> IsolatedEvaluator::describe(const std::vect
     t.rounds_to_nearest = k.value("rounds_to_nearest", false);
     t.flushes_subnormals = k.value("flushes_subnormals", false);
     t.activation_error = k.value("activation_error", 0.0);
+    t.writes_lse = k.value("writes_lse", false);  // the generator draws LSE cases only for such kernels
     out.push_back(std::make_unique<WorkerKernel>(*this, k.value("name", ""), k.value("description", ""), t));
   }
   return out;

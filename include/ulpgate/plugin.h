@@ -1,4 +1,4 @@
-/* ulpgate plugin C ABI, version 2 (version 1 plugins still load: see "Versions" below).
+/* ulpgate plugin C ABI, version 4 (versions 1 to 3 still load: see "Versions" below).
  *
  * A plugin is a shared library that exports one function,
  *
@@ -42,8 +42,11 @@ extern "C" {
    heads, so ulpgate never hands it an attention problem with kv_heads != heads: such cases
    are "not supported" by it, with a reason that says why. 3 appended want_lse and lse (the
    attention log-sum-exp output); plugins of versions 1 and 2 are never handed a case that
-   asks for it. */
-#define ULPGATE_PLUGIN_ABI_VERSION 3u
+   asks for it, a version-3 kernel is asked whenever a case does (its supports() decides).
+   4 appended ulpgate_kernel.writes_lse: only a kernel that sets it is handed cases with the
+   log-sum-exp, and no such case is drawn for the others (ulpgate reads the kernel list of an
+   older plugin with the shorter descriptor it was built with). */
+#define ULPGATE_PLUGIN_ABI_VERSION 4u
 
 typedef enum {
   ULPGATE_FP64 = 0, ULPGATE_FP32 = 1, ULPGATE_TF32 = 2, ULPGATE_FP16 = 3,
@@ -103,8 +106,9 @@ typedef struct {
   /* Version 2. Attention: the heads of K and V (1 <= kv_heads <= heads, heads % kv_heads
      == 0; equal to heads for multi-head attention). GEMM: 0. */
   int64_t kv_heads;
-  /* Version 3. Attention: 1 when the case asks for the log-sum-exp output too (refuse it in
-     supports() if the kernel does not write it), else 0; GEMM: 0. lse: where to write it
+  /* Version 3. Attention: 1 when the case asks for the log-sum-exp output too (only kernels
+     that set ulpgate_kernel.writes_lse are asked; supports() may still refuse), else 0;
+     GEMM: 0. lse: where to write it
      (NULL in supports() and when not asked): FP32, batch x heads x seq_q elements laid out
      [b][h][i] whatever the layout, LSE = ln sum_j exp(softmax_scale q_i . k_j) over the
      visible keys, -inf (or +inf, FlashAttention's convention) for a row without one. In the
@@ -123,10 +127,14 @@ typedef struct {
   int (*supports)(const ulpgate_problem* p, char* why, size_t why_size);
   /* Runs the problem; returns 0 on success, else nonzero with a message in err. */
   int (*run)(const ulpgate_problem* p, char* err, size_t err_size);
+  /* Version 4. Attention: 1 if run() writes ulpgate_problem.lse when want_lse is 1. 0 (the
+     default of an initializer that leaves it out): the kernel writes O only, and ulpgate
+     never draws or hands it a case that asks for the log-sum-exp. */
+  int32_t writes_lse;
 } ulpgate_kernel;
 
 typedef struct {
-  uint32_t abi_version;       /* ULPGATE_PLUGIN_ABI_VERSION (1 is still accepted) */
+  uint32_t abi_version;       /* ULPGATE_PLUGIN_ABI_VERSION (1 to 3 are still accepted) */
   uint32_t kernel_count;
   const ulpgate_kernel* kernels;
 } ulpgate_plugin;

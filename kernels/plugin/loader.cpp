@@ -3,6 +3,7 @@
 #include <dlfcn.h>
 
 #include <cmath>
+#include <cstddef>
 #include <cstring>
 #include <filesystem>
 #include <stdexcept>
@@ -82,6 +83,27 @@ ulpgate_problem to_problem(const Case& c, const KernelIo* io) {
   return p;
 }
 
+// The kernel descriptor of ABI versions 1 to 3 (no writes_lse): such a plugin's kernel list
+// has this stride.
+struct KernelBeforeV4 {
+  const char* name;
+  const char* description;
+  int32_t memory;
+  int32_t deterministic;
+  int (*supports)(const ulpgate_problem*, char*, size_t);
+  int (*run)(const ulpgate_problem*, char*, size_t);
+};
+static_assert(offsetof(ulpgate_kernel, writes_lse) == sizeof(KernelBeforeV4));
+
+// Kernel i of a plugin, read with the descriptor its version has. A version-3 kernel is
+// asked about every case with the log-sum-exp (its supports() decides); versions 1 and 2
+// have no way to write it.
+ulpgate_kernel kernel_at(const ulpgate_plugin& p, uint32_t i) {
+  if (p.abi_version >= 4) return p.kernels[i];
+  const KernelBeforeV4& k = reinterpret_cast<const KernelBeforeV4*>(p.kernels)[i];
+  return {k.name, k.description, k.memory, k.deterministic, k.supports, k.run, p.abi_version >= 3 ? 1 : 0};
+}
+
 class PluginKernel final : public Kernel {
  public:
   PluginKernel(const ulpgate_kernel& k, std::string library, unsigned abi)
@@ -92,7 +114,7 @@ class PluginKernel final : public Kernel {
   }
   KernelTraits traits() const override {
     KernelTraits t{k_.memory == ULPGATE_DEVICE_MEMORY ? Memory::Device : Memory::Host, k_.deterministic != 0};
-    t.writes_lse = abi_ >= 3;  // its supports() sees want_lse and decides
+    t.writes_lse = k_.writes_lse != 0;
     return t;
   }
   std::optional<std::string> unsupported(const Case& c) const override {
@@ -129,8 +151,8 @@ class PluginKernel final : public Kernel {
     buf[size - 1] = '\0';
     return std::string(buf, ::strnlen(buf, size));
   }
-  // A case the plugin's ABI version cannot describe: version 1 has no kv_heads, and its
-  // kernels would read K and V as having `heads` heads.
+  // A case the plugin's ABI version cannot describe (version 1 has no kv_heads, and its
+  // kernels would read K and V as having `heads` heads), or an output the kernel does not write.
   std::optional<std::string> beyond_abi(const Case& c) const {
     if (abi_ < 2 && c.op == Op::Attention && c.attention.eff_kv_heads() != c.attention.heads)
       return fmt::format("built against plugin ABI version {}, which cannot describe grouped-query attention "
@@ -139,6 +161,8 @@ class PluginKernel final : public Kernel {
     if (abi_ < 3 && c.types.count("LSE"))
       return fmt::format("built against plugin ABI version {}, which has no log-sum-exp output; rebuild it against version {}",
                          abi_, ULPGATE_PLUGIN_ABI_VERSION);
+    if (!k_.writes_lse && c.types.count("LSE"))
+      return std::string("does not write the log-sum-exp output (its ulpgate_kernel.writes_lse is 0)");
     return std::nullopt;
   }
   static std::vector<std::int64_t> kv_lengths(const Case& c) {
@@ -176,7 +200,7 @@ void load_plugin(const std::string& path, Registry& registry) {
     throw InputError(fmt::format("--plugin {}: reports {} kernels (at most {}): a damaged descriptor?", path,
                                  p->kernel_count, kMaxPluginKernels));
   for (uint32_t i = 0; i < p->kernel_count; ++i) {
-    const ulpgate_kernel& k = p->kernels[i];
+    const ulpgate_kernel k = kernel_at(*p, i);
     if (!k.name || !k.supports || !k.run)
       throw InputError(fmt::format("--plugin {}: kernel #{} lacks a name, supports() or run()", path, i));
     if (registry.find(k.name))

@@ -7,9 +7,9 @@
 
 namespace ulpgate {
 
-/// dlopens path, checks the ABI version (ULPGATE_PLUGIN_ABI_VERSION, or 1: a version-1
-/// kernel is unsupported on attention cases with kv_heads != heads, which its ABI cannot
-/// describe) and the kernel list, and adds every kernel it lists to the registry. Throws InputError naming the plugin (bad path, missing entry
+/// dlopens path, checks the ABI version (kOldestPluginAbi to ULPGATE_PLUGIN_ABI_VERSION;
+/// a case an older version cannot describe is unsupported by its kernels, plugin.h
+/// "Versions") and the kernel list (read with the descriptor of the plugin's version), and adds every kernel it lists to the registry. Throws InputError naming the plugin (bad path, missing entry
 /// point, wrong ABI, a NULL or implausible kernel list, a kernel without name or
 /// functions, duplicate name). The library stays loaded for the life of the process.
 /// A device-memory kernel is unsupported on a machine without a CUDA device ("needs a

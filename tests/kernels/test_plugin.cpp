@@ -7,6 +7,7 @@
 #include "core/error.hpp"
 #include "distributions/fill.hpp"
 #include "harness/check.hpp"
+#include "harness/fuzz.hpp"
 #include "harness/ops/attention.hpp"
 #include "kernels/emulated/attention_models.hpp"
 #include "harness/runner.hpp"
@@ -125,7 +126,7 @@ TEST(Plugin, AbiVersion1IsNeverHandedGroupedQueryCases) {
     Case gqa = fp32_attention(kv_heads, k->name());
     EXPECT_EQ(k->unsupported(gqa),
               fmt::format("built against plugin ABI version 1, which cannot describe grouped-query attention "
-                          "(kv_heads {} of 4 heads); rebuild it against version 3",
+                          "(kv_heads {} of 4 heads); rebuild it against version 4",
                           kv_heads));
     const RunOutcome r = run_kernel(*k, gqa, fill_inputs(gqa));
     EXPECT_EQ(r.status, Disposition::NotSupported);
@@ -136,12 +137,12 @@ TEST(Plugin, AbiVersion1IsNeverHandedGroupedQueryCases) {
 TEST(Plugin, UnknownAbiVersionIsAnInputError) {
   Registry reg;
   try {
-    load_plugin(ATTENTION_PLUGIN_V4, reg);
-    FAIL() << "a version-4 plugin loaded";
+    load_plugin(ATTENTION_PLUGIN_V5, reg);
+    FAIL() << "a version-5 plugin loaded";
   } catch (const InputError& e) {
-    EXPECT_EQ(std::string(e.what()), fmt::format("--plugin {}: ABI version 4, this ulpgate speaks 1 to 3", ATTENTION_PLUGIN_V4));
+    EXPECT_EQ(std::string(e.what()), fmt::format("--plugin {}: ABI version 5, this ulpgate speaks 1 to 4", ATTENTION_PLUGIN_V5));
   }
-  EXPECT_EQ(reg.find("test.attention_v4"), nullptr);
+  EXPECT_EQ(reg.find("test.attention_v5"), nullptr);
 }
 
 // ABI version 3 hands over the log-sum-exp output: the plugin writes it where a case asks
@@ -158,10 +159,68 @@ TEST(Plugin, AbiVersion3WritesTheLogSumExp) {
   c.types["LSE"] = Format::FP32;
   EXPECT_EQ(v3->unsupported(c), std::nullopt);
   EXPECT_EQ(v2->unsupported(c),
-            "built against plugin ABI version 2, which has no log-sum-exp output; rebuild it against version 3");
+            "built against plugin ABI version 2, which has no log-sum-exp output; rebuild it against version 4");
   const CaseResult r = check_case(*v3, c, EvaluationOptions{});
   EXPECT_TRUE(r.verdict.passed) << fmt::format("{}", fmt::join(r.verdict.reasons, "; "));
   ASSERT_EQ(r.metrics.size(), 2u);
   EXPECT_EQ(r.metrics[1].output, "LSE");
   EXPECT_EQ(r.metrics[1].elements, c.attention.batch * c.attention.heads * c.attention.seq_q);
+}
+
+namespace {
+
+// A small FP32 attention campaign of one plugin kernel, in this process.
+RunRecord attention_campaign(Registry& reg, const std::string& kernel) {
+  FuzzOptions o;
+  o.targets = {{kernel, "fp32", Op::Attention}};
+  o.cases = 12;
+  o.seed = 11;
+  o.max_k = 64;
+  o.sizes = SizeSchedule::Small;
+  return run_fuzz(reg, o);
+}
+
+}  // namespace
+
+// ABI version 4: a kernel says whether it writes the log-sum-exp (ulpgate_kernel.writes_lse).
+// One that does not is never drawn or handed a case asking for it, and its campaign passes on
+// O alone; a wrong O is still caught there (not by a missing LSE). Version-3 plugins, whose
+// descriptor has no such field, still load and are asked about every case (supports() decides).
+TEST(Plugin, AbiVersion4KernelsSayWhetherTheyWriteTheLogSumExp) {
+  Registry reg;
+  load_plugin(ATTENTION_PLUGIN_V4, reg);
+  load_plugin(ATTENTION_PLUGIN_V3, reg);
+  Kernel* with = reg.find("test.attention_v4");
+  Kernel* without = reg.find("test.attention_v4_no_lse");
+  Kernel* wrong = reg.find("test.attention_v4_wrong_o");
+  Kernel* v3 = reg.find("test.attention_v3");
+  ASSERT_TRUE(with && without && wrong && v3);
+  EXPECT_TRUE(with->traits().writes_lse);
+  EXPECT_FALSE(without->traits().writes_lse);
+  EXPECT_TRUE(v3->traits().writes_lse);
+  Case c = fp32_attention(2, without->name());
+  c.types["LSE"] = Format::FP32;
+  EXPECT_EQ(without->unsupported(c), "does not write the log-sum-exp output (its ulpgate_kernel.writes_lse is 0)");
+  EXPECT_EQ(with->unsupported(c), std::nullopt);
+  EXPECT_TRUE(check_case(*with, c, EvaluationOptions{}).verdict.passed);
+
+  const RunRecord ok = attention_campaign(reg, without->name());
+  ASSERT_EQ(ok.cases.size(), 12u);
+  for (const auto& r : ok.cases) {
+    EXPECT_EQ(r.spec.types.count("LSE"), 0u) << r.family;
+    EXPECT_EQ(r.status, Disposition::Ok) << r.message;
+    EXPECT_TRUE(r.verdict.passed) << r.family << ": " << fmt::format("{}", fmt::join(r.verdict.reasons, "; "));
+  }
+  const RunRecord bad = attention_campaign(reg, wrong->name());
+  int failed = 0;
+  for (const auto& r : bad.cases) {
+    if (r.verdict.passed) continue;
+    ++failed;
+    EXPECT_EQ(r.signature.rfind("O:", 0), 0u) << r.signature;
+    EXPECT_EQ(r.signature.find("LSE"), std::string::npos) << r.signature;
+  }
+  EXPECT_GT(failed, 6) << "the off-by-one in O was not caught";
+  int drawn_with_lse = 0;
+  for (const auto& r : attention_campaign(reg, with->name()).cases) drawn_with_lse += r.spec.types.count("LSE") > 0;
+  EXPECT_GT(drawn_with_lse, 0) << "a kernel that writes the LSE is never asked for it";
 }

@@ -1,12 +1,17 @@
 // Test equipment for the plugin ABI's versions (tests/kernels/test_plugin.cpp): one host
 // FP32 attention kernel, the arithmetic of cpu.attn_naive (FMA dot products, max, exp,
-// row sum, FMA of P V, one division), built three times:
+// row sum, FMA of P V, one division), built once per ABI version:
+//   ATTENTION_PLUGIN_ABI=4  "test.attention_v4": declares writes_lse and writes m + ln l when
+//                           asked; "test.attention_v4_no_lse": the same O, no LSE (declares
+//                           nothing); "test.attention_v4_wrong_o": no LSE, and O without the
+//                           last visible key of each row (an off-by-one)
 //   ATTENTION_PLUGIN_ABI=3  "test.attention_v3": writes the log-sum-exp m + ln l when asked
 //   ATTENTION_PLUGIN_ABI=2  "test.attention_v2": reads K/V head h / (heads / kv_heads)
 //   ATTENTION_PLUGIN_ABI=1  "test.attention_v1": declares ABI 1 and, as a plugin written
 //                           before kv_heads existed, reads K/V head h
-//   ATTENTION_PLUGIN_ABI=4  "test.attention_v4": a version this ulpgate does not know
-// Written against include/ulpgate/plugin.h only.
+//   ATTENTION_PLUGIN_ABI=5  "test.attention_v5": a version this ulpgate does not know
+// Versions 1 to 3 lay their kernel list out as plugin.h did then (no writes_lse). Written
+// against include/ulpgate/plugin.h only.
 #include <cmath>
 #include <cstdio>
 #include <vector>
@@ -40,7 +45,7 @@ int64_t at(const ulpgate_attention_problem& a, int64_t heads, int64_t seq, int64
   return a.layout == ULPGATE_BHSD ? ((b * heads + h) * seq + s) * dim + d : ((b * seq + s) * heads + h) * dim + d;
 }
 
-int run(const ulpgate_problem* p, char*, size_t) {
+int run_attention(const ulpgate_problem* p, bool write_lse, bool drop_last_key) {
   const ulpgate_attention_problem& a = p->attention;
 #if ATTENTION_PLUGIN_ABI >= 2
   const int64_t kv_heads = p->kv_heads;
@@ -58,8 +63,10 @@ int run(const ulpgate_problem* p, char*, size_t) {
         const int64_t hk = h / (a.heads / kv_heads);
         std::vector<int64_t> keys;
         std::vector<float> s;
-        for (int64_t j = 0; j < a.kv_lengths[b]; ++j) {
-          if (a.causal && j > i + a.seq_kv - a.seq_q) continue;
+        int64_t visible = a.kv_lengths[b];
+        if (a.causal) visible = visible < i + a.seq_kv - a.seq_q + 1 ? visible : i + a.seq_kv - a.seq_q + 1;
+        if (drop_last_key) --visible;
+        for (int64_t j = 0; j < visible; ++j) {
           float dot = 0.0f;
           for (int64_t d = 0; d < a.head_dim; ++d)
             dot = std::fma(Q[at(a, a.heads, a.seq_q, a.head_dim, b, h, i, d)],
@@ -76,16 +83,45 @@ int run(const ulpgate_problem* p, char*, size_t) {
           O[at(a, a.heads, a.seq_q, a.head_dim_v, b, h, i, d)] = l > 0.0f ? acc / l : 0.0f;
         }
 #if ATTENTION_PLUGIN_ABI >= 3
-        if (p->lse) static_cast<float*>(p->lse)[(b * a.heads + h) * a.seq_q + i] = l > 0.0f ? m + std::log(l) : -INFINITY;
+        if (write_lse && p->lse)
+          static_cast<float*>(p->lse)[(b * a.heads + h) * a.seq_q + i] = l > 0.0f ? m + std::log(l) : -INFINITY;
+#else
+        (void)write_lse;
 #endif
       }
   return 0;
 }
 
-const ulpgate_kernel kKernels[] = {{"test.attention_v" STRINGIFY(ATTENTION_PLUGIN_ABI),
+int run(const ulpgate_problem* p, char*, size_t) { return run_attention(p, true, false); }
+
+#if ATTENTION_PLUGIN_ABI >= 4
+int run_no_lse(const ulpgate_problem* p, char*, size_t) { return run_attention(p, false, false); }
+int run_wrong_o(const ulpgate_problem* p, char*, size_t) { return run_attention(p, false, true); }
+
+const ulpgate_kernel kKernels[] = {
+    {"test.attention_v" STRINGIFY(ATTENTION_PLUGIN_ABI), "FP32 attention, three passes (as cpu.attn_naive)",
+     ULPGATE_HOST_MEMORY, 1, supports, run, 1},
+#if ATTENTION_PLUGIN_ABI == 4
+    {"test.attention_v4_no_lse", "the same, O only", ULPGATE_HOST_MEMORY, 1, supports, run_no_lse, 0},
+    {"test.attention_v4_wrong_o", "O only, without the last visible key", ULPGATE_HOST_MEMORY, 1, supports, run_wrong_o, 0},
+#endif
+};
+const ulpgate_plugin kPlugin = {ATTENTION_PLUGIN_ABI, sizeof kKernels / sizeof kKernels[0], kKernels};
+#else
+// The kernel descriptor of plugin.h versions 1 to 3.
+struct KernelBeforeV4 {
+  const char* name;
+  const char* description;
+  int32_t memory;
+  int32_t deterministic;
+  int (*supports)(const ulpgate_problem*, char*, size_t);
+  int (*run)(const ulpgate_problem*, char*, size_t);
+};
+const KernelBeforeV4 kKernels[] = {{"test.attention_v" STRINGIFY(ATTENTION_PLUGIN_ABI),
                                     "FP32 attention, three passes (as cpu.attn_naive)", ULPGATE_HOST_MEMORY, 1, supports,
                                     run}};
-const ulpgate_plugin kPlugin = {ATTENTION_PLUGIN_ABI, 1, kKernels};
+const ulpgate_plugin kPlugin = {ATTENTION_PLUGIN_ABI, 1, reinterpret_cast<const ulpgate_kernel*>(kKernels)};
+#endif
 
 }  // namespace
 
