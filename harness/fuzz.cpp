@@ -105,7 +105,7 @@ std::vector<FuzzTarget> all_targets(Registry& registry, const std::vector<std::s
   for (Kernel* k : chosen)
     for (const OpModule* op : all_op_modules())
       for (const std::string& dt : op->dtypes())
-        if (k->supports(op->basic_case(dt))) out.push_back({k->name(), dt, op->op()});
+        if (op->supported_output(*k, dt)) out.push_back({k->name(), dt, op->op()});
   return out;
 }
 

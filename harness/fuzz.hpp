@@ -130,8 +130,8 @@ struct FuzzOptions {
   std::vector<std::string> journals_read;
 };
 
-/// Every (kernel, dtype, op) of the registry whose kernel supports the op's basic case of
-/// the dtype; with `kernels`, of those kernels only, in the order named (resolved through
+/// Every (kernel, dtype, op) of the registry whose kernel supports one of the op's basic
+/// cases of the dtype (OpModule::basic_cases); with `kernels`, of those kernels only, in the order named (resolved through
 /// the registry, so parameterised models count).
 std::vector<FuzzTarget> all_targets(Registry& registry, const std::vector<std::string>& kernels = {});
 

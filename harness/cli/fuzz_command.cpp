@@ -177,26 +177,28 @@ void check_corpus(const std::string& dir, std::uint64_t max_memory) {
   }
 }
 
-// Why the requested kernels give no target: each one's answer for the first op and dtype
-// asked ("planted_edge.device: needs a CUDA device; none here").
-std::string why_no_targets(Registry& registry, const FuzzArgs& a) {
-  std::string why;
-  for (const auto& name : a.kernels) {
-    Kernel* k = registry.resolve(name);
-    if (!k) continue;
-    for (const OpModule* op : all_op_modules()) {
-      const auto dtypes = op->dtypes();
-      const auto dt = std::find_if(dtypes.begin(), dtypes.end(), [&](const std::string& d) {
-        return a.dtypes.empty() || std::count(a.dtypes.begin(), a.dtypes.end(), d);
-      });
-      if (dt == dtypes.end()) continue;
-      if (auto reason = k->unsupported(op->basic_case(*dt))) {
-        why += fmt::format("{}{}: {}", why.empty() ? "" : "; ", name, *reason);
-        break;
+// Why a kernel has no target among the dtypes asked (all when none): each distinct reason
+// it gave, with the basic cases it gave it for, e.g. "FP16 A, B, C and D (fp32 gemm to fp32,
+// bf16, fp16); GEMM only (fp32 attention to fp32, bf16, fp16)".
+std::string refused_basic_cases(Kernel& k, const std::vector<std::string>& dtypes) {
+  std::vector<std::pair<std::string, std::vector<std::string>>> by_reason;
+  for (const OpModule* op : all_op_modules())
+    for (const std::string& dt : op->dtypes()) {
+      if (!dtypes.empty() && !std::count(dtypes.begin(), dtypes.end(), dt)) continue;
+      const std::string what = fmt::format("{} {} to ", dt, name(op->op()));
+      for (const Case& c : op->basic_cases(dt)) {
+        const auto why = k.unsupported(c);
+        if (!why) continue;
+        auto it = std::find_if(by_reason.begin(), by_reason.end(), [&](const auto& r) { return r.first == *why; });
+        if (it == by_reason.end()) it = by_reason.insert(by_reason.end(), {*why, {}});
+        const std::string out(name(c.types.at(outputs_of(c).front())));
+        if (!it->second.empty() && it->second.back().rfind(what, 0) == 0) it->second.back() += ", " + out;
+        else it->second.push_back(what + out);
       }
     }
-  }
-  return why.empty() ? "" : " (" + why + ")";
+  std::vector<std::string> parts;
+  for (const auto& [why, cases] : by_reason) parts.push_back(fmt::format("{} ({})", why, fmt::join(cases, "; ")));
+  return fmt::format("{}", fmt::join(parts, "; "));
 }
 
 // "INDEX/COUNT", 0 <= INDEX < COUNT <= 2^20.
@@ -335,8 +337,21 @@ void prepare(Campaign& c, const FuzzArgs& a, const LocalRegistry& local, const m
     if (!c.registry.resolve(k)) throw InputError(fmt::format("--kernel '{}': no such kernel here (see ulpgate list)", k));
   for (const auto& t : all_targets(c.registry, a.kernels))
     if (a.dtypes.empty() || std::count(a.dtypes.begin(), a.dtypes.end(), t.dtype)) o.targets.push_back(t);
-  if (o.targets.empty())
-    throw InputError("fuzz: no kernel here supports the requested --kernel/--dtype combination" + why_no_targets(c.registry, a));
+  // A kernel named that runs nothing is a mistake to report, not a campaign of the others;
+  // one whose supports() crashed or hung is a kernel failure, recorded by the campaign.
+  const auto supports_failed = [&](const std::string& kernel) {
+    if (!c.evaluator) return false;
+    const auto& failed = c.evaluator->support_failures();
+    return std::any_of(failed.begin(), failed.end(), [&](const CaseResult& r) { return r.kernel == kernel; });
+  };
+  for (const auto& name : a.kernels) {
+    Kernel* k = c.registry.resolve(name);
+    if (std::none_of(o.targets.begin(), o.targets.end(), [&](const FuzzTarget& t) { return t.kernel == k->name(); }) &&
+        !supports_failed(k->name()))
+      throw InputError(fmt::format("--kernel '{}': no target here: it refused the basic case of every dtype asked: {}", name,
+                                   refused_basic_cases(*k, a.dtypes)));
+  }
+  if (o.targets.empty()) throw InputError("fuzz: no kernel here supports the requested --dtype");
   if (!a.no_html) report::check_gnuplot();  // before the campaign, not after it
   create_out_dir(a.out_dir);
 }

@@ -100,16 +100,23 @@ RowFacts row_facts(const Case& c, const Inputs& in, std::int64_t b, std::int64_t
   return f;
 }
 
+// The formats the generator draws O from: the basic case's (o0) first.
+std::vector<Format> attention_outputs(Format o0) { return {o0, Format::FP32, Format::BF16, Format::FP16}; }
+
 class AttentionModule final : public OpModule {
  public:
   Op op() const override { return Op::Attention; }
   std::vector<std::string> dtypes() const override { return kAttentionDtypes; }
   Case basic_case(std::string_view dtype) const override { return dtype_attention_case(dtype); }
+  std::vector<Format> output_formats(std::string_view dtype) const override {
+    return distinct_formats(attention_outputs(basic_case(dtype).types.at("O")));
+  }
 
   rc::Gen<Case> generate(std::string_view dtype_in, const Kernel* k, const GenLimits& limits) const override {
-    return rc::gen::exec([dtype_in = std::string(dtype_in), k, limits]() {
+    return rc::gen::exec([this, dtype_in = std::string(dtype_in), k, limits]() {
       const std::string dtype = dtype_in.empty() ? *gen::pick(kAttentionDtypes) : dtype_in;
-      Case c = dtype_attention_case(dtype);
+      // From an output the kernel takes (the default is the input format, or BF16 for FP8).
+      Case c = dtype_attention_case(dtype, k ? supported_output(*k, dtype) : std::nullopt);
       if (k) c.kernel = k->name();
       auto keep_if_supported = [&](auto apply, auto revert) {
         apply();
@@ -158,7 +165,7 @@ class AttentionModule final : public OpModule {
       const double scale = *gen::pick(std::vector<double>{0, 0.125, 1.0, 0.05, 0.5});
       if (scale != 0) keep_if_supported([&] { a.softmax_scale = scale; }, [&] { a.softmax_scale.reset(); });
       const Format o0 = c.types.at("O");
-      const Format o = *gen::pick(std::vector<Format>{o0, Format::FP32, Format::BF16, Format::FP16});
+      const Format o = *gen::pick(attention_outputs(o0));
       keep_if_supported([&] { c.types["O"] = o; }, [&] { c.types["O"] = o0; });
       c.dist["Q"] = *gen::dist_spec(c, "Q", true, kExcludedFamilies);
       if (k && parse_dist(c.dist["Q"]).family == "masked") {
@@ -669,7 +676,7 @@ class AttentionModule final : public OpModule {
 
 }  // namespace
 
-Case dtype_attention_case(std::string_view dtype) {
+Case dtype_attention_case(std::string_view dtype, std::optional<Format> out) {
   const auto f = parse_format(dtype);
   if (!f || !(*f == Format::FP32 || *f == Format::FP16 || *f == Format::BF16 || *f == Format::E4M3))
     throw InputError(fmt::format("--dtype '{}': attention takes fp32, fp16, bf16 or e4m3", dtype));
@@ -677,7 +684,7 @@ Case dtype_attention_case(std::string_view dtype) {
   c.op = Op::Attention;
   AttentionShape& a = c.attention;
   a.batch = a.heads = 1, a.seq_q = 4, a.seq_kv = 8, a.head_dim = 64;  // 64: the head size every attention kernel takes (flash: 64 and 128 only)
-  const Format o = *f == Format::E4M3 ? Format::BF16 : *f;
+  const Format o = out.value_or(*f == Format::E4M3 ? Format::BF16 : *f);
   c.types = {{"Q", *f}, {"K", *f}, {"V", *f}, {"O", o}, {"compute", Format::FP32}};
   validate(c);
   return c;

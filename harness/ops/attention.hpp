@@ -34,8 +34,8 @@ const OpModule& attention_module();
 
 /// An attention case for a named input type: fp32, fp16, bf16 (Q, K, V and O of that
 /// type) or e4m3 (O bf16); compute fp32, bhsd, one batch and head, 4 queries, 8 keys,
-/// head_dim 16. Throws InputError for another name.
-Case dtype_attention_case(std::string_view dtype);
+/// head_dim 64; O of type out where given. Throws InputError for another name.
+Case dtype_attention_case(std::string_view dtype, std::optional<Format> out = std::nullopt);
 
 /// The queries (the same in every batch and head) whose reference the comparison computes:
 /// all of them when the exact reference affords it (about 0.3 s of it per case), else a

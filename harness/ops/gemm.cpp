@@ -402,19 +402,27 @@ void draw_large_shape(Case& c, const Kernel* k, int large_kind) {
   }
 }
 
+// The formats the generator draws D from: the accumulator's own (d0) first.
+std::vector<Format> gemm_outputs(Format d0, Format a) { return {d0, Format::BF16, Format::FP16, a}; }
+
 class GemmModule final : public OpModule {
  public:
   Op op() const override { return Op::Gemm; }
   std::vector<std::string> dtypes() const override { return kGemmDtypes; }
   Case basic_case(std::string_view dtype) const override { return dtype_gemm_case(dtype, 16, 16, 16); }
+  std::vector<Format> output_formats(std::string_view dtype) const override {
+    const Case c = basic_case(dtype);
+    return distinct_formats(gemm_outputs(c.types.at("D"), c.types.at("A")));
+  }
 
   // Shapes on tile edges, layouts, padding, scalars and epilogues as distributions/case_gen.hpp
   // draws them, each choice kept only if the kernel supports it (so library restrictions such
   // as FP8's "TN" form do not waste the budget), then input distributions for the final types.
   rc::Gen<Case> generate(std::string_view dtype_in, const Kernel* k, const GenLimits& limits) const override {
-    return rc::gen::exec([dtype_in = std::string(dtype_in), k, limits]() {
+    return rc::gen::exec([this, dtype_in = std::string(dtype_in), k, limits]() {
       const std::string dtype = dtype_in.empty() ? *gen::pick(kGemmDtypes) : dtype_in;
-      Case c = dtype_gemm_case(dtype, 1, 1, 1);
+      // From an output the kernel takes (a kernel of FP16 D only refuses the FP32 default).
+      Case c = dtype_gemm_case(dtype, 1, 1, 1, k ? supported_output(*k, dtype) : std::nullopt);
       if (k) c.kernel = k->name();
       auto keep_if_supported = [&](auto apply, auto revert) {
         apply();
@@ -457,8 +465,9 @@ class GemmModule final : public OpModule {
       const Format d0 = c.types.at("D");
       // (Large cases keep the accumulator's own output more often: a precision loss at large
       // K shows through an FP32 D, not through a BF16 one, whose rounding is coarser.)
-      const Format d = limits.large ? *gen::pick(std::vector<Format>{d0, d0, Format::BF16, Format::FP16, c.types.at("A")})
-                                    : *gen::pick(std::vector<Format>{d0, Format::BF16, Format::FP16, c.types.at("A")});
+      std::vector<Format> outputs = gemm_outputs(d0, c.types.at("A"));
+      if (limits.large) outputs.insert(outputs.begin(), d0);
+      const Format d = *gen::pick(outputs);
       keep_if_supported([&] { c.types["D"] = d; }, [&] { c.types["D"] = d0; });
       const double alpha = *gen::pick(std::vector<double>{1, 0.5, -1, 2, 0.1, 0});
       keep_if_supported([&] { c.alpha = alpha; }, [&] { c.alpha = 1; });

@@ -16,6 +16,22 @@ const OpModule& op_module(Op op) { return op == Op::Gemm ? gemm_module() : atten
 
 std::vector<const OpModule*> all_op_modules() { return {&gemm_module(), &attention_module()}; }
 
+std::vector<Case> OpModule::basic_cases(std::string_view dtype) const {
+  std::vector<Case> out;
+  for (const Format f : output_formats(dtype)) {
+    Case c = basic_case(dtype);
+    c.types[outputs_of(c).front()] = f;
+    out.push_back(std::move(c));
+  }
+  return out;
+}
+
+std::optional<Format> OpModule::supported_output(const Kernel& k, std::string_view dtype) const {
+  for (const Case& c : basic_cases(dtype))
+    if (k.supports(c)) return c.types.at(outputs_of(c).front());
+  return std::nullopt;
+}
+
 UninitVector<Code> OpModule::logical_output(const Case& c, const std::string& name, const Tensor& output) const {
   const std::vector<std::int64_t> offsets = output_offsets(c, name);
   UninitVector<Code> got(offsets.size());
@@ -45,6 +61,13 @@ ToleranceModel precision_terms(const Case& c, const KernelTraits& traits) {
   t.accumulator_eta = traits.flushes_subnormals ? acc.min_normal() : acc.min_subnormal();
   if (c.op == Op::Gemm && has_gelu(c.epilogue)) t.activation_error = traits.activation_error;
   return t;
+}
+
+std::vector<Format> distinct_formats(const std::vector<Format>& formats) {
+  std::vector<Format> out;
+  for (const Format f : formats)
+    if (std::find(out.begin(), out.end(), f) == out.end()) out.push_back(f);
+  return out;
 }
 
 std::string op_family(const Case& c, const char* op, const char* in, const char* out) {

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -86,6 +87,15 @@ class OpModule {
   /// The small packed case of a dtype that decides whether a kernel is a target.
   /// Throws InputError for a dtype this op does not have.
   virtual Case basic_case(std::string_view dtype) const = 0;
+  /// The formats the generator may draw the main output (D, O) in for a dtype, the basic
+  /// case's first.
+  virtual std::vector<Format> output_formats(std::string_view dtype) const = 0;
+  /// basic_case(dtype) with each of output_formats(dtype): a kernel that supports any of
+  /// them (many take only their input format out) is a target of the dtype.
+  std::vector<Case> basic_cases(std::string_view dtype) const;
+  /// The output format of the first of basic_cases(dtype) that k supports; nullopt: none.
+  /// Generated cases for k start from it.
+  std::optional<Format> supported_output(const Kernel& k, std::string_view dtype) const;
   /// Generated cases of a dtype for kernel k, each choice kept only where k supports it
   /// (k nullptr: no filtering, every dtype when dtype is empty).
   virtual rc::Gen<Case> generate(std::string_view dtype, const Kernel* k, const GenLimits& limits) const = 0;
@@ -123,6 +133,9 @@ class OpModule {
 /// FP32 but rounds its inputs to 11 bits), or the kernel's declared accumulator precision,
 /// and the accumulator's smallest subnormal.
 ToleranceModel precision_terms(const Case& c, const KernelTraits& traits);
+
+/// The formats in order, each once.
+std::vector<Format> distinct_formats(const std::vector<Format>& formats);
 
 /// "OP IN->OUT COMPUTE DIST", the gate family of a case: e.g. "gemm bf16->fp32 fp32 normal(0,1)".
 std::string op_family(const Case& c, const char* op, const char* in, const char* out);

@@ -429,10 +429,10 @@ TEST(CliBadInput, DeviceKernelsWithoutADeviceAreNotSupported) {
     EXPECT_NE(r.out.find("not_supported, verdict pass\n  needs a CUDA device; none here"), std::string::npos) << mode << r.out;
   }
   const Result f = run("fuzz --kernel planted_edge.device --dtype fp32 --cases 1 --no-html --out " + dir + "/out" + plugin);
-  expect_input_error(f, "planted_edge.device: needs a CUDA device; none here", "fuzz");
+  expect_input_error(f, "--kernel 'planted_edge.device': no target here: it refused the basic case of every dtype asked: "
+                        "needs a CUDA device; none here (fp32 gemm to fp32, bf16, fp16; fp32 attention to", "fuzz");
   const Result s = run("sweep --kernel planted_edge.device --vary K=4:8 --mn 2" + plugin);
-  EXPECT_EQ(s.code, 2) << s.out << s.err;
-  EXPECT_NE(s.out.find("planted_edge.device fp32: not supported (needs a CUDA device; none here)"), std::string::npos) << s.out;
+  expect_input_error(s, "planted_edge.device fp32: not supported (needs a CUDA device; none here)", "sweep");
 }
 
 // --out naming a file, an unwritable directory or "" was "internal error: filesystem error"
@@ -1122,4 +1122,40 @@ TEST(Cli, ExportThenCheckOutputsComputedElsewhere) {
                        fmt::format("fp64.npy: dtype '<f8' is not {}'s '{}'", name(t.format()), npy_dtype(t.format())),
                        "an output of another dtype");
   }
+}
+
+// A plugin kernel of FP16 A, B and D only (no FP32 output) is a target of an FP16 campaign
+// next to another kernel: the planning asks it about every output format the op allows for
+// FP16 inputs, and the cases drawn for it keep the output it takes.
+TEST(Cli, FuzzTargetsAKernelThatWritesOnlyFp16) {
+  const std::string dir = tmp_dir("half_out");
+  std::filesystem::remove_all(dir);
+  const Result r = run(std::string("--plugin ") + HALF_GEMM_PLUGIN + " fuzz --kernel test.hgemm_fp16_out --kernel cpu.fp32_seq "
+                       "--dtype fp16 --cases 4 --max-k 32 --no-html --time 0 --out " + dir);
+  EXPECT_EQ(r.code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find(", 2 targets (kernel x dtype)"), std::string::npos) << r.out;
+  int half = 0;
+  for (const auto& c : ulpgate::read_record_file(dir + "/fuzz.json").cases) {
+    if (c.kernel != "test.hgemm_fp16_out") continue;
+    ++half;
+    EXPECT_EQ(c.status, ulpgate::Disposition::Ok) << c.message;
+    EXPECT_TRUE(c.verdict.passed) << c.family;
+    EXPECT_EQ(c.spec.types.at("D"), ulpgate::Format::FP16) << c.family;
+  }
+  EXPECT_EQ(half, 4);
+}
+
+// A kernel named with --kernel that gets no target is bad input naming it and the basic
+// cases it refused, not a campaign of the other kernels (exit 0).
+TEST(Cli, FuzzRefusesANamedKernelWithoutATarget) {
+  const std::string dir = tmp_dir("no_target");
+  std::filesystem::remove_all(dir);
+  const Result r = run(std::string("--plugin ") + HALF_GEMM_PLUGIN + " fuzz --kernel test.hgemm_fp16_out --kernel cpu.fp32_seq "
+                       "--dtype fp32 --cases 2 --max-k 32 --no-html --time 0 --out " + dir);
+  EXPECT_EQ(r.code, 2) << r.out << r.err;
+  EXPECT_EQ(lines(r.err), 1) << r.err;
+  EXPECT_EQ(r.err.rfind("ulpgate: error: --kernel 'test.hgemm_fp16_out': no target", 0), 0u) << r.err;
+  EXPECT_NE(r.err.find("FP16 A, B, C and D, FP32 compute, no epilogue (fp32 gemm to fp32, bf16, fp16)"), std::string::npos)
+      << r.err;
+  EXPECT_FALSE(std::filesystem::exists(dir + "/fuzz.json"));
 }
