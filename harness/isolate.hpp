@@ -56,6 +56,11 @@
 
 namespace ulpgate {
 
+/// "SIGSEGV" for the signals a misbehaving kernel or its runtime raises (strsignal's text
+/// alone, "Segmentation fault", does not name the signal a user greps for); nullptr for
+/// another. A string literal: safe in a signal handler.
+const char* known_signal_name(int sig);
+
 /// Starts every line the worker writes for its parent.
 inline constexpr std::string_view kWorkerLinePrefix = "ulpgate-worker-v1 ";
 

@@ -147,8 +147,9 @@ SweepOutcome run_sweep(const SweepOptions& options, const PointChecker& check,
     const std::size_t h = bits.size() / 2;
     s.effective_bits = bits.size() % 2 ? bits[h] : (bits[h - 1] + bits[h]) / 2;
   } else {
-    // GEMM: no error at any point, more bits than the data can show; attention: no estimate
-    s.effective_bits = gemm ? INFINITY : NAN;
+    // GEMM points without an error: more bits than the data can show. No point with a result
+    // (all crashed, say), or attention: no estimate.
+    s.effective_bits = gemm && !s.x.empty() ? INFINITY : NAN;
   }
   return out;
 }

@@ -1,6 +1,7 @@
 // `ulpgate bench`: the cases from the shapes given, every kernel (and the baseline first) on
-// each, a Markdown table on stdout (and --md), JSON with --json. Exit 0, 1 when a timed
-// kernel's output fails its check, 2 for bad input.
+// each, a Markdown table on stdout (and --md), JSON with --json. Exit 0, 1 when a kernel
+// returns an error, crashes (crash_guard.hpp) or its timed output fails its check, 2 for
+// bad input.
 #include <cstdio>
 #include <optional>
 #include <string>
@@ -13,6 +14,7 @@
 #include "harness/bench.hpp"
 #include "harness/check.hpp"
 #include "harness/cli/commands.hpp"
+#include "harness/cli/crash_guard.hpp"
 #include "harness/cli/options.hpp"
 #include "harness/ops/attention.hpp"
 #include "harness/ops/gemm.hpp"
@@ -121,10 +123,13 @@ int bench_command(const BenchArgs& a, const LocalRegistry& local) {
     for (std::size_t i = 0; i < order.size(); ++i) {
       Kernel* k = order[i];
       if (baseline && i > 0 && k == baseline) continue;  // timed once, as the baseline
-      BenchRow row = bench_kernel(*k, case_for(*k, c), options);
+      BenchRow row = [&] {
+        const KernelCrashGuard guard("bench", k->name());
+        return bench_kernel(*k, case_for(*k, c), options);
+      }();
       if (baseline && i == 0 && row.status == "ok") base_tflops = row.tflops;
       else if (base_tflops > 0 && row.status == "ok") row.percent_of_baseline = 100.0 * row.tflops / base_tflops;
-      failed += row.checked && !row.passed;
+      failed += row.status.rfind("failed", 0) == 0 || (row.checked && !row.passed);
       ++done;
       std::fprintf(stderr, "bench: %d/%d %s: %s\n", done, total, k->name().c_str(),
                    row.status == "ok" ? fmt::format("median {:.4g} ms, {:.4g} TFLOP/s, {}", row.t.median_ms, row.tflops,

@@ -26,6 +26,7 @@
 #include "harness/probe.hpp"
 #include "harness/record.hpp"
 #include "harness/cli/commands.hpp"
+#include "harness/cli/crash_guard.hpp"
 #include "harness/cli/memory.hpp"
 #include "harness/cli/mpi.hpp"
 #include "harness/cli/options.hpp"
@@ -93,6 +94,9 @@ int bench_report_command(const ReportArgs& a, const ulpgate::BenchReport& r) {
 }
 
 int report_command(const ReportArgs& a) {
+  // Every output path is checked before anything is written: none is left half done.
+  for (const auto& [flag, path] : {std::pair<const char*, const std::string&>{"--md", a.md}, {"--junit", a.junit}, {"--html", a.html}})
+    if (!path.empty()) ulpgate::check_output_file(flag, path);
   // Read and parsed once: a run record, or a bench report.
   const nlohmann::json j = ulpgate::read_json_file(a.run, "run record");
   const auto convert = [&](const auto& from_json) {
@@ -505,6 +509,7 @@ int main(int argc, char** argv) {
         const ulpgate::Format input = *ulpgate::parse_format(dtype);
         // validated in batches: up to mn dot products per GEMM, on D's diagonal
         units.push_back([&, name, k, input] {
+          const ulpgate::KernelCrashGuard guard("probe", name);
           return probe_unit(name, input, ulpgate::kernel_unit(*k, input, probe_mn), ulpgate::kernel_batch(*k, input, probe_mn), 1000);
         });
       }

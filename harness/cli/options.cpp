@@ -37,8 +37,8 @@ void check_budget(double seconds) {
 }
 
 void check_timeout(double seconds) {
-  if (!(std::isfinite(seconds) && seconds > 0))
-    throw InputError(fmt::format("--timeout {}: must be a finite number of seconds > 0", seconds));
+  if (!(std::isfinite(seconds) && seconds >= kMinTimeoutSeconds))
+    throw InputError(fmt::format("--timeout {}: must be a finite number of seconds >= {:g}", seconds, kMinTimeoutSeconds));
 }
 
 void check_dtype(const std::string& dtype) {

@@ -14,7 +14,10 @@ std::uint64_t parse_seed(const std::string& text);
 
 /// --time: finite and >= 0 (0: no budget); -5 and nan are errors, not "no budget".
 void check_budget(double seconds);
-/// --timeout: finite and > 0.
+/// The shortest --timeout: a shorter one would time out cases on a worker's own round trip
+/// (inputs, reference, analysis), not on a hung kernel.
+inline constexpr double kMinTimeoutSeconds = 1;
+/// --timeout: finite and >= kMinTimeoutSeconds.
 void check_timeout(double seconds);
 
 /// --dtype: one of the formats (ulpgate list); "unknown dtype 'fp8' (one of fp64, ...)".

@@ -5,6 +5,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <chrono>
 #include <cstdio>
@@ -21,18 +22,46 @@
 #include "harness/cli/options.hpp"
 #include "harness/isolate.hpp"
 #include "harness/ops/attention.hpp"
+#include "harness/ops/op.hpp"
 #include "harness/sweep.hpp"
 
 namespace ulpgate {
+namespace {
+
+// One kernel x distribution of a sweep.
+struct Series {
+  Kernel* kernel;
+  std::string dtype, dist;
+  SweepOptions options;
+  std::optional<std::string> unsupported;  ///< the kernel's answer for the first point
+};
+
+// Bad input before anything runs or is written: a kernel of the other op (an attention
+// kernel with --vary K, a GEMM one with --vary seq_kv), or no series any kernel takes.
+void check_plan(const std::vector<Series>& plan, const std::vector<Kernel*>& kernels, bool gemm, const std::string& parameter) {
+  const OpModule& other = op_module(gemm ? Op::Attention : Op::Gemm);
+  for (Kernel* k : kernels) {
+    const auto of_k = [&](const Series& s) { return s.kernel == k; };
+    const auto first = std::find_if(plan.begin(), plan.end(), of_k);
+    if (first == plan.end() || std::any_of(plan.begin(), plan.end(), [&](const Series& s) { return of_k(s) && !s.unsupported; }))
+      continue;
+    const auto dtypes = other.dtypes();
+    if (std::count(dtypes.begin(), dtypes.end(), first->dtype) && other.supported_output(*k, first->dtype))
+      throw InputError(fmt::format("--kernel '{}' is {} kernel: --vary {} sweeps {} cases (--vary {} sweeps {})", k->name(),
+                                   gemm ? "an attention" : "a GEMM", parameter, gemm ? "GEMM" : "attention",
+                                   gemm ? "seq_kv" : "K", gemm ? "attention" : "GEMM"));
+  }
+  if (std::any_of(plan.begin(), plan.end(), [](const Series& s) { return !s.unsupported; })) return;
+  std::vector<std::string> why;
+  for (const Series& s : plan) why.push_back(fmt::format("{} {}: not supported ({})", s.kernel->name(), s.dtype, *s.unsupported));
+  throw InputError(fmt::format("sweep: no requested kernel takes the sweep's cases: {}", fmt::join(why, "; ")));
+}
+
+}  // namespace
 
 int sweep_command(const SweepArgs& a, const LocalRegistry& local, const std::string& command_line) {
   // Under mpirun the ranks share the points (below); each plans the whole sweep first.
   const mpi::World world = mpi::join();
-  struct Series {
-    Kernel* kernel;
-    std::string dtype, dist;
-    SweepOptions options;
-  };
   std::vector<Series> plan;
   std::unique_ptr<IsolatedEvaluator> isolated;
   Registry registry;
@@ -98,8 +127,10 @@ int sweep_command(const SweepArgs& a, const LocalRegistry& local, const std::str
         } catch (const InputError& e) {
           throw InputError(fmt::format("sweep point {} = {}: {}", vary.parameter, vary.values.back(), e.what()));
         }
-        plan.push_back({k, dtype, dist, std::move(o)});
+        plan.push_back({k, dtype, dist, std::move(o), std::nullopt});
+        plan.back().unsupported = k->unsupported(plan.back().options.base);
       }
+    check_plan(plan, kernels, gemm, vary.parameter);
   };
   const bool tty = isatty(STDERR_FILENO) && world.size == 1;
   std::map<std::pair<std::size_t, std::size_t>, CaseResult> shared_points;
@@ -115,14 +146,14 @@ int sweep_command(const SweepArgs& a, const LocalRegistry& local, const std::str
                 gemm ? fmt::format("M = N = {}", a.mn).c_str() : fmt::format("seq_q = {}, head_dim 64", a.seq_q).c_str(),
                 vary.parameter.c_str(), static_cast<long long>(vary.values.front()), static_cast<long long>(vary.values.back()));
     std::fflush(stdout);  // each series' table is flushed as it completes: logs show long sweeps' progress
-    std::int64_t failed_points = 0, series_run = 0;
+    std::int64_t failed_points = 0;
     for (const Series& series : plan) {
       Kernel* k = series.kernel;
       const std::string& dtype = series.dtype;
       const std::string& dist = series.dist;
       const SweepOptions& o = series.options;
-      if (auto why = k->unsupported(o.base)) {
-        std::printf("  %s %s: not supported (%s)\n", k->name().c_str(), dtype.c_str(), why->c_str());
+      if (series.unsupported) {
+        std::printf("  %s %s: not supported (%s)\n", k->name().c_str(), dtype.c_str(), series.unsupported->c_str());
         continue;
       }
       std::size_t point = 0;  // run_sweep checks the points in order
@@ -147,7 +178,6 @@ int sweep_command(const SweepArgs& a, const LocalRegistry& local, const std::str
                   a.metric.c_str(), vary.parameter.c_str(), a.metric.c_str(), "effective bits");
       for (std::size_t i = 0; i < s.series.x.size(); ++i)
         std::printf("  %8.0f  %16.4g  %14.2f\n", s.series.x[i], s.series.y[i], s.effective_bits_per_point[i]);
-      ++series_run;
       for (const auto& r : s.cases)  // every point is judged like any case
         if (!r.verdict.passed) {
           ++failed_points;
@@ -163,8 +193,10 @@ int sweep_command(const SweepArgs& a, const LocalRegistry& local, const std::str
         std::string how;
         for (const auto& r : s.cases)
           if (const auto f = r.notes.find("effective_bits_family"); f != r.notes.end()) how = f->second;
-        std::printf("  growth exponent %.3f +- %.3f, effective accumulator precision %.2f bits%s%s\n", s.series.fit.exponent,
-                    s.series.fit.exponent_stderr, s.series.effective_bits,
+        std::printf("  growth exponent %.3f +- %.3f, effective accumulator precision%s%s%s\n", s.series.fit.exponent,
+                    s.series.fit.exponent_stderr,
+                    std::isnan(s.series.effective_bits) ? ": no estimate (no point gave a result)"
+                                                        : fmt::format(" {:.2f} bits", s.series.effective_bits).c_str(),
                     hi >= lo ? fmt::format(" (spread {:.2f} across the points)", hi - lo).c_str() : "",
                     how.empty() ? "" : fmt::format(", estimated with {}", how).c_str());
       } else {
@@ -181,7 +213,6 @@ int sweep_command(const SweepArgs& a, const LocalRegistry& local, const std::str
       write_record_file(path, record);
       std::printf("\nrun record: %s (render with: ulpgate report %s --html report.html)\n", path.c_str(), path.c_str());
     }
-    if (series_run == 0) throw InputError("sweep: no requested kernel supports the requested case (see the lines above)");
     if (failed_points) std::printf("%lld sweep points failed their check\n", static_cast<long long>(failed_points));
     if (failed_ranks) {
       std::fprintf(stderr, "ulpgate: error: %d MPI ranks failed, their points are failed results: %s\n", failed_ranks,
@@ -205,7 +236,7 @@ int sweep_command(const SweepArgs& a, const LocalRegistry& local, const std::str
     if (const int failed = mpi::agree_on_setup(world, status, error)) return failed;
     std::vector<std::pair<std::size_t, std::size_t>> units;
     for (std::size_t si = 0; si < plan.size(); ++si)
-      if (!plan[si].kernel->unsupported(plan[si].options.base))
+      if (!plan[si].unsupported)
         for (std::size_t p = 0; p < plan[si].options.values.size(); ++p) units.emplace_back(si, p);
     const auto start = std::chrono::steady_clock::now();
     std::vector<std::string> failures;

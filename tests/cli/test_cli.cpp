@@ -608,7 +608,7 @@ TEST(CliBadInput, FlagsAreCheckedNotReinterpreted) {
     expect_input_error(run(verb + "--seed -1"), "--seed -1: expected an integer from 0 to 18446744073709551615", verb);
     expect_input_error(run(verb + "--seed 18446744073709551616"), "--seed 18446744073709551616: expected an integer", verb);
     expect_input_error(run(verb + "--seed 1x"), "--seed 1x: expected an integer", verb);
-    expect_input_error(run(verb + "--timeout nan"), "--timeout nan: must be a finite number of seconds > 0", verb);
+    expect_input_error(run(verb + "--timeout nan"), "--timeout nan: must be a finite number of seconds >= 1", verb);
   }
   EXPECT_NE(run(fuzz + "--seed 18446744073709551615").out.find("seed 18446744073709551615"), std::string::npos);
   expect_input_error(run(fuzz + "--time -5"), "--time -5: must be a finite number of seconds >= 0 (0: no budget)", "time");
@@ -616,7 +616,7 @@ TEST(CliBadInput, FlagsAreCheckedNotReinterpreted) {
   expect_input_error(run(fuzz + "--time inf"), "--time inf: must be a finite number of seconds >= 0", "time inf");
   expect_input_error(run(fuzz + "--dtype fp8"), "unknown dtype 'fp8' (one of fp64, fp32, tf32, fp16, bf16, e4m3, e5m2)", "dtype");
   expect_input_error(run(sweep + "--dtype fp8"), "unknown dtype 'fp8' (one of fp64, fp32, tf32, fp16, bf16, e4m3, e5m2)", "sweep");
-  expect_input_error(run("replay x.json --timeout -1"), "--timeout -1: must be a finite number of seconds > 0", "replay");
+  expect_input_error(run("replay x.json --timeout -1"), "--timeout -1: must be a finite number of seconds >= 1", "replay");
   expect_input_error(run("list --plugin ''"), "--plugin: empty path", "plugin ''");
   // A plugin named without '/' that exists here is loaded from here, in the worker too,
   // and reproducers name it so.
@@ -1158,4 +1158,70 @@ TEST(Cli, FuzzRefusesANamedKernelWithoutATarget) {
   EXPECT_NE(r.err.find("FP16 A, B, C and D, FP32 compute, no epilogue (fp32 gemm to fp32, bf16, fp16)"), std::string::npos)
       << r.err;
   EXPECT_FALSE(std::filesystem::exists(dir + "/fuzz.json"));
+}
+
+// bench and probe run kernels in this process: a kernel that returns an error fails the
+// bench (exit 1), and a kernel that crashes is named on one line (exit 1), not a death by
+// signal.
+TEST(Cli, BenchAndProbeNameAFailingOrCrashingKernel) {
+  const std::string plugin = std::string("--plugin ") + PLANTED_PLUGIN;
+  const Result error = run(plugin + " bench --kernel planted.error_above_k8 --gemm 16x16x16 --reps 1 --warmup 0");
+  EXPECT_EQ(error.code, 1) << error.out << error.err;
+  EXPECT_NE(error.out.find("failed: plugin kernel planted.error_above_k8 returned 5"), std::string::npos) << error.out;
+  for (const std::string& verb : {plugin + " bench --gemm 16x16x16 --reps 1 --warmup 0 --kernel ", plugin + " probe --kernel "})
+    for (const auto& [kernel, signal] : {std::pair<std::string, std::string>{"planted.segfault", "SIGSEGV"},
+                                         {"planted.abort", "SIGABRT"}}) {
+      const Result r = run(verb + kernel);
+      EXPECT_EQ(r.code, 1) << verb << kernel << "\n" << r.out << r.err;
+      EXPECT_EQ(lines(r.err.substr(r.err.find("ulpgate: error:") == std::string::npos ? 0 : r.err.find("ulpgate: error:"))), 1)
+          << r.err;
+      EXPECT_NE(r.err.find("ulpgate: error: kernel '" + kernel + "' crashed (" + signal), std::string::npos)
+          << verb << kernel << "\n" << r.err;
+    }
+}
+
+// A per-case timeout below a second is no timeout a worker can keep: bad usage, one line.
+TEST(CliBadInput, TimeoutBelowASecondIsRefused) {
+  const std::string dir = tmp_dir("tiny_timeout");
+  const Result r = run(kSmallCampaign + " --cases 1 --timeout 1e-6 --out " + dir);
+  EXPECT_EQ(r.code, 2) << r.out << r.err;
+  EXPECT_EQ(lines(r.err), 1) << r.err;
+  EXPECT_NE(r.err.find("--timeout 1e-06: must be a finite number of seconds >= 1"), std::string::npos) << r.err;
+  EXPECT_FALSE(std::filesystem::exists(dir + "/fuzz.json"));
+}
+
+// report checks every output path before writing any: no .md and .xml left behind by an
+// --html it cannot write.
+TEST(CliBadInput, ReportWritesNothingWhenAnOutputCannotBeWritten) {
+  const std::string dir = tmp_dir("report_paths");
+  std::filesystem::remove_all(dir);
+  ASSERT_EQ(run(kSmallCampaign + " --cases 1 --out " + dir + "/run").code, 0);
+  const Result r = run("report " + dir + "/run/fuzz.json --md " + dir + "/r.md --junit " + dir +
+                       "/r.xml --html /nonexistent/dir/r.html");
+  EXPECT_EQ(r.code, 2) << r.out << r.err;
+  EXPECT_EQ(lines(r.err), 1) << r.err;
+  EXPECT_NE(r.err.find("--html /nonexistent/dir/r.html: no directory /nonexistent/dir"), std::string::npos) << r.err;
+  EXPECT_FALSE(std::filesystem::exists(dir + "/r.md"));
+  EXPECT_FALSE(std::filesystem::exists(dir + "/r.xml"));
+}
+
+// A sweep whose --vary does not fit its kernel's op is bad input before anything is
+// written; a sweep whose every point crashed has no precision estimate (not "inf bits").
+TEST(CliBadInput, SweepOfTheWrongOpWritesNothing) {
+  const std::string dir = tmp_dir("sweep_mismatch");
+  std::filesystem::remove_all(dir);
+  for (const std::string& args : {std::string("--kernel cpu.attn_naive --vary K=16:32 --mn 4"),
+                                  std::string("--kernel cpu.fp32_seq --vary seq_kv=16:32"),
+                                  std::string("--kernel cpu.fp32_seq --kernel cpu.attn_naive --vary K=16:32 --mn 4")}) {
+    const Result r = run("sweep " + args + " --out " + dir);
+    EXPECT_EQ(r.code, 2) << args << "\n" << r.out << r.err;
+    EXPECT_EQ(lines(r.err), 1) << args << "\n" << r.err;
+    EXPECT_FALSE(std::filesystem::exists(dir + "/sweep.json")) << args;
+  }
+  const Result crash = run(std::string("sweep --plugin ") + PLANTED_PLUGIN +
+                           " --kernel planted.segfault --vary K=16:32 --mn 4 --timeout 5");
+  EXPECT_EQ(crash.code, 1) << crash.out << crash.err;
+  EXPECT_EQ(crash.out.find("inf bits"), std::string::npos) << crash.out;
+  EXPECT_NE(crash.out.find("effective accumulator precision: no estimate (no point gave a result)"), std::string::npos)
+      << crash.out;
 }
