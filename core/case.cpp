@@ -242,6 +242,18 @@ bool attention_visible(const Case& c, std::int64_t b, std::int64_t i, std::int64
   return j >= 0 && j < attention_visible_count(c, b, i);
 }
 
+std::string shape_text(const Case& c, bool with_order) {
+  if (c.op == Op::Gemm) {
+    const GemmShape& g = c.gemm;
+    const char* order = !with_order ? "" : g.batch > 1 ? " (batch x M x N x K)" : " (M x N x K)";
+    return fmt::format("{}{}x{}x{}{}", g.batch > 1 ? fmt::format("{} x ", g.batch) : "", g.m, g.n, g.k, order);
+  }
+  const AttentionShape& a = c.attention;
+  return fmt::format("B{} H{}{} Sq{} Skv{} D{}{}", a.batch, a.heads,
+                     a.eff_kv_heads() != a.heads ? fmt::format("/{}", a.eff_kv_heads()) : "", a.seq_q, a.seq_kv, a.head_dim,
+                     a.eff_head_dim_v() != a.head_dim ? fmt::format("/{}", a.eff_head_dim_v()) : "");
+}
+
 void validate(const Case& c) {
   const auto ops = operands_of(c.op);
   if (c.op == Op::Gemm) {

@@ -177,6 +177,11 @@ inline constexpr std::int64_t kMaxCaseSize = (std::int64_t{1} << 31) - 1;
 /// byte counts stay exact in 64 bits. What fits in memory is the runner's check.
 inline constexpr std::int64_t kMaxBufferElements = std::int64_t{1} << 40;
 
+/// The case's extents: GEMM "16x24x40 (M x N x K)", "2 x 16x24x40 (batch x M x N x K)"
+/// when batched (without the order in parentheses unless with_order); attention "B2 H8 Sq4
+/// Skv8 D64", H as "H8/2" with 2 K/V heads, D as "D64/32" with head_dim_v 32.
+std::string shape_text(const Case& c, bool with_order = true);
+
 /// Serialises a case. Every field is written, defaults included.
 nlohmann::json to_json(const Case& c);
 /// Parses and validates; throws InputError naming the offending field

@@ -127,12 +127,8 @@ std::vector<std::array<std::int64_t, 3>> gemm_shape_preset(const std::string& na
 }
 
 std::string bench_case_text(const Case& c) {
-  if (c.op == Op::Gemm)
-    return fmt::format("{}{}x{}x{} {}", c.gemm.batch > 1 ? fmt::format("{} x ", c.gemm.batch) : "", c.gemm.m, c.gemm.n,
-                       c.gemm.k, name(c.types.at("A")));
-  const AttentionShape& a = c.attention;
-  return fmt::format("B{} H{} Sq{} Skv{} D{}{} {}", a.batch, a.heads, a.seq_q, a.seq_kv, a.head_dim,
-                     a.causal ? " causal" : "", name(c.types.at("Q")));
+  if (c.op == Op::Gemm) return fmt::format("{} {}", shape_text(c, false), name(c.types.at("A")));
+  return fmt::format("{}{} {}", shape_text(c), c.attention.causal ? " causal" : "", name(c.types.at("Q")));
 }
 
 std::string bench_markdown(const BenchReport& r) {

@@ -387,7 +387,8 @@ RunRecord run_fuzz(Registry& registry, const FuzzOptions& o, const std::function
     CaseResult m = shrink(tr, drawn, first, large_case(o.sizes, index) ? kMaxLargeShrinkSteps : kMaxShrinkSteps);
     if (!o.corpus_dir.empty()) {
       const std::string path = save_case(o.corpus_dir, m);
-      say(fmt::format("  shrunk to {}{}", path, m.id == first.id ? " (no smaller case fails the same way)" : ""));
+      say(fmt::format("  shrunk to {}, {}{}", shape_text(m.spec), path,
+                      m.id == first.id ? " (no smaller case fails the same way)" : ""));
       m.reproducer = replay_cmd + shell_word(path);
     }
     if (m.id == first.id) return std::nullopt;
@@ -495,8 +496,8 @@ RunRecord run_fuzz(Registry& registry, const FuzzOptions& o, const std::function
       if (!r.verdict.passed) {
         ++p.failures;
         if (!o.cases_dir.empty()) r.reproducer = replay_cmd + shell_word(save_case(o.cases_dir, r));
-        say(fmt::format("FAIL {} {} case {} [{}]: {} ({})", t.kernel, t.dtype, i, r.signature, r.verdict.reasons.front(),
-                        r.reproducer));
+        say(fmt::format("FAIL {} {} case {}, {} [{}]: {} ({})", t.kernel, t.dtype, i, shape_text(r.spec), r.signature,
+                        r.verdict.reasons.front(), r.reproducer));
       }
       if (progress) progress(p);
       if (!r.verdict.passed && worker_draws) {

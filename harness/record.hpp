@@ -82,6 +82,9 @@ struct CaseResult {
   std::string family;        ///< a description: op, types and distributions, e.g. "gemm bf16->fp32 normal(0,1)"
   std::string target;        ///< fuzz: "KERNEL DTYPE OP" of the target that generated it ("" otherwise)
   std::string origin;        ///< generated, shrunk (from a failing generated case), corpus, replay, sweep
+  /// A shrunk case is the minimal form of a failure of the campaign, not one of its cases:
+  /// counts leave it out.
+  bool shrunk() const { return origin == "shrunk"; }
   std::string signature;     ///< failure_signature(verdict): "" when it passed
   Disposition status = Disposition::Ok;
   std::string message;       ///< why, when status is not ok

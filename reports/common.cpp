@@ -183,11 +183,12 @@ std::vector<std::size_t> failures_first(const RunRecord& r) {
 }
 
 std::string counts_line(const RunRecord& r) {
-  std::int64_t n[4] = {};
-  for (const auto& c : r.cases) ++n[static_cast<int>(outcome(c))];
+  std::int64_t n[4] = {}, cases = 0;
+  for (const auto& c : r.cases)
+    if (!c.shrunk()) ++n[static_cast<int>(outcome(c))], ++cases;
   return fmt::format("{} case{}: {} passed, {} failed, {} skipped (not supported), {} error{} (failed to run, "
                      "crashed or timed out)",
-                     r.cases.size(), r.cases.size() == 1 ? "" : "s", n[3], n[1], n[2], n[0], n[0] == 1 ? "" : "s");
+                     cases, cases == 1 ? "" : "s", n[3], n[1], n[2], n[0], n[0] == 1 ? "" : "s");
 }
 
 std::int64_t not_run_cases(const RunRecord& r) {
@@ -200,7 +201,7 @@ std::vector<DistinctFailure> distinct_failures(const RunRecord& r) {
   std::vector<DistinctFailure> out;
   for (std::size_t i = 0; i < r.cases.size(); ++i) {
     const CaseResult& c = r.cases[i];
-    if (c.verdict.passed || c.origin == "shrunk") continue;
+    if (c.verdict.passed || c.shrunk()) continue;
     const std::string sig = c.signature.empty() ? failure_signature(c.verdict) : c.signature;
     auto it = std::find_if(out.begin(), out.end(),
                            [&](const DistinctFailure& d) { return d.kernel == c.kernel && same_failure(d.signature, sig); });
@@ -213,7 +214,7 @@ std::vector<DistinctFailure> distinct_failures(const RunRecord& r) {
   for (std::size_t i = 0; i < r.cases.size(); ++i) {
     const CaseResult& c = r.cases[i];
     const auto from = c.notes.find("shrunk_from");
-    if (c.origin != "shrunk" || from == c.notes.end()) continue;
+    if (!c.shrunk() || from == c.notes.end()) continue;
     for (auto& d : out)
       for (std::size_t k : d.cases)
         if (r.cases[k].id == from->second && !d.shrunk) d.shrunk = i;
@@ -222,17 +223,18 @@ std::vector<DistinctFailure> distinct_failures(const RunRecord& r) {
 }
 
 Headline headline(const RunRecord& r) {
-  std::int64_t failed = 0, generated = 0;
-  for (const auto& c : r.cases) failed += !c.verdict.passed, generated += c.origin != "shrunk";
+  std::int64_t failed = 0, cases = 0;
+  for (const auto& c : r.cases)
+    if (!c.shrunk()) failed += !c.verdict.passed, ++cases;
   const std::int64_t missing = not_run_cases(r);
   Headline h;
   std::vector<std::string> parts;
   if (failed) {
     const auto distinct = distinct_failures(r).size();
-    parts.push_back(fmt::format("{} of {} cases failed ({} distinct failure{})", failed, r.cases.size(), distinct,
+    parts.push_back(fmt::format("{} of {} cases failed ({} distinct failure{})", failed, cases, distinct,
                                 distinct == 1 ? "" : "s"));
   } else {
-    parts.push_back(fmt::format("{} case{}, none failed", r.cases.size(), r.cases.size() == 1 ? "" : "s"));
+    parts.push_back(fmt::format("{} case{}, none failed", cases, cases == 1 ? "" : "s"));
   }
   if (missing)
     parts.push_back(fmt::format("{} planned cases not run ({} target{} cut short: {})", missing, r.not_run.size(),
@@ -259,6 +261,7 @@ std::vector<TargetSummary> target_summaries(const RunRecord& r) {
   };
   for (const auto& t : r.campaign.targets) row(t.substr(0, t.rfind(' ', t.rfind(' ') - 1)), dtype_of(t));
   for (const auto& c : r.cases) {
+    if (c.shrunk()) continue;  // the minimal form of a failure counted already
     std::string dtype = dtype_of(c.target);
     if (dtype.empty()) {
       const auto t = c.spec.types.find(c.spec.op == Op::Gemm ? "A" : "Q");

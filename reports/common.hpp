@@ -56,7 +56,7 @@ std::string nonfinite_summary(const CaseFigures& f);
 /// Indices of r.cases, errors first, then failures, skipped, passed; stable within each.
 std::vector<std::size_t> failures_first(const RunRecord& r);
 
-/// "12 cases: 9 passed, 2 failed, 1 skipped, 0 errors".
+/// "12 cases: 9 passed, 2 failed, 1 skipped, 0 errors" (shrunk cases are not counted).
 std::string counts_line(const RunRecord& r);
 
 /// The answer first: "PASS", "FAIL" or "PARTIAL" (nothing failed, but part of the

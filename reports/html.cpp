@@ -379,15 +379,16 @@ void distinct(std::string& out, const RunRecord& r, const std::vector<report::Di
     out += fmt::format("<div class=\"failure\">\n<h3>{} &mdash; {} case{}</h3>\n", escape_html(d.kernel), d.cases.size(),
                        d.cases.size() == 1 ? "" : "s");
     out += "<p>signature " + code(d.signature.empty() ? "(none)" : d.signature) + "</p>\n";
-    out += fmt::format("<p>first case: {} ({}{})</p>\n<ul>\n", escape_html(first.family),
-                       escape_html(first.origin.empty() ? "case" : first.origin),
+    out += fmt::format("<p>first case: {}, {} ({}{})</p>\n<ul>\n", escape_html(shape_text(first.spec)),
+                       escape_html(first.family), escape_html(first.origin.empty() ? "case" : first.origin),
                        first.status == Disposition::Ok ? "" : ", status " + std::string(name(first.status)));
     if (!first.message.empty()) out += "<li>" + escape_html(first.message) + "</li>\n";
     for (const auto& reason : first.verdict.reasons) out += "<li>" + escape_html(reason) + "</li>\n";
     out += worst_elements(first) + "</ul>\n";
     out += reproducer("reproduce the first case", first.reproducer);
     if (d.shrunk)
-      out += reproducer(fmt::format("reproduce the minimal case ({})", escape_html(r.cases[*d.shrunk].family)),
+      out += reproducer(fmt::format("reproduce the minimal case ({}, {})", escape_html(shape_text(r.cases[*d.shrunk].spec)),
+                                    escape_html(r.cases[*d.shrunk].family)),
                         r.cases[*d.shrunk].reproducer);
     const auto h = hist_svg.find(d.first), m = map_svg.find(d.first);
     if (h != hist_svg.end() || m != map_svg.end()) {
@@ -493,7 +494,8 @@ void failing_cases(std::string& out, const RunRecord& r, const std::vector<std::
     const auto o = report::outcome(c);
     if (o != report::Outcome::Error && o != report::Outcome::Failure) continue;
     ++n;
-    body += fmt::format("<div class=\"failure\">\n<h3>{}</h3>\n<p>{}{}</p>\n<ul>\n", escape_html(case_title(c)),
+    body += fmt::format("<div class=\"failure\">\n<h3>{}</h3>\n<p>{}, {}{}</p>\n<ul>\n", escape_html(case_title(c)),
+                        escape_html(shape_text(c.spec)),
                         o == report::Outcome::Error ? "status " + std::string(name(c.status)) : "verdict failed",
                         c.origin.empty() ? "" : ", " + escape_html(c.origin));
     if (!c.message.empty()) body += "<li>" + escape_html(c.message) + "</li>\n";

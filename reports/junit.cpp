@@ -20,7 +20,7 @@ std::string seconds(double s) { return fmt::format("{:.6f}", std::isfinite(s) &&
 
 // The body of a <failure> or <error>: everything needed to act on it without the record.
 std::string details(const CaseResult& c) {
-  std::string text;
+  std::string text = "shape: " + shape_text(c.spec) + "\n";
   if (!c.message.empty()) text += c.message + "\n";
   for (const auto& reason : c.verdict.reasons) text += reason + "\n";
   for (const auto& m : c.metrics) {

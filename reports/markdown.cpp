@@ -48,11 +48,12 @@ void failures(std::string& out, const RunRecord& r, const std::vector<std::size_
   for (std::size_t i : order) {
     const CaseResult& c = r.cases[i];
     const auto o = report::outcome(c);
-    if (o != report::Outcome::Error && o != report::Outcome::Failure) continue;
+    if ((o != report::Outcome::Error && o != report::Outcome::Failure) || c.shrunk()) continue;
     if (!any) out += "## Failures\n\n";
     any = true;
     out += fmt::format("### {} — {} ({})\n\n", escape_markdown(c.kernel), escape_markdown(c.family),
                        o == report::Outcome::Error ? "status " + std::string(name(c.status)) : "verdict failed");
+    out += fmt::format("- shape: {}\n", escape_markdown(shape_text(c.spec)));
     if (!c.message.empty()) out += fmt::format("- message: {}\n", escape_markdown(c.message));
     for (const auto& reason : c.verdict.reasons) out += fmt::format("- {}\n", escape_markdown(reason));
     for (const auto& m : c.metrics) {
@@ -141,8 +142,10 @@ void summary(std::string& out, const RunRecord& r) {
     out += fmt::format("- {} `{}`: {} case{}; {}\n", escape_markdown(d.kernel), escape_markdown(d.signature), d.cases.size(),
                        d.cases.size() == 1 ? "" : "s",
                        escape_markdown(first.verdict.reasons.empty() ? "failed" : first.verdict.reasons.front()));
-    out += fmt::format("  - first: {}\n", markdown_code(first.reproducer, false));
-    if (d.shrunk) out += fmt::format("  - minimal: {}\n", markdown_code(r.cases[*d.shrunk].reproducer, false));
+    out += fmt::format("  - first ({}): {}\n", escape_markdown(shape_text(first.spec)), markdown_code(first.reproducer, false));
+    if (d.shrunk)
+      out += fmt::format("  - minimal ({}): {}\n", escape_markdown(shape_text(r.cases[*d.shrunk].spec)),
+                         markdown_code(r.cases[*d.shrunk].reproducer, false));
   }
   out += "\n";
 }

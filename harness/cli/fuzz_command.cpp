@@ -221,10 +221,18 @@ int write_campaign_outputs(const RunRecord& r, const std::filesystem::path& out,
   write_text_file_atomically((out / "report.md").string(), render_markdown(r));
   write_text_file_atomically((out / "junit.xml").string(), render_junit(r));
   if (!no_html) write_text_file_atomically((out / "report.html").string(), render_html(r));
-  std::int64_t failed = 0, unsupported = 0, not_run = 0;
-  for (const auto& c : r.cases) failed += !c.verdict.passed, unsupported += c.status == Disposition::NotSupported;
+  // Shrunk cases are the failures' minimal forms, not cases of the campaign.
+  std::int64_t cases = 0, failed = 0, unsupported = 0, shrunk = 0, not_run = 0;
+  for (const auto& c : r.cases) {
+    if (c.shrunk()) {
+      ++shrunk;
+      continue;
+    }
+    ++cases, failed += !c.verdict.passed, unsupported += c.status == Disposition::NotSupported;
+  }
   for (const auto& n : r.not_run) not_run += n.planned - n.run;
-  std::printf("%zu cases, %lld failed, %lld not supported by their kernel\n", r.cases.size(), static_cast<long long>(failed),
+  std::printf("%lld cases, %lld failed%s, %lld not supported by their kernel\n", static_cast<long long>(cases),
+              static_cast<long long>(failed), shrunk ? fmt::format(" ({} shrunk to a minimal case)", shrunk).c_str() : "",
               static_cast<long long>(unsupported));
   if (not_run) {
     const bool lost_rank = std::any_of(r.not_run.begin(), r.not_run.end(),

@@ -1225,3 +1225,21 @@ TEST(CliBadInput, SweepOfTheWrongOpWritesNothing) {
   EXPECT_NE(crash.out.find("effective accumulator precision: no estimate (no point gave a result)"), std::string::npos)
       << crash.out;
 }
+
+// The summary counts the campaign's cases: a shrunk minimal case is the minimal form of a
+// failure, not one more case.
+TEST(Cli, FuzzSummaryCountsCampaignCasesNotShrunkOnes) {
+  const std::string dir = tmp_dir("shrunk_counts");
+  std::filesystem::remove_all(dir);
+  const Result r = run(std::string("--plugin ") + PLANTED_PLUGIN + " fuzz --kernel planted.segfault --dtype fp32 --cases 4 "
+                       "--max-k 32 --no-html --time 0 --timeout 5 --out " + dir);
+  EXPECT_EQ(r.code, 1) << r.out << r.err;
+  const ulpgate::RunRecord rec = ulpgate::read_record_file(dir + "/fuzz.json");
+  std::size_t shrunk = 0, failed = 0;
+  for (const auto& c : rec.cases) shrunk += c.origin == "shrunk", failed += c.origin != "shrunk" && !c.verdict.passed;
+  ASSERT_GT(shrunk, 0u) << "nothing shrunk: the test shows nothing";
+  EXPECT_EQ(failed, 4u);
+  EXPECT_NE(r.out.find("\n4 cases, 4 failed"), std::string::npos) << r.out;
+  EXPECT_NE(slurp(dir + "/report.md").find("4 of 4 cases failed"), std::string::npos);
+  EXPECT_NE(slurp(dir + "/report.md").find("- shape: "), std::string::npos);
+}

@@ -308,5 +308,36 @@ TEST(Html, MissingGnuplotIsAClearError) {
   ::unsetenv("ULPGATE_GNUPLOT");
 }
 
+// A failure says on what shape it failed (the case's, and its minimal case's), in every
+// report; the shrunk minimal case is that failure's minimal form, not one more case.
+TEST(Reports, FailuresShowTheirShapeAndShrunkCasesAreNotCounted) {
+  RunRecord r = samples::campaign_record();
+  CaseResult attention = r.cases[1];
+  attention.kernel = "cpu.attn_naive";
+  attention.spec = samples::attention_case(12);
+  AttentionShape& a = attention.spec.attention;
+  a.batch = 2, a.heads = 4, a.kv_heads = 2, a.head_dim_v = 32;
+  stamp(attention);
+  r.cases.insert(r.cases.begin() + 2, attention);
+  RunRecord without = r;
+  ASSERT_EQ(without.cases.back().origin, "shrunk");
+  without.cases.pop_back();
+  EXPECT_EQ(report::counts_line(r), report::counts_line(without));
+  EXPECT_EQ(report::headline(r).text, report::headline(without).text);
+  const auto rows = report::target_summaries(r), rows_without = report::target_summaries(without);
+  ASSERT_EQ(rows.size(), rows_without.size());
+  for (std::size_t i = 0; i < rows.size(); ++i) EXPECT_EQ(rows[i].cases, rows_without[i].cases) << rows[i].kernel;
+
+  const std::string md = render_markdown(r);
+  for (const char* s : {"- shape: 16x16x4096 (M x N x K)\n", "- shape: B2 H4/2 Sq17 Skv33 D64/32\n",
+                        "  - minimal (1x1x17 (M x N x K)): "})
+    EXPECT_NE(md.find(s), std::string::npos) << s << "\n" << md;
+  EXPECT_EQ(md.find("- shape: 1x1x17"), std::string::npos) << "the minimal case listed as a failure of its own";
+  const std::string html = render_html(r);
+  for (const char* s : {"16x16x4096 (M x N x K)", "B2 H4/2 Sq17 Skv33 D64/32", "reproduce the minimal case (1x1x17 (M x N x K)"})
+    EXPECT_NE(html.find(s), std::string::npos) << s;
+  EXPECT_NE(render_junit(r).find("shape: B2 H4/2 Sq17 Skv33 D64/32"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace ulpgate
