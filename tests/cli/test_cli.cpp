@@ -1020,13 +1020,12 @@ TEST(Cli, MpiSweepSharesItsPoints) {
   EXPECT_NE(r.err.find("one of 2 MPI ranks"), std::string::npos) << r.err;
 #else
   const std::string dir = tmp_dir("mpi_sweep");
-  const std::string args = " sweep --kernel cpu.fp32_seq --kernel cpu.attn_naive --vary K=16:1024 --mn 8 --in-process --out ";
+  const std::string args = " sweep --kernel cpu.fp32_seq --kernel cpu.fp32_pairwise --vary K=16:1024 --mn 8 --in-process --out ";
   const Result one = run(args + dir + "/one");
   ASSERT_EQ(one.code, 0) << one.out << one.err;
   const Result three = run(args + dir + "/three", kMpirun);
   ASSERT_EQ(three.code, 0) << three.out << three.err;
-  EXPECT_NE(three.out.find("ulpgate sweep: 3 MPI ranks, 7 points shared as they went"), std::string::npos) << three.out;
-  EXPECT_NE(three.out.find("not supported"), std::string::npos) << three.out;  // cpu.attn_naive takes no GEMM
+  EXPECT_NE(three.out.find("ulpgate sweep: 3 MPI ranks, 14 points shared as they went"), std::string::npos) << three.out;
   const auto points = [](const std::string& path) {
     nlohmann::json j = nlohmann::json::parse(std::ifstream(path));
     for (auto& c : j["cases"]) c.erase("seconds");

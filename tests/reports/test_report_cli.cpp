@@ -54,7 +54,7 @@ TEST(ReportCli, BadInputIsExitTwoWithOneLine) {
   const auto unwritable = run_command(fmt::format("{} report {} --md {} 2>&1", ULPGATE_BIN, shell_quote(run),
                                                   shell_quote(dir.file("no/such/dir/r.md"))));
   EXPECT_EQ(unwritable.exit_code, 2);
-  EXPECT_NE(unwritable.out.find("r.md: cannot write"), std::string::npos) << unwritable.out;
+  EXPECT_NE(unwritable.out.find("r.md: no directory "), std::string::npos) << unwritable.out;
 
   const auto no_run = run_command(fmt::format("{} report 2>&1", ULPGATE_BIN));
   EXPECT_EQ(no_run.exit_code, 2) << no_run.out;
