@@ -88,7 +88,7 @@ rc::Shrinkable<Case> draw_case(const rc::Gen<Case>& gen, std::uint64_t target_se
 }
 
 GenLimits case_limits(const FuzzOptions& o, std::int64_t index) {
-  if (!large_case(o.sizes, index)) return GenLimits{o.max_k, o.gelu, false};
+  if (!large_case(o.sizes, index)) return GenLimits{o.max_k, o.gelu, false, -1, index % 5 == 1 || index % 5 == 3};
   const std::int64_t nth = o.sizes == SizeSchedule::Large ? index : index / 5;
   return GenLimits{o.max_k, o.gelu, true, static_cast<int>(nth % 5)};
 }
@@ -320,16 +320,17 @@ RunRecord run_fuzz(Registry& registry, const FuzzOptions& o, const std::function
   struct TargetRun {
     const FuzzTarget* t = nullptr;
     Kernel* k = nullptr;
-    std::vector<rc::Gen<Case>> gens;  // [0]: small; [1 + kind]: large
+    std::vector<rc::Gen<Case>> gens;  // [0]: small; [1]: small, mapping; [2 + kind]: large
     std::uint64_t seed = 0;
   };
-  // One generator for each of case_limits' six limits.
+  // One generator for each of case_limits' seven limits.
   const auto target_run = [&](std::size_t target_index) {
     TargetRun tr;
     tr.t = &targets[target_index];
     tr.k = registry.resolve(tr.t->kernel);
     if (!tr.k) throw InputError(fmt::format("--kernel '{}': no such kernel here (see ulpgate list)", tr.t->kernel));
-    tr.gens.push_back(op_module(tr.t->op).generate(tr.t->dtype, tr.k, GenLimits{o.max_k, o.gelu, false}));
+    for (bool mapping : {false, true})
+      tr.gens.push_back(op_module(tr.t->op).generate(tr.t->dtype, tr.k, GenLimits{o.max_k, o.gelu, false, -1, mapping}));
     for (int kind = 0; kind < 5; ++kind)
       tr.gens.push_back(op_module(tr.t->op).generate(tr.t->dtype, tr.k, GenLimits{o.max_k, o.gelu, true, kind}));
     tr.seed = target_seed(o.seed, *tr.t);
@@ -337,7 +338,7 @@ RunRecord run_fuzz(Registry& registry, const FuzzOptions& o, const std::function
   };
   const auto gen_of = [&](const TargetRun& tr, std::int64_t index) -> const rc::Gen<Case>& {
     const GenLimits l = case_limits(o, index);
-    return tr.gens[l.large ? 1 + static_cast<std::size_t>(l.large_kind) : 0];
+    return tr.gens[l.large ? 2 + static_cast<std::size_t>(l.large_kind) : l.mapping ? 1 : 0];
   };
   // A shrink candidate that passes is rejected, and one that fails only a metamorphic
   // relation has another signature: unless the failure being shrunk is a relation's,

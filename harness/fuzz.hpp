@@ -159,7 +159,8 @@ rc::Shrinkable<Case> draw_case(const rc::Gen<Case>& gen, std::uint64_t target_se
 
 /// The generator limits of case `index` of a target: the small regime, or when the size
 /// schedule says so (large_case) the large one, the n-th large case of the target drawing
-/// shape kind n mod 5 (rotating), so that even two large cases reach different paths.
+/// shape kind n mod 5 (rotating), so that even two large cases reach different paths; the
+/// small cases of index 1 and 3 mod 5 draw the mapping structure (GenLimits::mapping).
 GenLimits case_limits(const FuzzOptions& o, std::int64_t index);
 
 /// Case `index` of target t's stream as run_fuzz draws it (k asked what it supports).
