@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 
 #include "core/parallel.hpp"
+#include "references/fp_env.hpp"
 
 namespace ulpgate {
 namespace {
@@ -466,6 +467,7 @@ Verdict verdict_of(const JudgeTerms& jt, const std::vector<Pass>& parts, const E
 }  // namespace
 
 ErrorMetrics analyze(const OutputComparison& cmp) {
+  const ReferenceFpEnv env;  // the errors' and bounds' double arithmetic rounds to nearest
   const ErrorMap map = map_geometry(cmp);
   std::vector<Stretch> stretches;
   std::vector<Pass> passes;
@@ -474,6 +476,7 @@ ErrorMetrics analyze(const OutputComparison& cmp) {
 }
 
 WorstElement describe_element(const OutputComparison& cmp, std::int64_t e) {
+  const ReferenceFpEnv env;  // the errors' and bounds' double arithmetic rounds to nearest
   const Format f = cmp.format;
   WorstElement w;
   std::int64_t rest = e;
@@ -528,6 +531,7 @@ double ToleranceModel::bound(double condition, double exact_abs, Format out, std
 
 Verdict judge(const OutputComparison& cmp, const ErrorMetrics& m, const ToleranceModel& tol, std::int64_t n,
               double baseline_max_normalised, const BaselineRule& rule) {
+  const ReferenceFpEnv env;  // the bounds' double arithmetic rounds to nearest
   const JudgeTerms jt(cmp, tol, n);
   std::vector<Stretch> stretches;
   std::vector<Pass> passes;
@@ -537,6 +541,7 @@ Verdict judge(const OutputComparison& cmp, const ErrorMetrics& m, const Toleranc
 
 Assessment analyze_and_judge(const OutputComparison& cmp, const ToleranceModel& tol, std::int64_t n,
                              const ErrorMetrics& audit, double baseline_max_normalised, const BaselineRule& rule) {
+  const ReferenceFpEnv env;  // the errors' and bounds' double arithmetic rounds to nearest
   const ErrorMap map = map_geometry(cmp);
   const JudgeTerms jt(cmp, tol, n);
   std::vector<Stretch> stretches;

@@ -11,6 +11,7 @@
 #include "core/profile.hpp"
 #include "distributions/fill.hpp"
 #include "kernels/emulated/gemm_models.hpp"
+#include "references/fp_env.hpp"
 
 namespace ulpgate {
 namespace {
@@ -73,6 +74,7 @@ void judge_into(Judged& j, const Case& c, const RunOutcome& run, const Tolerance
 }
 
 Judged judge_run(const Case& c, const Inputs& inputs, const RunOutcome& run, const ToleranceModel& tol) {
+  const ReferenceFpEnv env;  // the reference's derived forms and the ops' bounds, whatever the caller set
   Judged j;
   {
     const Phase phase("compare");
@@ -85,6 +87,7 @@ Judged judge_run(const Case& c, const Inputs& inputs, const RunOutcome& run, con
 
 // A run of case c against given references (their got codes and write audit replaced).
 Judged judge_against(std::vector<OutputComparison> reference, const Case& c, const RunOutcome& run, const ToleranceModel& tol) {
+  const ReferenceFpEnv env;
   Judged r;
   r.cmp = std::move(reference);
   const std::vector<std::string> names = outputs_of(c);

@@ -87,6 +87,17 @@ rc::Shrinkable<Case> draw_case(const rc::Gen<Case>& gen, std::uint64_t target_se
   return gen(rc::Random(low64(random_block(target_seed, 0xF023u, index))), static_cast<int>((37 * index) % 101));
 }
 
+GenLimits case_limits(const FuzzOptions& o, std::int64_t index) {
+  if (!large_case(o.sizes, index)) return GenLimits{o.max_k, o.gelu, false, -1, index % 5 == 1 || index % 5 == 3};
+  const std::int64_t nth = o.sizes == SizeSchedule::Large ? index : index / 5;
+  return GenLimits{o.max_k, o.gelu, true, static_cast<int>(nth % 5)};
+}
+
+Case campaign_case(const FuzzOptions& o, const FuzzTarget& t, const Kernel& k, std::int64_t index) {
+  const rc::Gen<Case> gen = op_module(t.op).generate(t.dtype, &k, case_limits(o, index));
+  return draw_case(gen, target_seed(o.seed, t), static_cast<std::uint64_t>(index)).value();
+}
+
 std::string failed_exchange(const std::string& error) {
   return nlohmann::json{{"units", nlohmann::json::array()}, {"jobs", nlohmann::json::array()}, {"error", error}}.dump();
 }
@@ -309,31 +320,25 @@ RunRecord run_fuzz(Registry& registry, const FuzzOptions& o, const std::function
   struct TargetRun {
     const FuzzTarget* t = nullptr;
     Kernel* k = nullptr;
-    std::vector<rc::Gen<Case>> gens;  // [0]: small; [1 + kind]: large
+    std::vector<rc::Gen<Case>> gens;  // [0]: small; [1]: small, mapping; [2 + kind]: large
     std::uint64_t seed = 0;
   };
-  // Case i's limits: the small regime, or when the size schedule says so (large_case) the
-  // large one, the n-th large case of the target drawing shape kind n mod 5 (rotating);
-  // one generator for each of those six limits.
-  const auto limits_of = [&](std::int64_t index) {
-    if (!large_case(o.sizes, index)) return GenLimits{o.max_k, o.gelu, false};
-    const std::int64_t nth = o.sizes == SizeSchedule::Large ? index : index / 5;
-    return GenLimits{o.max_k, o.gelu, true, static_cast<int>(nth % 5)};
-  };
+  // One generator for each of case_limits' seven limits.
   const auto target_run = [&](std::size_t target_index) {
     TargetRun tr;
     tr.t = &targets[target_index];
     tr.k = registry.resolve(tr.t->kernel);
     if (!tr.k) throw InputError(fmt::format("--kernel '{}': no such kernel here (see ulpgate list)", tr.t->kernel));
-    tr.gens.push_back(op_module(tr.t->op).generate(tr.t->dtype, tr.k, GenLimits{o.max_k, o.gelu, false}));
+    for (bool mapping : {false, true})
+      tr.gens.push_back(op_module(tr.t->op).generate(tr.t->dtype, tr.k, GenLimits{o.max_k, o.gelu, false, -1, mapping}));
     for (int kind = 0; kind < 5; ++kind)
       tr.gens.push_back(op_module(tr.t->op).generate(tr.t->dtype, tr.k, GenLimits{o.max_k, o.gelu, true, kind}));
     tr.seed = target_seed(o.seed, *tr.t);
     return tr;
   };
   const auto gen_of = [&](const TargetRun& tr, std::int64_t index) -> const rc::Gen<Case>& {
-    const GenLimits l = limits_of(index);
-    return tr.gens[l.large ? 1 + static_cast<std::size_t>(l.large_kind) : 0];
+    const GenLimits l = case_limits(o, index);
+    return tr.gens[l.large ? 2 + static_cast<std::size_t>(l.large_kind) : l.mapping ? 1 : 0];
   };
   // A shrink candidate that passes is rejected, and one that fails only a metamorphic
   // relation has another signature: unless the failure being shrunk is a relation's,
@@ -464,7 +469,7 @@ RunRecord run_fuzz(Registry& registry, const FuzzOptions& o, const std::function
         const auto id = static_cast<std::uint64_t>(next_draw);
         if (worker_draws) {
           pool->submit(id, k->name(),
-                       DrawSpec{t.op, t.dtype, tr.seed, static_cast<std::uint64_t>(next_draw), limits_of(next_draw)},
+                       DrawSpec{t.op, t.dtype, tr.seed, static_cast<std::uint64_t>(next_draw), case_limits(o, next_draw)},
                        options);
           slots.emplace(next_draw++, Slot{});
           continue;

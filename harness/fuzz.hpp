@@ -82,6 +82,9 @@ class FuzzScheduler {
 /// has not made: no work done, and its error (the others then record it as failed).
 std::string failed_exchange(const std::string& error);
 
+/// What `ulpgate fuzz` runs without flags: cases per target and the small regime's largest K.
+inline constexpr std::int64_t kDefaultCampaignCases = 10, kDefaultCampaignMaxK = 1024;
+
 struct FuzzOptions {
   std::vector<FuzzTarget> targets;  ///< empty: every kernel here x every dtype it supports
   std::int64_t cases = 30;          ///< cases per target
@@ -153,6 +156,15 @@ std::uint64_t target_seed(std::uint64_t campaign_seed, const FuzzTarget& t);
 /// RapidCheck size (37 index) mod 101 from a random state of (target_seed, index).
 /// RapidCheck's generators share global state: call from one thread at a time.
 rc::Shrinkable<Case> draw_case(const rc::Gen<Case>& gen, std::uint64_t target_seed, std::uint64_t index);
+
+/// The generator limits of case `index` of a target: the small regime, or when the size
+/// schedule says so (large_case) the large one, the n-th large case of the target drawing
+/// shape kind n mod 5 (rotating), so that even two large cases reach different paths; the
+/// small cases of index 1 and 3 mod 5 draw the mapping structure (GenLimits::mapping).
+GenLimits case_limits(const FuzzOptions& o, std::int64_t index);
+
+/// Case `index` of target t's stream as run_fuzz draws it (k asked what it supports).
+Case campaign_case(const FuzzOptions& o, const FuzzTarget& t, const Kernel& k, std::int64_t index);
 
 /// "KERNEL DTYPE OP": how records name a target.
 std::string target_name(const FuzzTarget& t);

@@ -262,12 +262,12 @@ struct ParsedCheck {
 json draw_to_json(const DrawSpec& d) {
   return {{"op", d.op == Op::Gemm ? "gemm" : "attention"}, {"dtype", d.dtype}, {"target_seed", d.target_seed},
           {"index", d.index}, {"max_reduction", d.limits.max_reduction}, {"gelu", d.limits.gelu},
-          {"large", d.limits.large}, {"large_kind", d.limits.large_kind}};
+          {"large", d.limits.large}, {"large_kind", d.limits.large_kind}, {"mapping", d.limits.mapping}};
 }
 
 DrawSpec draw_from_json(const json& j) {
   const auto bad = [] { return InputError("worker request: draw must be {\"op\", \"dtype\", \"target_seed\", \"index\", "
-                                          "\"max_reduction\", \"gelu\", \"large\", \"large_kind\"}"); };
+                                          "\"max_reduction\", \"gelu\", \"large\", \"large_kind\", \"mapping\"}"); };
   if (!j.is_object()) throw bad();
   DrawSpec d;
   try {
@@ -281,6 +281,7 @@ DrawSpec draw_from_json(const json& j) {
     d.limits.gelu = j.at("gelu").get<bool>();
     d.limits.large = j.at("large").get<bool>();
     d.limits.large_kind = j.at("large_kind").get<int>();
+    d.limits.mapping = j.at("mapping").get<bool>();
   } catch (const json::exception&) {
     throw bad();
   }
@@ -292,9 +293,10 @@ DrawSpec draw_from_json(const json& j) {
 // generators are kept per target.
 Case draw_in_worker(Kernel& k, const DrawSpec& d) {
   static std::mutex mu;
-  static std::map<std::tuple<const Kernel*, Op, std::string, std::int64_t, bool, bool, int>, rc::Gen<Case>> gens;
+  static std::map<std::tuple<const Kernel*, Op, std::string, std::int64_t, bool, bool, int, bool>, rc::Gen<Case>> gens;
   std::lock_guard lock(mu);
-  const auto key = std::make_tuple(&k, d.op, d.dtype, d.limits.max_reduction, d.limits.gelu, d.limits.large, d.limits.large_kind);
+  const auto key = std::make_tuple(&k, d.op, d.dtype, d.limits.max_reduction, d.limits.gelu, d.limits.large, d.limits.large_kind,
+                                   d.limits.mapping);
   auto it = gens.find(key);
   if (it == gens.end()) it = gens.emplace(key, op_module(d.op).generate(d.dtype, &k, d.limits)).first;
   try {

@@ -8,6 +8,7 @@
 
 #include "core/error.hpp"
 #include "kernels/device.hpp"
+#include "references/fp_env.hpp"
 
 namespace ulpgate {
 
@@ -192,6 +193,7 @@ RunOutcome run_poisoned(Kernel& k, const Case& c, const std::map<std::string, Te
 // alternate poison, and only elements holding both are unwritten (a second run that fails
 // cannot tell: the first run's count stands). No extra run where everything was written.
 RunOutcome run_kernel(Kernel& k, const Case& c, const std::map<std::string, Tensor>& inputs) {
+  const RestoreFpEnv caller_env;
   RunOutcome out = run_poisoned(k, c, inputs, false);
   if (out.status != Disposition::Ok || out.unwritten == 0) return out;
   const RunOutcome again = run_poisoned(k, c, inputs, true);

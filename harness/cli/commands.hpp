@@ -5,6 +5,7 @@
 #include <optional>
 
 #include "harness/gate.hpp"
+#include "harness/fuzz.hpp"
 #include "harness/isolate.hpp"
 
 #include <cstdint>
@@ -47,10 +48,10 @@ namespace ulpgate {
 struct FuzzArgs {
   std::vector<std::string> kernels;  ///< empty: every kernel here
   std::vector<std::string> dtypes;   ///< empty: every dtype each kernel supports
-  std::int64_t cases = 10;           ///< per (kernel, dtype)
+  std::int64_t cases = kDefaultCampaignCases;  ///< per (kernel, dtype)
   double seconds = 300;              ///< whole-campaign budget (0: none)
   std::uint64_t seed = 1;
-  std::int64_t max_k = 1024;
+  std::int64_t max_k = kDefaultCampaignMaxK;
   std::string sizes = "realistic";   ///< small, realistic or large (harness/fuzz.hpp SizeSchedule)
   std::string out_dir = "ulpgate-out";
   std::string corpus_dir;            ///< empty: <out>/corpus

@@ -136,28 +136,24 @@ class AttentionModule final : public OpModule {
         const std::int64_t max_seq = std::max<std::int64_t>(1, limits.max_reduction);
         a.seq_kv = *gen::dim(max_seq, seqs);
         a.seq_q = *pick_seq_q(a.seq_kv, max_seq, seqs);
-        a.batch = *gen::dim(3);
-        a.heads = *gen::dim(4);
-        // The reference's budget of exponentials, and the element budget of each operand:
-        // the longer sequence halves first, batch and heads shrink last.
-        const auto over = [&] {
-          return a.batch * a.heads * a.seq_q * a.seq_kv > kScoreBudget ||
-                 a.batch * a.heads * a.seq_q * a.seq_kv * a.eff_head_dim_v() > kOutputTermBudget ||
-                 a.batch * a.heads * std::max(a.seq_q, a.seq_kv) * std::max(a.head_dim, a.eff_head_dim_v()) > gen::kElementBudget;
-        };
-        while (over()) {
-          if (a.seq_q > 1 && a.seq_q >= a.seq_kv) a.seq_q = (a.seq_q + 1) / 2;
-          else if (a.seq_kv > 1) a.seq_kv = (a.seq_kv + 1) / 2;
-          else if (a.heads > 1) --a.heads;
-          else if (a.batch > 1) --a.batch;
-          else break;
+        if (limits.mapping) {
+          draw_mapping_shape(a, keep_if_supported);
+        } else {
+          a.batch = *gen::dim(3);
+          a.heads = *gen::dim(4);
         }
+        fit_small_budget(a);
       }
       const auto layout = *gen::pick(std::vector<AttentionLayout>{AttentionLayout::BHSD, AttentionLayout::BSHD});
-      keep_if_supported([&] { a.layout = layout; }, [&] { a.layout = AttentionLayout::BHSD; });
+      keep_if_supported([&] { a.layout = limits.mapping ? AttentionLayout::BSHD : layout; }, [&] { a.layout = AttentionLayout::BHSD; });
       const bool causal = *gen::pick(std::vector<bool>{false, true});
       keep_if_supported([&] { a.causal = causal; }, [&] { a.causal = false; });
-      if (*gen::pick(std::vector<bool>{false, true})) {
+      if (limits.mapping) {
+        // Unequal per batch, batch 0's last key hidden.
+        std::vector<std::int64_t> lens{a.seq_kv - 1, a.seq_kv, a.seq_kv / 2};
+        lens.resize(static_cast<std::size_t>(a.batch), a.seq_kv);
+        keep_if_supported([&] { a.kv_lengths = lens; }, [&] { a.kv_lengths.clear(); });
+      } else if (*gen::pick(std::vector<bool>{false, true})) {
         std::vector<std::int64_t> lens;
         for (std::int64_t b = 0; b < a.batch; ++b) lens.push_back(*gen::pick(std::vector<std::int64_t>{a.seq_kv, 0, 1, a.seq_kv / 2, a.seq_kv - 1}));
         keep_if_supported([&] { a.kv_lengths = lens; }, [&] { a.kv_lengths.clear(); });
@@ -186,12 +182,12 @@ class AttentionModule final : public OpModule {
       c.seed = *rc::gen::arbitrary<std::uint64_t>();
       // Grouped-query and multi-query attention in the small regime, drawn last so that the
       // rest of the stream is the one drawn before GQA existed (fewer K/V heads cost less).
-      if (!limits.large && a.heads > 1) {
+      if (!limits.large && !limits.mapping && a.heads > 1) {
         const std::int64_t kv_heads = *gen::pick(kv_head_choices(a.heads));
         keep_if_supported([&] { a.kv_heads = kv_heads; }, [&] { a.kv_heads = 0; });
       }
       // The log-sum-exp output in one case of three, drawn after everything else.
-      if (*gen::pick(std::vector<int>{0, 0, 1}) && (!k || k->traits().writes_lse))
+      if ((limits.mapping || *gen::pick(std::vector<int>{0, 0, 1})) && (!k || k->traits().writes_lse))
         keep_if_supported([&] { c.types["LSE"] = Format::FP32; }, [&] { c.types.erase("LSE"); });
       validate(c);
       return c;
@@ -485,6 +481,41 @@ class AttentionModule final : public OpModule {
               if (!attention_visible(c, b, i, j)) out[static_cast<std::size_t>(((b * a.heads + h) * a.seq_q + i) * dv + d)] = 1;
           }
     return out;
+  }
+
+  // The small regime's budgets: the reference's exponentials and P V terms, and each
+  // operand's elements. The longer sequence halves first, batch and heads shrink last.
+  static void fit_small_budget(AttentionShape& a) {
+    const auto over = [&] {
+      return a.batch * a.heads * a.seq_q * a.seq_kv > kScoreBudget ||
+             a.batch * a.heads * a.seq_q * a.seq_kv * a.eff_head_dim_v() > kOutputTermBudget ||
+             a.batch * a.heads * std::max(a.seq_q, a.seq_kv) * std::max(a.head_dim, a.eff_head_dim_v()) > gen::kElementBudget;
+    };
+    while (over()) {
+      if (a.seq_q > 1 && a.seq_q >= a.seq_kv) a.seq_q = (a.seq_q + 1) / 2;
+      else if (a.seq_kv > 1) a.seq_kv = (a.seq_kv + 1) / 2;
+      else if (a.heads > 1) --a.heads;
+      else if (a.batch > 1) --a.batch;
+      else break;
+    }
+    if (a.kv_heads > a.heads || (a.kv_heads && a.heads % a.kv_heads)) a.kv_heads = 0;
+  }
+
+  // GenLimits::mapping's batch and heads (seq_q and seq_kv drawn): each piece is one a wrong
+  // index mapping needs to read other elements. 1 < kv_heads < heads (h % kv_heads against
+  // h / group), two or three batches (batch and head swapped), seq_q != seq_kv (K/V strides
+  // of seq_q). The generator adds BSHD (read as BHSD; K/V strides of the query heads),
+  // unequal kv_lengths hiding batch 0's last key (one length for all; one key too many)
+  // and the LSE output (its packed [batch][head][seq] order).
+  template <class Keep>
+  static void draw_mapping_shape(AttentionShape& a, Keep& keep_if_supported) {
+    static const std::vector<std::pair<std::int64_t, std::int64_t>> kGroups{
+        {4, 2}, {6, 3}, {6, 2}, {8, 2}, {8, 4}, {12, 4}, {16, 4}, {24, 8}, {32, 8}, {64, 8}};
+    a.batch = *rc::gen::inRange<std::int64_t>(2, 4);
+    const auto [heads, kv_heads] = *gen::pick(kGroups);
+    a.heads = heads;
+    keep_if_supported([&] { a.kv_heads = kv_heads; }, [&] { a.kv_heads = 0; });
+    if (a.seq_q == a.seq_kv && a.seq_kv > 1) a.seq_q = (a.seq_kv + 1) / 2;
   }
 
   // K/V head counts for `heads` query heads, simplest first: 0 (multi-head), then every

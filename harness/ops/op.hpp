@@ -35,6 +35,11 @@ struct GenLimits {
   /// 3 skinny, 4 batched; attention draws at random), -1: any, at random. Campaigns rotate
   /// it (harness/fuzz.cpp), so that even two large cases of a target reach different paths.
   int large_kind = -1;
+  /// Small regime: draw the structure where plausible wrong index mappings read other
+  /// elements than the right ones (attention: grouped heads with 1 < kv_heads < heads, BSHD,
+  /// two or three batches of unequal kv_lengths, seq_q != seq_kv, LSE). Campaigns set it
+  /// on some cases of every target (harness/fuzz.cpp case_limits), so each seed has them.
+  bool mapping = false;
 };
 
 /// The large regime's longest reduction (GEMM K, attention seq_kv).

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cfloat>
+#include <cfenv>
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -15,6 +16,7 @@
 #include "core/parallel.hpp"
 #include "distributions/fill.hpp"
 #include "harness/check.hpp"
+#include "harness/record.hpp"
 #include "harness/ops/gemm.hpp"
 #include "harness/ops/op.hpp"
 #include "kernels/emulated/attention_models.hpp"
@@ -778,4 +780,61 @@ TEST(Evaluate, DeclaredSubnormalFlushingCoversAttentionOutputs) {
   EXPECT_EQ(declared_failed, 0);
   EXPECT_EQ(undeclared_failed, runs);
   EXPECT_EQ(off_passed, 0);
+}
+
+namespace {
+
+// A host kernel that leaves FE_UPWARD set after computing its outputs under round to
+// nearest, as one calling fesetround without restoring it does.
+class LeavesUpward final : public Kernel {
+ public:
+  explicit LeavesUpward(std::unique_ptr<Kernel> inner) : inner_(std::move(inner)) {}
+  std::string name() const override { return inner_->name(); }
+  std::string description() const override { return "leaves FE_UPWARD set"; }
+  KernelTraits traits() const override { return inner_->traits(); }
+  std::optional<std::string> unsupported(const Case& c) const override { return inner_->unsupported(c); }
+  void run(const Case& c, const KernelIo& io, RunNotes& notes) override {
+    inner_->run(c, io, notes);
+    std::fesetround(FE_UPWARD);
+  }
+
+ private:
+  std::unique_ptr<Kernel> inner_;
+};
+
+// What a check decided and measured, without its timings.
+nlohmann::json judged(const CaseResult& r) {
+  const nlohmann::json j = case_result_to_json(r);
+  return {j.at("status"), j.at("signature"), j.at("metrics"), j.at("verdict")};
+}
+
+}  // namespace
+
+// The rounding mode a kernel leaves set, or the caller has set, changes neither the verdict
+// nor a metric: the reference and the analysis run under round to nearest whatever it is.
+TEST(Evaluate, RoundingModeLeftByAKernelOrTheCallerChangesNothing) {
+  for (Op op : {Op::Gemm, Op::Attention}) {
+    const auto make = [op] {
+      return op == Op::Gemm ? make_emulated_gemm(AccumulationModel{}) : make_emulated_attention(AttentionModel{});
+    };
+    auto model = make();
+    LeavesUpward leaves(make());
+    for (std::uint64_t i = 0; i < 12; ++i) {
+      Case c = op_module(op).generate("bf16", model.get(), GenLimits{300, true})(rc::Random(i), 60).value();
+      const CaseResult nearest = check_case(*model, c, EvaluationOptions{});
+      const CaseResult after_kernel = check_case(leaves, c, EvaluationOptions{});
+      const bool left_upward = std::fegetround() == FE_UPWARD;
+      std::fesetround(FE_UPWARD);
+      const RunOutcome run = run_kernel(*model, c, fill_inputs(c));
+      std::fesetround(FE_UPWARD);
+      const CaseResult caller_upward = check_given_outputs(c, run.outputs, model->name(), model->traits());
+      std::fesetround(FE_TONEAREST);
+      EXPECT_FALSE(left_upward) << "the kernel's rounding mode outlived its run";
+      EXPECT_EQ(judged(after_kernel), judged(nearest)) << name(op) << " case " << i;
+      if (run.status == Disposition::Ok) {
+        const CaseResult given = check_given_outputs(c, run.outputs, model->name(), model->traits());
+        EXPECT_EQ(judged(caller_upward), judged(given)) << name(op) << " case " << i;
+      }
+    }
+  }
 }
