@@ -10,8 +10,9 @@ from `ULPGATE VERB --help` (and, for a verb with verbs of its own such as `basel
 line "<!-- notes -->": they are carried over.
 
 With --check nothing is written: the exit code is 1, with the differences on stderr, when a
-committed page, the index or the nav differs from what the binary says, or when a page exists
-for a verb the binary no longer has. ctest docs.verbs runs that check.
+committed page, the index or the nav differs from what the binary says, when a page exists
+for a verb the binary no longer has, or when the README's command table does not link a
+verb's page. ctest docs.verbs runs that check.
 
 It needs only `ULPGATE --help` and `ULPGATE VERB --help` with CLI11's "Subcommands:" section
 (one verb per line, two spaces in, its summary after), so it keeps working whatever file the
@@ -112,6 +113,11 @@ def main():
         for path in stale:
             bad = True
             sys.stderr.write(f"{path.relative_to(DOCS.parent)}: a page for a verb 'ulpgate --help' does not list\n")
+        readme = (DOCS.parent / "README.md").read_text()
+        for verb, _ in verbs:
+            if f"(docs/verbs/{verb}.md)" not in readme:
+                bad = True
+                sys.stderr.write(f"README.md: the command table has no row linking docs/verbs/{verb}.md\n")
         if bad:
             sys.stderr.write(f"gen_verbs: run 'docs/gen_verbs.py {ulpgate}' and commit the pages\n")
             return 1
