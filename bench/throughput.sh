@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The throughput table of README "Throughput" (issue 15), measured in one run:
+# The throughput table of docs/results/throughput_h200.md, measured in one run:
 #   bench/throughput.sh BUILD_DIR OUT_DIR [parts...]
 # parts (default all): pytorch modes sweep reference breakdown
 #   pytorch    examples/pytorch/pytorch_loop.py for PYTORCH_SECONDS (10), where torch and a GPU are

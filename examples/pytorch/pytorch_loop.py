@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The usual way to test a GEMM, for comparison with ulpgate (README, "Throughput").
+"""The usual way to test a GEMM, for comparison with ulpgate (docs/dev/benchmarks.md).
 
 Random shapes M, N, K in [1, MAX] (default 256), bf16 inputs from randn, C = A @ B on the
 GPU (cuBLAS through PyTorch), reference A.double() @ B.double() on the GPU rounded to bf16,

@@ -1,6 +1,6 @@
 """Shared code of the PyTorch and Triton checks: ulpgate through its command line only.
 
-The loop (README, "Check a PyTorch kernel"): write a case JSON, `ulpgate export` its inputs
+The loop (docs/guide/pytorch.md): write a case JSON, `ulpgate export` its inputs
 as .npy (exact bits: BF16 as uint16 words, FP8 as uint8), run the kernel anywhere, save its
 output .npy in the case's output format, `ulpgate check CASE --outputs O=FILE --out RUN.json`,
 read the verdict and metrics from RUN.json. Needs only NumPy and the ulpgate binary (not the
@@ -162,7 +162,7 @@ def needs_mask(case):
 def input_key(case):
     """Cases that differ only in the declared compute type (or kernel) have the same inputs:
     values are a pure function of (seed, operand, coordinates) rounded to the operand's
-    format (README, Distributions)."""
+    format (docs/concepts/cases.md)."""
     c = json.loads(json.dumps(case))
     c["types"].pop("compute", None)
     c.pop("kernel", None)

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# README, "Check a PyTorch kernel": torch.matmul in BF16 judged by ulpgate (NumPy stands in without torch).
+# The manual's walkthrough (docs/guide/pytorch.md): torch.matmul in BF16 judged by ulpgate (NumPy stands in without torch).
 import json, subprocess, sys
 import numpy as np
 ulpgate = sys.argv[1] if len(sys.argv) > 1 else "build/ulpgate"

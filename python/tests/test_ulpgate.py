@@ -255,10 +255,18 @@ def test_attention_log_sum_exp():
     assert g.failures and all("LSE" in r.case.outputs for r in g.failures), g.summary()
 
 
+def python_block(path, heading):
+    """The first ```python block after `heading` in a Markdown file of this tree."""
+    text = open(os.path.join(os.path.dirname(__file__), "..", "..", path)).read()
+    section = text[text.index(heading):]
+    start = section.index("```python\n") + 10
+    return section[start:section.index("```\n", start)]
+
+
 def test_the_readme_walkthrough_runs_as_written(tmp_path, monkeypatch, capsys):
-    readme = open(os.path.join(os.path.dirname(__file__), "..", "..", "README.md")).read()
-    section = readme[readme.index("## Python module"):]
-    code = section[section.index("```python\n") + 10:section.index("```\n", section.index("```python\n") + 10)]
+    # The README's example and the manual's (docs/guide/python.md) are one text, and it runs.
+    code = python_block("README.md", "## Python module")
+    assert code == python_block("docs/guide/python.md", "## A first check"), "README block != docs/guide/python.md block"
     monkeypatch.chdir(tmp_path)
     old = np.seterr()
     try:

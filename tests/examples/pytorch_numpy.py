@@ -5,7 +5,7 @@
 
 Runs the whole loop of each script (case JSON, ulpgate export, the kernel, ulpgate check, the
 report) on tiny sizes and checks the verdicts, one planted failure, the 'triton not available'
-record and the README walkthrough as written; first the helpers' known answers.
+record and the manual's walkthrough as written; first the helpers' known answers.
 """
 import importlib.util
 import json
@@ -122,11 +122,12 @@ def main():
         doc, _ = report(out / "triton-missing", "triton")
         assert rc == 0 and doc["summary"].startswith("triton not available"), doc["summary"]
 
-    # The README walkthrough, as written: the README's block is the file, and it runs.
-    readme = (EXAMPLES.parents[1] / "README.md").read_text()
-    block = readme[readme.index("## Check a PyTorch kernel"):]
+    # The manual's walkthrough (docs/guide/pytorch.md), as written: its block is the file, and it runs.
+    page = (EXAMPLES.parents[1] / "docs" / "guide" / "pytorch.md").read_text()
+    block = page[page.index("## The walkthrough"):]
     block = block[block.index("```python\n") + len("```python\n"):]
-    assert block[:block.index("```")] == (EXAMPLES / "walkthrough.py").read_text(), "README block != walkthrough.py"
+    assert block[:block.index("```")] == (EXAMPLES / "walkthrough.py").read_text(), \
+        "docs/guide/pytorch.md block != walkthrough.py"
     (out / "walkthrough").mkdir()
     rc = run([py, EXAMPLES / "walkthrough.py", ulpgate], cwd=out / "walkthrough")
     rec = json.loads((out / "walkthrough" / "run.json").read_text())

@@ -1,5 +1,5 @@
 #!/bin/sh
-# The README's release workflow, end to end, on a kernel whose accuracy can regress
+# The release workflow of docs/concepts/gate.md, end to end, on a kernel whose accuracy can regress
 # (planted.release from the planted test plugin: pairwise summation, or sequential with
 # PLANTED_REGRESSION=1, both within tolerance):
 #   campaign -> baseline -> gate passes; the regressed kernel -> gate exit 1 ("regressed");

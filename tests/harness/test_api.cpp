@@ -1,4 +1,4 @@
-// The C++ API (include/ulpgate/ulpgate.hpp) in this tree; tests/install builds the README's
+// The C++ API (include/ulpgate/ulpgate.hpp) in this tree; tests/install builds the manual's
 // example against an installed copy.
 #include <cmath>
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # install.find_package: `cmake --install` of this build tree into WORK/prefix, then the
-# project in this folder (the README's "Use from C++" example, which must be these files
+# project in this folder (the manual's C++ API example, docs/guide/cpp.md, which must be these files
 # word for word) configured with find_package(ulpgate) against it, built and run.
 # The project compiles and links with the build's compiler and flags (a sanitized build's
 # libraries need the sanitizers' run-time libraries at the link).
@@ -9,12 +9,12 @@
 set -euo pipefail
 cmake=$1 generator=$2 build=$3 work=$4 cxx=$5 prefix_path=${6:-} cxx_flags=${7:-} exe_linker_flags=${8:-}
 here=$(cd "$(dirname "$0")" && pwd)
-readme=$here/../../README.md
+readme=$here/../../docs/guide/cpp.md
 
-for f in CMakeLists.txt main.cpp; do  # the README's blocks follow a "<!-- tests/install/FILE -->" line
+for f in CMakeLists.txt main.cpp; do  # the page's blocks follow a "<!-- tests/install/FILE -->" line
   if ! awk -v m="<!-- tests/install/$f -->" '$0 == m { on = 1; getline; next } on && /^```$/ { exit } on' \
        "$readme" | diff -u - "$here/$f"; then
-    echo "README.md's tests/install/$f differs from the file (diff above: README -, file +)"
+    echo "docs/guide/cpp.md's tests/install/$f differs from the file (diff above: page -, file +)"
     exit 1
   fi
 done

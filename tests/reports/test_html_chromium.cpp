@@ -42,7 +42,7 @@ std::size_t distinct_colours(const std::string& png_path) {
   return std::set<std::uint32_t>(pixels.begin(), pixels.end()).size();
 }
 
-// The command the test runs (also in README.md, "Reports"): --no-sandbox because CI runs
+// The command the test runs (also in docs/concepts/reports.md): --no-sandbox because CI runs
 // as root, a private profile so nothing outside the temporary folder is touched, and
 // console messages logged to stderr, where Chromium writes them as "...:CONSOLE..." lines.
 Page open_in_chromium(const testing::TempDir& dir, const std::string& html_path) {
