@@ -9,59 +9,20 @@
 #include <regex>
 #include <set>
 
-#include "tests/reports/report_test_util.hpp"
+#include "tests/reports/chromium_page.hpp"
 
 namespace ulpgate {
 namespace {
 
+using testing::open_in_chromium;
+using testing::Page;
 using testing::run_command;
 using testing::shell_quote;
 
-struct Page {
-  int exit_code = -1;
-  std::string log;
-  std::size_t colours = 0;
-  std::vector<std::string> console;
-};
+using SiteChromium = testing::ChromiumTest;
 
-std::size_t distinct_colours(const std::string& png_path) {
-  png_image image{};
-  image.version = PNG_IMAGE_VERSION;
-  if (!png_image_begin_read_from_file(&image, png_path.c_str())) return 0;
-  image.format = PNG_FORMAT_RGBA;
-  std::vector<std::uint32_t> pixels(static_cast<std::size_t>(image.width) * image.height);
-  if (!png_image_finish_read(&image, nullptr, pixels.data(), 0, nullptr)) {
-    png_image_free(&image);
-    return 0;
-  }
-  return std::set<std::uint32_t>(pixels.begin(), pixels.end()).size();
-}
-
-// The report test's command: a private profile, console messages logged to stderr.
-Page open_in_chromium(const testing::TempDir& dir, const std::string& html_path) {
-  Page page;
-  const std::string png = dir.file("screenshot.png"), log = dir.file("chromium.log");
-  page.exit_code = run_command(fmt::format(
-      "timeout 60 chromium --headless --no-sandbox --disable-gpu --hide-scrollbars --user-data-dir={} "
-      "--screenshot={} --window-size=1280,900 --enable-logging=stderr --v=0 {} >/dev/null 2>{}",
-      shell_quote(dir.file("profile")), shell_quote(png), shell_quote("file://" + html_path),
-      shell_quote(log))).exit_code;
-  page.log = testing::read_file(log);
-  std::istringstream lines(page.log);
-  for (std::string line; std::getline(lines, line);)
-    if (line.find(":CONSOLE") != std::string::npos || line.find("Uncaught") != std::string::npos)
-      page.console.push_back(line);
-  page.colours = distinct_colours(png);
-  return page;
-}
-
-class SiteChromium : public ::testing::Test {
- protected:
-  void SetUp() override {
-    ASSERT_EQ(run_command("command -v chromium >/dev/null").exit_code, 0)
-        << "chromium is needed (Debian package chromium; .ci/install-deps installs it)";
-  }
-};
+// The front page's first screen.
+constexpr int kWindowHeight = 900;
 
 // A blank page has one colour; a line of text a few dozen. The front page's first screen
 // (navigation bar, headings, links, code) shows several hundred.
@@ -88,7 +49,7 @@ TEST_F(SiteChromium, FrontPageRendersWithItsAssetsAndNoConsoleMessages) {
     EXPECT_TRUE(std::filesystem::exists(site + "/" + (*it)[1].str())) << "missing from the site: " << (*it)[1];
   EXPECT_GT(assets, 0);
 
-  const Page page = open_in_chromium(dir, index);
+  const Page page = open_in_chromium(dir, index, kWindowHeight);
   ASSERT_EQ(page.exit_code, 0) << page.log;
   EXPECT_TRUE(page.console.empty()) << fmt::format("{}", fmt::join(page.console, "\n"));
   EXPECT_GE(page.colours, kMinColours);
@@ -99,7 +60,7 @@ TEST_F(SiteChromium, ControlPageWithAScriptErrorIsCaught) {
   testing::TempDir dir("site-chromium-control");
   const std::string html = dir.file("control.html");
   testing::write_file(html, "<!doctype html><title>c</title><p>text</p><script>undefined_function();</script>");
-  const Page page = open_in_chromium(dir, html);
+  const Page page = open_in_chromium(dir, html, kWindowHeight);
   ASSERT_EQ(page.exit_code, 0) << page.log;
   EXPECT_FALSE(page.console.empty()) << "a script error did not reach the console log:\n" << page.log;
   EXPECT_LT(page.colours, kMinColours);
