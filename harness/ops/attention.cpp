@@ -449,7 +449,7 @@ class AttentionModule final : public OpModule {
       for (std::int64_t h = 0; h < a.heads; ++h) {
         const std::int64_t hk = a.kv_head(h);
         std::vector<char> key_bad(static_cast<std::size_t>(a.seq_kv));
-        for (std::int64_t j = 0; j < a.seq_kv; ++j) key_bad[j] = static_cast<char>(bad("K", kv, b, hk, j) | bad("V", vv, b, hk, j));
+        for (std::int64_t j = 0; j < a.seq_kv; ++j) key_bad[j] = static_cast<char>(bad("K", kv, b, hk, j) || bad("V", vv, b, hk, j));
         for (std::int64_t i = 0; i < a.seq_q; ++i) {
           bool row = bad("Q", qv, b, h, i);
           for (std::int64_t j = 0; j < a.seq_kv && !row; ++j) row = key_bad[j] && attention_visible(c, b, i, j);
@@ -512,8 +512,9 @@ class AttentionModule final : public OpModule {
     static const std::vector<std::pair<std::int64_t, std::int64_t>> kGroups{
         {4, 2}, {6, 3}, {6, 2}, {8, 2}, {8, 4}, {12, 4}, {16, 4}, {24, 8}, {32, 8}, {64, 8}};
     a.batch = *rc::gen::inRange<std::int64_t>(2, 4);
-    const auto [heads, kv_heads] = *gen::pick(kGroups);
-    a.heads = heads;
+    const auto group = *gen::pick(kGroups);
+    const std::int64_t kv_heads = group.second;
+    a.heads = group.first;
     keep_if_supported([&] { a.kv_heads = kv_heads; }, [&] { a.kv_heads = 0; });
     if (a.seq_q == a.seq_kv && a.seq_kv > 1) a.seq_q = (a.seq_kv + 1) / 2;
   }
