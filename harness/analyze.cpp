@@ -251,10 +251,13 @@ void scan(const OutputComparison& cmp, const ErrorMap& map, const JudgeTerms* jt
         m.max_normalised = std::max(m.max_normalised, norm);
         s.sum_norm += norm;
         ++s.norm_count;
-        m.max_ulp = std::max(m.max_ulp, std::fabs(ulp));
-        s.sum_ulp += std::fabs(ulp);
-        s.sum_signed_ulp += ulp;
-        m.ulp_histogram[ulp_histogram_bin(std::fabs(ulp))]++;
+        if (c <= cmp.ulp_fair_condition * xabs) {  // kUlpFairBits: ULPs measure the kernel here
+          ++m.ulp_fair;
+          m.max_ulp = std::max(m.max_ulp, std::fabs(ulp));
+          s.sum_ulp += std::fabs(ulp);
+          s.sum_signed_ulp += ulp;
+          m.ulp_histogram[ulp_histogram_bin(std::fabs(ulp))]++;
+        }
         s.sum_err2 += err * err;
         s.sum_x2 += xabs * xabs;
         if (!std::isnan(s.cells[cell])) s.cells[cell] = std::max(s.cells[cell], norm);
@@ -352,7 +355,7 @@ ErrorMetrics merge_metrics(const OutputComparison& cmp, ErrorMap map, const std:
   all.cells = map.max_normalised;
   for (const Stretch& s : part) {
     const ErrorMetrics& p = s.m;
-    m.compared += p.compared, m.exact_matches += p.exact_matches;
+    m.compared += p.compared, m.exact_matches += p.exact_matches, m.ulp_fair += p.ulp_fair;
     m.expected_nonfinite += p.expected_nonfinite, m.overflowed += p.overflowed;
     m.unexpected_nan += p.unexpected_nan, m.unexpected_inf += p.unexpected_inf;
     m.missed_nonfinite += p.missed_nonfinite, m.mismatched_nonfinite += p.mismatched_nonfinite;
@@ -372,10 +375,10 @@ ErrorMetrics merge_metrics(const OutputComparison& cmp, ErrorMap map, const std:
   }
   map.max_normalised = all.cells;
   m.map = std::move(map);
-  if (m.compared) {
-    m.mean_abs = all.sum_abs / m.compared;
-    m.mean_ulp = all.sum_ulp / m.compared;
-    m.bias_ulp = all.sum_signed_ulp / m.compared;
+  if (m.compared) m.mean_abs = all.sum_abs / m.compared;
+  if (m.ulp_fair) {
+    m.mean_ulp = all.sum_ulp / m.ulp_fair;
+    m.bias_ulp = all.sum_signed_ulp / m.ulp_fair;
   }
   if (all.rel_count) m.mean_rel = all.sum_rel / all.rel_count;
   if (all.norm_count) m.mean_normalised = all.sum_norm / all.norm_count;
@@ -385,10 +388,67 @@ ErrorMetrics merge_metrics(const OutputComparison& cmp, ErrorMap map, const std:
   return m;
 }
 
+// The bias test's sums (analyze.hpp) over the elements it applies to.
+struct BiasStatistics {
+  std::int64_t n = 0;
+  double signed_sum = 0, zero_sum = 0, allowed = 0;
+  double mean(double sum) const { return n ? sum / static_cast<double>(n) : NAN; }
+};
+
+BiasStatistics bias_statistics(const JudgeTerms& jt) {
+  const OutputComparison& cmp = jt.cmp;
+  BiasStatistics b;
+  const Format f = jt.f;
+  // Where D is coarser than the accumulator its own rounding sets the errors, and the
+  // rounding test judges their direction (analyze.hpp).
+  if (cmp.bias_allowance.empty() || jt.fi.precision() < jt.tol.accumulator_bits) return b;
+  std::vector<double> values;
+  double systematic = 0, random2 = 0, floor = 0;
+  for (std::size_t e = 0; e < cmp.got.size(); ++e) {
+    const double beta = cmp.bias_allowance[e], c = condition_at(cmp, e);
+    if (!std::isfinite(beta) || !(c > 0)) continue;
+    const RefValue& x = cmp.exact[e];
+    if (classify(cmp, e, x.round_to(f, Rounding::NearestEven, output_overflow(f))) != Class::Compared) continue;
+    const DoubleDouble xd = target(f, x);
+    const double xabs = magnitude_of(xd);
+    if (cmp.relu_output && xabs <= jt.bound(e, xabs)) continue;  // the clamp may decide the sign
+    const double shift = e < cmp.bias_shift.size() ? cmp.bias_shift[e] : 0.0;
+    const double t = (signed_error(decode(f, cmp.got[e]), xd) - shift) / c, toward = xd.hi + shift;
+    b.signed_sum += t;
+    b.zero_sum += toward > 0 ? t : toward < 0 ? -t : 0.0;
+    systematic += beta / c;
+    const double rho = e < cmp.bias_spread.size() ? cmp.bias_spread[e] : 0.0, ulp = ulp_at(f, x), epi = 2 * jt.u_acc * xabs;
+    random2 += (rho * rho + ulp * ulp / 12 + epi * epi) / (c * c);
+    floor += jt.fi.min_subnormal() / 2 / c;
+    values.push_back(xd.hi);
+    ++b.n;
+  }
+  std::sort(values.begin(), values.end());
+  const auto distinct = static_cast<double>(std::unique(values.begin(), values.end()) - values.begin());
+  if (b.n) b.allowed = kBiasKappa * systematic + 6 * std::sqrt(random2 * static_cast<double>(b.n) / distinct) + floor;
+  return b;
+}
+
+// The bias test's verdict (analyze.hpp) from its sums.
+void judge_bias(const BiasStatistics& b, const std::string& out, Verdict& v) {
+  v.bias = b.mean(std::fabs(b.zero_sum) >= std::fabs(b.signed_sum) ? b.zero_sum : b.signed_sum);
+  v.bias_allowed = b.mean(b.allowed);
+  if (b.n < kBiasMinElements) return;
+  const bool zero = std::fabs(b.zero_sum) >= std::fabs(b.signed_sum);
+  const double sum = zero ? b.zero_sum : b.signed_sum;
+  if (!(std::fabs(sum) > b.allowed)) return;
+  v.fail(out + ":biased",
+         fmt::format("biased {}: the mean error over {} elements is {:.3g} of sum |terms| ({:.3g}x what the declared "
+                     "arithmetic's systematic and random errors reach, {:.3g}): a systematic deviation inside the "
+                     "tolerance (a directed rounding of inputs or output, a dropped correction term)",
+                     zero ? (sum < 0 ? "toward zero" : "away from zero") : (sum < 0 ? "negative" : "positive"), b.n,
+                     b.mean(sum), std::fabs(sum) / b.allowed, b.mean(b.allowed)));
+}
+
 // judge()'s verdict from its passes (merged in order: a first index from the first stretch
 // that has one, a worst one from the first stretch holding the largest; ties: the earlier,
 // as one loop keeps it) and the metrics (write audit, baseline rule).
-Verdict verdict_of(const JudgeTerms& jt, const std::vector<Pass>& parts, const ErrorMetrics& m,
+Verdict verdict_of(const JudgeTerms& jt, const std::vector<Pass>& parts, const ErrorMetrics& m, const BiasStatistics& bias,
                    double baseline_max_normalised, const BaselineRule& rule) {
   Verdict v;
   const std::string out = m.output.empty() ? "out" : m.output;
@@ -442,6 +502,7 @@ Verdict verdict_of(const JudgeTerms& jt, const std::vector<Pass>& parts, const E
                          all.misrounded, all.n_precision, name(f), kMisroundReach, all.worst_beyond_ratio, most));
     }
   }
+  judge_bias(bias, out, v);
   if (all.nan) v.fail(token("unexpected_nan"), fmt::format("{} unexpected NaN", all.nan));
   if (all.inf) v.fail(token("unexpected_inf"), fmt::format("{} unexpected Inf", all.inf));
   if (all.missed)
@@ -450,7 +511,9 @@ Verdict verdict_of(const JudgeTerms& jt, const std::vector<Pass>& parts, const E
     v.fail(token("mismatched_nonfinite"), fmt::format("{} wrong non-finite values (NaN vs Inf or wrong sign)", all.mismatched));
   if (all.over)
     v.fail(token("tolerance"),
-           fmt::format("{} elements exceed the tolerance (worst {:.3g}x the bound; {})", all.over, all.worst_ratio,
+           fmt::format("{} elements exceed the tolerance (worst {:.3g}x the bound of {}; {})", all.over, all.worst_ratio,
+                       tol.rule.empty() ? std::string("the declared arithmetic")
+                                        : "the loosest admitted arithmetic, " + tol.rule,
                        !jt.cmp.tolerance_note.empty()
                            ? jt.cmp.tolerance_note
                            : fmt::format("accumulator {} bits{}, n = {}", tol.accumulator_bits,
@@ -465,6 +528,10 @@ Verdict verdict_of(const JudgeTerms& jt, const std::vector<Pass>& parts, const E
 }
 
 }  // namespace
+
+double ulp_fair_condition(int accumulator_bits, Format out) {
+  return std::ldexp(1.0, std::max(0, accumulator_bits - info(out).precision()) + kUlpFairBits);
+}
 
 ErrorMetrics analyze(const OutputComparison& cmp) {
   const ReferenceFpEnv env;  // the errors' and bounds' double arithmetic rounds to nearest
@@ -536,7 +603,7 @@ Verdict judge(const OutputComparison& cmp, const ErrorMetrics& m, const Toleranc
   std::vector<Stretch> stretches;
   std::vector<Pass> passes;
   scan_all<false, true>(cmp, ErrorMap{}, &jt, stretches, passes);
-  return verdict_of(jt, passes, m, baseline_max_normalised, rule);
+  return verdict_of(jt, passes, m, bias_statistics(jt), baseline_max_normalised, rule);
 }
 
 Assessment analyze_and_judge(const OutputComparison& cmp, const ToleranceModel& tol, std::int64_t n,
@@ -552,7 +619,11 @@ Assessment analyze_and_judge(const OutputComparison& cmp, const ToleranceModel& 
   a.metrics.output = audit.output;
   a.metrics.unwritten = audit.unwritten;
   a.metrics.padding_written = audit.padding_written;
-  a.verdict = verdict_of(jt, passes, a.metrics, baseline_max_normalised, rule);
+  const BiasStatistics bias = bias_statistics(jt);
+  a.metrics.bias = bias.mean(bias.signed_sum);
+  a.metrics.bias_toward_zero = bias.mean(bias.zero_sum);
+  a.metrics.bias_allowed = bias.mean(bias.allowed);
+  a.verdict = verdict_of(jt, passes, a.metrics, bias, baseline_max_normalised, rule);
   return a;
 }
 
@@ -585,7 +656,7 @@ bool same_failure(const std::string& a, const std::string& b) {
   const auto statistical = [](const std::string& check) {
     const std::size_t colon = check.find(':');
     const std::string name = colon == std::string::npos ? check : check.substr(colon + 1);
-    return name == "precision" || name == "misrounded";
+    return name == "precision" || name == "misrounded" || name == "biased";
   };
   const auto split = [&](const std::map<std::string, std::string>& m) {
     std::map<std::string, std::string> other;

@@ -108,7 +108,14 @@ struct ErrorMetrics {
   double max_rel = 0, mean_rel = 0;
   double normwise = 0;
   double max_normalised = 0, mean_normalised = 0;
+  /// ULP statistics and the histogram over the ULP-fair elements only (kUlpFairBits below):
+  /// elsewhere cancellation, not the kernel, sets the ULP scale.
   double max_ulp = 0, mean_ulp = 0, bias_ulp = 0;
+  std::int64_t ulp_fair = 0;  ///< how many compared elements the ULP statistics cover
+  /// The bias test's statistics (below): the mean signed error against the declared
+  /// arithmetic's exact result, normalised by c_e, plain and toward zero, and the most a
+  /// correct kernel's mean reaches here; NaN where the test does not apply.
+  double bias = NAN, bias_toward_zero = NAN, bias_allowed = NAN;
   std::uint64_t max_ulp_distance = 0;
   std::vector<std::int64_t> ulp_histogram = std::vector<std::int64_t>(kUlpHistogramBins, 0);
   std::int64_t expected_nonfinite = 0, unexpected_nan = 0, unexpected_inf = 0, missed_nonfinite = 0,
@@ -164,7 +171,25 @@ struct OutputComparison {
   /// accumulation of the declared arithmetic on these inputs, in D's units. Empty: the
   /// rule does not apply (attention; GELU epilogues).
   std::vector<double> precision_scale;
+  /// The bias test (below), per element in D's units: beta_e, the systematic error a
+  /// correct kernel of the declared arithmetic can make here (NaN or empty: the test skips
+  /// the element); rho_e, the scale of its random error; delta_e = x'_e - x_e, where x'_e
+  /// is the exact result of the inputs rounded as declared (empty: 0, no input rounding).
+  std::vector<double> bias_allowance, bias_spread, bias_shift;
+  /// The ULP-fair rule's bound (kUlpFairBits): 2^(accumulator bits - D's precision +
+  /// kUlpFairBits), at least 2^kUlpFairBits; the op sets it from the tolerance.
+  double ulp_fair_condition = 0x1p4;
 };
+
+/// ULP statistics (max, mean, bias in ULPs, the histogram) cover the elements whose
+/// condition c_e / |x_e| is at most OutputComparison::ulp_fair_condition: where an error of
+/// one unit of the accumulator in what was summed, u_acc c_e, is at most 2^kUlpFairBits
+/// ULPs of D at x_e. Beyond it (cancellation, results near zero) ULPs measure the
+/// cancellation rather than the kernel (an element whose exact value is 1e-40 after a sum
+/// of 1e+0 terms is 1e+30 ULPs off for any FP32 kernel); such elements are judged and
+/// summarised by the normalised error |d_e - x_e| / c_e.
+inline constexpr int kUlpFairBits = 4;
+double ulp_fair_condition(int accumulator_bits, Format out);
 
 /// The precision rule: a statistic over a whole output, far sharper than the per-element
 /// worst-case bound at large K (README "Precision rule"). Over the N elements e that are
@@ -218,6 +243,28 @@ inline std::int64_t misrounded_allowance(std::int64_t n) {
   return static_cast<std::int64_t>(np + 6 * std::sqrt(np) + 6);
 }
 
+/// The bias test, beside the precision rule and over its N sampled elements (where
+/// OutputComparison::bias_allowance is finite; for ReLU outputs those with |x_e| above their
+/// tolerance, so that the clamp cannot decide a sign), where D keeps at least the
+/// accumulator's precision (a coarser D's rounding sets the errors' size and direction on
+/// discrete inputs, FP8 sums rounded to BF16 say; the rounding test judges those). A truncating input conversion, a wrong
+/// rounding mode or a dropped correction term moves every element the same way, within the
+/// tolerance of each: the mean shows it. With x'_e = x_e + delta_e (the exact result of the
+/// declared input rounding) and t_e = (d_e - x'_e) / c_e, two sums:
+///   T_signed = sum_e t_e        T_zero = sum_e t_e sign(x'_e)   (toward zero: negative)
+/// A correct kernel's error is a systematic part, at most beta_e (absorption of small terms,
+/// round-toward-zero accumulation, promotion; harness/ops/gemm.cpp), and a random part of
+/// scale rho_e (accumulation), ulp_D(x_e) / sqrt(12) (D's rounding) and 2 u_acc |x_e| (the
+/// epilogue's). The case fails ("D:biased") when either |T| exceeds
+///   kBiasKappa sum_e beta_e / c_e + 6 sqrt(N / N_distinct) sqrt(sum_e (rho_e^2 + ...) / c_e^2)
+///   + sum_e (ulp_D(0) / 2) / c_e
+/// with N_distinct the number of distinct x_e (equal results make equal errors: the
+/// random parts are independent only across distinct ones). Six standard deviations of the
+/// random part plus twice the systematic one: a correct kernel raises it with a probability
+/// far below 10^-8 per case (docs: measured over 20 seeds of every CPU model).
+inline constexpr double kBiasKappa = 2.0;
+inline constexpr std::int64_t kBiasMinElements = 16;
+
 ErrorMetrics analyze(const OutputComparison& cmp);
 /// Element e (logical index) as WorstElement shows it.
 WorstElement describe_element(const OutputComparison& cmp, std::int64_t e);
@@ -260,6 +307,12 @@ struct ToleranceModel {
   int input_bits = 0;         ///< 0: inputs used as given; else the internal input precision
   double accumulator_eta = 0x1p-149;  ///< the accumulator format's smallest subnormal
   int p_bits = 0;             ///< attention: the precision P is rounded to before P V (0: none)
+  /// How the kernel rounds its inputs to input_bits (KernelTraits::input_rounding).
+  Rounding input_rounding = Rounding::NearestAway;
+  /// The rule that judges, named for reports: the admitted arithmetic the bound is that of
+  /// (the loosest the default admits, or the kernel's declared one), e.g. "default: FP32
+  /// accumulation in any order, P rounded to bf16".
+  std::string rule;
   /// GEMM with a GELU epilogue: KernelTraits::activation_error, the absolute error of the
   /// kernel's tanh/erf; the bound adds activation_error c_e / 2 (c_e >= |v|, the
   /// activation's input). 0: none.
@@ -298,7 +351,8 @@ struct BaselineRule {
 ///     (every failing element in the output's last row or last column: a boundary or
 ///     remainder bug), interior (some failing element elsewhere) or any (the output has a
 ///     single row or column, so the two cannot be told apart)
-///   OUTPUT:precision, OUTPUT:misrounded (the precision rule and the rounding test above:
+///   OUTPUT:precision, OUTPUT:misrounded, OUTPUT:biased (the precision rule, the rounding
+///   test and the bias test above:
 ///   statistics of the whole output)
 ///   OUTPUT:unwritten, OUTPUT:padding_written, inputs_modified (the write audit)
 ///   relation:NAME (a metamorphic relation that did not hold)
@@ -318,6 +372,10 @@ struct Verdict {
   /// The rounding test's count of misrounded elements and the most it allows (analyze.hpp;
   /// -1: the test does not apply; records: notes["misrounded"] = "count/allowed").
   std::int64_t misrounded = -1, misrounded_allowed = -1;
+  /// The bias test's mean error (the larger of the plain and toward-zero statistics) and the
+  /// most a correct kernel's reaches, per element normalised (NaN: not applied; records:
+  /// notes["bias"] = "mean/allowed").
+  double bias = NAN, bias_allowed = NAN;
   /// Records a failure: passed = false, the reason and its check token.
   void fail(std::string check, std::string reason) {
     passed = false;

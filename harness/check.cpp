@@ -272,6 +272,8 @@ CaseResult to_case_result(const Kernel& k, const Case& c, const Evaluation& ev, 
   if (!std::isnan(ev.verdict.precision_ratio)) r.notes["precision_ratio"] = fmt::format("{:.4g}", ev.verdict.precision_ratio);
   if (ev.verdict.misrounded >= 0)
     r.notes["misrounded"] = fmt::format("{}/{}", ev.verdict.misrounded, ev.verdict.misrounded_allowed);
+  if (!std::isnan(ev.verdict.bias)) r.notes["bias"] = fmt::format("{:.3g}/{:.3g}", ev.verdict.bias, ev.verdict.bias_allowed);
+  if (!ev.tolerance.rule.empty()) r.notes["rule"] = ev.tolerance.rule;
   r.metrics = ev.metrics;
   r.verdict = ev.verdict;
   // The error map localises a failure (a tile or boundary pattern); a passing case keeps its

@@ -201,6 +201,8 @@ json tolerance_to_json(const ToleranceModel& t) {
           {"accumulator_eta", encode_double(t.accumulator_eta)},
           {"activation_error", encode_double(t.activation_error)},
           {"nearest", t.nearest},
+          {"input_rounding", name(t.input_rounding)},
+          {"rule", t.rule},
           {"probabilistic", t.probabilistic},
           {"lambda", encode_double(t.lambda)}};
 }
@@ -222,6 +224,13 @@ ToleranceModel tolerance_from_json(const json& j, const std::string& path) {
   if (!(std::isfinite(t.accumulator_eta) && t.accumulator_eta >= 0))
     fail(r.path("accumulator_eta"), fmt::format("must be finite and >= 0, got {}", t.accumulator_eta));
   if (r.has("nearest")) t.nearest = r.boolean("nearest");  // absent before the precision rule
+  if (r.has("input_rounding")) {  // absent before the bias test
+    const std::string text = r.string("input_rounding");
+    const auto rounding = parse_rounding(text);
+    if (!rounding) fail(r.path("input_rounding"), fmt::format("must be rne, rna, rz, ru or rd, got '{}'", text));
+    t.input_rounding = *rounding;
+  }
+  if (r.has("rule")) t.rule = r.string("rule");
   if (r.has("activation_error")) {  // absent before declared GELU evaluation errors
     t.activation_error = r.number("activation_error");
     if (!(std::isfinite(t.activation_error) && t.activation_error >= 0 && t.activation_error < 1))
@@ -319,6 +328,10 @@ json metrics_to_json(const ErrorMetrics& m) {
           {"max_ulp", encode_double(m.max_ulp)},
           {"mean_ulp", encode_double(m.mean_ulp)},
           {"bias_ulp", encode_double(m.bias_ulp)},
+          {"ulp_fair", m.ulp_fair},
+          {"bias", encode_double(m.bias)},
+          {"bias_toward_zero", encode_double(m.bias_toward_zero)},
+          {"bias_allowed", encode_double(m.bias_allowed)},
           {"max_ulp_distance", m.max_ulp_distance},
           {"ulp_histogram", m.ulp_histogram},
           {"expected_nonfinite", m.expected_nonfinite},
@@ -355,6 +368,13 @@ ErrorMetrics metrics_from_json(const json& j, const std::string& path) {
   m.max_ulp = r.number("max_ulp");
   m.mean_ulp = r.number("mean_ulp");
   m.bias_ulp = r.number("bias_ulp");
+  if (r.has("ulp_fair")) m.ulp_fair = r.integer("ulp_fair", 0);  // absent before the ULP-fair rule: every compared element
+  else m.ulp_fair = m.compared;
+  if (r.has("bias")) {  // absent before the bias test
+    m.bias = r.number("bias");
+    m.bias_toward_zero = r.number("bias_toward_zero");
+    m.bias_allowed = r.number("bias_allowed");
+  }
   m.max_ulp_distance = r.unsigned_integer("max_ulp_distance");
   m.ulp_histogram = r.integers("ulp_histogram", 0);
   if (m.ulp_histogram.size() != static_cast<std::size_t>(kUlpHistogramBins))

@@ -42,8 +42,14 @@ struct KernelTraits {
   /// than its own hardware allows), on GEMM cases of at most kDeclaredModelTerms terms.
   std::string accumulation_model{};
   /// Attention: the precision (bits) P is rounded to before P V (flash kernels: FP16 11,
-  /// BF16 8); 0: P is used at the compute precision. The tolerance model uses it.
+  /// BF16 8; 24: P kept in FP32, the tighter rule). 0: undeclared, and the default rule
+  /// admits P rounded to the inputs' 16-bit format (BF16 for FP8 inputs), as fused kernels
+  /// do (docs: the precision rule's admitted arithmetics).
   int p_bits = 0;
+  /// How the kernel rounds its inputs where it rounds them (TF32 compute: FP32 inputs to 11
+  /// bits): cvt.rna (to nearest, ties away) unless declared otherwise. The bias test judges
+  /// the kernel against the exact result of the inputs rounded this way.
+  Rounding input_rounding = Rounding::NearestAway;
   /// Attention: the kernel writes the log-sum-exp output (core/case.hpp, "LSE") where a case
   /// asks for it. false: such cases are not supported (the runner says so, and generators
   /// do not draw them for the kernel).

@@ -172,7 +172,7 @@ std::string check(const std::string& case_json, const py::dict& outputs, const s
   const Case c = parse_case(case_json);
   const std::map<std::string, Tensor> tensors = to_tensors(c, outputs);
   if (p_bits != 0 && (c.op != Op::Attention || p_bits < 2 || p_bits > 24))
-    throw InputError(fmt::format("p_bits {}: attention cases only, 0 (P in FP32) or 2 to 24 bits", p_bits));
+    throw InputError(fmt::format("p_bits {}: attention cases only, 0 (undeclared) or 2 to 24 bits", p_bits));
   py::gil_scoped_release release;
   KernelTraits declared;
   declared.p_bits = p_bits;

@@ -146,10 +146,10 @@ def main():
     ap.add_argument("--heads", type=int, help="heads (default 2; --quick 1)")
     ap.add_argument("--dtype", choices=["fp16", "bf16"], nargs="+", default=["fp16", "bf16"])
     ap.add_argument("--dist", choices=sorted(DISTS), nargs="+", default=["normal", "sink"])
-    ap.add_argument("--p-bits", choices=["auto", "0"], default="auto",
+    ap.add_argument("--p-bits", choices=["auto", "24"], default="auto",
                     help="P's precision declared to `ulpgate check`: auto (default) the input type's for every "
                          "backend but MATH (FlashAttention-2, memory-efficient and cuDNN round P before P V), "
-                         "0: P in FP32 for all")
+                         "24: P in FP32 declared for all (the tighter rule)")
     ap.add_argument("--numpy-round-p", action="store_true",
                     help="numpy backend: every backend but MATH rounds P to the input type before P V, "
                          "as FlashAttention-2 does (shows how ulpgate judges that, README)")
@@ -202,7 +202,7 @@ def main():
                             rec.update(call=call, kernel_seconds=round(time.perf_counter() - t0, 4))
                             o_path = u.work / f"{group}-{backend}-O.npy"
                             np.save(o_path, uc.output_buffer(o, exported.output_info("O")))
-                            p_bits = 0 if args.p_bits == "0" or backend == "MATH" else (11 if dtype == "fp16" else 8)
+                            p_bits = 24 if args.p_bits == "24" or backend == "MATH" else (11 if dtype == "fp16" else 8)
                             rec["p_bits"] = p_bits
                             calls.append((rec, lambda op=o_path, t=f"{group}-{backend}", pb=p_bits:
                                           u.check(case_path, {"O": op}, u.work / f"{t}.run.json", pb)))
@@ -257,8 +257,8 @@ def report_sections(records, seqs, backends):
         "on these ranges it is mostly the output format's; the ULP distance from the correctly rounded "
         "value and the share of correctly rounded elements separate the kernels. Every backend but MATH is "
         "checked with `ulpgate check --p-bits` (P rounded to the input type before P V, as FlashAttention-2, "
-        "the memory-efficient kernel and cuDNN do; `--p-bits 0` judges them with P in FP32, which a BF16 P "
-        "can exceed at short seq_kv: `--backend numpy --numpy-round-p --p-bits 0` shows it).\n"))
+        "the memory-efficient kernel and cuDNN do; `--p-bits 24` judges them with P in FP32, which a BF16 P "
+        "can exceed at short seq_kv: `--backend numpy --numpy-round-p --p-bits 24` shows it).\n"))
     for backend in backends:
         rows = []
         for key in series_keys:

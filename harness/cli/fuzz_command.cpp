@@ -529,7 +529,7 @@ int check_command(const std::string& case_path, const std::vector<std::string>& 
   const Case c = read_case_within(case_path, max_memory);
   if (p_bits != 0 && (c.op != Op::Attention || p_bits < 2 || p_bits > 24))
     throw InputError(c.op != Op::Attention ? "--p-bits: attention cases only (the precision P is rounded to before P V)"
-                                           : fmt::format("--p-bits {}: must be 0 (P in FP32) or 2 to 24 bits", p_bits));
+                                           : fmt::format("--p-bits {}: must be 0 (undeclared) or 2 to 24 bits", p_bits));
   const std::vector<std::string> wanted = outputs_of(c);
   std::map<std::string, Tensor> outputs;
   std::vector<std::string> files, named;

@@ -274,7 +274,8 @@ int main(int argc, char** argv) {
   int check_p_bits = 0;
   check->add_option("--p-bits", check_p_bits,
                     "Attention: the kernel rounds P to this many bits before P V (11: FP16, 8: BF16, as FlashAttention "
-                    "and cuDNN do); 0 (default): P kept in FP32");
+                    "and cuDNN do; 24: P kept in FP32, the tighter rule); 0 (default): undeclared, P in the inputs' 16-bit "
+                    "format admitted");
 
   std::vector<std::string> probe_kernels;
   int probe_max_block = 512, probe_max_promote = 4096;

@@ -15,6 +15,23 @@ namespace {
 
 const std::vector<std::string> kAttentionDtypes = {"fp32", "fp16", "bf16", "e4m3"};
 
+// The precision P may be rounded to before P V without a declaration: the inputs' format
+// where it is 16 bits wide (FlashAttention-2/3, cuDNN and PyTorch's fused kernels feed P to
+// the tensor cores in Q's type), BF16 for FP8 inputs (P V in 16 bits), none for FP32.
+int default_p_bits(const Case& c) {
+  const Format q = c.types.at("Q");
+  if (q == Format::FP16 || q == Format::BF16) return info(q).precision();
+  return is_fp8(q) ? info(Format::BF16).precision() : 0;
+}
+
+// The smallest subnormal of the format P is rounded to (an absolute error of rounding it):
+// FP16's for 11 bits, E4M3's for 4, E5M2's for 3, else one with FP32's exponent range.
+double p_rounding_eta(int p_bits) {
+  for (Format f : {Format::FP16, Format::BF16, Format::E4M3, Format::E5M2})
+    if (info(f).precision() == p_bits) return info(f).min_subnormal();
+  return std::ldexp(1.0, info(Format::FP32).emin() + 1 - p_bits);
+}
+
 // Exponentials of every (query, key) pair are what the reference pays for: the generator
 // keeps batch * heads * seq_q * seq_kv below this.
 constexpr std::int64_t kScoreBudget = std::int64_t{1} << 16;
@@ -194,13 +211,31 @@ class AttentionModule final : public OpModule {
     });
   }
 
+  std::vector<AdmittedArithmetic> admitted(std::string_view dtype) const override {
+    std::vector<AdmittedArithmetic> out = {
+        {"three-pass softmax in FP32, P in FP32", "cpu.attn_naive"},
+        {"online softmax over blocks of 64 keys, rescaled as the max grows, P in FP32", "cpu.attn_online:block=64"},
+        {"FlashAttention-2's exponentials: exp2 with log2 e folded into the scale", "cpu.attn_online:block=128,exp2"},
+    };
+    const std::string p = dtype == "fp16" ? "fp16" : dtype == "fp32" ? "" : "bf16";
+    if (!p.empty()) {
+      out.push_back({"FlashAttention-2/3, cuDNN: P rounded to " + p + " before P V", "cpu.attn_flash:block=64,p=" + p});
+      out.push_back({"the same with exp2 and blocks of 128 keys", "cpu.attn_flash:block=128,p=" + p + ",exp2"});
+    }
+    return out;
+  }
+
   std::string family(const Case& c) const override { return op_family(c, "attention", "Q", "O"); }
 
   std::int64_t reduction_length(const Case& c) const override { return c.attention.seq_kv; }
 
   ToleranceModel tolerance(const Case& c, const KernelTraits& traits) const override {
     ToleranceModel t = precision_terms(c, traits);
-    t.p_bits = traits.p_bits;
+    t.p_bits = traits.p_bits > 0 ? traits.p_bits : default_p_bits(c);
+    if (t.p_bits > 0 && t.p_bits < 24)
+      t.rule += fmt::format(", P rounded to {} bits before P V{}", t.p_bits, traits.p_bits ? "" : " (the inputs' 16-bit format)");
+    else
+      t.rule += ", P in FP32";
     return t;
   }
 
@@ -230,6 +265,7 @@ class AttentionModule final : public OpModule {
     OutputComparison cmp;
     cmp.format = c.types.at("O");
     cmp.shape = {a.batch, a.heads, a.seq_q, dv};
+    cmp.ulp_fair_condition = ulp_fair_condition(tol.accumulator_bits, cmp.format);
     const AttentionView vv = attention_view(c, "V");
     const std::int64_t n = a.batch * a.heads * a.seq_q * dv;
     cmp.got = logical_output(c, "O", o);
@@ -247,9 +283,8 @@ class AttentionModule final : public OpModule {
     cmp.accumulator_max = info(acc_format).max_finite();
     const double u = std::ldexp(1.0, 1 - tol.accumulator_bits);
     const double u_in = tol.input_bits > 0 ? std::ldexp(1.0, 1 - tol.input_bits) : 0.0;
-    const double u_p = tol.p_bits > 0 ? std::ldexp(1.0, 1 - tol.p_bits) : 0.0;
-    const Format p_format = tol.p_bits == 11 ? Format::FP16 : Format::BF16;
-    const double eta_p = tol.p_bits > 0 ? info(p_format).min_subnormal() : 0.0;
+    const double u_p = tol.p_bits > 0 && tol.p_bits < 24 ? std::ldexp(1.0, 1 - tol.p_bits) : 0.0;
+    const double eta_p = u_p > 0 ? p_rounding_eta(tol.p_bits) : 0.0;
     const double eta = tol.accumulator_eta;
     const Tensor& v = inputs.at("V");
     // For the queries without a reference: per batch, K/V head and column, max_j |v_jd| over
@@ -276,6 +311,7 @@ class AttentionModule final : public OpModule {
     if (with_lse) {
       lse.format = c.types.at("LSE");
       lse.shape = {a.batch, a.heads, a.seq_q};
+      lse.ulp_fair_condition = ulp_fair_condition(tol.accumulator_bits, lse.format);
       lse.got = logical_output(c, "LSE", outputs.at("LSE"));
       lse.exact.assign(ref.lse.begin(), ref.lse.end());
       lse.condition.assign(static_cast<std::size_t>(n_rows), 0.0);
@@ -339,7 +375,7 @@ class AttentionModule final : public OpModule {
         }
     cmp.nan_allowed = masked_nonfinite_v(c, given);
     cmp.tolerance_note = fmt::format("accumulator {} bits{}, n = {} keys{}", tol.accumulator_bits,
-                                     tol.p_bits ? fmt::format(", P {} bits", tol.p_bits) : "", a.seq_kv,
+                                     u_p > 0 ? fmt::format(", P {} bits", tol.p_bits) : "", a.seq_kv,
                                      sampled ? fmt::format(", {} of {} queries referenced", queries.size(), a.seq_q) : "");
     std::vector<OutputComparison> out;
     out.push_back(std::move(cmp));

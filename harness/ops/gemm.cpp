@@ -185,12 +185,19 @@ std::vector<double> input_rounding_abs(const Case& c, const Inputs& inputs, int 
 // each chunk, seq rounds each chunk's sum to FP32 as it adds it, and 2^-24 sum_c |S_c|
 // (S_c the exact sum up to the end of chunk c) joins for FP32's roundings.
 // and, where the kernel rounds its inputs to u_in = 2^-input_bits (two roundings per
-// product), u_in sqrt(2 sum_k p_k^2 / 3) [+ 2 u_in |sum_k p_k| unless tol.nearest], all
-// times |alpha sA sB sD|, plus (K + 4) eta_acc sD and the input rounding's absolute part.
+// product), u_in sqrt(2 sum_k p_k^2 / 3) [+ 2 u_in |sum_k p_k| where the declared input
+// rounding is directed], all times |alpha sA sB sD|, plus (K + 4) eta_acc sD and the input
+// rounding's absolute part.
+// The bias test's terms (OutputComparison::bias_*) come from the same pass: the allowance is
+// the systematic part of the scale (|seq - sum|, the round-toward-zero and promotion terms,
+// the absolute part), the spread its random part u sqrt(sum_k (s_k^2 + p_k^2) / 3), and the
+// shift sum_k (a'_k b'_k - a_k b_k) with a', b' rounded as declared, exact to a few units of
+// FP64 (each difference is exact; the sum's error is far below FP32's), times alpha sA sB sD.
 // The sample's columns of op(B) go 64 at a time, k-major, so the inner loop runs over them
 // (vectorised).
-std::vector<double> precision_scale(const Case& c, const Inputs& inputs, const ToleranceModel& tol,
-                                    const std::vector<double>& input_abs, const PrecisionSample& sample) {
+void precision_terms_of(const Case& c, const Inputs& inputs, const ToleranceModel& tol, const PrecisionSample& sample,
+                        OutputComparison& cmp) {
+  const std::vector<double>& input_abs = cmp.input_abs;
   const GemmShape& g = c.gemm;
   const MatrixView av = gemm_view(c, "A"), bv = gemm_view(c, "B");
   const Tensor &a = inputs.at("A"), &b = inputs.at("B");
@@ -212,23 +219,44 @@ std::vector<double> precision_scale(const Case& c, const Inputs& inputs, const T
   const std::vector<std::int64_t>& cols = sample.cols;
   const auto C = static_cast<std::int64_t>(cols.size());
   std::vector<double> out(static_cast<std::size_t>(g.batch * M * N), sample.all(g) ? 0.0 : NAN);
-  std::vector<double> bk(static_cast<std::size_t>(K * C));
+  // The bias test's terms (analyze.hpp): the allowance of a correct kernel's systematic
+  // error, the spread of its random one, and the shift the declared input rounding makes.
+  std::vector<double> allowance(out.size(), NAN), spread(out.size(), 0.0), shift;
+  const bool rounds_inputs = tol.input_bits > 0;
+  if (rounds_inputs) shift.assign(out.size(), 0.0);
+  const Format input_format = tol.input_bits == info(Format::TF32).precision() ? Format::TF32 : Format::FP32;
+  const auto rounded_input = [&](double v) {
+    return rounds_inputs && std::isfinite(v) ? decode(input_format, encode(input_format, v, tol.input_rounding)) : v;
+  };
+  const bool directed_inputs =
+      rounds_inputs && tol.input_rounding != Rounding::NearestEven && tol.input_rounding != Rounding::NearestAway;
+  std::vector<double> bk(static_cast<std::size_t>(K * C)), bk_in(rounds_inputs ? bk.size() : 0);
   constexpr std::int64_t W = 64;
   for (std::int64_t bi = 0; bi < g.batch; ++bi) {
     parallel_for(C, [&](std::int64_t col) {
       const std::int64_t j = cols[static_cast<std::size_t>(col)];
       for (std::int64_t k = 0; k < K; ++k) bk[k * C + col] = finite_or_zero(b.value(op_b_offset(c, bv, bi, k, j)));
+      if (rounds_inputs)
+        for (std::int64_t k = 0; k < K; ++k) bk_in[k * C + col] = finite_or_zero(rounded_input(bk[k * C + col]));
     }, threads_for(static_cast<double>(K) * C, 0x1p15));
     parallel_for(static_cast<std::int64_t>(rows.size()), [&](std::int64_t row) {
       const std::int64_t i = rows[static_cast<std::size_t>(row)];
-      std::vector<double> ar(static_cast<std::size_t>(K));
+      std::vector<double> ar(static_cast<std::size_t>(K)), ar_in(rounds_inputs ? ar.size() : 0);
       for (std::int64_t k = 0; k < K; ++k) ar[k] = finite_or_zero(a.value(op_a_offset(c, av, bi, i, k)));
+      for (std::size_t k = 0; k < ar_in.size(); ++k) ar_in[k] = finite_or_zero(rounded_input(ar[k]));
       for (std::int64_t j0 = 0; j0 < C; j0 += W) {
         const std::int64_t w = std::min(W, C - j0);
         // part, pseq: the running sum of the current promotion chunk (the whole sum when
         // the kernel does not promote), exactly and rounded at `bits`; seq, outer: the FP32
         // accumulator the chunks are added to, and the sum of its magnitudes.
         double sum[W] = {}, sq[W] = {}, lin[W] = {}, pp[W] = {}, seq[W] = {}, part[W] = {}, pseq[W] = {}, outer[W] = {};
+        double delta[W] = {};  // sum_k (a'_k b'_k - a_k b_k), a' b' the declared input rounding's
+        if (rounds_inputs)
+          for (std::int64_t k = 0; k < K; ++k) {
+            const double x = ar[k], xi = ar_in[k];
+            const double *y = &bk[k * C + j0], *yi = &bk_in[k * C + j0];
+            for (std::int64_t jj = 0; jj < w; ++jj) delta[jj] += xi * yi[jj] - x * y[jj];
+          }
         for (std::int64_t k0 = 0; k0 < K; k0 += chunk) {
           for (std::int64_t k = k0; k < std::min(K, k0 + chunk); ++k) {
             const double x = ar[k];
@@ -257,17 +285,28 @@ std::vector<double> precision_scale(const Case& c, const Inputs& inputs, const T
           // accumulation at this precision really makes on these inputs where that is
           // larger: on heavy-tailed positive data small terms are absorbed one-sidedly
           // (the model's independence fails), and a correct kernel may do just that.
-          double acc = std::max(u * std::sqrt(sq[jj] / 3), std::fabs(seq[jj] - sum[jj]));
-          if (!tol.nearest) acc += u * std::fabs(lin[jj]);
-          if (promoting) acc += 0x1p-24 * outer[jj];  // FP32's rounding of each chunk's addition
-          if (ui > 0) acc += ui * std::sqrt(2 * pp[jj] / 3) + (tol.nearest ? 0.0 : 2 * ui * std::fabs(sum[jj]));
+          const double sigma = u * std::sqrt(sq[jj] / 3), absorbed = std::fabs(seq[jj] - sum[jj]);
+          // A systematic error a correct accumulation of the declared arithmetic can make:
+          // the sequential one's (absorption), round-toward-zero's, FP32's promotions.
+          double systematic = absorbed;
+          if (!tol.nearest) systematic += u * std::fabs(lin[jj]);
+          if (promoting) systematic += 0x1p-24 * outer[jj];  // FP32's rounding of each chunk's addition
+          double acc = std::max(sigma, absorbed) + (systematic - absorbed);
+          if (ui > 0) acc += ui * std::sqrt(2 * pp[jj] / 3) + (directed_inputs ? 2 * ui * std::fabs(sum[jj]) : 0.0);
           const std::size_t e = static_cast<std::size_t>((bi * M + i) * N + cols[static_cast<std::size_t>(j0 + jj)]);
-          out[e] = scale * acc + floor + (input_abs.empty() ? 0.0 : input_abs[e]);
+          const double abs_part = floor + (input_abs.empty() ? 0.0 : input_abs[e]);
+          out[e] = scale * acc + abs_part;
+          allowance[e] = scale * systematic + abs_part;
+          spread[e] = scale * sigma;
+          if (rounds_inputs) shift[e] = c.alpha * scale_of("A") * scale_of("B") * sd * delta[jj];
         }
       }
     }, threads_for(static_cast<double>(rows.size()) * C * K, 0x1p16));
   }
-  return out;
+  cmp.precision_scale = std::move(out);
+  cmp.bias_allowance = std::move(allowance);
+  cmp.bias_spread = std::move(spread);
+  cmp.bias_shift = std::move(shift);
 }
 
 // The calibrator's mean normalised error on the same inputs at each precision in `levels`,
@@ -330,6 +369,7 @@ OutputComparison transposed_reference(const OutputComparison& cmp) {
   t.accumulator_max = cmp.accumulator_max;
   t.tolerance_note = cmp.tolerance_note;
   t.relu_output = cmp.relu_output;
+  t.ulp_fair_condition = cmp.ulp_fair_condition;
   const auto permute = [&](const auto& v) {
     std::decay_t<decltype(v)> out(v.size());
     if (v.empty()) return out;
@@ -345,6 +385,9 @@ OutputComparison transposed_reference(const OutputComparison& cmp) {
   t.allowed = permute(cmp.allowed);
   t.input_abs = permute(cmp.input_abs);
   t.precision_scale = permute(cmp.precision_scale);
+  t.bias_allowance = permute(cmp.bias_allowance);
+  t.bias_spread = permute(cmp.bias_spread);
+  t.bias_shift = permute(cmp.bias_shift);
   t.unwritten = permute(cmp.unwritten);
   return t;
 }
@@ -499,6 +542,30 @@ class GemmModule final : public OpModule {
 
   ToleranceModel tolerance(const Case& c, const KernelTraits& traits) const override { return precision_terms(c, traits); }
 
+  std::vector<AdmittedArithmetic> admitted(std::string_view dtype) const override {
+    if (dtype == "fp64") return {{"FP64 accumulation in any order", ""}};
+    const bool fp8 = dtype == "e4m3" || dtype == "e5m2";
+    std::vector<AdmittedArithmetic> out = {
+        {"FP32 FMA accumulation in k order", "cpu.fp32_seq"},
+        {"split-K: 4 slices of K accumulated apart, then added in FP32", "cpu.fp32_seq:splitk=4"},
+    };
+    if (!fp8) out.push_back({"FP32 products summed pairwise (a binary tree)", "cpu.fp32_pairwise"});
+    if (dtype == "fp32")
+      out.push_back({"a truncating block-FMA accumulator: 4 products per step, 24 bits", "cpu.blockfma:block=4,frac=23,round=rz"});
+    if (dtype == "tf32") {
+      out.front().what = "inputs rounded to TF32 (cvt.rna), " + out.front().what;
+      out.push_back({"mma/wgmma TF32: 8 products per step, 25 bits after alignment on the inputs' exponents, truncated",
+                     "cpu.blockfma:block=8,frac=25,round=rz,align=tf32"});
+    }
+    if (dtype == "fp16" || dtype == "bf16")
+      out.push_back({"mma/wgmma: 16 products per step, 25 bits after alignment on the inputs' exponents, truncated",
+                     fmt::format("cpu.blockfma:block=16,frac=25,round=rz,align={}", dtype)});
+    if (fp8)
+      out.push_back({"FP8 tensor cores: 32 products per step kept to 13 fraction bits (truncated), promoted to FP32 every 128",
+                     fmt::format("cpu.blockfma:block=32,frac=13,round=rz,promote=128,align={},out=13", dtype)});
+    return out;
+  }
+
   std::vector<OutputComparison> compare(const Case& c, const Inputs& inputs, const std::map<std::string, Tensor>& outputs,
                                         const ToleranceModel& tol) const override {
     std::vector<OutputComparison> out;
@@ -519,6 +586,7 @@ class GemmModule final : public OpModule {
     cmp.condition = std::move(ref.magnitude);
     cmp.accumulated = std::move(ref.intermediate);
     cmp.relu_output = c.epilogue == Epilogue::Relu || c.epilogue == Epilogue::BiasRelu;
+    cmp.ulp_fair_condition = ulp_fair_condition(tol.accumulator_bits, cmp.format);
     if (ref.path == "gpu")
       cmp.reference_note = fmt::format("exact on the GPU (int8 digit products); {} of {} elements recomputed on the CPU",
                                        ref.recomputed, cmp.exact.size());
@@ -534,7 +602,7 @@ class GemmModule final : public OpModule {
     // GELU's own evaluation error is not in its scale).
     const Phase phase("precision_scale");
     if (c.alpha != 0 && !has_gelu(c.epilogue))
-      cmp.precision_scale = precision_scale(c, inputs, tol, cmp.input_abs, precision_sample(c));
+      precision_terms_of(c, inputs, tol, precision_sample(c), cmp);
     return cmp;  // allowed: empty, the ToleranceModel's GEMM bound with n = K applies
   }
 

@@ -54,9 +54,20 @@ ToleranceModel precision_terms(const Case& c, const KernelTraits& traits) {
     case Format::TF32: t.accumulator_bits = 24, t.input_bits = 11; break;
     default: t.accumulator_bits = 24; break;
   }
-  if (traits.accumulator_bits > 0) t.accumulator_bits = traits.accumulator_bits;
+  const Format input = c.types.at(c.op == Op::Gemm ? "A" : "Q");
+  const bool declared = traits.accumulator_bits > 0;
+  if (declared) t.accumulator_bits = traits.accumulator_bits;
   t.promote = traits.promote;
+  // FP8 inputs on tensor cores: an undeclared kernel may keep their narrow accumulator (13
+  // fraction bits, truncated) and promote it to FP32 every kFp8PromoteInterval products.
+  if (!declared && is_fp8(input) && compute == Format::FP32)
+    t.accumulator_bits = kFp8AccumulatorBits, t.promote = kFp8PromoteInterval;
   t.nearest = traits.rounds_to_nearest;
+  t.input_rounding = traits.input_rounding;
+  t.rule = fmt::format("{}: {}-bit accumulation{}{}{}", declared ? "declared" : "default", t.accumulator_bits,
+                       t.nearest ? " rounding to nearest" : " in any order and blocking, truncating or to nearest",
+                       t.promote ? fmt::format(", promoted to FP32 every {} products", t.promote) : "",
+                       t.input_bits ? fmt::format(", inputs rounded to {} bits ({})", t.input_bits, name(t.input_rounding)) : "");
   const FormatInfo& acc = info(compute == Format::TF32 ? Format::FP32 : compute);
   t.accumulator_eta = traits.flushes_subnormals ? acc.min_normal() : acc.min_subnormal();
   if (c.op == Op::Gemm && has_gelu(c.epilogue)) t.activation_error = traits.activation_error;

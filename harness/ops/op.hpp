@@ -83,6 +83,15 @@ struct EffectiveBits {
   std::string family;
 };
 
+/// An arithmetic the default rule of an op admits for an input type without a declaration
+/// (docs: the precision rule's admitted arithmetics): what it is, and a CPU model that
+/// computes it (a kernel name; empty: none here). Tests run every model as an undeclared
+/// kernel over 20 seeds of the default campaign and allow no failure.
+struct AdmittedArithmetic {
+  std::string what;
+  std::string model;
+};
+
 class OpModule {
  public:
   virtual ~OpModule() = default;
@@ -110,6 +119,8 @@ class OpModule {
   virtual std::int64_t reduction_length(const Case& c) const = 0;
   /// The tolerance model the declared types and the kernel's traits imply.
   virtual ToleranceModel tolerance(const Case& c, const KernelTraits& traits) const = 0;
+  /// What the default rule admits for a dtype of dtypes() (see AdmittedArithmetic).
+  virtual std::vector<AdmittedArithmetic> admitted(std::string_view dtype) const = 0;
   /// The exact references of the case's outputs (outputs_of(c), in that order; one
   /// reference computation for all of them), each compared with the kernel's tensor of that
   /// name in `outputs`: per element the code, the reference, the condition term and the
@@ -141,6 +152,14 @@ ToleranceModel precision_terms(const Case& c, const KernelTraits& traits);
 
 /// The formats in order, each once.
 std::vector<Format> distinct_formats(const std::vector<Format>& formats);
+
+/// What the default rule admits for FP8 inputs without a declaration: the tensor cores'
+/// accumulator of 13 fraction bits (14 bits of precision, truncated), promoted to an FP32
+/// accumulator every 128 products (DeepSeek-V3's interval, CUTLASS's and cuBLASLt's without
+/// fast accumulation). A kernel that never promotes declares it (KernelTraits::promote = 0
+/// with accumulator_bits = 14).
+inline constexpr int kFp8AccumulatorBits = 14;
+inline constexpr int kFp8PromoteInterval = 128;
 
 /// "OP IN->OUT COMPUTE DIST", the gate family of a case: e.g. "gemm bf16->fp32 fp32 normal(0,1)".
 std::string op_family(const Case& c, const char* op, const char* in, const char* out);

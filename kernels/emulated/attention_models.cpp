@@ -39,7 +39,7 @@ class EmulatedAttention final : public Kernel {
     KernelTraits t;
     t.thread_safe = true;
     t.writes_lse = true;
-    if (m_.variant == AttentionModel::Variant::Flash) t.p_bits = info(m_.p_format).precision();
+    t.p_bits = info(m_.variant == AttentionModel::Variant::Flash ? m_.p_format : Format::FP32).precision();
     return t;
   }
   std::optional<std::string> unsupported(const Case& c) const override {
@@ -47,6 +47,8 @@ class EmulatedAttention final : public Kernel {
     for (const char* op : {"Q", "K", "V"})
       if (c.types.at(op) == Format::FP64) return "FP64 inputs: the models compute in FP32";
     if (c.types.at("compute") != Format::FP32) return "the CPU models compute in fp32 (compute must be fp32)";
+    if (m_.exp2 && !(c.attention.softmax_scale.value_or(1.0) > 0))
+      return "exp2 with log2 e folded into the scale needs a positive softmax scale";
     return std::nullopt;
   }
   void run(const Case& c, const KernelIo& io, RunNotes& notes) override {
@@ -55,18 +57,26 @@ class EmulatedAttention final : public Kernel {
                         ov = attention_view(c, "O");
     const Format fq = c.types.at("Q"), fk = c.types.at("K"), fv = c.types.at("V"), fo = c.types.at("O");
     const std::int64_t hd = a.head_dim, dv = a.eff_head_dim_v();
-    const float scale = static_cast<float>(a.softmax_scale.value_or(1.0 / std::sqrt(static_cast<double>(hd))));
+    const double scale_exact = a.softmax_scale.value_or(1.0 / std::sqrt(static_cast<double>(hd)));
+    const float scale = static_cast<float>(scale_exact);
+    const float log2_scale = static_cast<float>(scale_exact * 1.4426950408889634);
     float* lse = io.out.count("LSE") ? static_cast<float*>(io.out.at("LSE")) : nullptr;  // [batch][heads][seq_q]
     parallel_for(a.batch * a.heads * a.seq_q, [&](std::int64_t row) {
       const std::int64_t i = row % a.seq_q, h = (row / a.seq_q) % a.heads, b = row / (a.seq_q * a.heads);
       const std::int64_t hk = a.kv_head(h);  // grouped-query: the K/V head query head h reads
       std::vector<float> q(hd), acc(dv, 0.0f), s, vrow(dv);
       for (std::int64_t d = 0; d < hd; ++d) q[d] = static_cast<float>(decode(fq, load_code(fq, io.in.at("Q"), qv.offset(b, h, i, d))));
+      // exp2: scores stay unscaled (the scale is folded into the exponent, log2_scale).
       auto score = [&](std::int64_t j) {
         float dot = 0.0f;
         for (std::int64_t d = 0; d < hd; ++d)
           dot = std::fma(q[d], static_cast<float>(decode(fk, load_code(fk, io.in.at("K"), kv.offset(b, hk, j, d)))), dot);
-        return scale * dot;
+        return m_.exp2 ? dot : scale * dot;
+      };
+      // exp(s - m) in the model's way: expf of the scaled difference, or FlashAttention-2's
+      // exp2f(fmaf(s, c, -m c)) on unscaled scores.
+      auto exp_of = [&](float s_j, float m_j) {
+        return m_.exp2 ? std::exp2(std::fma(s_j, log2_scale, -(m_j * log2_scale))) : std::exp(s_j - m_j);
       };
       auto v_at = [&](std::int64_t j, std::int64_t d) {
         return static_cast<float>(decode(fv, load_code(fv, io.in.at("V"), vv.offset(b, hk, j, d))));
@@ -91,13 +101,13 @@ class EmulatedAttention final : public Kernel {
           float m_new = m;
           for (float x : s) m_new = std::max(m_new, x);
           if (m_.rescale && m_new > m && l > 0.0f) {  // the first block has nothing to rescale
-            const float r = std::exp(m - m_new);
+            const float r = exp_of(m, m_new);
             l *= r;
             for (float& x : acc) x *= r;
           }
           m = m_new;
           for (std::size_t t = 0; t < keys.size(); ++t) {
-            const float p = std::exp(s[t] - m);
+            const float p = exp_of(s[t], m);
             l += p;
             const float pv = m_.variant == AttentionModel::Variant::Flash ? round_p(p, m_.p_format) : p;
             for (std::int64_t d = 0; d < dv; ++d) acc[d] = std::fma(pv, v_at(keys[t], d), acc[d]);
@@ -110,7 +120,7 @@ class EmulatedAttention final : public Kernel {
                    encode(fo, o, Rounding::NearestEven, is_fp8(fo) ? Overflow::Saturate : Overflow::NoSaturate));
       }
       // The log-sum-exp, m + ln l in FP32 (-inf for a row without a key), where asked for.
-      if (lse) lse[row] = l > 0.0f ? m + std::log(l) : -std::numeric_limits<float>::infinity();
+      if (lse) lse[row] = l > 0.0f ? (m_.exp2 ? m * scale : m) + std::log(l) : -std::numeric_limits<float>::infinity();
     }, threads_for(static_cast<double>(a.batch) * a.heads * a.seq_q * a.seq_kv * static_cast<double>(hd + dv), 0x1p16));
     notes["model"] = name();
   }
@@ -122,7 +132,7 @@ class EmulatedAttention final : public Kernel {
 }  // namespace
 
 std::string AttentionModel::name() const {
-  const std::string bug = rescale ? "" : ",rescale=off";
+  const std::string bug = std::string(exp2 ? ",exp2" : "") + (rescale ? "" : ",rescale=off");
   switch (variant) {
     case Variant::Naive: return "cpu.attn_naive";
     case Variant::Online: return fmt::format("cpu.attn_online:block={}{}", block, bug);
@@ -158,6 +168,8 @@ std::optional<AttentionModel> AttentionModel::parse(const std::string& text) {
       if (!f || (*f != Format::FP16 && *f != Format::BF16))
         throw InputError(fmt::format("kernel '{}': p must be fp16 or bf16, got '{}'", text, value));
       m.p_format = *f;
+    } else if (key == "exp2" && blocked && value.empty() && kv == "exp2") {
+      m.exp2 = true;
     } else if (key == "rescale" && blocked && (value == "on" || value == "off")) {
       m.rescale = value == "on";
     } else {

@@ -10,6 +10,7 @@
 //              are added; O = acc / l at the end
 //   v3 flash   v2 with P rounded to FP16 or BF16 before P V, as FlashAttention-2's tensor
 //              cores take it (the row sum l keeps the FP32 p_j)
+// v2 and v3 take ",exp2" for FlashAttention-2's exponentials (exp2 with log2 e folded in).
 //
 // The softmax scale is the case's, or 1/sqrt(head_dim), rounded to FP32. A query that sees
 // no key gets O = +0 (the documented convention, references/attention_reference.hpp).
@@ -35,6 +36,10 @@ struct AttentionModel {
   int block = 64;                 ///< Online, Flash: keys per block (1..4096)
   Format p_format = Format::FP16; ///< Flash: the format P is rounded to (fp16 or bf16)
   bool rescale = true;            ///< false: the planted no-rescale bug
+  /// Online, Flash: exponentials as FlashAttention-2 computes them, exp2 with log2(e) folded
+  /// into the softmax scale: p = exp2f(fmaf(q.k, c, -m c)) with c = fl32(scale log2 e) and m
+  /// the row's largest unscaled score; LSE = m scale + ln l. Name: ",exp2".
+  bool exp2 = false;
 
   /// "cpu.attn_naive", "cpu.attn_online:block=64", "cpu.attn_flash:block=64,p=bf16",
   /// with ",rescale=off" for the planted bug.

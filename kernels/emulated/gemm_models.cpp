@@ -134,13 +134,16 @@ class EmulatedGemm final : public Kernel {
     t.thread_safe = true;
     // Block FMA truncates the aligned products whatever the accumulator's rounding.
     t.rounds_to_nearest = m_.order != AccumulationModel::Order::BlockFma && m_.rounding == Rounding::NearestEven;
+    t.input_rounding = m_.input_rounding;
     return t;
   }
   std::optional<std::string> unsupported(const Case& c) const override {
     if (c.op != Op::Gemm) return "CPU models cover GEMM only";
     for (const char* op : {"A", "B"})
       if (c.types.at(op) == Format::FP64) return "FP64 inputs: products are not exact in FP64";
-    if (c.types.at("compute") != Format::FP32) return "the CPU models accumulate in fp32 (compute must be fp32)";
+    const Format compute = c.types.at("compute");
+    if (compute != Format::FP32 && compute != Format::TF32)
+      return "the CPU models accumulate in fp32 (compute must be fp32 or tf32)";
     return std::nullopt;
   }
   void run(const Case& c, const KernelIo& io, RunNotes& notes) override {
@@ -156,16 +159,21 @@ class EmulatedGemm final : public Kernel {
     // A thread per 2^16 modelled products at least (a small case runs on the calling thread:
     // starting threads would cost more than it).
     const unsigned threads = threads_for(static_cast<double>(g.batch) * g.m * g.n * static_cast<double>(g.k), 0x1p16);
+    // TF32 compute: the inputs rounded to TF32 first, as the tensor cores take them.
+    const bool tf32 = c.types.at("compute") == Format::TF32;
+    const auto input = [&](double v) {
+      return tf32 && std::isfinite(v) ? decode(Format::TF32, encode(Format::TF32, v, m_.input_rounding)) : v;
+    };
     // op(B)'s columns decoded once (not once per row of A).
     std::vector<double> bcols(static_cast<std::size_t>(g.batch * g.n * g.k));
     parallel_for(g.batch * g.n, [&](std::int64_t col) {
       const std::int64_t b = col / g.n, j = col % g.n;
-      for (std::int64_t k = 0; k < g.k; ++k) bcols[col * g.k + k] = decode(fb, load_code(fb, B, op_b_offset(c, bv, b, k, j)));
+      for (std::int64_t k = 0; k < g.k; ++k) bcols[col * g.k + k] = input(decode(fb, load_code(fb, B, op_b_offset(c, bv, b, k, j))));
     }, threads);
     parallel_for(g.batch * g.m, [&](std::int64_t row) {
       const std::int64_t b = row / g.m, i = row % g.m;
       std::vector<double> arow(g.k);
-      for (std::int64_t k = 0; k < g.k; ++k) arow[k] = decode(fa, load_code(fa, A, op_a_offset(c, av, b, i, k)));
+      for (std::int64_t k = 0; k < g.k; ++k) arow[k] = input(decode(fa, load_code(fa, A, op_a_offset(c, av, b, i, k))));
       for (std::int64_t j = 0; j < g.n; ++j) {
         const float acc = model_dot(m_, arow.data(), &bcols[static_cast<std::size_t>((b * g.n + j) * g.k)], g.k);
         const double cval = with_c ? decode(c.types.at("C"), load_code(c.types.at("C"), io.in.at("C"), cv.offset(b, i, j))) : 0.0;
@@ -184,18 +192,20 @@ class EmulatedGemm final : public Kernel {
 }  // namespace
 
 std::string AccumulationModel::name() const {
-  const std::string r = rounding == Rounding::NearestEven ? "" : fmt::format(",round={}", ulpgate::name(rounding));
+  const std::string in = input_rounding == Rounding::NearestAway ? "" : fmt::format(",in={}", ulpgate::name(input_rounding));
+  const std::string r = (rounding == Rounding::NearestEven ? "" : fmt::format(",round={}", ulpgate::name(rounding))) +
+                        (split_k > 1 ? fmt::format(",splitk={}", split_k) : "") + in;
   switch (order) {
     case Order::SequentialFma: return "cpu.fp32_seq" + (r.empty() ? "" : ":" + r.substr(1));
     case Order::Pairwise: return "cpu.fp32_pairwise" + (r.empty() ? "" : ":" + r.substr(1));
     case Order::BlockFma:
-      return fmt::format("cpu.blockfma:block={},frac={},round={}{}{}{}{}{}", block, frac_bits, ulpgate::name(rounding),
+      return fmt::format("cpu.blockfma:block={},frac={},round={}{}{}{}{}{}{}", block, frac_bits, ulpgate::name(rounding),
                          promote ? fmt::format(",promote={}", promote) : "", align_inputs ? fmt::format(",align={}{}", ulpgate::name(align_format),
                                                       align_format_b ? "/" + std::string(ulpgate::name(*align_format_b)) : "")
                                       : "",
                          out_bits < 23 ? fmt::format(",out={}", out_bits) : "",
                          interleave ? fmt::format(",interleave={}", interleave) : "",
-                         acc_format != Format::FP32 ? fmt::format(",acc={}", ulpgate::name(acc_format)) : "");
+                         acc_format != Format::FP32 ? fmt::format(",acc={}", ulpgate::name(acc_format)) : "", in);
   }
   return "";
 }
@@ -233,6 +243,12 @@ std::optional<AccumulationModel> AccumulationModel::parse(const std::string& tex
       const auto r = parse_rounding(value);
       if (!r) throw InputError(fmt::format("kernel '{}': round must be rne, rna, rz, ru or rd, got '{}'", text, value));
       m.rounding = *r;
+    } else if (key == "in") {
+      const auto r = parse_rounding(value);
+      if (!r) throw InputError(fmt::format("kernel '{}': in must be rne, rna, rz, ru or rd, got '{}'", text, value));
+      m.input_rounding = *r;
+    } else if (key == "splitk" && m.order == Order::SequentialFma) {
+      m.split_k = integer(2, 1024);
     } else if (key == "block" && m.order == Order::BlockFma) {
       m.block = integer(1, 512);
     } else if (key == "frac" && m.order == Order::BlockFma) {
@@ -288,10 +304,17 @@ std::int64_t interleaved_position(std::int64_t q, int block, int promote, int in
 float model_dot(const AccumulationModel& m, const double* a, const double* b, std::int64_t k, float acc0) {
   switch (m.order) {
     case AccumulationModel::Order::SequentialFma: {
-      float acc = acc0;
       // a[i]*b[i] is exact in FP64; the FMA's single rounding is add_round32's.
-      for (std::int64_t i = 0; i < k; ++i) acc = add_round32(a[i] * b[i], acc, m.rounding);
-      return acc;
+      const auto run = [&](std::int64_t from, std::int64_t to, float acc) {
+        for (std::int64_t i = from; i < to; ++i) acc = add_round32(a[i] * b[i], acc, m.rounding);
+        return acc;
+      };
+      if (m.split_k <= 1) return run(0, k, acc0);
+      const std::int64_t part = (k + m.split_k - 1) / m.split_k;
+      float total = acc0;
+      for (std::int64_t from = 0; from < k; from += part)
+        total = add_round32(total, run(from, std::min(k, from + part), 0.0f), Rounding::NearestEven);
+      return total;
     }
     case AccumulationModel::Order::Pairwise:
       return k == 0 ? acc0 : add_round32(acc0, pairwise(a, b, k, m.rounding), m.rounding);

@@ -3,6 +3,7 @@
 //
 //   sequential FMA   acc = fma32(a_k, b_k, acc) for k = 0, 1, ..., K-1 (one rounding per
 //                    step, the accumulator rounded to FP32 with the model's rounding)
+//   (split-K)        sequential FMA over splitk contiguous parts of K, partials added in order
 //   pairwise         p_k = fl32(a_k b_k), then a balanced binary tree of FP32 additions
 //   block FMA        the tensor-core model of Fasi et al. ("Numerical behavior of NVIDIA
 //                    tensor cores", PeerJ CS 2021): per step, `block` exact products and the
@@ -14,7 +15,7 @@
 //                    accumulator and the block accumulation restarts from 0.
 //
 // Inputs are the exact values of A and B (any format up to FP32, so products are exact in
-// FP64). The epilogue is then applied in FP32, in this order, each step rounded (RNE):
+// FP64), rounded to TF32 first where the case computes in TF32. The epilogue is then applied in FP32, in this order, each step rounded (RNE):
 //   v = acc * (scale_A * scale_B)       when FP8 scales are not 1
 //   v = alpha * v                       v = fma(beta, scale_C * c, v) when beta != 0
 //   v = v + bias[j]                     v = act(v) (ReLU; GELU erf/tanh evaluated in FP64)
@@ -72,6 +73,13 @@ struct AccumulationModel {
   /// With align_inputs the accumulator's exponent takes part in the alignment at no less
   /// than this format's smallest normal exponent. Name: ",acc=fp16".
   Format acc_format = Format::FP32;
+  /// SequentialFma: K cut into split_k contiguous parts, each accumulated from 0, the
+  /// partial sums then added in order in FP32 (round to nearest even), as split-K kernels
+  /// reduce their slices. Name: ":splitk=4".
+  int split_k = 1;
+  /// TF32 compute: how A and B are rounded to TF32 first (cvt.rna: to nearest, ties away).
+  /// Name: ",in=rz".
+  Rounding input_rounding = Rounding::NearestAway;
 
   /// Kernel name: "cpu.fp32_seq", "cpu.fp32_pairwise", "cpu.blockfma:block=16,frac=13,round=rz"
   /// (",promote=N" when promoting; sequential and pairwise add ":round=rz" etc. when not RNE).

@@ -264,7 +264,8 @@ def check(case, outputs, kernel_name="external:python", p_bits=0):
     outputs: {"D": array}, or {"O": array} and "LSE" where the case asks for it, each logical
     or flat (see _buffer) and of the output format's dtype (encode() rounds values to it).
     p_bits: attention whose kernel rounds P to that many bits before P V (11 FP16, 8 BF16:
-    FlashAttention, cuDNN), as `ulpgate check --p-bits`."""
+    FlashAttention, cuDNN; 24: P in FP32, the tighter rule; 0: undeclared, P in the inputs'
+    16-bit format admitted), as `ulpgate check --p-bits`."""
     case = _case(case)
     given = {name: _buffer(case, name, a) for name, a in dict(outputs).items()
              if name in case.types and name != "compute"}

@@ -1100,7 +1100,7 @@ TEST(Cli, ExportThenCheckOutputsComputedElsewhere) {
       EXPECT_EQ(read_record_file(ex + "/check_p.json").cases.at(0).reproducer,
                 "ulpgate check " + case_path + " --outputs " + out + "=" + file + " --p-bits 11");
       expect_input_error(run("check " + case_path + " --outputs " + file + " --p-bits 30"),
-                         "--p-bits 30: must be 0 (P in FP32) or 2 to 24 bits", "--p-bits out of range");
+                         "--p-bits 30: must be 0 (undeclared) or 2 to 24 bits", "--p-bits out of range");
     }
 
     const std::int64_t e5 = c.op == Op::Gemm ? gemm_view(c, "D").offset(1, 3, 2) : attention_view(c, "O").offset(1, 1, 2, 3);

@@ -663,15 +663,15 @@ TEST(AttentionOp, GeneratorsAskAboutTheLengthsThatFillingSets) {
 }
 
 // Outputs computed elsewhere by a kernel that rounds P to BF16 before P V (FlashAttention's
-// arithmetic; PyTorch's flash and cuDNN backends) are judged against the FP32-P tolerance
-// unless the caller declares it (`ulpgate check --p-bits 8`, check_given_outputs' declared
-// traits): undeclared, short sequences fail on some seeds (P's 2^-8 relative rounding is
-// above FP32's bound there); declared, every one passes, as the same model does as a kernel.
+// arithmetic; PyTorch's flash and cuDNN backends) pass undeclared: the default rule admits P
+// in the inputs' 16-bit format. Declared FP32 P (`ulpgate check --p-bits 24`) is the tighter
+// rule, which such outputs exceed on short sequences on some seeds (P's 2^-8 relative
+// rounding is above FP32's bound there); declared BF16 P passes as undeclared does.
 TEST(AttentionOp, GivenOutputsTakeTheDeclaredPRounding) {
   AttentionModel m;
   m.variant = AttentionModel::Variant::Flash, m.block = 64, m.p_format = Format::BF16;
   auto flash = make_emulated_attention(m);
-  int undeclared_failures = 0;
+  int fp32_p_failures = 0;
   for (std::uint64_t seed = 1; seed <= 12; ++seed) {
     Case c = dtype_attention_case("bf16");
     c.attention.heads = 2, c.attention.seq_q = 8, c.attention.seq_kv = 128;
@@ -682,10 +682,13 @@ TEST(AttentionOp, GivenOutputsTakeTheDeclaredPRounding) {
     c.kernel = flash->name();
     const RunOutcome r = run_kernel(*flash, c, in);
     ASSERT_EQ(r.status, Disposition::Ok) << r.message;
-    KernelTraits declared;
+    KernelTraits declared, fp32_p;
     declared.p_bits = 8;
+    fp32_p.p_bits = 24;
     EXPECT_TRUE(check_given_outputs(c, r.outputs, "external:flash", declared).verdict.passed) << seed;
-    undeclared_failures += !check_given_outputs(c, r.outputs, "external:flash").verdict.passed;
+    const CaseResult undeclared = check_given_outputs(c, r.outputs, "external:flash");
+    EXPECT_TRUE(undeclared.verdict.passed) << seed << ": " << undeclared.verdict.reasons.front();
+    fp32_p_failures += !check_given_outputs(c, r.outputs, "external:flash", fp32_p).verdict.passed;
   }
-  EXPECT_GT(undeclared_failures, 0) << "BF16 P never exceeded the FP32-P tolerance: the test shows nothing";
+  EXPECT_GT(fp32_p_failures, 0) << "BF16 P never exceeded the FP32-P tolerance: the test shows nothing";
 }
