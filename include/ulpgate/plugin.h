@@ -1,4 +1,4 @@
-/* ulpgate plugin C ABI, version 4 (versions 1 to 3 still load: see "Versions" below).
+/* ulpgate plugin C ABI, version 5 (versions 1 to 4 still load: see "Versions" below).
  *
  * A plugin is a shared library that exports one function,
  *
@@ -45,8 +45,10 @@ extern "C" {
    asks for it, a version-3 kernel is asked whenever a case does (its supports() decides).
    4 appended ulpgate_kernel.writes_lse: only a kernel that sets it is handed cases with the
    log-sum-exp, and no such case is drawn for the others (ulpgate reads the kernel list of an
-   older plugin with the shorter descriptor it was built with). */
-#define ULPGATE_PLUGIN_ABI_VERSION 4u
+   older plugin with the shorter descriptor it was built with). 5 appended the arithmetic a
+   kernel declares (ulpgate_kernel.accumulator_bits, promote, p_bits, input_rounding); a
+   kernel of an older version, or one that leaves them 0, is judged by the default rule. */
+#define ULPGATE_PLUGIN_ABI_VERSION 5u
 
 typedef enum {
   ULPGATE_FP64 = 0, ULPGATE_FP32 = 1, ULPGATE_TF32 = 2, ULPGATE_FP16 = 3,
@@ -62,6 +64,11 @@ typedef enum {
   ULPGATE_EPI_BIAS_GELU_TANH = 7
 } ulpgate_epilogue;
 typedef enum { ULPGATE_HOST_MEMORY = 0, ULPGATE_DEVICE_MEMORY = 1 } ulpgate_memory;
+/* How a kernel rounds the inputs it narrows (TF32 compute: FP32 inputs to TF32). */
+typedef enum {
+  ULPGATE_INPUTS_ROUND_TO_NEAREST = 0, /* cvt.rna: to nearest, ties away (the default) */
+  ULPGATE_INPUTS_TRUNCATE = 1          /* cvt.rz: toward zero, e.g. dropping the low bits */
+} ulpgate_input_rounding;
 
 typedef struct {
   int64_t m, n, k, batch;
@@ -131,10 +138,27 @@ typedef struct {
      default of an initializer that leaves it out): the kernel writes O only, and ulpgate
      never draws or hands it a case that asks for the log-sum-exp. */
   int32_t writes_lse;
+  /* Version 5: the arithmetic the kernel is designed with, where the default rule would
+     judge it wrongly (0 everywhere: undeclared, the default rule; docs/concepts/precision.md
+     lists what it admits). Declaring is never needed for a mainstream kernel; a declaration
+     gets the rule of exactly that arithmetic, which may be tighter.
+       accumulator_bits  precision (implicit bit included) of the accumulator where it is not
+                         the compute format's, e.g. 14 for FP8 tensor cores; 0: the compute
+                         format's (FP8 inputs: 14 bits promoted every 128 products)
+       promote           products after which that accumulator is added to an FP32 one; 0:
+                         never (or, with accumulator_bits 0, undeclared)
+       p_bits            attention: precision P is rounded to before P V (FP16 11, BF16 8,
+                         24: P kept in FP32, the tighter rule); 0: P in the inputs' 16-bit
+                         format admitted
+       input_rounding    ulpgate_input_rounding */
+  int32_t accumulator_bits;
+  int32_t promote;
+  int32_t p_bits;
+  int32_t input_rounding;
 } ulpgate_kernel;
 
 typedef struct {
-  uint32_t abi_version;       /* ULPGATE_PLUGIN_ABI_VERSION (1 to 3 are still accepted) */
+  uint32_t abi_version;       /* ULPGATE_PLUGIN_ABI_VERSION (1 to 4 are still accepted) */
   uint32_t kernel_count;
   const ulpgate_kernel* kernels;
 } ulpgate_plugin;

@@ -83,8 +83,8 @@ ulpgate_problem to_problem(const Case& c, const KernelIo* io) {
   return p;
 }
 
-// The kernel descriptor of ABI versions 1 to 3 (no writes_lse): such a plugin's kernel list
-// has this stride.
+// The kernel descriptors of older ABI versions, whose kernel lists have these strides:
+// versions 1 to 3 end before writes_lse, version 4 before the declared arithmetic.
 struct KernelBeforeV4 {
   const char* name;
   const char* description;
@@ -94,14 +94,38 @@ struct KernelBeforeV4 {
   int (*run)(const ulpgate_problem*, char*, size_t);
 };
 static_assert(offsetof(ulpgate_kernel, writes_lse) == sizeof(KernelBeforeV4));
+struct KernelV4 {
+  KernelBeforeV4 head;
+  int32_t writes_lse;
+};
+static_assert(offsetof(ulpgate_kernel, accumulator_bits) == offsetof(KernelV4, writes_lse) + sizeof(int32_t));
 
-// Kernel i of a plugin, read with the descriptor its version has. A version-3 kernel is
-// asked about every case with the log-sum-exp (its supports() decides); versions 1 and 2
-// have no way to write it.
+// Kernel i of a plugin, read with the descriptor its version has (the fields it lacks 0:
+// nothing declared). A version-3 kernel is asked about every case with the log-sum-exp (its
+// supports() decides); versions 1 and 2 have no way to write it.
 ulpgate_kernel kernel_at(const ulpgate_plugin& p, uint32_t i) {
-  if (p.abi_version >= 4) return p.kernels[i];
-  const KernelBeforeV4& k = reinterpret_cast<const KernelBeforeV4*>(p.kernels)[i];
-  return {k.name, k.description, k.memory, k.deterministic, k.supports, k.run, p.abi_version >= 3 ? 1 : 0};
+  if (p.abi_version >= 5) return p.kernels[i];
+  ulpgate_kernel out{};
+  const KernelBeforeV4& k = p.abi_version == 4 ? reinterpret_cast<const KernelV4*>(p.kernels)[i].head
+                                               : reinterpret_cast<const KernelBeforeV4*>(p.kernels)[i];
+  out.name = k.name, out.description = k.description, out.memory = k.memory, out.deterministic = k.deterministic;
+  out.supports = k.supports, out.run = k.run;
+  out.writes_lse = p.abi_version == 4 ? reinterpret_cast<const KernelV4*>(p.kernels)[i].writes_lse
+                                      : (p.abi_version >= 3 ? 1 : 0);
+  return out;
+}
+
+// What is wrong with a kernel's declared arithmetic; nullopt when nothing is.
+std::optional<std::string> bad_declaration(const ulpgate_kernel& k) {
+  if (k.accumulator_bits != 0 && (k.accumulator_bits < 2 || k.accumulator_bits > 53))
+    return fmt::format("accumulator_bits {} (0, or 2 to 53 bits)", k.accumulator_bits);
+  if (k.promote < 0) return fmt::format("promote {} (0, or a number of products)", k.promote);
+  if (k.promote > 0 && k.accumulator_bits == 0)
+    return fmt::format("promote {} without accumulator_bits (the accumulator that is promoted)", k.promote);
+  if (k.p_bits != 0 && (k.p_bits < 2 || k.p_bits > 24)) return fmt::format("p_bits {} (0, or 2 to 24 bits)", k.p_bits);
+  if (k.input_rounding != ULPGATE_INPUTS_ROUND_TO_NEAREST && k.input_rounding != ULPGATE_INPUTS_TRUNCATE)
+    return fmt::format("input_rounding {} (0: to nearest, 1: truncate)", k.input_rounding);
+  return std::nullopt;
 }
 
 class PluginKernel final : public Kernel {
@@ -115,6 +139,10 @@ class PluginKernel final : public Kernel {
   KernelTraits traits() const override {
     KernelTraits t{k_.memory == ULPGATE_DEVICE_MEMORY ? Memory::Device : Memory::Host, k_.deterministic != 0};
     t.writes_lse = k_.writes_lse != 0;
+    t.accumulator_bits = k_.accumulator_bits;
+    t.promote = k_.promote;
+    t.p_bits = k_.p_bits;
+    if (k_.input_rounding == ULPGATE_INPUTS_TRUNCATE) t.input_rounding = Rounding::TowardZero;
     return t;
   }
   std::optional<std::string> unsupported(const Case& c) const override {
@@ -205,6 +233,8 @@ void load_plugin(const std::string& path, Registry& registry) {
       throw InputError(fmt::format("--plugin {}: kernel #{} lacks a name, supports() or run()", path, i));
     if (registry.find(k.name))
       throw InputError(fmt::format("--plugin {}: kernel '{}' already exists", path, k.name));
+    if (auto bad = bad_declaration(k))
+      throw InputError(fmt::format("--plugin {}: kernel '{}' declares {}", path, k.name, *bad));
     registry.add(std::make_unique<PluginKernel>(k, path, p->abi_version));
   }
 }

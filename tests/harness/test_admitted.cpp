@@ -11,33 +11,13 @@
 
 #include "harness/fuzz.hpp"
 #include "harness/ops/op.hpp"
+#include "kernels/plugin/loader.hpp"
+#include "tests/harness/undeclared.hpp"
 
 using namespace ulpgate;
+using ulpgate::test::Undeclared;
 
 namespace {
-
-// A kernel as a plugin without declarations sees it: the inner kernel's results under the
-// default traits (nothing said of its accumulator, P or input rounding).
-class Undeclared final : public Kernel {
- public:
-  explicit Undeclared(Kernel& inner) : inner_(inner) {}
-  std::string name() const override { return "undeclared." + inner_.name(); }
-  std::string description() const override { return inner_.description() + " (declaring nothing)"; }
-  KernelTraits traits() const override {
-    const KernelTraits in = inner_.traits();
-    KernelTraits t;
-    t.memory = in.memory;
-    t.deterministic = in.deterministic;
-    t.writes_lse = in.writes_lse;
-    t.thread_safe = in.thread_safe;
-    return t;
-  }
-  std::optional<std::string> unsupported(const Case& c) const override { return inner_.unsupported(c); }
-  void run(const Case& c, const KernelIo& io, RunNotes& notes) override { inner_.run(c, io, notes); }
-
- private:
-  Kernel& inner_;
-};
 
 // Seeds and case sizes: 20 seeds of 4 cases with K and seq_kv up to 256 in the small regime
 // here; 10 cases up to 1024 on the realistic size schedule (every fifth case large) with
@@ -127,4 +107,22 @@ TEST(AdmittedArithmetics, ArithmeticsBeyondTheAdmittedOnesFail) {
   Registry reg = builtin_registry();
   EXPECT_GE(failing_seeds(reg, "cpu.blockfma:block=16,frac=13,round=rz", "fp16", Op::Gemm, true, ""), seeds() * 3 / 4);
   EXPECT_GE(failing_seeds(reg, "cpu.attn_online:block=16,rescale=off", "bf16", Op::Attention, true, ""), seeds() * 3 / 4);
+}
+
+// Kernels as a user writes them against include/ulpgate/plugin.h (tests/kernels/plugins/
+// arithmetic_plugin.cpp): a FlashAttention-2 style kernel with P in the inputs' 16-bit
+// format passes without a declaration, and with P in FP32 under its declared tighter rule; P
+// in 4 bits fails. A TF32 GEMM rounding its inputs to nearest passes; truncating them fails
+// the bias test on every seed unless the kernel declares it.
+TEST(AdmittedArithmetics, PluginKernelsAreJudgedByWhatTheyDeclare) {
+  Registry reg = builtin_registry();
+  load_plugin(ARITHMETIC_PLUGIN, reg);
+  for (const char* dtype : {"fp16", "bf16"}) {
+    EXPECT_EQ(failing_seeds(reg, "test.fa2", dtype, Op::Attention, false, ""), 0) << dtype;
+    EXPECT_EQ(failing_seeds(reg, "test.fa2_fp32p", dtype, Op::Attention, false, ""), 0) << dtype;
+  }
+  EXPECT_GE(failing_seeds(reg, "test.fa2_p4", "bf16", Op::Attention, false, ""), seeds() * 3 / 4);
+  EXPECT_EQ(failing_seeds(reg, "test.tf32", "tf32", Op::Gemm, false, ""), 0);
+  EXPECT_EQ(failing_seeds(reg, "test.tf32_rz", "tf32", Op::Gemm, false, ":biased"), seeds());
+  EXPECT_EQ(failing_seeds(reg, "test.tf32_rz_declared", "tf32", Op::Gemm, false, ""), 0);
 }

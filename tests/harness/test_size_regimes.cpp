@@ -213,20 +213,35 @@ class MisIndexed final : public Kernel {
 
 }  // namespace
 
-// The long-sequence path's BF16 softmax sum is found on every seed, only in cases with
-// seq_kv >= 4096 (large draws); the same kernel without the bug passes.
+// The long-sequence path's BF16 softmax sum is found only in cases with seq_kv >= 4096 (large
+// draws), on every seed that draws such a case with FP32, FP16 or BF16 inputs; the same
+// kernel without the bug passes. FP8 inputs do not count: their default rule admits a
+// 14-bit tensor-core accumulator and P in BF16, which allow about 5% at 8192 keys, as much
+// as this bug makes there.
 TEST(AttentionLargeRegime, DefaultCampaignFindsBf16SoftmaxSumOnLongSequences) {
+  const auto long_case = [](const Case& c) { return c.attention.seq_kv >= 4096; };
+  int seeds_with_a_judgeable_long_case = 0;
   for (std::uint64_t seed : {1, 2, 3}) {
     Registry reg;
     reg.add(std::make_unique<LongSumInBf16>(true));
     reg.add(std::make_unique<LongSumInBf16>(false));
-    expect_found_only_where(default_campaign(reg, "planted.long_sum_bf16", seed),
-                            [](const Case& c) { return c.attention.seq_kv >= 4096; }, "seed " + std::to_string(seed));
+    const RunRecord bad = default_campaign(reg, "planted.long_sum_bf16", seed);
+    bool judgeable = false, found = false;
+    for (const CaseResult& r : bad.cases) {
+      const bool here = long_case(r.spec) && !is_fp8(r.spec.types.at("Q"));
+      judgeable = judgeable || here;
+      found = found || (here && !r.verdict.passed);
+      EXPECT_TRUE(r.verdict.passed || long_case(r.spec))
+          << "seed " << seed << ": a case without the trigger failed: " << r.family << ": " << r.verdict.reasons.front();
+    }
+    seeds_with_a_judgeable_long_case += judgeable;
+    EXPECT_EQ(found, judgeable) << "seed " << seed << ": a long case of 16- or 32-bit inputs, and the bug not found";
     const RunRecord ok = default_campaign(reg, "planted.long_sum_fp32", seed);
-    EXPECT_TRUE(std::any_of(ok.cases.begin(), ok.cases.end(), [](const CaseResult& c) { return c.spec.attention.seq_kv >= 4096; }))
+    EXPECT_TRUE(std::any_of(ok.cases.begin(), ok.cases.end(), [&](const CaseResult& c) { return long_case(c.spec); }))
         << "seed " << seed << ": no long case drawn: the test shows nothing";
     expect_all_pass(ok, "seed " + std::to_string(seed));
   }
+  EXPECT_GE(seeds_with_a_judgeable_long_case, 2) << "too few long cases of 16- or 32-bit inputs: the test shows little";
 }
 
 TEST(AttentionLargeRegime, DefaultCampaignFindsHeadDimVAssumedEqualToHeadDim) {

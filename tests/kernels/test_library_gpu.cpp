@@ -4,6 +4,7 @@
 // dimension, batch, beta, bias, ReLU or scale bug shows as a bit mismatch.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <span>
 #include <set>
@@ -299,4 +300,48 @@ TEST(LibraryGpu, GeluEpilogueWithinItsDeclaredError) {
     }
   }
   EXPECT_GT(kernels_run, 0);
+}
+
+// Where a kernel narrows FP32 inputs to TF32 (cvt.rna, cvt.rn, or dropping the low 13 bits
+// as the tensor cores do with FP32 registers), it rounds them as its traits declare: the
+// bias test judges it against the exact result of the declared rounding. One product per
+// element, of a in each row i against 1: 1 + 3 2^-12 and its negative (toward zero or to
+// nearest), 1 + 2^-11 (a tie: away or even) and 1 + 2^-12 (below half).
+TEST(LibraryGpu, Tf32KernelsRoundTheirInputsAsDeclared) {
+  if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device";
+  Registry reg = builtin_registry();
+  const double row_values[] = {1 + 0x3p-12, -(1 + 0x3p-12), 1 + 0x1p-11, 1 + 0x1p-12};
+  int kernels = 0;
+  for (const auto& k : reg.all()) {
+    if (k->traits().memory != Memory::Device) continue;
+    Case c = test_support::gemm_case(32, 32, 32, Format::FP32, Format::FP32, Format::TF32);
+    if (k->unsupported(c)) continue;
+    auto in = test_support::fill(c, test_support::Fill::SmallIntegers);
+    const MatrixView av = gemm_view(c, "A"), bv = gemm_view(c, "B"), dv = gemm_view(c, "D");
+    for (std::int64_t i = 0; i < c.gemm.m; ++i)
+      for (std::int64_t kk = 0; kk < c.gemm.k; ++kk) {
+        in.at("A").set_value(static_cast<std::size_t>(op_a_offset(c, av, 0, i, kk)), kk == 0 ? row_values[i % 4] : 0.0);
+        for (std::int64_t j = 0; j < c.gemm.n; ++j)
+          in.at("B").set_value(static_cast<std::size_t>(op_b_offset(c, bv, 0, kk, j)), kk == 0 ? 1.0 : 0.0);
+      }
+    const RunOutcome r = run_kernel(*k, c, in);
+    if (r.status == Disposition::NotSupported) continue;
+    ASSERT_EQ(r.status, Disposition::Ok) << k->name() << ": " << r.message;
+    ++kernels;
+    std::vector<std::string> matches;
+    for (Rounding mode : {Rounding::NearestAway, Rounding::NearestEven, Rounding::TowardZero}) {
+      bool all = true;
+      for (std::int64_t i = 0; i < c.gemm.m; ++i)
+        for (std::int64_t j = 0; j < c.gemm.n; ++j)
+          all = all && r.outputs.at("D").value(static_cast<std::size_t>(dv.offset(0, i, j))) ==
+                           decode(Format::TF32, encode(Format::TF32, row_values[i % 4], mode));
+      if (all) matches.emplace_back(name(mode));
+    }
+    std::printf("[ tf32 ] %-28s inputs rounded: %s (declared %s)\n", k->name().c_str(),
+                matches.empty() ? "none of to nearest away, even, toward zero" : fmt::format("{}", fmt::join(matches, ", ")).c_str(),
+                std::string(name(k->traits().input_rounding)).c_str());
+    EXPECT_NE(std::find(matches.begin(), matches.end(), std::string(name(k->traits().input_rounding))), matches.end())
+        << k->name() << " rounds its TF32 inputs otherwise than it declares";
+  }
+  EXPECT_GT(kernels, 0) << "no device kernel takes TF32 compute: the test shows nothing";
 }

@@ -126,7 +126,7 @@ TEST(Plugin, AbiVersion1IsNeverHandedGroupedQueryCases) {
     Case gqa = fp32_attention(kv_heads, k->name());
     EXPECT_EQ(k->unsupported(gqa),
               fmt::format("built against plugin ABI version 1, which cannot describe grouped-query attention "
-                          "(kv_heads {} of 4 heads); rebuild it against version 4",
+                          "(kv_heads {} of 4 heads); rebuild it against version 5",
                           kv_heads));
     const RunOutcome r = run_kernel(*k, gqa, fill_inputs(gqa));
     EXPECT_EQ(r.status, Disposition::NotSupported);
@@ -137,12 +137,12 @@ TEST(Plugin, AbiVersion1IsNeverHandedGroupedQueryCases) {
 TEST(Plugin, UnknownAbiVersionIsAnInputError) {
   Registry reg;
   try {
-    load_plugin(ATTENTION_PLUGIN_V5, reg);
-    FAIL() << "a version-5 plugin loaded";
+    load_plugin(ATTENTION_PLUGIN_V6, reg);
+    FAIL() << "a version-6 plugin loaded";
   } catch (const InputError& e) {
-    EXPECT_EQ(std::string(e.what()), fmt::format("--plugin {}: ABI version 5, this ulpgate speaks 1 to 4", ATTENTION_PLUGIN_V5));
+    EXPECT_EQ(std::string(e.what()), fmt::format("--plugin {}: ABI version 6, this ulpgate speaks 1 to 5", ATTENTION_PLUGIN_V6));
   }
-  EXPECT_EQ(reg.find("test.attention_v5"), nullptr);
+  EXPECT_EQ(reg.find("test.attention_v6"), nullptr);
 }
 
 // ABI version 3 hands over the log-sum-exp output: the plugin writes it where a case asks
@@ -159,7 +159,7 @@ TEST(Plugin, AbiVersion3WritesTheLogSumExp) {
   c.types["LSE"] = Format::FP32;
   EXPECT_EQ(v3->unsupported(c), std::nullopt);
   EXPECT_EQ(v2->unsupported(c),
-            "built against plugin ABI version 2, which has no log-sum-exp output; rebuild it against version 4");
+            "built against plugin ABI version 2, which has no log-sum-exp output; rebuild it against version 5");
   const CaseResult r = check_case(*v3, c, EvaluationOptions{});
   EXPECT_TRUE(r.verdict.passed) << fmt::format("{}", fmt::join(r.verdict.reasons, "; "));
   ASSERT_EQ(r.metrics.size(), 2u);
@@ -223,4 +223,23 @@ TEST(Plugin, AbiVersion4KernelsSayWhetherTheyWriteTheLogSumExp) {
   int drawn_with_lse = 0;
   for (const auto& r : attention_campaign(reg, with->name()).cases) drawn_with_lse += r.spec.types.count("LSE") > 0;
   EXPECT_GT(drawn_with_lse, 0) << "a kernel that writes the LSE is never asked for it";
+}
+
+// ABI version 5: a kernel declares its arithmetic in its descriptor (here cpu.attn_naive's,
+// P kept in FP32), and the check uses it; a version-4 kernel, whose descriptor ends before
+// those fields, declares nothing.
+TEST(Plugin, AbiVersion5KernelsDeclareTheirArithmetic) {
+  Registry reg;
+  load_plugin(ATTENTION_PLUGIN_V5, reg);
+  load_plugin(ATTENTION_PLUGIN_V4, reg);
+  Kernel* v5 = reg.find("test.attention_v5");
+  Kernel* v4 = reg.find("test.attention_v4");
+  ASSERT_TRUE(v5 && v4);
+  EXPECT_EQ(v5->traits().p_bits, 24);
+  EXPECT_TRUE(v5->traits().writes_lse);
+  EXPECT_EQ(v4->traits().p_bits, 0);
+  EXPECT_EQ(v4->traits().accumulator_bits, 0);
+  EXPECT_EQ(v4->traits().input_rounding, Rounding::NearestAway);
+  for (const auto& r : attention_campaign(reg, v5->name()).cases)
+    EXPECT_TRUE(r.verdict.passed) << r.family << ": " << fmt::format("{}", fmt::join(r.verdict.reasons, "; "));
 }

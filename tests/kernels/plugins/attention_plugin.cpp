@@ -9,8 +9,11 @@
 //   ATTENTION_PLUGIN_ABI=2  "test.attention_v2": reads K/V head h / (heads / kv_heads)
 //   ATTENTION_PLUGIN_ABI=1  "test.attention_v1": declares ABI 1 and, as a plugin written
 //                           before kv_heads existed, reads K/V head h
-//   ATTENTION_PLUGIN_ABI=5  "test.attention_v5": a version this ulpgate does not know
-// Versions 1 to 3 lay their kernel list out as plugin.h did then (no writes_lse). Written
+//   ATTENTION_PLUGIN_ABI=5  "test.attention_v5": writes the LSE, declares the arithmetic of
+//                           cpu.attn_naive (P in FP32: p_bits 24)
+//   ATTENTION_PLUGIN_ABI=6  "test.attention_v6": a version this ulpgate does not know
+// Versions 1 to 4 lay their kernel list out as plugin.h did then (1 to 3: no writes_lse; 4:
+// no declared arithmetic). Written
 // against include/ulpgate/plugin.h only.
 #include <cmath>
 #include <cstdio>
@@ -94,21 +97,7 @@ int run_attention(const ulpgate_problem* p, bool write_lse, bool drop_last_key) 
 
 int run(const ulpgate_problem* p, char*, size_t) { return run_attention(p, true, false); }
 
-#if ATTENTION_PLUGIN_ABI >= 4
-int run_no_lse(const ulpgate_problem* p, char*, size_t) { return run_attention(p, false, false); }
-int run_wrong_o(const ulpgate_problem* p, char*, size_t) { return run_attention(p, false, true); }
-
-const ulpgate_kernel kKernels[] = {
-    {"test.attention_v" STRINGIFY(ATTENTION_PLUGIN_ABI), "FP32 attention, three passes (as cpu.attn_naive)",
-     ULPGATE_HOST_MEMORY, 1, supports, run, 1},
-#if ATTENTION_PLUGIN_ABI == 4
-    {"test.attention_v4_no_lse", "the same, O only", ULPGATE_HOST_MEMORY, 1, supports, run_no_lse, 0},
-    {"test.attention_v4_wrong_o", "O only, without the last visible key", ULPGATE_HOST_MEMORY, 1, supports, run_wrong_o, 0},
-#endif
-};
-const ulpgate_plugin kPlugin = {ATTENTION_PLUGIN_ABI, sizeof kKernels / sizeof kKernels[0], kKernels};
-#else
-// The kernel descriptor of plugin.h versions 1 to 3.
+// The kernel descriptor of plugin.h versions 1 to 3, and of version 4.
 struct KernelBeforeV4 {
   const char* name;
   const char* description;
@@ -117,9 +106,34 @@ struct KernelBeforeV4 {
   int (*supports)(const ulpgate_problem*, char*, size_t);
   int (*run)(const ulpgate_problem*, char*, size_t);
 };
-const KernelBeforeV4 kKernels[] = {{"test.attention_v" STRINGIFY(ATTENTION_PLUGIN_ABI),
-                                    "FP32 attention, three passes (as cpu.attn_naive)", ULPGATE_HOST_MEMORY, 1, supports,
-                                    run}};
+struct KernelV4 {
+  KernelBeforeV4 head;
+  int32_t writes_lse;
+};
+#define NAME "test.attention_v" STRINGIFY(ATTENTION_PLUGIN_ABI)
+#define DESCRIPTION "FP32 attention, three passes (as cpu.attn_naive)"
+
+#if ATTENTION_PLUGIN_ABI >= 5
+ulpgate_kernel declared() {
+  ulpgate_kernel k{};
+  k.name = NAME, k.description = DESCRIPTION, k.memory = ULPGATE_HOST_MEMORY, k.deterministic = 1;
+  k.supports = supports, k.run = run, k.writes_lse = 1, k.p_bits = 24;
+  return k;
+}
+const ulpgate_kernel kKernels[] = {declared()};
+const ulpgate_plugin kPlugin = {ATTENTION_PLUGIN_ABI, 1, kKernels};
+#elif ATTENTION_PLUGIN_ABI == 4
+int run_no_lse(const ulpgate_problem* p, char*, size_t) { return run_attention(p, false, false); }
+int run_wrong_o(const ulpgate_problem* p, char*, size_t) { return run_attention(p, false, true); }
+const KernelV4 kKernels[] = {
+    {{NAME, DESCRIPTION, ULPGATE_HOST_MEMORY, 1, supports, run}, 1},
+    {{"test.attention_v4_no_lse", "the same, O only", ULPGATE_HOST_MEMORY, 1, supports, run_no_lse}, 0},
+    {{"test.attention_v4_wrong_o", "O only, without the last visible key", ULPGATE_HOST_MEMORY, 1, supports, run_wrong_o},
+     0},
+};
+const ulpgate_plugin kPlugin = {4, sizeof kKernels / sizeof kKernels[0], reinterpret_cast<const ulpgate_kernel*>(kKernels)};
+#else
+const KernelBeforeV4 kKernels[] = {{NAME, DESCRIPTION, ULPGATE_HOST_MEMORY, 1, supports, run}};
 const ulpgate_plugin kPlugin = {ATTENTION_PLUGIN_ABI, 1, reinterpret_cast<const ulpgate_kernel*>(kKernels)};
 #endif
 
