@@ -247,7 +247,8 @@ json describe_kernels(Registry& registry, const json& names) {
                    {"accumulator_bits", t.accumulator_bits}, {"p_bits", t.p_bits}, {"promote", t.promote},
                    {"arithmetic_source", t.arithmetic_source}, {"accumulation_model", t.accumulation_model},
                    {"rounds_to_nearest", t.rounds_to_nearest}, {"flushes_subnormals", t.flushes_subnormals},
-                   {"activation_error", t.activation_error}, {"writes_lse", t.writes_lse}});
+                   {"activation_error", t.activation_error}, {"writes_lse", t.writes_lse},
+                   {"input_rounding", std::string(name(t.input_rounding))}});
   }
   return {{"kernels", out}};
 }
@@ -1044,6 +1045,7 @@ std::vector<std::unique_ptr<Kernel>> IsolatedEvaluator::describe(const std::vect
     t.flushes_subnormals = k.value("flushes_subnormals", false);
     t.activation_error = k.value("activation_error", 0.0);
     t.writes_lse = k.value("writes_lse", false);  // the generator draws LSE cases only for such kernels
+    if (const auto r = parse_rounding(k.value("input_rounding", ""))) t.input_rounding = *r;
     out.push_back(std::make_unique<WorkerKernel>(*this, k.value("name", ""), k.value("description", ""), t));
   }
   return out;

@@ -360,7 +360,14 @@ AttentionReference attention_reference(const Case& c, const std::map<std::string
 
     // Ziv's loop for the rest, and the magnitudes.
     for (mpfr_prec_t p = 192;; p *= 2) {
-      if (p > (1 << 18)) throw std::runtime_error("attention reference: rounding not decided at 2^18 bits");
+      if (p > (1 << 18)) {
+        std::string undecided;
+        for (std::int64_t d = 0; d < dv; ++d)
+          if (!decided[d]) undecided += (undecided.empty() ? "" : ",") + std::to_string(d);
+        throw std::runtime_error(fmt::format(
+            "attention reference: rounding not decided at 2^18 bits (batch {}, head {}, query {}: {} keys in {} score "
+            "groups; output columns [{}]{})", b, h, i, n, g_count, undecided, lse_done ? "" : ", the log-sum-exp"));
+      }
       Mpfr sigma(p), t(p), denom(p), num(p), o(p), bound(64), tmp(64);
       scale.set(sigma);
       std::vector<MpfrBox> w(g_count);

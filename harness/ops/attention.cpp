@@ -485,7 +485,10 @@ class AttentionModule final : public OpModule {
       for (std::int64_t h = 0; h < a.heads; ++h) {
         const std::int64_t hk = a.kv_head(h);
         std::vector<char> key_bad(static_cast<std::size_t>(a.seq_kv));
-        for (std::int64_t j = 0; j < a.seq_kv; ++j) key_bad[j] = static_cast<char>(bad("K", kv, b, hk, j) || bad("V", vv, b, hk, j));
+        for (std::int64_t j = 0; j < a.seq_kv; ++j) {
+          const bool k_bad = bad("K", kv, b, hk, j), v_bad = bad("V", vv, b, hk, j);  // both: each sanitizes its own
+          key_bad[j] = static_cast<char>(k_bad || v_bad);
+        }
         for (std::int64_t i = 0; i < a.seq_q; ++i) {
           bool row = bad("Q", qv, b, h, i);
           for (std::int64_t j = 0; j < a.seq_kv && !row; ++j) row = key_bad[j] && attention_visible(c, b, i, j);

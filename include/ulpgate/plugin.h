@@ -67,7 +67,8 @@ typedef enum { ULPGATE_HOST_MEMORY = 0, ULPGATE_DEVICE_MEMORY = 1 } ulpgate_memo
 /* How a kernel rounds the inputs it narrows (TF32 compute: FP32 inputs to TF32). */
 typedef enum {
   ULPGATE_INPUTS_ROUND_TO_NEAREST = 0, /* cvt.rna: to nearest, ties away (the default) */
-  ULPGATE_INPUTS_TRUNCATE = 1          /* cvt.rz: toward zero, e.g. dropping the low bits */
+  ULPGATE_INPUTS_TRUNCATE = 1,         /* cvt.rz: toward zero, e.g. dropping the low bits */
+  ULPGATE_INPUTS_TIES_TO_EVEN = 2      /* cvt.rn: to nearest, ties to even (cuBLAS, cuBLASLt) */
 } ulpgate_input_rounding;
 
 typedef struct {

@@ -81,6 +81,9 @@ class CublasGemm final : public Kernel {
   std::string description() const override { return v_.description; }
   KernelTraits traits() const override {
     KernelTraits t{Memory::Device, true};
+    // TF32 compute rounds FP32 inputs to nearest, ties to even (measured on the H200:
+    // LibraryGpu.Tf32KernelsRoundTheirInputsAsDeclared), where cvt.rna ties away.
+    t.input_rounding = Rounding::NearestEven;
     t.thread_safe = true;  // a handle per thread; all work on io.stream
     return t;
   }

@@ -62,6 +62,9 @@ class CublasLtGemm final : public Kernel {
   std::string description() const override { return v_.description; }
   KernelTraits traits() const override {
     KernelTraits t{Memory::Device, true};
+    // TF32 compute rounds FP32 inputs to nearest, ties to even (measured on the H200:
+    // LibraryGpu.Tf32KernelsRoundTheirInputsAsDeclared), where cvt.rna ties away.
+    t.input_rounding = Rounding::NearestEven;
     t.thread_safe = true;  // a handle and workspace per thread; all work on io.stream
     // The GELU epilogue's tanh is not correctly rounded: on the H200 its error reaches
     // 2^-16.98 (LibraryGpu.GeluEpilogueWithinItsDeclaredError: 2^20 arguments in [-6, 6],

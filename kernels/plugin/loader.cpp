@@ -123,8 +123,9 @@ std::optional<std::string> bad_declaration(const ulpgate_kernel& k) {
   if (k.promote > 0 && k.accumulator_bits == 0)
     return fmt::format("promote {} without accumulator_bits (the accumulator that is promoted)", k.promote);
   if (k.p_bits != 0 && (k.p_bits < 2 || k.p_bits > 24)) return fmt::format("p_bits {} (0, or 2 to 24 bits)", k.p_bits);
-  if (k.input_rounding != ULPGATE_INPUTS_ROUND_TO_NEAREST && k.input_rounding != ULPGATE_INPUTS_TRUNCATE)
-    return fmt::format("input_rounding {} (0: to nearest, 1: truncate)", k.input_rounding);
+  if (k.input_rounding < ULPGATE_INPUTS_ROUND_TO_NEAREST || k.input_rounding > ULPGATE_INPUTS_TIES_TO_EVEN)
+    return fmt::format("input_rounding {} (0: to nearest, ties away; 1: truncate; 2: to nearest, ties to even)",
+                       k.input_rounding);
   return std::nullopt;
 }
 
@@ -143,6 +144,7 @@ class PluginKernel final : public Kernel {
     t.promote = k_.promote;
     t.p_bits = k_.p_bits;
     if (k_.input_rounding == ULPGATE_INPUTS_TRUNCATE) t.input_rounding = Rounding::TowardZero;
+    if (k_.input_rounding == ULPGATE_INPUTS_TIES_TO_EVEN) t.input_rounding = Rounding::NearestEven;
     return t;
   }
   std::optional<std::string> unsupported(const Case& c) const override {

@@ -54,7 +54,11 @@ class Tf32Model final : public Kernel {
   explicit Tf32Model(Rounding r = Rounding::NearestEven) : rounding_(r) {}
   std::string name() const override { return "test.tf32"; }
   std::string description() const override { return "inputs rounded to TF32, FP32 FMA"; }
-  KernelTraits traits() const override { return {Memory::Host, true}; }
+  KernelTraits traits() const override {
+    KernelTraits t{Memory::Host, true};
+    t.input_rounding = rounding_;  // as it rounds them (the bias test holds it to that)
+    return t;
+  }
   std::optional<std::string> unsupported(const Case& c) const override {
     if (c.types.at("compute") != Format::TF32 || !plain_row_major(c) || c.epilogue != Epilogue::None) return "not this case";
     return std::nullopt;

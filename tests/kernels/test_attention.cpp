@@ -39,7 +39,7 @@ TEST(AttentionKernels, DeclareTheirArithmetic) {
   }
   EXPECT_EQ(find(ks, "cuda.attn_flash.fp16")->traits().p_bits, 11);
   EXPECT_EQ(find(ks, "cuda.attn_flash.bf16")->traits().p_bits, 8);
-  EXPECT_EQ(find(ks, "cuda.attn_naive")->traits().p_bits, 0);
+  EXPECT_EQ(find(ks, "cuda.attn_naive")->traits().p_bits, 24);  // P in FP32, declared
   if (!find(ks, "cudnn.sdpa.fp16")) GTEST_SKIP() << "built without cuDNN (the cuDNN kernels' traits)";
   for (const char* name : {"cudnn.sdpa.fp16", "cudnn.sdpa.bf16"}) {
     const Kernel* k = find(ks, name);
