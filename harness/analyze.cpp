@@ -418,11 +418,12 @@ BiasStatistics bias_statistics(const JudgeTerms& jt) {
     const double xabs = magnitude_of(xd);
     if (cmp.relu_output && xabs <= jt.bound(e, xabs)) continue;  // the clamp may decide the sign
     const double shift = e < cmp.bias_shift.size() ? cmp.bias_shift[e] : 0.0;
-    const double t = (signed_error(decode(f, cmp.got[e]), xd) - shift) / c, toward = xd.hi + shift;
+    const double err = signed_error(decode(f, cmp.got[e]), xd);
+    const double t = (err - shift) / c, toward = xd.hi + shift;
     b.signed_sum += t;
     b.zero_sum += toward > 0 ? t : toward < 0 ? -t : 0.0;
     if (!cmp.bias_shift.empty()) {
-      const double t_raw = signed_error(decode(f, cmp.got[e]), xd) / c;
+      const double t_raw = err / c;
       b.has_raw = true;
       b.raw_signed_sum += t_raw;
       b.raw_zero_sum += xd.hi > 0 ? t_raw : xd.hi < 0 ? -t_raw : 0.0;
