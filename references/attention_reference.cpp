@@ -63,11 +63,14 @@ RefValue exact_quotient(mpfr_srcptr x, unsigned long n) {
 }
 
 // The 128-bit window of |x| = |num| / n + Delta (num exact and nonzero, n >= 1), Delta
-// known only to lie in [lo, hi] (exact bounds), when that keeps |x| strictly between two
-// neighbouring 128-bit numbers; nullopt otherwise. This decides outputs that sit within a
-// tiny, transcendental distance of an exact number (one key dominating by a score gap of
-// thousands: O = v_ref (1 - 2^-(10^5))) at the precision of Delta, not of the distance.
-std::optional<RefValue> window_near(mpfr_srcptr num, unsigned long n, mpfr_srcptr lo, mpfr_srcptr hi, bool negative) {
+// known only to lie in [lo, hi] (exact bounds) and, where `sign` is not 0, to be nonzero of
+// that sign, when that keeps |x| strictly between two neighbouring 128-bit numbers; nullopt
+// otherwise. This decides outputs that sit within a tiny, transcendental distance of an exact
+// number (one key dominating by a score gap of thousands: O = v_ref (1 - 2^-(10^5))) at the
+// precision of Delta, not of the distance. lo = hi = 0 with a sign: Delta is below MPFR's
+// range, so below any distance between num / n and a 128-bit number's neighbourhood.
+std::optional<RefValue> window_near(mpfr_srcptr num, unsigned long n, mpfr_srcptr lo, mpfr_srcptr hi, bool negative,
+                                    int sign) {
   RefValue t = exact_quotient(num, n);  // |num| / n truncated to 128 bits
   if (t.kind != RefValue::Kind::Finite) return std::nullopt;
   t.negative = false;
@@ -94,12 +97,13 @@ std::optional<RefValue> window_near(mpfr_srcptr num, unsigned long n, mpfr_srcpt
   mpfr_mul_ui(l, lo, n, MPFR_RNDD);
   mpfr_mul_ui(h, hi, n, MPFR_RNDU);
   mpfr_neg(b, b, MPFR_RNDN);  // -X
-  if (mpfr_cmp(l, b) > 0 && mpfr_cmp(h, a) < 0 && !(mpfr_zero_p(b) && mpfr_sgn(l.get()) <= 0)) {
+  // Delta > -X (with X = 0: Delta > 0) and Delta < Y.
+  if ((sign > 0 || mpfr_cmp(l, b) > 0) && mpfr_cmp(h, a) < 0) {
     t.inexact = true;  // |x| in (T, T + unit)
     t.negative = negative;
     return t;
   }
-  if (mpfr_zero_p(b) && mpfr_sgn(h.get()) < 0) {  // |x| just below T: in (T - unit / 2, T)?
+  if (mpfr_zero_p(b) && (sign < 0 || mpfr_sgn(h.get()) < 0)) {  // |x| just below T: in (T - unit / 2, T)?
     mpfr_mul_ui(a, unit, n, MPFR_RNDN);
     mpfr_div_2ui(a, a, 1, MPFR_RNDN);
     mpfr_neg(a, a, MPFR_RNDN);
@@ -128,6 +132,137 @@ void exact_sum_of(mpfr_ptr out, mpfr_srcptr x, mpfr_srcptr y) {
   }
   mpfr_set_prec(out, hi < lo ? 2 : static_cast<mpfr_prec_t>(hi - lo + 4));
   mpfr_add(out, x, y, MPFR_RNDN);
+}
+
+// x - y exactly (x, y exact).
+void exact_difference(mpfr_ptr out, mpfr_srcptr x, mpfr_srcptr y) {
+  Mpfr negated(mpfr_get_prec(y));
+  mpfr_neg(negated, y, MPFR_RNDN);
+  exact_sum_of(out, x, negated);
+}
+
+// exp(t) at out's precision; false where it lies below MPFR's exponent range (|exp(t)| <
+// 2^emin, out then 0 or the smallest positive number).
+bool exp_in_range(mpfr_ptr out, mpfr_srcptr t) {
+  mpfr_clear_underflow();
+  mpfr_exp(out, t, MPFR_RNDN);
+  return !mpfr_underflow_p();
+}
+
+// P = sum_{g != ref} exp(sigma diff_g) c_g / D (D = 1 where denom is null), computed as
+// exp(sigma diff_top) S / D with top the group of the largest weight among those with c_g !=
+// 0 and S = sum_g exp(sigma (diff_g - diff_top)) c_g. S is of the size of c_top, so P's sign
+// is known whenever S's is, also where exp(sigma diff_top) lies below MPFR's exponent range:
+// P is then nonzero, of S's sign and below 2^-(2^30) ("infinitesimal"). Attention's
+// perturbation of O next to the dominant group's mean (c_g = n_ref V_g - n_g V_ref, D its
+// denominator times n_ref) and of the LSE next to the dominant score (c_g = n_g) are of this
+// form. Error bound: exp's argument carries sigma's and its product's rounding, exp its own
+// (2 |t| + 1) 2^-p relative; denom_slack bounds denom's as 2^(denom_slack - p).
+struct Perturbation {
+  int sign = 0;  // 0: not decided at this precision (or every c_g is 0)
+  bool infinitesimal = false;
+  Mpfr value{2};   // P~ (0 when infinitesimal)
+  Mpfr bound{64};  // |P~ - P| <= bound
+};
+
+// exp(sigma (diff_g - diff_top)) for every group at one precision, kept while the columns
+// share their top group (most do: the runner-up's V differs from the reference group's).
+struct RelativeWeights {
+  std::ptrdiff_t top = -1;
+  mpfr_prec_t p = 0;
+  std::vector<MpfrBox> u;     // null where below MPFR's range (|u| < 2^emin)
+  double t_max = 0.0;         // the largest |sigma (diff_g - diff_top)| computed
+};
+
+void perturbation(Perturbation& out, RelativeWeights& rw, mpfr_srcptr sigma, int sigma_sign,
+                  const std::vector<MpfrBox>& diff, const std::vector<mpfr_srcptr>& c, mpfr_srcptr denom,
+                  long denom_slack, mpfr_prec_t p) {
+  out.sign = 0;
+  out.infinitesimal = false;
+  std::ptrdiff_t top = -1;
+  for (std::size_t g = 0; g < c.size(); ++g) {
+    if (!c[g] || mpfr_zero_p(c[g])) continue;
+    const int order = mpfr_cmp(*diff[g], *diff[static_cast<std::size_t>(std::max<std::ptrdiff_t>(top, 0))]);
+    if (top < 0 || (sigma_sign > 0 ? order > 0 : order < 0)) top = static_cast<std::ptrdiff_t>(g);
+  }
+  if (top < 0) return;
+  const auto ut = static_cast<std::size_t>(top);
+  Mpfr x(2), t(p), s(p), rel(64), under(64), tmp(64);
+  if (rw.top != top || rw.p != p) {
+    rw.top = top, rw.p = p, rw.t_max = 0.0;
+    rw.u.clear();
+    rw.u.resize(c.size());
+    for (std::size_t g = 0; g < c.size(); ++g) {
+      if (!c[g]) continue;
+      exact_difference(x, *diff[g], *diff[ut]);
+      mpfr_mul(t, sigma, x, MPFR_RNDN);
+      rw.t_max = std::max(rw.t_max, std::fabs(mpfr_get_d(t, MPFR_RNDA)));
+      auto u = std::make_unique<Mpfr>(p);
+      if (exp_in_range(*u, t)) rw.u[g] = std::move(u);
+    }
+  }
+  std::vector<MpfrBox> terms;
+  std::vector<mpfr_ptr> ptrs;
+  mpfr_set_zero(rel, 1), mpfr_set_zero(under, 1);
+  for (std::size_t g = 0; g < c.size(); ++g) {
+    if (!c[g] || mpfr_zero_p(c[g])) continue;
+    if (!rw.u[g]) {  // |u c_g| < 2^emin |c_g|
+      mpfr_set_ui_2exp(tmp, 1, mpfr_get_emin(), MPFR_RNDU);
+      mpfr_mul(tmp, tmp, c[g], MPFR_RNDU);
+      mpfr_abs(tmp, tmp, MPFR_RNDU);
+      mpfr_add(under, under, tmp, MPFR_RNDU);
+      continue;
+    }
+    terms.push_back(std::make_unique<Mpfr>(p));
+    mpfr_mul(*terms.back(), *rw.u[g], c[g], MPFR_RNDN);
+    ptrs.push_back(*terms.back());
+    mpfr_mul(tmp, *rw.u[g], c[g], MPFR_RNDU);
+    mpfr_abs(tmp, tmp, MPFR_RNDU);
+    mpfr_add(rel, rel, tmp, MPFR_RNDU);
+  }
+  const double t_max = rw.t_max;
+  Mpfr u(p);
+  mpfr_sum(s, ptrs.data(), ptrs.size(), MPFR_RNDN);
+  // |S~ - S| <= 2^(slack - p) sum |u_g c_g| + the terms below range
+  const long slack = 6 + static_cast<long>(std::ceil(std::log2(2.0 * t_max + 2.0)));
+  Mpfr s_err(64), s_abs(64);
+  mpfr_mul_2si(s_err, rel, slack - p, MPFR_RNDU);
+  mpfr_add(s_err, s_err, under, MPFR_RNDU);
+  mpfr_abs(s_abs, s, MPFR_RNDD);
+  mpfr_mul_2ui(tmp, s_err, 2, MPFR_RNDU);
+  if (mpfr_cmp(s_abs, tmp) <= 0) return;  // S's relative error above 1/4: undecided
+  out.sign = mpfr_sgn(s.get());
+  mpfr_mul(t, sigma, *diff[ut], MPFR_RNDN);
+  const double t_top = std::fabs(mpfr_get_d(t, MPFR_RNDA));
+  if (!exp_in_range(u, t)) {
+    out.infinitesimal = true;
+    mpfr_set_zero(out.value, 1), mpfr_set_zero(out.bound, 1);
+    return;
+  }
+  mpfr_set_prec(out.value, p);
+  mpfr_mul(out.value, u, s, MPFR_RNDN);
+  if (denom) mpfr_div(out.value, out.value, denom, MPFR_RNDN);
+  // Relative errors: S~ at most 4/3 s_err / |S~|, the top weight (2 |t| + 1) 2^-p, denom
+  // 2^(denom_slack - p), and three roundings: P~ = P (1 + delta), |delta| <= 2 r for r <=
+  // 1/4, so |P~ - P| <= 2 r |P| <= 4 r |P~|.
+  Mpfr r(64);
+  mpfr_div(r, s_err, s_abs, MPFR_RNDU);
+  mpfr_mul_d(r, r, 4.0 / 3.0, MPFR_RNDU);
+  mpfr_set_d(tmp, 2.0 * t_top + 4.0, MPFR_RNDU);
+  mpfr_mul_2si(tmp, tmp, -p, MPFR_RNDU);
+  mpfr_add(r, r, tmp, MPFR_RNDU);
+  if (denom) {
+    mpfr_set_ui_2exp(tmp, 1, denom_slack - p, MPFR_RNDU);
+    mpfr_add(r, r, tmp, MPFR_RNDU);
+  }
+  mpfr_set_d(tmp, 0.25, MPFR_RNDN);
+  if (mpfr_cmp(r, tmp) > 0) {
+    out.sign = 0;
+    return;
+  }
+  mpfr_abs(out.bound, out.value, MPFR_RNDU);
+  mpfr_mul(out.bound, out.bound, r, MPFR_RNDU);
+  mpfr_mul_2ui(out.bound, out.bound, 2, MPFR_RNDU);
 }
 
 // log2 of an upper bound of |x| (x finite), for error bounds.
@@ -358,17 +493,32 @@ AttentionReference attention_reference(const Case& c, const std::map<std::string
       }
     };
 
+    // The near path's per-column inputs and results, and the group sizes (the LSE's c_g).
+    std::vector<mpfr_srcptr> c_col(g_count);
+    std::vector<MpfrBox> sizes(g_count);
+    std::vector<mpfr_srcptr> group_sizes(g_count);
+    for (std::size_t g = 0; g < g_count; ++g) {
+      if (g == ref) continue;
+      sizes[g] = std::make_unique<Mpfr>(64);
+      mpfr_set_ui(*sizes[g], groups[g].size(), MPFR_RNDN);
+      group_sizes[g] = *sizes[g];
+    }
+    Perturbation delta, eps;
+    RelativeWeights o_weights, lse_weights;
+    Mpfr n_denom(2);
+
     // Ziv's loop for the rest, and the magnitudes.
     for (mpfr_prec_t p = 192;; p *= 2) {
       if (p > (1 << 18)) {
         std::string undecided;
         for (std::int64_t d = 0; d < dv; ++d)
-          if (!decided[d]) undecided += (undecided.empty() ? "" : ",") + std::to_string(d);
+          if (!decided[d]) undecided += fmt::format("{}{}", undecided.empty() ? "" : ",", d);
         throw std::runtime_error(fmt::format(
             "attention reference: rounding not decided at 2^18 bits (batch {}, head {}, query {}: {} keys in {} score "
             "groups; output columns [{}]{})", b, h, i, n, g_count, undecided, lse_done ? "" : ", the log-sum-exp"));
       }
       Mpfr sigma(p), t(p), denom(p), num(p), o(p), bound(64), tmp(64);
+      mpfr_set_prec(n_denom, p + 32);
       scale.set(sigma);
       std::vector<MpfrBox> w(g_count);
       double t_max = 0.0;
@@ -412,38 +562,45 @@ AttentionReference attention_reference(const Case& c, const std::map<std::string
         out.magnitude[o_at(d)] = mpfr_get_d(bound, MPFR_RNDN);
         if (decided[d]) continue;
         if ((p > 192 || dominated) && g_count > 1 && !v_ref[d]) prepare_near(d);
-        if (v_ref[d] && !mpfr_zero_p(*v_ref[d])) {  // next to the dominant group's mean?
-          Mpfr dn(p), db(64), one(64), lo(p + 64), hi(p + 64);
-          std::vector<mpfr_ptr> dp;
-          mpfr_set_zero(db, 1);
-          for (std::size_t g = 0; g < g_count; ++g) {
-            if (g == ref) continue;
-            mpfr_mul(*terms[g], *w[g], *c_g[gd(g, d)], MPFR_RNDN);
-            dp.push_back(*terms[g]);
-            mpfr_mul(one, *w[g], *c_g[gd(g, d)], MPFR_RNDU);
-            mpfr_abs(one, one, MPFR_RNDU);
-            mpfr_add(db, db, one, MPFR_RNDU);
-          }
-          mpfr_sum(dn, dp.data(), dp.size(), MPFR_RNDN);
-          mpfr_div(dn, dn, denom, MPFR_RNDN);
-          mpfr_div_ui(dn, dn, n_ref, MPFR_RNDN);                    // delta~
-          mpfr_div(db, db, denom, MPFR_RNDU);
-          mpfr_div_ui(db, db, n_ref, MPFR_RNDU);
-          mpfr_mul_2si(db, db, slack + 1 - p, MPFR_RNDU);          // its error bound
-          if (mpfr_sgn(v_ref[d]->get()) < 0) mpfr_neg(dn, dn, MPFR_RNDN);  // |O| = |mu| + that
-          mpfr_sub(lo, dn, db, MPFR_RNDD);
-          mpfr_add(hi, dn, db, MPFR_RNDU);
-          if (auto near = window_near(*v_ref[d], static_cast<unsigned long>(n_ref), lo, hi, mpfr_sgn(v_ref[d]->get()) < 0)) {
-            out.values[o_at(d)] = *near;
+        if (v_ref[d]) {  // next to the dominant group's mean: O = mu + delta
+          for (std::size_t g = 0; g < g_count; ++g) c_col[g] = g == ref ? nullptr : c_g[gd(g, d)]->get();
+          mpfr_mul_ui(n_denom, denom, n_ref, MPFR_RNDN);
+          perturbation(delta, o_weights, sigma, scale.sign(), diff, c_col, n_denom, slack + 1, p);
+          if (delta.sign != 0 && !mpfr_zero_p(*v_ref[d])) {
+            const bool negative = mpfr_sgn(v_ref[d]->get()) < 0;  // |O| = |mu| + delta sgn(mu)
+            Mpfr lo(p + 64), hi(p + 64);
+            mpfr_sub(lo, delta.value, delta.bound, MPFR_RNDD);
+            mpfr_add(hi, delta.value, delta.bound, MPFR_RNDU);
+            if (negative) mpfr_swap(lo, hi), mpfr_neg(lo, lo, MPFR_RNDD), mpfr_neg(hi, hi, MPFR_RNDU);
+            if (auto near = window_near(*v_ref[d], static_cast<unsigned long>(n_ref), lo, hi, negative,
+                                        negative ? -delta.sign : delta.sign)) {
+              out.values[o_at(d)] = *near;
+              decided[d] = true;
+              continue;
+            }
+          } else if (delta.sign != 0 && delta.infinitesimal) {  // mu = 0: O = delta
+            out.values[o_at(d)] = RefValue::tiny(delta.sign < 0);
             decided[d] = true;
             continue;
+          } else if (delta.sign != 0 && !mpfr_zero_p(delta.bound)) {
+            const long err = static_cast<long>(mpfr_get_exp(delta.value)) - static_cast<long>(mpfr_get_exp(delta.bound));
+            if (mpfr_can_round(delta.value, err, MPFR_RNDN, MPFR_RNDZ, 128)) {
+              out.values[o_at(d)] = RefValue::from_certified(delta.value);
+              decided[d] = true;
+              continue;
+            }
           }
         }
         for (std::size_t g = 0; g < g_count; ++g) times_v(*terms[g], *w[g], g, d);
         mpfr_sum(num, ptrs.data(), g_count, MPFR_RNDN);
         mpfr_div(o, num, denom, MPFR_RNDN);
-        // |O~ - O| <= 2^(slack - p) sum_j p_j |v_j| (the magnitude, bounded above)
-        if (mpfr_zero_p(o) || mpfr_zero_p(bound)) { all = false; continue; }
+        // |O~ - O| <= 2^(slack - p) sum_j p_j |v_j| (the magnitude, bounded above). Weights
+        // below MPFR's range (|w| < 2^-(2^30)) are 0 in both: the bound covers what they leave
+        // out while it is above 2^-(2^20) (p <= 2^18), and the near path decides the rest.
+        if (mpfr_zero_p(o) || mpfr_zero_p(bound) || mpfr_get_exp(bound) < -(1L << 20)) {
+          all = false;
+          continue;
+        }
         const long err = static_cast<long>(mpfr_get_exp(o)) - (static_cast<long>(mpfr_get_exp(bound)) + slack - p);
         if (mpfr_can_round(o, err, MPFR_RNDN, MPFR_RNDZ, 128)) {
           out.values[o_at(d)] = RefValue::from_certified(o);
@@ -455,27 +612,30 @@ AttentionReference attention_reference(const Case& c, const std::map<std::string
       if (!lse_done && n_ref == 1 && g_count > 1 && (scale.given || scale.root)) {
         // LSE = m + log1p(eps), m = sigma score_ref rational, eps = sum_{g != ref} n_g w_g:
         // next to m when one key dominates (as O next to mu above).
-        Mpfr m_num(mpfr_get_prec(*score[groups[ref][0]]) + 53), eps(p), l(p), eb(64), lo(p + 64), hi(p + 64);
+        Mpfr m_num(mpfr_get_prec(*score[groups[ref][0]]) + 53);
         unsigned long m_den = 1;
         if (scale.given) mpfr_mul_d(m_num, *score[groups[ref][0]], scale.value, MPFR_RNDN);  // exact
         else mpfr_set(m_num, *score[groups[ref][0]], MPFR_RNDN), m_den = static_cast<unsigned long>(scale.root);
         if (!mpfr_zero_p(m_num)) {
-          std::vector<mpfr_ptr> others;
-          for (std::size_t g = 0; g < g_count; ++g) {
-            if (g == ref) continue;
-            mpfr_mul_ui(*terms[g], *w[g], groups[g].size(), MPFR_RNDN);
-            others.push_back(*terms[g]);
+          perturbation(eps, lse_weights, sigma, scale.sign(), diff, group_sizes, nullptr, 0, p);  // eps > 0
+          const bool negative = mpfr_sgn(m_num.get()) < 0;  // |LSE| = |m| + log1p(eps) sgn(m)
+          Mpfr lo(p + 64), hi(p + 64);
+          mpfr_set_zero(lo, 1), mpfr_set_zero(hi, 1);
+          if (eps.sign > 0 && !eps.infinitesimal) {
+            // log1p(eps) <= eps, and its derivative is below 1: |l~ - l| <= eps's bound + 2^-p l~
+            Mpfr l(p), eb(64);
+            mpfr_log1p(l, eps.value, MPFR_RNDN);
+            mpfr_mul_2si(eb, l, -p, MPFR_RNDU);
+            mpfr_add(eb, eb, eps.bound, MPFR_RNDU);
+            mpfr_sub(lo, l, eb, MPFR_RNDD);
+            mpfr_add(hi, l, eb, MPFR_RNDU);
+            if (negative) mpfr_swap(lo, hi), mpfr_neg(lo, lo, MPFR_RNDD), mpfr_neg(hi, hi, MPFR_RNDU);
           }
-          mpfr_sum(eps, others.data(), others.size(), MPFR_RNDN);
-          mpfr_log1p(l, eps, MPFR_RNDN);
-          mpfr_set(eb, eps, MPFR_RNDU);
-          mpfr_mul_2si(eb, eb, slack + 2 - p, MPFR_RNDU);  // log1p(eps) <= eps
-          if (mpfr_sgn(m_num.get()) < 0) mpfr_neg(l, l, MPFR_RNDN);
-          mpfr_sub(lo, l, eb, MPFR_RNDD);
-          mpfr_add(hi, l, eb, MPFR_RNDU);
-          if (auto near = window_near(m_num, m_den, lo, hi, mpfr_sgn(m_num.get()) < 0)) {
-            lse = *near;
-            lse_done = true;
+          if (eps.sign > 0) {
+            if (auto near = window_near(m_num, m_den, lo, hi, negative, negative ? -1 : 1)) {
+              lse = *near;
+              lse_done = true;
+            }
           }
         }
       }

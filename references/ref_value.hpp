@@ -53,6 +53,18 @@ struct RefValue {
     z.negative_down = negative;
     return z;
   }
+  /// Exponent of tiny(): below the smallest MPFR number, 2^-(2^30).
+  static constexpr std::int32_t kTinyExponent = -(1 << 30) - 1;
+  /// A nonzero value below 2^-(2^30) in magnitude whose digits no computation here can give
+  /// (an attention weight of e^-(10^10), say): held as 2^kTinyExponent with the sticky bit.
+  /// It rounds as every value that small does: to zero, or to the smallest subnormal when
+  /// rounding away from zero.
+  static RefValue tiny(bool negative) {
+    RefValue t{Kind::Finite, negative, true};
+    t.exponent = kTinyExponent;
+    t.sig_hi = std::uint64_t{1} << 63;
+    return t;
+  }
   static RefValue nan() { return RefValue{Kind::NaN}; }
   static RefValue infinity(bool negative) { return RefValue{Kind::Inf, negative}; }
   /// The value of an exact MPFR number (any precision): truncated to 128 bits, sticky set

@@ -298,6 +298,18 @@ TEST(AttentionOp, VScalingNoFalseAlarmOnCancellingColumns) {
   EXPECT_TRUE(ev.verdict.passed) << ev.verdict.reasons.front();
 }
 
+// Drawn cases where one key outscores the others by billions (lognormal(0,3) BF16 Q and K):
+// the other keys' weights are below MPFR's exponent range, and the reference must still decide
+// O and the LSE next to the dominant key's values.
+TEST(AttentionOp, DominantKeyBeyondMpfrRangeIsReferenced) {
+  for (const char* file : {"attention_dominant_key_beyond_mpfr_range.json", "attention_dominant_key_beyond_mpfr_range_gqa.json"}) {
+    Case c = read_case_file(std::string(ULPGATE_SOURCE_DIR) + "/tests/data/" + file);
+    auto naive = make_emulated_attention(*AttentionModel::parse(c.kernel));
+    const Evaluation ev = evaluate(*naive, c, EvaluationOptions{});
+    EXPECT_TRUE(ev.verdict.passed) << file << ": " << (ev.verdict.reasons.empty() ? "" : ev.verdict.reasons.front());
+  }
+}
+
 namespace {
 
 // A correct attention kernel that is not bitwise repeatable and says so (a split-KV kernel

@@ -6,6 +6,8 @@
 #include <cmath>
 #include <xmmintrin.h>
 
+#include <fmt/format.h>
+
 #include "core/error.hpp"
 #include "core/format_mpfr.hpp"
 #include "references/attention_reference.hpp"
@@ -328,5 +330,83 @@ TEST(AttentionReference, DominantKeyDecidedNextToItsValue) {
     mpfr_div(num, num, den, MPFR_RNDN);
     EXPECT_EQ(ref.at(0, 0, 0, 0), RefValue::from_certified(num)) << "row " << r << ": " << to_string(ref.at(0, 0, 0, 0));
     EXPECT_EQ(ref.lse[0], RefValue::from_certified(lse)) << "row " << r << ": " << to_string(ref.lse[0]);
+  }
+}
+
+// One key outscoring the others by 2^20, 2^31 or 2^100: their weights are e^-(2^20) ~
+// 2^-(1.5 10^6), within MPFR's exponent range, and e^-(2^31), e^-(2^100), below it, so no
+// precision computes them. O and the LSE are decided next to the dominant key's values from
+// the sign of the perturbation, and an O whose dominant value is 0 is that perturbation: a
+// tiny number of its sign where it is below MPFR's range. Expected: the dominant value moved
+// by 2^-200 of itself in the perturbation's direction, truncated to the 128-bit window.
+TEST(AttentionReference, WeightsBelowMpfrRangeDecidedBySign) {
+  struct Row {
+    std::vector<double> k, v;
+    int direction;  // of O from the dominant keys' mean; 0: that mean is 0 and O is the perturbation
+  };
+  for (const double gap : {0x1p20, 0x1p31, 0x1p100}) {
+    const std::vector<Row> rows = {
+        {{gap, 0}, {1.5, 3}, +1},
+        {{gap, 0}, {1.5, -3}, -1},
+        {{gap, 0}, {-1.5, 3}, +1},             // |O| just below 1.5
+        {{gap, 0}, {1.0, 0}, -1},              // the binade below 1
+        {{gap, gap / 2, 0}, {1, 1, 2}, +1},    // the runner-up's V equals the dominant one
+        {{gap, 0, -1}, {1, 3, -10}, -1},       // 2 - 11/e < 0: the runner-up alone has the wrong sign
+        {{gap, gap, 0}, {1, 2, 0}, -1},        // two dominant keys: mean 1.5, just below
+        {{gap, 0}, {0, 3}, 0},
+        {{gap, 0}, {0, -3}, 0},
+    };
+    for (const bool given : {true, false}) {
+      for (std::size_t r = 0; r < rows.size(); ++r) {
+        const Row& row = rows[r];
+        const auto n = static_cast<std::int64_t>(row.k.size());
+        Case c;
+        c.op = Op::Attention;
+        c.attention.seq_q = 1, c.attention.seq_kv = n, c.attention.head_dim = 1;
+        if (given) c.attention.softmax_scale = 1.0;  // otherwise 1/sqrt(1)
+        c.types = {{"Q", Format::FP32}, {"K", Format::FP32}, {"V", Format::FP32}, {"O", Format::FP32},
+                   {"compute", Format::FP32}};
+        Tensor q(Format::FP32, 1), k(Format::FP32, n), v(Format::FP32, n);
+        q.set_value(0, 1.0);
+        for (std::int64_t j = 0; j < n; ++j) k.set_value(j, row.k[j]), v.set_value(j, row.v[j]);
+        const AttentionReference ref = attention_reference(c, {{"Q", q}, {"K", k}, {"V", v}}, 1);
+        const std::string what = fmt::format("gap 2^{}, row {}, scale {}", std::log2(gap), r, given ? "given" : "1/sqrt(d)");
+        std::size_t top = 0;
+        while (top + 1 < row.k.size() && row.k[top + 1] == gap) ++top;
+        double mu = 0.0;
+        for (std::size_t j = 0; j <= top; ++j) mu += row.v[j];
+        mu /= static_cast<double>(top + 1);
+        const RefValue o = ref.at(0, 0, 0, 0);
+        if (row.direction == 0 && gap < 0x1p30) {  // V[1] e^-gap / (1 + e^-gap)
+          Mpfr w(400), x(400);
+          mpfr_set_d(w, -gap, MPFR_RNDN);
+          mpfr_exp(w, w, MPFR_RNDN);
+          mpfr_mul_d(x, w, row.v[1], MPFR_RNDN);
+          mpfr_add_ui(w, w, 1, MPFR_RNDN);
+          mpfr_div(x, x, w, MPFR_RNDN);
+          EXPECT_EQ(o, RefValue::from_certified(x)) << what << ": " << to_string(o);
+        } else if (row.direction == 0) {
+          EXPECT_EQ(o, RefValue::tiny(row.v[1] < 0)) << what << ": " << to_string(o);
+          EXPECT_EQ(o.round_to(Format::FP32), encode(Format::FP32, row.v[1] < 0 ? -0.0 : 0.0)) << what;
+          EXPECT_EQ(o.round_to(Format::FP32, row.v[1] < 0 ? Rounding::Down : Rounding::Up),
+                    encode(Format::FP32, std::copysign(0x1p-149, row.v[1])))
+              << what;
+        } else {
+          Mpfr x(400);
+          mpfr_set_d(x, std::fabs(mu), MPFR_RNDN);
+          mpfr_mul_2si(x, x, -200, MPFR_RNDN);
+          if (row.direction < 0) mpfr_neg(x, x, MPFR_RNDN);
+          mpfr_add_d(x, x, mu, MPFR_RNDN);
+          EXPECT_EQ(o, RefValue::from_certified(x)) << what << ": " << to_string(o);
+        }
+        Mpfr lse(400);
+        mpfr_set_d(lse, gap, MPFR_RNDN);
+        mpfr_mul_2si(lse, lse, -200, MPFR_RNDN);
+        mpfr_add_d(lse, lse, gap, MPFR_RNDN);
+        if (top == 0) {
+          EXPECT_EQ(ref.lse[0], RefValue::from_certified(lse)) << what << ": " << to_string(ref.lse[0]);
+        }
+      }
+    }
   }
 }
