@@ -55,7 +55,7 @@ Class classify(const OutputComparison& cmp, std::size_t e, Code r) {
   if (e < cmp.unwritten.size() && cmp.unwritten[e]) return Class::Unwritten;
   const Format f = cmp.format;
   if (e < cmp.unreferenced.size() && cmp.unreferenced[e]) {  // no x_e: only a non-finite d_e is judged
-    if (is_finite(f, cmp.got[e]) || accumulated_at(cmp, e) > cmp.accumulator_max) return Class::Unreferenced;
+    if (is_finite(f, cmp.got[e]) || accumulated_at(cmp, e) * cmp.accumulated_growth > cmp.accumulator_max) return Class::Unreferenced;
     if (is_nan(f, cmp.got[e]) && e < cmp.nan_allowed.size() && cmp.nan_allowed[e]) return Class::Unreferenced;
     return is_nan(f, cmp.got[e]) ? Class::UnexpectedNan : Class::UnexpectedInf;
   }
@@ -63,7 +63,7 @@ Class classify(const OutputComparison& cmp, std::size_t e, Code r) {
   const bool g_finite = is_finite(f, g), r_finite = is_finite(f, r);
   const RefValue& x = cmp.exact[e];
   const bool exact_finite = x.kind == RefValue::Kind::Finite || x.kind == RefValue::Kind::Zero;  // no NaN/Inf input
-  if (accumulated_at(cmp, e) > cmp.accumulator_max) {
+  if (accumulated_at(cmp, e) * cmp.accumulated_growth > cmp.accumulator_max) {
     // Finite or not, what a correct kernel returns here is anything: the element is counted
     // as overflowed and kept out of the error statistics (its error says nothing).
     if (exact_finite) return Class::Overflowed;
@@ -605,7 +605,7 @@ ToleranceModel::Terms ToleranceModel::terms(Format out, std::int64_t n) const {
   const double u_in = input_bits > 0 ? std::ldexp(1.0, 1 - input_bits) : 0.0;
   const auto& fo = info(out);
   const double g = gamma(n + 4);
-  return {2 * u_in + u_in * u_in + g + activation_error / 2, 1 + g, std::ldexp(1.0, -(fo.frac_bits + 1)),
+  return {2 * u_in + u_in * u_in + g + activation_error / 2 + epilogue_rounding, 1 + g, std::ldexp(1.0, -(fo.frac_bits + 1)),
           static_cast<double>(n + 4) * accumulator_eta, fo.min_subnormal() / 2};
 }
 

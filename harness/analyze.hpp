@@ -138,6 +138,10 @@ struct OutputComparison {
   /// element the largest intermediate it holds (see accumulated_e; empty: condition).
   double accumulator_max = INFINITY;
   std::vector<double> accumulated;
+  /// How much a correct kernel's intermediate may exceed accumulated_e: 1 + the condition
+  /// term's coefficient (input rounding, accumulation). An element may overflow where
+  /// accumulated_e x accumulated_growth > accumulator_max.
+  double accumulated_growth = 1.0;
   /// Per element, the error the op's tolerance model allows before the output's own
   /// rounding (harness/ops: attention fills it); empty: ToleranceModel::bound's GEMM terms.
   std::vector<double> allowed;
@@ -317,6 +321,11 @@ struct ToleranceModel {
   /// kernel's tanh/erf; the bound adds activation_error c_e / 2 (c_e >= |v|, the
   /// activation's input). 0: none.
   double activation_error = 0;
+  /// GEMM with beta C and a bias into a narrow D: alpha acc + beta C may be rounded to D's
+  /// format before the bias is added (cuBLASLt, measured): D's unit roundoff times the
+  /// activation's largest slope (1, GELU 1.13). The bound adds it times c_e (c_e >=
+  /// |alpha acc + beta C|); 0: no such rounding.
+  double epilogue_rounding = 0;
   bool probabilistic = false;
   double lambda = 4.0;
   /// gamma(n, u_acc) as above (or lambda sqrt(n) u_acc when probabilistic).

@@ -200,6 +200,7 @@ json tolerance_to_json(const ToleranceModel& t) {
           {"p_bits", t.p_bits},
           {"accumulator_eta", encode_double(t.accumulator_eta)},
           {"activation_error", encode_double(t.activation_error)},
+          {"epilogue_rounding", encode_double(t.epilogue_rounding)},
           {"nearest", t.nearest},
           {"input_rounding", name(t.input_rounding)},
           {"rule", t.rule},
@@ -231,6 +232,11 @@ ToleranceModel tolerance_from_json(const json& j, const std::string& path) {
     t.input_rounding = *rounding;
   }
   if (r.has("rule")) t.rule = r.string("rule");
+  if (r.has("epilogue_rounding")) {  // absent before the admitted epilogue rounding
+    t.epilogue_rounding = r.number("epilogue_rounding");
+    if (!(std::isfinite(t.epilogue_rounding) && t.epilogue_rounding >= 0 && t.epilogue_rounding < 1))
+      fail(r.path("epilogue_rounding"), fmt::format("must be in [0, 1), got {}", t.epilogue_rounding));
+  }
   if (r.has("activation_error")) {  // absent before declared GELU evaluation errors
     t.activation_error = r.number("activation_error");
     if (!(std::isfinite(t.activation_error) && t.activation_error >= 0 && t.activation_error < 1))

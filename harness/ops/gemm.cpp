@@ -315,6 +315,9 @@ void precision_terms_of(const Case& c, const Inputs& inputs, const ToleranceMode
 // columns of op(B), bk[k * C + col]). Each element is calibration_dot's sum, term by term
 // in order; kCalibrationBlock columns at once keep that many independent sums in flight,
 // and the levels share the pass over the data.
+// GELU's largest slope: Phi(x) + x phi(x) peaks at x = sqrt(2), 1.1289 (its tanh form too).
+constexpr double kGeluSlope = 1.13;
+
 constexpr std::int64_t kCalibrationBlock = 16;
 std::vector<double> calibration_means(const std::vector<double>& arows, const std::vector<double>& bk,
                                       const PrecisionSample& sample, std::int64_t N, std::int64_t K,
@@ -367,6 +370,7 @@ OutputComparison transposed_reference(const OutputComparison& cmp) {
   t.format = cmp.format;
   t.shape = {batch, n, m};
   t.accumulator_max = cmp.accumulator_max;
+  t.accumulated_growth = cmp.accumulated_growth;
   t.tolerance_note = cmp.tolerance_note;
   t.relu_output = cmp.relu_output;
   t.ulp_fair_condition = cmp.ulp_fair_condition;
@@ -540,7 +544,17 @@ class GemmModule final : public OpModule {
 
   std::int64_t reduction_length(const Case& c) const override { return c.gemm.k; }
 
-  ToleranceModel tolerance(const Case& c, const KernelTraits& traits) const override { return precision_terms(c, traits); }
+  ToleranceModel tolerance(const Case& c, const KernelTraits& traits) const override {
+    ToleranceModel t = precision_terms(c, traits);
+    // cuBLASLt with beta C and a bias into a 16-bit D rounds alpha acc + beta C to D's
+    // format before it adds the bias (measured: tests/kernels/test_library_gpu.cpp).
+    const Format fd = c.types.at("D");
+    if (c.beta != 0.0 && has_bias(c.epilogue) && info(fd).precision() < 24) {
+      t.epilogue_rounding = std::ldexp(1.0, -info(fd).precision()) * (has_gelu(c.epilogue) ? kGeluSlope : 1.0);
+      t.rule += fmt::format(", alpha acc + beta C may be rounded to {} before the bias", name(fd));
+    }
+    return t;
+  }
 
   std::vector<AdmittedArithmetic> admitted(std::string_view dtype) const override {
     if (dtype == "fp64") return {{"FP64 accumulation in any order", ""}};
@@ -560,6 +574,9 @@ class GemmModule final : public OpModule {
     if (dtype == "fp16" || dtype == "bf16")
       out.push_back({"mma/wgmma: 16 products per step, 25 bits after alignment on the inputs' exponents, truncated",
                      fmt::format("cpu.blockfma:block=16,frac=25,round=rz,align={}", dtype)});
+    if (dtype != "fp32" && dtype != "tf32" && dtype != "fp64")
+      out.push_back({"beta C and a bias into a 16-bit D: alpha acc + beta C rounded to D's format before the bias (cuBLASLt)",
+                     "cpu.fp32_seq:epi=rounded"});
     if (fp8)
       out.push_back({"FP8 tensor cores: 32 products per step kept to 13 fraction bits (truncated), promoted to FP32 every 128",
                      fmt::format("cpu.blockfma:block=32,frac=13,round=rz,promote=128,align={},out=13", dtype)});
@@ -593,6 +610,7 @@ class GemmModule final : public OpModule {
     const Format compute = c.types.at("compute");
     // FP64 too: the intermediate bound is a double, +Inf once the terms pass DBL_MAX.
     cmp.accumulator_max = info(compute == Format::TF32 ? Format::FP32 : compute).max_finite();
+    cmp.accumulated_growth = 1 + tol.terms(cmp.format, c.gemm.k).condition;
     if (tol.input_bits > 0) {
       const Phase phase("input_rounding");
       mark_input_rounding_overflow(c, inputs, tol.input_bits, cmp);
@@ -601,7 +619,9 @@ class GemmModule final : public OpModule {
     // The precision rule: where D is alpha x the accumulation through at most a ReLU (a
     // GELU's own evaluation error is not in its scale).
     const Phase phase("precision_scale");
-    if (c.alpha != 0 && !has_gelu(c.epilogue))
+    // The same where alpha acc + beta C may be rounded to D's format before the bias: that
+    // rounding is not in the scale either.
+    if (c.alpha != 0 && !has_gelu(c.epilogue) && tol.epilogue_rounding == 0)
       precision_terms_of(c, inputs, tol, precision_sample(c), cmp);
     return cmp;  // allowed: empty, the ToleranceModel's GEMM bound with n = K applies
   }

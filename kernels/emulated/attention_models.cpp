@@ -1,5 +1,6 @@
 #include "kernels/emulated/attention_models.hpp"
 
+#include <cfloat>
 #include <cmath>
 #include <cstdlib>
 #include <limits>
@@ -33,6 +34,8 @@ class EmulatedAttention final : public Kernel {
                         ulpgate::name(m_.p_format));
         break;
     }
+    if (m_.exp2) d += ", exp2 with log2 e folded in";
+    if (m_.ftz) d += ", subnormals flushed to zero";
     return m_.rescale ? d : d + " (planted bug: no rescale when the max grows)";
   }
   KernelTraits traits() const override {
@@ -40,6 +43,7 @@ class EmulatedAttention final : public Kernel {
     t.thread_safe = true;
     t.writes_lse = true;
     t.p_bits = info(m_.variant == AttentionModel::Variant::Flash ? m_.p_format : Format::FP32).precision();
+    t.flushes_subnormals = m_.ftz;
     return t;
   }
   std::optional<std::string> unsupported(const Case& c) const override {
@@ -61,6 +65,10 @@ class EmulatedAttention final : public Kernel {
     const float scale = static_cast<float>(scale_exact);
     const float log2_scale = static_cast<float>(scale_exact * 1.4426950408889634);
     float* lse = io.out.count("LSE") ? static_cast<float*>(io.out.at("LSE")) : nullptr;  // [batch][heads][seq_q]
+    // ftz: an FP32 result below the smallest normal becomes a zero of its sign; inputs are
+    // kept (tensor cores take subnormal operands whatever the FP32 mode).
+    const bool ftz = m_.ftz;
+    const auto fz = [ftz](float x) { return ftz && std::fabs(x) < FLT_MIN ? std::copysign(0.0f, x) : x; };
     parallel_for(a.batch * a.heads * a.seq_q, [&](std::int64_t row) {
       const std::int64_t i = row % a.seq_q, h = (row / a.seq_q) % a.heads, b = row / (a.seq_q * a.heads);
       const std::int64_t hk = a.kv_head(h);  // grouped-query: the K/V head query head h reads
@@ -70,13 +78,13 @@ class EmulatedAttention final : public Kernel {
       auto score = [&](std::int64_t j) {
         float dot = 0.0f;
         for (std::int64_t d = 0; d < hd; ++d)
-          dot = std::fma(q[d], static_cast<float>(decode(fk, load_code(fk, io.in.at("K"), kv.offset(b, hk, j, d)))), dot);
-        return m_.exp2 ? dot : scale * dot;
+          dot = fz(std::fma(q[d], static_cast<float>(decode(fk, load_code(fk, io.in.at("K"), kv.offset(b, hk, j, d)))), dot));
+        return m_.exp2 ? dot : fz(scale * dot);
       };
       // exp(s - m) in the model's way: expf of the scaled difference, or FlashAttention-2's
       // exp2f(fmaf(s, c, -m c)) on unscaled scores.
       auto exp_of = [&](float s_j, float m_j) {
-        return m_.exp2 ? std::exp2(std::fma(s_j, log2_scale, -(m_j * log2_scale))) : std::exp(s_j - m_j);
+        return fz(m_.exp2 ? std::exp2(fz(std::fma(s_j, log2_scale, -fz(m_j * log2_scale)))) : std::exp(fz(s_j - m_j)));
       };
       auto v_at = [&](std::int64_t j, std::int64_t d) {
         return static_cast<float>(decode(fv, load_code(fv, io.in.at("V"), vv.offset(b, hk, j, d))));
@@ -88,9 +96,9 @@ class EmulatedAttention final : public Kernel {
         for (std::int64_t j = 0; j < a.seq_kv; ++j)
           if (attention_visible(c, b, i, j)) keys.push_back(j), s.push_back(score(j));
         for (float x : s) m = std::max(m, x);
-        for (float& x : s) l += (x = std::exp(x - m));
+        for (float& x : s) l += (x = exp_of(x, m));
         for (std::size_t t = 0; t < keys.size(); ++t)
-          for (std::int64_t d = 0; d < dv; ++d) acc[d] = std::fma(s[t], v_at(keys[t], d), acc[d]);
+          for (std::int64_t d = 0; d < dv; ++d) acc[d] = fz(std::fma(s[t], v_at(keys[t], d), acc[d]));
       } else {
         for (std::int64_t j0 = 0; j0 < a.seq_kv; j0 += m_.block) {
           std::vector<std::int64_t> keys;
@@ -102,20 +110,20 @@ class EmulatedAttention final : public Kernel {
           for (float x : s) m_new = std::max(m_new, x);
           if (m_.rescale && m_new > m && l > 0.0f) {  // the first block has nothing to rescale
             const float r = exp_of(m, m_new);
-            l *= r;
-            for (float& x : acc) x *= r;
+            l = fz(l * r);
+            for (float& x : acc) x = fz(x * r);
           }
           m = m_new;
           for (std::size_t t = 0; t < keys.size(); ++t) {
             const float p = exp_of(s[t], m);
-            l += p;
-            const float pv = m_.variant == AttentionModel::Variant::Flash ? round_p(p, m_.p_format) : p;
-            for (std::int64_t d = 0; d < dv; ++d) acc[d] = std::fma(pv, v_at(keys[t], d), acc[d]);
+            l = fz(l + p);
+            const float pv = m_.variant == AttentionModel::Variant::Flash ? fz(round_p(p, m_.p_format)) : p;
+            for (std::int64_t d = 0; d < dv; ++d) acc[d] = fz(std::fma(pv, v_at(keys[t], d), acc[d]));
           }
         }
       }
       for (std::int64_t d = 0; d < dv; ++d) {
-        const float o = l > 0.0f ? acc[d] / l : 0.0f;
+        const float o = l > 0.0f ? fz(acc[d] / l) : 0.0f;
         store_code(fo, io.out.at("O"), ov.offset(b, h, i, d),
                    encode(fo, o, Rounding::NearestEven, is_fp8(fo) ? Overflow::Saturate : Overflow::NoSaturate));
       }
@@ -132,9 +140,9 @@ class EmulatedAttention final : public Kernel {
 }  // namespace
 
 std::string AttentionModel::name() const {
-  const std::string bug = std::string(exp2 ? ",exp2" : "") + (rescale ? "" : ",rescale=off");
+  const std::string bug = std::string(exp2 ? ",exp2" : "") + (ftz ? ",ftz" : "") + (rescale ? "" : ",rescale=off");
   switch (variant) {
-    case Variant::Naive: return "cpu.attn_naive";
+    case Variant::Naive: return ftz ? "cpu.attn_naive:ftz" : "cpu.attn_naive";
     case Variant::Online: return fmt::format("cpu.attn_online:block={}{}", block, bug);
     case Variant::Flash: return fmt::format("cpu.attn_flash:block={},p={}{}", block, ulpgate::name(p_format), bug);
   }
@@ -170,6 +178,8 @@ std::optional<AttentionModel> AttentionModel::parse(const std::string& text) {
       m.p_format = *f;
     } else if (key == "exp2" && blocked && value.empty() && kv == "exp2") {
       m.exp2 = true;
+    } else if (key == "ftz" && value.empty() && kv == "ftz") {
+      m.ftz = true;
     } else if (key == "rescale" && blocked && (value == "on" || value == "off")) {
       m.rescale = value == "on";
     } else {

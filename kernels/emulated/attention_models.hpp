@@ -10,7 +10,10 @@
 //              are added; O = acc / l at the end
 //   v3 flash   v2 with P rounded to FP16 or BF16 before P V, as FlashAttention-2's tensor
 //              cores take it (the row sum l keeps the FP32 p_j)
-// v2 and v3 take ",exp2" for FlashAttention-2's exponentials (exp2 with log2 e folded in).
+// v2 and v3 take ",exp2" for FlashAttention-2's exponentials (exp2 with log2 e folded in);
+// every model takes ",ftz": every FP32 result below the smallest normal flushed to zero,
+// inputs kept (nvcc --use_fast_math, as FlashAttention builds, around tensor-core products
+// that take subnormal operands; cuDNN's fused engine).
 //
 // The softmax scale is the case's, or 1/sqrt(head_dim), rounded to FP32. A query that sees
 // no key gets O = +0 (the documented convention, references/attention_reference.hpp).
@@ -40,9 +43,11 @@ struct AttentionModel {
   /// into the softmax scale: p = exp2f(fmaf(q.k, c, -m c)) with c = fl32(scale log2 e) and m
   /// the row's largest unscaled score; LSE = m scale + ln l. Name: ",exp2".
   bool exp2 = false;
+  /// FP32 results below the smallest normal flushed to sign-preserving zero. Name: ",ftz".
+  bool ftz = false;
 
   /// "cpu.attn_naive", "cpu.attn_online:block=64", "cpu.attn_flash:block=64,p=bf16",
-  /// with ",rescale=off" for the planted bug.
+  /// with ",exp2", ",ftz" and ",rescale=off" for the planted bug.
   std::string name() const;
   /// Parses a name as above; nullopt if it is not an attention model name. Throws
   /// InputError for a model name with bad parameters.

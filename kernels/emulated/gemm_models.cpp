@@ -178,7 +178,7 @@ class EmulatedGemm final : public Kernel {
         const float acc = model_dot(m_, arow.data(), &bcols[static_cast<std::size_t>((b * g.n + j) * g.k)], g.k);
         const double cval = with_c ? decode(c.types.at("C"), load_code(c.types.at("C"), io.in.at("C"), cv.offset(b, i, j))) : 0.0;
         const double bias = with_bias ? decode(c.types.at("bias"), load_code(c.types.at("bias"), io.in.at("bias"), biasv.offset(0, 0, j))) : 0.0;
-        store_code(fd, D, dv.offset(b, i, j), model_epilogue(c, acc, cval, bias));
+        store_code(fd, D, dv.offset(b, i, j), model_epilogue(c, acc, cval, bias, m_.epilogue_rounded));
       }
     }, threads);
     notes["model"] = name();
@@ -194,7 +194,8 @@ class EmulatedGemm final : public Kernel {
 std::string AccumulationModel::name() const {
   const std::string in = input_rounding == Rounding::NearestAway ? "" : fmt::format(",in={}", ulpgate::name(input_rounding));
   const std::string r = (rounding == Rounding::NearestEven ? "" : fmt::format(",round={}", ulpgate::name(rounding))) +
-                        (split_k > 1 ? fmt::format(",splitk={}", split_k) : "") + in;
+                        (split_k > 1 ? fmt::format(",splitk={}", split_k) : "") + in +
+                        (epilogue_rounded ? ",epi=rounded" : "");
   switch (order) {
     case Order::SequentialFma: return "cpu.fp32_seq" + (r.empty() ? "" : ":" + r.substr(1));
     case Order::Pairwise: return "cpu.fp32_pairwise" + (r.empty() ? "" : ":" + r.substr(1));
@@ -205,7 +206,8 @@ std::string AccumulationModel::name() const {
                                       : "",
                          out_bits < 23 ? fmt::format(",out={}", out_bits) : "",
                          interleave ? fmt::format(",interleave={}", interleave) : "",
-                         acc_format != Format::FP32 ? fmt::format(",acc={}", ulpgate::name(acc_format)) : "", in);
+                         acc_format != Format::FP32 ? fmt::format(",acc={}", ulpgate::name(acc_format)) : "",
+                         in + (epilogue_rounded ? ",epi=rounded" : ""));
   }
   return "";
 }
@@ -247,6 +249,8 @@ std::optional<AccumulationModel> AccumulationModel::parse(const std::string& tex
       const auto r = parse_rounding(value);
       if (!r) throw InputError(fmt::format("kernel '{}': in must be rne, rna, rz, ru or rd, got '{}'", text, value));
       m.input_rounding = *r;
+    } else if (key == "epi" && value == "rounded") {
+      m.epilogue_rounded = true;
     } else if (key == "splitk" && m.order == Order::SequentialFma) {
       m.split_k = integer(2, 1024);
     } else if (key == "block" && m.order == Order::BlockFma) {
@@ -358,7 +362,7 @@ float model_dot(const AccumulationModel& m, const double* a, const double* b, st
   return acc0;
 }
 
-Code model_epilogue(const Case& c, float acc, double c_value, double bias_value) {
+Code model_epilogue(const Case& c, float acc, double c_value, double bias_value, bool rounded_before_bias) {
   const Format fd = c.types.at("D");
   float v = acc;
   const double sab = scale(c, "A") * scale(c, "B");
@@ -366,6 +370,8 @@ Code model_epilogue(const Case& c, float acc, double c_value, double bias_value)
   if (c.alpha != 1.0) v = static_cast<float>(c.alpha) * v;
   if (c.beta != 0.0)
     v = std::fma(static_cast<float>(c.beta), static_cast<float>(scale(c, "C") * c_value), v);
+  if (rounded_before_bias && c.beta != 0.0 && has_bias(c.epilogue) && std::isfinite(v))
+    v = static_cast<float>(decode(fd, encode(fd, v, Rounding::NearestEven, is_fp8(fd) ? Overflow::Saturate : Overflow::NoSaturate)));
   if (has_bias(c.epilogue)) v = v + static_cast<float>(bias_value);
   switch (c.epilogue) {
     case Epilogue::Relu:

@@ -80,6 +80,9 @@ struct AccumulationModel {
   /// TF32 compute: how A and B are rounded to TF32 first (cvt.rna: to nearest, ties away).
   /// Name: ",in=rz".
   Rounding input_rounding = Rounding::NearestAway;
+  /// With beta C and a bias: alpha acc + beta C rounded to D's format before the bias is
+  /// added, as cuBLASLt does for a 16-bit D. Name: ":epi=rounded".
+  bool epilogue_rounded = false;
 
   /// Kernel name: "cpu.fp32_seq", "cpu.fp32_pairwise", "cpu.blockfma:block=16,frac=13,round=rz"
   /// (",promote=N" when promoting; sequential and pairwise add ":round=rz" etc. when not RNE).
@@ -98,8 +101,9 @@ std::int64_t interleaved_position(std::int64_t q, int block, int promote, int in
 float model_dot(const AccumulationModel& m, const double* a, const double* b, std::int64_t k,
                 float acc0 = 0.0f);
 
-/// The FP32 epilogue above, and the final rounding to D's format.
-Code model_epilogue(const Case& c, float acc, double c_value, double bias_value);
+/// The FP32 epilogue above, and the final rounding to D's format; rounded_before_bias: with
+/// beta C and a bias, alpha acc + beta C rounded to D's format before the bias.
+Code model_epilogue(const Case& c, float acc, double c_value, double bias_value, bool rounded_before_bias = false);
 
 /// A host GEMM kernel that computes the case under the model.
 std::unique_ptr<Kernel> make_emulated_gemm(const AccumulationModel& m);
