@@ -679,6 +679,32 @@ TEST(Evaluate, DeclaredActivationErrorCoversAnApproximateTanh) {
   EXPECT_EQ(fail_worse, runs);
 }
 
+// A kernel that declares a bit-accurate accumulation model and an approximate tanh (as the
+// cuBLASLt FP8 kernels do) is compared with the model by the baseline rule: the model's GELU
+// is exact, so the declared activation error joins the allowance (cuBLASLt FP8 GELU cases
+// failed the rule at 30x the model's error).
+TEST(Evaluate, BaselineRuleAllowsTheDeclaredActivationError) {
+  KernelTraits declared{Memory::Host, true};
+  declared.activation_error = 0x1p-10;
+  declared.accumulation_model = "cpu.fp32_seq";
+  Registry reg = builtin_registry();
+  int failed = 0, worse_failed = 0, runs = 0;
+  for (std::uint64_t seed = 1; seed <= 6; ++seed)
+    for (const std::int64_t k : {1, 4}) {
+      Case c = fp32_case(16, 16, k, "normal(0,1)", seed);
+      c.epilogue = Epilogue::GeluTanh;
+      Case c2 = c;
+      DeclaredArithmetic ok(declared, false, 0x1p-12), worse(declared, false, 0x1p-8);
+      const Evaluation e = evaluate(ok, c, {}, &reg);
+      failed += !e.verdict.passed;
+      if (!e.verdict.passed) ADD_FAILURE() << "seed " << seed << " K " << k << ": " << e.verdict.reasons.front();
+      worse_failed += !evaluate(worse, c2, {}, &reg).verdict.passed;
+      ++runs;
+    }
+  EXPECT_EQ(failed, 0);
+  EXPECT_EQ(worse_failed, runs);
+}
+
 // Outputs computed elsewhere (`ulpgate check --outputs`) are judged as the run that computed
 // them: the same reference and metrics, whatever their padding holds; a far-off element fails.
 TEST(Evaluate, GivenOutputsAreJudgedAsTheRunThatComputedThem) {
