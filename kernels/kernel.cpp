@@ -6,10 +6,6 @@
 
 #if ULPGATE_HAVE_CUDA
 #include <cuda_runtime.h>
-
-#include "kernels/attention/cuda_attention.hpp"
-#include "kernels/gemm/ladder.hpp"
-#include "kernels/gemm/library.hpp"
 #endif
 
 namespace ulpgate {
@@ -58,20 +54,6 @@ bool cuda_device_available() {
 #else
   return false;
 #endif
-}
-
-Registry builtin_registry() {
-  Registry r;
-  for (const auto& m : default_models()) r.add(make_emulated_gemm(m));
-  for (const auto& m : default_attention_models()) r.add(make_emulated_attention(m));
-#if ULPGATE_HAVE_CUDA
-  if (cuda_device_available()) {
-    for (auto& k : make_library_kernels()) r.add(std::move(k));
-    for (auto& k : make_ladder_kernels()) r.add(std::move(k));
-    for (auto& k : make_attention_kernels()) r.add(std::move(k));
-  }
-#endif
-  return r;
 }
 
 }  // namespace ulpgate

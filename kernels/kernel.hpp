@@ -57,8 +57,8 @@ struct KernelTraits {
   /// unsupported() and run() may be called from several threads at once (the CPU models:
   /// pure functions of their inputs; cuBLAS and cuBLASLt: a handle per thread). A device
   /// kernel that says so must also do all its device work on KernelIo::stream (each
-  /// thread's own stream, harness/runner). Otherwise a worker checking cases concurrently
-  /// calls them one at a time (harness/isolate.hpp), on the legacy default stream.
+  /// thread's own stream, check/runner). Otherwise a worker checking cases concurrently
+  /// calls them one at a time (campaign/isolate.hpp), on the legacy default stream.
   bool thread_safe = false;
   /// The kernel accumulates with round-to-nearest (FP32 FMA in CUDA C, the CPU models of
   /// RNE accumulation): each rounding error is zero-mean, so the precision rule (harness/
@@ -132,10 +132,6 @@ class Registry {
  private:
   std::vector<std::unique_ptr<Kernel>> kernels_;
 };
-
-/// A registry holding every built-in kernel that can run on this machine: the CPU models
-/// always, the CUDA and library kernels when a CUDA device is present.
-Registry builtin_registry();
 
 /// Whether a usable CUDA device exists (false when built without CUDA).
 bool cuda_device_available();

@@ -18,11 +18,11 @@
 #include "core/file_io.hpp"
 #include "core/npy.hpp"
 #include "distributions/fill.hpp"
-#include "harness/check.hpp"
-#include "harness/fuzz.hpp"
-#include "harness/ops/op.hpp"
-#include "harness/record.hpp"
-#include "harness/runner.hpp"
+#include "check/check.hpp"
+#include "campaign/fuzz.hpp"
+#include "check/ops/op.hpp"
+#include "campaign/record.hpp"
+#include "check/runner.hpp"
 #include "references/attention_reference.hpp"
 #include "references/gemm_reference.hpp"
 #include "reports/report.hpp"
@@ -110,7 +110,7 @@ py::tuple fill(const std::string& case_json) {
 }
 
 // The exact outputs rounded to double, in logical order and shape. Every element, without
-// the sampling of long attention prefills that checks do (harness/ops/attention.cpp).
+// the sampling of long attention prefills that checks do (check/ops/attention.cpp).
 py::dict reference(const std::string& case_json) {
   Case c = parse_case(case_json);
   const std::map<std::string, Tensor> inputs = fill_inputs(c);

@@ -8,7 +8,7 @@
 #include <string_view>
 #include <vector>
 
-#include "harness/record.hpp"
+#include "campaign/record.hpp"
 
 namespace ulpgate::report {
 

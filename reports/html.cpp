@@ -7,7 +7,7 @@
 
 #include <fmt/format.h>
 
-#include "harness/analyze.hpp"
+#include "check/analyze.hpp"
 #include "reports/common.hpp"
 #include "reports/gnuplot.hpp"
 #include "reports/report.hpp"

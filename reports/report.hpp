@@ -1,12 +1,12 @@
-// Renderers of a run record (harness/record.hpp): a Markdown summary, a self-contained
+// Renderers of a run record (campaign/record.hpp): a Markdown summary, a self-contained
 // HTML page with plots, and JUnit XML for CI systems. They only read the record; every
 // piece of text from it is escaped for the target format.
 #pragma once
 
 #include <string>
 
-#include "harness/bench.hpp"
-#include "harness/record.hpp"
+#include "campaign/bench.hpp"
+#include "campaign/record.hpp"
 
 namespace ulpgate {
 

@@ -1,5 +1,5 @@
 // Steps 6-9's building blocks and step 7's kernel, a template on its tile shapes: the ladder
-// (simt_fp32.cu) runs Step7Config, bench/sgemm_configs.cu times other shapes beside cuBLAS.
+// (simt_fp32.cu) runs Step7Config, dev/sgemm_configs.cu times other shapes beside cuBLAS.
 // Every shape adds an element's products in k order, one FMA each. CUDA C++17.
 #pragma once
 
@@ -399,7 +399,7 @@ cudaError_t launch_warptile(const Problem& p, bool vec_a, bool vec_b, bool vec_d
 }
 
 /// Steps 7-9's shape: 128 x 128 x 16 block tiles, 8 warps of 64 x 32 (2 x 4), 8 x 8 sums per
-/// lane, register double buffering. bench/sgemm_configs.cu times it beside other shapes.
+/// lane, register double buffering. dev/sgemm_configs.cu times it beside other shapes.
 using Step7Config = WarptileConfig<128, 128, 16, 64, 32, 8, 8>;
 
 }  // namespace ulpgate::simt

@@ -260,7 +260,7 @@ class Result:
 
 def check(case, outputs, kernel_name="external:python", p_bits=0):
     """Judges outputs computed elsewhere as `ulpgate check --outputs` does (the same
-    reference, metrics, tolerance and verdict; harness/check.hpp check_given_outputs).
+    reference, metrics, tolerance and verdict; check/check.hpp check_given_outputs).
     outputs: {"D": array}, or {"O": array} and "LSE" where the case asks for it, each logical
     or flat (see _buffer) and of the output format's dtype (encode() rounds values to it).
     p_bits: attention whose kernel rounds P to that many bits before P V (11 FP16, 8 BF16:
@@ -371,7 +371,7 @@ def fuzz(kernel, dtype="fp16", op="gemm", cases=20, seed=1, out=None, supports=p
          time=0, metamorphic=True, gelu=False, deterministic=True, rounds_to_nearest=False, round_outputs=False,
          lse=False, name=None, progress=None):
     """A fuzz campaign over a Python callable, with `ulpgate fuzz`'s generators, check path,
-    metamorphic relations and shrinking (harness/fuzz.hpp), in this process.
+    metamorphic relations and shrinking (campaign/fuzz.hpp), in this process.
 
     kernel(inputs) or kernel(inputs, case) -> {"D": array} (or the array): inputs are logical
     read-only views (see inputs()); outputs logical or flat, of the output format's dtype

@@ -19,8 +19,9 @@
 #include <unistd.h>
 
 #include "core/npy.hpp"
-#include "harness/record.hpp"
-#include "harness/runner.hpp"
+#include "campaign/record.hpp"
+#include "check/runner.hpp"
+#include "kernels/builtin.hpp"
 
 namespace {
 

@@ -1,5 +1,5 @@
 // .npy files of other versions and layouts than npy_bytes writes, for the reader's tests and
-// the fuzz seeds (fuzz/make_seeds.cpp).
+// the fuzz seeds (tests/fuzz/make_seeds.cpp).
 #pragma once
 
 #include <cstddef>

@@ -263,7 +263,7 @@ TEST(Case, AttentionKvHeads) {
 // and products of sizes overflowed int64. Every size is at most 2^31 - 1 (what the
 // libraries' 32-bit interfaces take) and every buffer at most 2^40 elements, padding
 // included, so that offsets and byte counts stay exact; memory beyond that is the
-// runner's --max-memory check (harness/runner.hpp).
+// runner's --max-memory check (check/runner.hpp).
 TEST(Case, SizesAndBuffersAreCapped) {
   struct Big { const char* pointer; json value; const char* expect; };
   const Big big[] = {

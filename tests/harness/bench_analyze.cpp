@@ -8,7 +8,7 @@
 
 #include <random>
 
-#include "harness/analyze.hpp"
+#include "check/analyze.hpp"
 #include "references/exact_dot.hpp"
 
 namespace {

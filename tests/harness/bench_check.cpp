@@ -16,8 +16,9 @@
 
 #include "core/rng.hpp"
 #include "distributions/fill.hpp"
-#include "harness/journal.hpp"
+#include "campaign/journal.hpp"
 #include "isolate_test_util.hpp"
+#include "kernels/builtin.hpp"
 
 namespace {
 

@@ -7,7 +7,7 @@
 #include <functional>
 #include <string>
 
-#include "harness/fuzz.hpp"
+#include "campaign/fuzz.hpp"
 
 namespace ulpgate::test {
 

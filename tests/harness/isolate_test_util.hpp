@@ -9,9 +9,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "harness/check.hpp"
-#include "harness/isolate.hpp"
-#include "harness/record.hpp"
+#include "check/check.hpp"
+#include "campaign/isolate.hpp"
+#include "campaign/record.hpp"
 
 /// Expects `part` within `text` (gtest without gmock, which not every machine here has).
 #define EXPECT_CONTAINS(text, part)                                                   \

@@ -16,10 +16,10 @@
 #include <thread>
 
 #include "core/error.hpp"
-#include "harness/check.hpp"
-#include "harness/isolate.hpp"
-#include "harness/journal.hpp"
-#include "harness/record.hpp"
+#include "check/check.hpp"
+#include "campaign/isolate.hpp"
+#include "campaign/journal.hpp"
+#include "campaign/record.hpp"
 
 int main(int argc, char** argv) {
   using namespace ulpgate;

@@ -6,7 +6,7 @@
 #include <cmath>
 #include <string>
 
-#include "harness/record.hpp"
+#include "campaign/record.hpp"
 
 namespace ulpgate::samples {
 

@@ -1,5 +1,5 @@
 // The default rule admits every arithmetic a correct mainstream kernel uses without a
-// declaration (harness/ops: OpModule::admitted), and judges what no admitted arithmetic
+// declaration (check/ops: OpModule::admitted), and judges what no admitted arithmetic
 // explains: each admitted arithmetic's CPU model, seen as an undeclared kernel, passes 20
 // seeds of a default campaign; the same models with a planted deviation fail.
 #include <gtest/gtest.h>
@@ -9,10 +9,11 @@
 
 #include <fmt/format.h>
 
-#include "harness/fuzz.hpp"
-#include "harness/ops/op.hpp"
+#include "campaign/fuzz.hpp"
+#include "check/ops/op.hpp"
 #include "kernels/plugin/loader.hpp"
 #include "tests/harness/undeclared.hpp"
+#include "kernels/builtin.hpp"
 
 using namespace ulpgate;
 using ulpgate::test::Undeclared;

@@ -5,9 +5,10 @@
 
 #include <memory>
 
-#include "harness/fuzz.hpp"
+#include "campaign/fuzz.hpp"
 #include "kernels/device.hpp"
 #include "tests/harness/undeclared.hpp"
+#include "kernels/builtin.hpp"
 
 using namespace ulpgate;
 

@@ -6,7 +6,7 @@
 #include <numeric>
 #include <random>
 
-#include "harness/analyze.hpp"
+#include "check/analyze.hpp"
 #include "core/format_mpfr.hpp"
 
 using namespace ulpgate;

@@ -12,10 +12,11 @@
 
 #include "distributions/fill.hpp"
 #include "distributions/spec.hpp"
-#include "harness/check.hpp"
-#include "harness/fuzz.hpp"
-#include "harness/ops/attention.hpp"
+#include "check/check.hpp"
+#include "campaign/fuzz.hpp"
+#include "check/ops/attention.hpp"
 #include "kernels/emulated/attention_models.hpp"
+#include "kernels/builtin.hpp"
 
 using namespace ulpgate;
 

@@ -1,8 +1,8 @@
-// `ulpgate bench`'s arithmetic (harness/bench.hpp): order statistics of the timed runs and
+// `ulpgate bench`'s arithmetic (campaign/bench.hpp): order statistics of the timed runs and
 // the FLOP count of each case, on known answers.
 #include <gtest/gtest.h>
 
-#include "harness/bench.hpp"
+#include "campaign/bench.hpp"
 
 using namespace ulpgate;
 

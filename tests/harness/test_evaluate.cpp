@@ -15,12 +15,13 @@
 
 #include "core/parallel.hpp"
 #include "distributions/fill.hpp"
-#include "harness/check.hpp"
-#include "harness/record.hpp"
-#include "harness/ops/gemm.hpp"
-#include "harness/ops/op.hpp"
+#include "check/check.hpp"
+#include "campaign/record.hpp"
+#include "check/ops/gemm.hpp"
+#include "check/ops/op.hpp"
 #include "kernels/emulated/attention_models.hpp"
 #include "kernels/emulated/gemm_models.hpp"
+#include "kernels/builtin.hpp"
 
 using namespace ulpgate;
 
@@ -531,7 +532,7 @@ TEST(Evaluate, SmallCasesStartNoThreads) {
 }
 
 // Past kPrecisionTerms the precision rule and the effective-bits calibrator cover a sample
-// of D's elements (harness/ops/gemm.hpp precision_sample): rows, then columns when 16 full
+// of D's elements (check/ops/gemm.hpp precision_sample): rows, then columns when 16 full
 // rows cost too much, each with the edges and tile boundaries, then indices spread evenly;
 // every element below the threshold.
 TEST(PrecisionSample, AllElementsUpToTheThresholdThenRowsThenColumnsWithTheEdges) {

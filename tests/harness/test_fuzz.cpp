@@ -11,10 +11,11 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.hpp"
-#include "harness/fuzz.hpp"
-#include "harness/gate.hpp"
+#include "campaign/fuzz.hpp"
+#include "campaign/gate.hpp"
 #include "kernels/emulated/attention_models.hpp"
 #include "kernels/emulated/gemm_models.hpp"
+#include "kernels/builtin.hpp"
 
 using namespace ulpgate;
 

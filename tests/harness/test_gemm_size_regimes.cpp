@@ -11,10 +11,11 @@
 #include <fmt/format.h>
 
 #include "core/tensor.hpp"
-#include "harness/check.hpp"
-#include "harness/fuzz.hpp"
-#include "harness/ops/gemm.hpp"
+#include "check/check.hpp"
+#include "campaign/fuzz.hpp"
+#include "check/ops/gemm.hpp"
 #include "tests/harness/campaign_test_util.hpp"
+#include "kernels/builtin.hpp"
 
 using namespace ulpgate;
 using namespace ulpgate::test;

@@ -1,4 +1,4 @@
-// The ops' case generators (harness/ops, without a kernel): valid cases, full coverage
+// The ops' case generators (check/ops, without a kernel): valid cases, full coverage
 // (printed as RapidCheck's RC_TAG report), fillable cases, and shrinking to the exact
 // boundary with simple values.
 #include <gtest/gtest.h>
@@ -15,9 +15,9 @@
 
 #include "core/tensor.hpp"
 #include "distributions/fill.hpp"
-#include "harness/check.hpp"
-#include "harness/ops/gemm.hpp"
-#include "harness/ops/op.hpp"
+#include "check/check.hpp"
+#include "check/ops/gemm.hpp"
+#include "check/ops/op.hpp"
 #include "kernels/emulated/gemm_models.hpp"
 
 using namespace ulpgate;

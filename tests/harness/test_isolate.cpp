@@ -12,9 +12,10 @@
 #include <vector>
 
 #include "core/error.hpp"
-#include "harness/fuzz.hpp"
-#include "harness/journal.hpp"
+#include "campaign/fuzz.hpp"
+#include "campaign/journal.hpp"
 #include "isolate_test_util.hpp"
+#include "kernels/builtin.hpp"
 
 namespace ulpgate {
 namespace {

@@ -18,8 +18,9 @@
 #include <fmt/format.h>
 
 #include "core/error.hpp"
-#include "harness/journal.hpp"
+#include "campaign/journal.hpp"
 #include "isolate_test_util.hpp"
+#include "kernels/builtin.hpp"
 
 extern char** environ;
 

@@ -12,8 +12,8 @@
 #include <vector>
 
 #include "core/parallel.hpp"
-#include "harness/check.hpp"
-#include "harness/fuzz.hpp"
+#include "check/check.hpp"
+#include "campaign/fuzz.hpp"
 #include "kernels/emulated/attention_models.hpp"
 #include "kernels/emulated/gemm_models.hpp"
 

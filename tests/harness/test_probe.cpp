@@ -1,4 +1,4 @@
-// The accumulation probe (harness/probe.hpp) run against the CPU models, whose parameters
+// The accumulation probe (campaign/probe.hpp) run against the CPU models, whose parameters
 // are known: every block-FMA model is recovered exactly where the experiments reach the
 // parameter (widths up to 60, or 47 with one product per step; roundings from a width of 23
 // bits), said to be unknown elsewhere, and validated on random dot products where known.
@@ -11,7 +11,7 @@
 
 #include "core/error.hpp"
 #include "core/file_io.hpp"
-#include "harness/probe.hpp"
+#include "campaign/probe.hpp"
 #include "kernels/emulated/gemm_models.hpp"
 
 using namespace ulpgate;

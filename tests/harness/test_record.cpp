@@ -18,9 +18,9 @@
 
 #include <fmt/format.h>
 
-#include "harness/ops/op.hpp"
+#include "check/ops/op.hpp"
 #include "core/error.hpp"
-#include "harness/record.hpp"
+#include "campaign/record.hpp"
 #include "tests/harness/record_samples.hpp"
 
 namespace ulpgate {

@@ -12,11 +12,12 @@
 #include <cstdio>
 
 #include "distributions/fill.hpp"
-#include "harness/fuzz.hpp"
-#include "harness/ops/attention.hpp"
+#include "campaign/fuzz.hpp"
+#include "check/ops/attention.hpp"
 #include "kernels/emulated/attention_models.hpp"
 #include "references/attention_reference.hpp"
 #include "tests/harness/campaign_test_util.hpp"
+#include "kernels/builtin.hpp"
 
 using namespace ulpgate;
 using namespace ulpgate::test;
@@ -84,7 +85,7 @@ TEST(AttentionLargeRegime, DrawsWhereKernelsSwitchPathsWithinTheCost) {
     std::vector<char> rows(static_cast<std::size_t>(a.batch * a.heads * a.seq_q), 0);
     for (std::int64_t bh = 0; bh < a.batch * a.heads; ++bh)
       for (std::int64_t i : referenced_queries(c)) rows[static_cast<std::size_t>(bh * a.seq_q + i)] = 1;
-    // The cost model harness/ops/attention.cpp cuts each case by (measured there: 2.5 us per
+    // The cost model check/ops/attention.cpp cuts each case by (measured there: 2.5 us per
     // score, 4 ns per Q.K term, 0.14 us per P.V term, one core), checked exactly rather than
     // by the clock, which a loaded CI machine stretches; the time is printed.
     const double modelled = static_cast<double>(a.batch * a.heads) * static_cast<double>(referenced_queries(c).size()) *

@@ -9,7 +9,7 @@
 #include <cmath>
 
 #include "core/error.hpp"
-#include "harness/sweep.hpp"
+#include "campaign/sweep.hpp"
 #include "kernels/emulated/gemm_models.hpp"
 
 using namespace ulpgate;

@@ -8,7 +8,7 @@
 #include "core/case.hpp"
 #include "core/rng.hpp"
 #include "core/tensor.hpp"
-#include "harness/runner.hpp"
+#include "check/runner.hpp"
 
 namespace ulpgate::test_support {
 

@@ -11,8 +11,8 @@
 #include <rapidcheck.h>
 
 #include "core/case.hpp"
-#include "harness/check.hpp"
-#include "harness/ops/op.hpp"
+#include "check/check.hpp"
+#include "check/ops/op.hpp"
 #include "kernels/attention/cuda_attention.hpp"
 #include "kernels/device.hpp"
 #include "kernels/kernel.hpp"

@@ -1,5 +1,5 @@
 // The GEMM ladder's kernels (ladder.*) on the GPU (label gpu; skipped without a device):
-// every step through the one check path (harness/check: run and write audit, repeatability,
+// every step through the one check path (check/check: run and write audit, repeatability,
 // relations, exact reference, verdict) on shapes with tails, both layouts, transposes,
 // padding, batches, alpha/beta and K = 4096; steps 1-7 bit for bit equal to cpu.fp32_seq
 // (they add in k order with one FMA each); misaligned buffers take the scalar path.
@@ -13,7 +13,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include "harness/check.hpp"
+#include "check/check.hpp"
 #include "kernels/device.hpp"
 #include "kernels/emulated/gemm_models.hpp"
 #include "kernels/gemm/ladder.hpp"

@@ -13,13 +13,14 @@
 
 #include "core/format_mpfr.hpp"
 #include "core/parallel.hpp"
-#include "harness/runner.hpp"
+#include "check/runner.hpp"
 #include "references/exact_dot.hpp"
 #include "kernels/device.hpp"
 #include "kernels/emulated/gemm_models.hpp"
 #include "kernels/gemm/library.hpp"
 #include "kernels/plugin/loader.hpp"
 #include "tests/kernels/gemm_cases.hpp"
+#include "kernels/builtin.hpp"
 
 using namespace ulpgate;
 
@@ -351,7 +352,7 @@ TEST(LibraryGpu, Tf32KernelsRoundTheirInputsAsDeclared) {
 // the FP32 epilogue rounded once to D and with the epilogue after intermediate roundings to
 // D's format (of alpha acc, and of alpha acc + beta C before the bias). The test prints how
 // many elements each order explains and fails where neither admitted order (rounded once, or
-// alpha acc + beta C rounded before the bias: harness/ops/gemm.cpp) explains them all. On the
+// alpha acc + beta C rounded before the bias: check/ops/gemm.cpp) explains them all. On the
 // H100 cuBLASLt rounds before the bias where there is beta C and a bias, once otherwise.
 TEST(LibraryGpu, EpilogueRoundingOf16BitOutputs) {
   if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device";

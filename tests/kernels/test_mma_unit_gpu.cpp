@@ -12,7 +12,7 @@
 
 #include "core/rng.hpp"
 #include "core/tensor.hpp"
-#include "harness/probe.hpp"
+#include "campaign/probe.hpp"
 #include "kernels/probe/mma_unit.hpp"
 
 using namespace ulpgate;

@@ -1,6 +1,6 @@
 #include <gtest/gtest.h>
 
-#include "harness/runner.hpp"
+#include "check/runner.hpp"
 #include "kernels/emulated/gemm_models.hpp"
 #include "tests/kernels/gemm_cases.hpp"
 

@@ -2,7 +2,7 @@
 // with one line on stderr for bad input.
 #include <gtest/gtest.h>
 
-#include "harness/record.hpp"
+#include "campaign/record.hpp"
 #include "tests/harness/record_samples.hpp"
 #include "tests/reports/report_test_util.hpp"
 

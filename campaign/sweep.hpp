@@ -1,0 +1,102 @@
+// Sweeps: one error metric against one parameter (GEMM K, attention seq_kv) for one kernel
+// and format, the fitted growth exponent, and (GEMM) the kernel's effective accumulator
+// precision. Every point goes through the one check path (check/check.hpp).
+//
+// Effective precision. For an accumulator that rounds to t bits with errors that behave
+// like independent rounding errors, the mean error normalised by the condition term
+// scales as 2^-t. A calibrator (sequential RNE accumulation rounding every partial sum to
+// kCalibrationBits bits, run on the same inputs, its result not rounded further) measures
+// the data's own constant, so
+//     effective_bits = kCalibrationBits + log2(calibrator mean_normalised /
+//                                               kernel mean_normalised)
+// per sweep point; the series reports the median over the points. Data with few bits
+// (FP8 inputs) can make the calibrator exact: then it steps down 4 bits at a time (to 12)
+// until it is not, keeping n 2^-bits <= 1/16 so that its errors stay independent. FP32 with RNE comes out
+// near 24; an accumulator whose errors grow faster than independent rounding (biased
+// truncation on all-positive data) comes out lower, and lower as K grows: that is a
+// finding, visible per point.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "check/check.hpp"
+#include "check/ops/gemm.hpp"
+#include "campaign/record.hpp"
+
+namespace ulpgate {
+
+/// Least squares fit of log y = intercept + exponent log x over the points with x, y > 0,
+/// with the exponent's standard error (0 with fewer than 3 points).
+PowerFit fit_power(const std::vector<double>& x, const std::vector<double>& y);
+
+/// The metric named by `metric` ("max_normalised", "mean_normalised", "max_ulp",
+/// "mean_ulp", "max_rel", "mean_rel", "normwise"); throws InputError for another name.
+double metric_value(const ErrorMetrics& m, const std::string& metric);
+
+/// What a sweep varies: GEMM "K" or attention "seq_kv", and the values.
+struct SweepVary {
+  std::string parameter = "K";
+  std::vector<std::int64_t> values;
+};
+
+struct SweepOptions {
+  Case base;                         ///< the case each point starts from (kernel set)
+  std::string parameter = "K";       ///< "K" (GEMM) or "seq_kv" (attention)
+  std::vector<std::int64_t> values;
+  std::string metric = "mean_normalised";
+  EvaluationOptions evaluation;      ///< effective_bits is set, relations cleared, per point
+};
+
+struct SweepOutcome {
+  SweepSeries series;
+  std::vector<double> effective_bits_per_point;
+  std::vector<CaseResult> cases;  ///< one per point, for the run record
+};
+
+/// Precision cliffs (GEMM sweeps). A correct kernel's effective precision moves smoothly with
+/// K: below the best estimate at smaller K by at most 1.44 bits over K = 2^8..2^16 for the
+/// FP32, TF32, FP16 and BF16 cuBLASLt kernels on the H200, 3.3 bits for FP8 with fast
+/// accumulation (single points), 0 for the CPU models (sweep logs of 2026-12-02); a kernel that switches to a less precise path
+/// above some size (split-K partials kept in a narrow format, say) drops by several bits
+/// there and stays down. The cliff starts at the first point whose estimate is more than
+/// kPrecisionCliffBits below the highest estimate at any smaller value, when the next point
+/// (if there is one) is also that far below it; every point that far below it fails its
+/// check ("sweep:precision_cliff"). Points without an estimate are skipped.
+inline constexpr double kPrecisionCliffBits = 4.0;
+
+struct PrecisionCliff {
+  std::size_t start = 0;       ///< index of the first point of the cliff
+  std::size_t best = 0;        ///< index of the highest estimate before it
+  std::vector<std::size_t> below;  ///< every point (index) more than the drop below the best
+};
+/// The cliff of a series of per-point estimates (NaN: none at that point), if there is one.
+std::optional<PrecisionCliff> precision_cliff(const std::vector<double>& bits, double drop = kPrecisionCliffBits);
+
+/// How one sweep point is checked: the isolated worker's evaluate, or check_case here.
+using PointChecker = std::function<CaseResult(const Case&, const EvaluationOptions&)>;
+
+/// Point p of the sweep (values[p]) as run_sweep checks it, and the options it checks
+/// with (effective bits on, relations off): what a process checking points for another
+/// (a rank of `mpirun ulpgate sweep`) needs.
+Case sweep_point(const SweepOptions& options, std::size_t p);
+EvaluationOptions sweep_evaluation(const SweepOptions& options);
+
+/// Runs the sweep, each point through `check`; progress(i, n) is called after each point.
+SweepOutcome run_sweep(const SweepOptions& options, const PointChecker& check,
+                       const std::function<void(std::size_t, std::size_t)>& progress = {});
+/// The same in this process on kernel k (tests).
+SweepOutcome run_sweep(Kernel& k, const SweepOptions& options, const Registry* registry = nullptr);
+
+/// The most points a sweep has (with FACTOR >= 2 and TO a case size, at most 32 arise).
+inline constexpr std::size_t kMaxSweepPoints = 64;
+
+/// Parses "K=256:65536" (doubling), "K=256:65536:4" (factor 4) or "seq_kv=128:65536";
+/// values are case sizes (at most kMaxCaseSize), points at most kMaxSweepPoints; throws
+/// InputError naming the problem.
+SweepVary parse_vary(const std::string& text);
+
+}  // namespace ulpgate

@@ -1,0 +1,76 @@
+// `ulpgate export`: a case's inputs as .npy files and a manifest, for kernels run outside
+// ulpgate; `ulpgate check --outputs` (fuzz_command.cpp) judges what they computed.
+#include <cstdio>
+#include <filesystem>
+
+#include <fmt/format.h>
+
+#include "core/npy.hpp"
+#include "distributions/fill.hpp"
+#include "cli/commands.hpp"
+#include "cli/memory.hpp"
+#include "cli/options.hpp"
+#include "check/runner.hpp"
+
+namespace ulpgate {
+namespace {
+
+// Where each element of an operand's buffer lives: the npy file is the flat buffer, element
+// `index` of it is operand[b][r][c] (GEMM, as stored) or [b][h][s][d] (attention).
+nlohmann::json buffer_description(const Case& c, const std::string& operand) {
+  const Format f = c.types.at(operand);
+  const std::int64_t n = operand_elements(c, operand);
+  nlohmann::json j{{"file", operand + ".npy"}, {"format", name(f)}, {"dtype", npy_dtype(f)}, {"elements", n},
+                   {"shape", {n}}};
+  if (c.op == Op::Gemm) {
+    const MatrixView v = gemm_view(c, operand);
+    const bool row = v.layout == Layout::RowMajor;
+    j.update({{"layout", row ? "row_major" : "col_major"}, {"batch", v.batch}, {"rows", v.rows}, {"cols", v.cols},
+              {"ld", v.ld}, {"batch_stride", v.batch_stride()},
+              {"index", row ? "b*batch_stride + r*ld + c" : "b*batch_stride + c*ld + r"},
+              {"padding", row ? "c >= cols" : "r >= rows"}});
+  } else {
+    const AttentionView v = attention_view(c, operand);
+    const bool bhsd = v.layout == AttentionLayout::BHSD;
+    j.update({{"layout", name(v.layout)}, {"batch", v.batch}, {"heads", v.heads}, {"seq", v.seq}, {"dim", v.dim},
+              {"index", bhsd ? "((b*heads + h)*seq + s)*dim + d" : "((b*seq + s)*heads + h)*dim + d"}});
+  }
+  return j;
+}
+
+}  // namespace
+
+int export_command(const std::string& case_path, const std::string& dir, bool force, std::uint64_t max_memory) {
+  Case c = read_case_within(case_path, max_memory);
+  check_out_dir(dir);
+  const std::filesystem::path out(dir);
+  std::error_code ec;
+  if (!force && std::filesystem::exists(out / "manifest.json", ec))
+    throw InputError(fmt::format("--dir {}: holds an export already ({}); --force replaces it", dir,
+                                 (out / "manifest.json").string()));
+  std::map<std::string, Tensor> inputs;
+  try {
+    inputs = fill_inputs(c);  // may set the amax scales and kv_lengths: the manifest's case has them
+  } catch (const InputError& e) {
+    throw InputError(case_path + ": " + e.what());
+  }
+  create_out_dir(dir);
+  nlohmann::json manifest{{"ulpgate_export", 1}, {"case", to_json(c)}};
+  std::vector<std::string> files;
+  for (const auto& [operand, t] : inputs) {
+    files.push_back(operand + ".npy");
+    write_npy_file((out / files.back()).string(), t);
+    manifest["inputs"][operand] = buffer_description(c, operand);
+  }
+  for (const std::string& operand : outputs_of(c)) {
+    manifest["outputs"][operand] = buffer_description(c, operand);
+    manifest["outputs"][operand]["padding_read"] = false;
+  }
+  // Last, so that a manifest names a complete export.
+  write_text_file_atomically((out / "manifest.json").string(), manifest.dump(2) + "\n");
+  std::printf("%s\n", fmt::format("ulpgate export {}: seed {}, {} and manifest.json written to {}; outputs to compute: {}",
+                                    case_path, c.seed, fmt::join(files, ", "), dir, fmt::join(outputs_of(c), ", ")).c_str());
+  return 0;
+}
+
+}  // namespace ulpgate
