@@ -176,6 +176,23 @@ void check_case(std::uint64_t seed) {
       }
 }
 
+// One FP32 query q = 1 of head dimension 1 against keys k and values v: the scores are k.
+// given: softmax scale 1 stated in the case; otherwise the default 1/sqrt(1).
+AttentionReference one_query_reference(const std::vector<double>& k_values, const std::vector<double>& v_values,
+                                       bool given) {
+  const auto n = static_cast<std::int64_t>(k_values.size());
+  Case c;
+  c.op = Op::Attention;
+  c.attention.seq_q = 1, c.attention.seq_kv = n, c.attention.head_dim = 1;
+  if (given) c.attention.softmax_scale = 1.0;
+  c.types = {{"Q", Format::FP32}, {"K", Format::FP32}, {"V", Format::FP32}, {"O", Format::FP32},
+             {"compute", Format::FP32}};
+  Tensor q(Format::FP32, 1), k(Format::FP32, n), v(Format::FP32, n);
+  q.set_value(0, 1.0);
+  for (std::int64_t j = 0; j < n; ++j) k.set_value(j, k_values[j]), v.set_value(j, v_values[j]);
+  return attention_reference(c, {{"Q", q}, {"K", k}, {"V", v}}, 1);
+}
+
 }  // namespace
 
 // Five random cases per RapidCheck case (500 per run).
@@ -307,15 +324,7 @@ TEST(AttentionReference, DominantKeyDecidedNextToItsValue) {
   for (std::size_t r = 0; r < rows.size(); ++r) {
     const Row& row = rows[r];
     const auto n = static_cast<std::int64_t>(row.k.size());
-    Case c;
-    c.op = Op::Attention;
-    c.attention.seq_q = 1, c.attention.seq_kv = n, c.attention.head_dim = 1, c.attention.softmax_scale = 1.0;
-    c.types = {{"Q", Format::FP32}, {"K", Format::FP32}, {"V", Format::FP32}, {"O", Format::FP32},
-               {"compute", Format::FP32}};
-    Tensor q(Format::FP32, 1), k(Format::FP32, n), v(Format::FP32, n);
-    q.set_value(0, 1.0);
-    for (std::int64_t j = 0; j < n; ++j) k.set_value(j, row.k[j]), v.set_value(j, row.v[j]);
-    const AttentionReference ref = attention_reference(c, {{"Q", q}, {"K", k}, {"V", v}}, 1);
+    const AttentionReference ref = one_query_reference(row.k, row.v, true);
     Mpfr num(4000), den(4000), w(4000), lse(4000);
     mpfr_set_zero(num, 1), mpfr_set_zero(den, 1);
     for (std::int64_t j = 0; j < n; ++j) {
@@ -359,17 +368,7 @@ TEST(AttentionReference, WeightsBelowMpfrRangeDecidedBySign) {
     for (const bool given : {true, false}) {
       for (std::size_t r = 0; r < rows.size(); ++r) {
         const Row& row = rows[r];
-        const auto n = static_cast<std::int64_t>(row.k.size());
-        Case c;
-        c.op = Op::Attention;
-        c.attention.seq_q = 1, c.attention.seq_kv = n, c.attention.head_dim = 1;
-        if (given) c.attention.softmax_scale = 1.0;  // otherwise 1/sqrt(1)
-        c.types = {{"Q", Format::FP32}, {"K", Format::FP32}, {"V", Format::FP32}, {"O", Format::FP32},
-                   {"compute", Format::FP32}};
-        Tensor q(Format::FP32, 1), k(Format::FP32, n), v(Format::FP32, n);
-        q.set_value(0, 1.0);
-        for (std::int64_t j = 0; j < n; ++j) k.set_value(j, row.k[j]), v.set_value(j, row.v[j]);
-        const AttentionReference ref = attention_reference(c, {{"Q", q}, {"K", k}, {"V", v}}, 1);
+        const AttentionReference ref = one_query_reference(row.k, row.v, given);
         const std::string what = fmt::format("gap 2^{}, row {}, scale {}", std::log2(gap), r, given ? "given" : "1/sqrt(d)");
         std::size_t top = 0;
         while (top + 1 < row.k.size() && row.k[top + 1] == gap) ++top;
