@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issues 19 and 20's speed measurements with `ulpgate bench` in one device call:
+# Speed measurements with `ulpgate bench` in one device call:
 #   dev/bench_h200.sh BUILD_DIR OUT_DIR [parts...]
 # parts (default all): attention ladder_square ladder_llm ladder_tc sweeps
 #   attention      B=4 H=16 S=4096 D=128, FP16 and BF16, causal and not: the naive, online

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU exact reference's figures (docs/results/gpu_reference_h200.md, issue 17) and the
+# The GPU exact reference's figures (docs/results/gpu_reference_h200.md) and the
 # open goal, in one run on a machine with a CUDA device:
 #   dev/gpu_reference.sh BUILD_DIR OUT_DIR [parts...]
 # parts (default all): tests table crossover sweep probe

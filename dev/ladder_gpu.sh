@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GEMM ladder's kernels (ladder.*, issue 20) on a machine with a CUDA device:
+# The GEMM ladder's kernels (ladder.*) on a machine with a CUDA device:
 #   dev/ladder_gpu.sh BUILD_DIR OUT_DIR [parts...]
 # parts (default: tests fuzz timing):
 #   tests     tests/kernels/test_ladder_gpu (every ladder kernel through the check path, steps

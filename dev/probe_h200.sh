@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 18's H200 measurements in one call (docs/results/probe_h200.md):
+# The accumulation probe's H200 measurements in one call (docs/results/probe_h200.md):
 #   dev/probe_h200.sh BUILD_DIR OUT_DIR [parts...]
 # parts (default all): tests instructions kernels dumps sweep campaign
 #   tests         test_mma_unit_gpu (fragments; the f16/bf16/tf32 models on 100,000 dot products)
