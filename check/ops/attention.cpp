@@ -118,6 +118,186 @@ RowFacts row_facts(const Case& c, const Inputs& in, std::int64_t b, std::int64_t
 }
 
 // The formats the generator draws O from: the basic case's (o0) first.
+// Long prefills: the reference for the sampled queries only (referenced_queries); rows
+// marks the referenced rows (b, h, i) when not every query is.
+struct Sampling {
+  std::vector<std::int64_t> queries;
+  std::vector<char> rows;
+  bool sampled() const { return !rows.empty(); }
+};
+
+Sampling sampling_of(const Case& c) {
+  const AttentionShape& a = c.attention;
+  Sampling s;
+  s.queries = referenced_queries(c);
+  if (static_cast<std::int64_t>(s.queries.size()) < a.seq_q) {
+    s.rows.assign(static_cast<std::size_t>(a.batch * a.heads * a.seq_q), 0);
+    for (std::int64_t bh = 0; bh < a.batch * a.heads; ++bh)
+      for (std::int64_t i : s.queries) s.rows[static_cast<std::size_t>(bh * a.seq_q + i)] = 1;
+  }
+  return s;
+}
+
+Format accumulator_format(const Case& c) {
+  const Format compute = c.types.at("compute");
+  return compute == Format::TF32 ? Format::FP32 : compute;
+}
+
+// O against the reference; its bounds are filled in row by row (RowBound).
+OutputComparison o_comparison(const Case& c, const AttentionReference& ref, UninitVector<Code> got,
+                              const ToleranceModel& tol, const Sampling& sampling) {
+  const AttentionShape& a = c.attention;
+  const std::int64_t dv = a.eff_head_dim_v();
+  const std::int64_t n = a.batch * a.heads * a.seq_q * dv;
+  OutputComparison cmp;
+  cmp.format = c.types.at("O");
+  cmp.shape = {a.batch, a.heads, a.seq_q, dv};
+  cmp.ulp_fair_condition = ulp_fair_condition(tol.accumulator_bits, cmp.format);
+  cmp.got = std::move(got);
+  cmp.allowed.resize(n);
+  cmp.accumulated.resize(n);
+  cmp.exact.assign(ref.values.begin(), ref.values.end());
+  cmp.condition = ref.magnitude;
+  if (sampling.sampled()) {
+    cmp.unreferenced.assign(static_cast<std::size_t>(n), 1);
+    for (std::size_t row = 0; row < sampling.rows.size(); ++row)
+      if (sampling.rows[row]) std::fill_n(cmp.unreferenced.begin() + static_cast<std::ptrdiff_t>(row) * dv, dv, 0);
+  }
+  cmp.accumulator_max = info(accumulator_format(c)).max_finite();
+  return cmp;
+}
+
+// The log-sum-exp, where the case asks for it: per row, the exact ln sum_j exp(s_j) against
+// the kernel's FP32 value; its bounds are filled in row by row (RowBound).
+OutputComparison lse_comparison(const Case& c, const AttentionReference& ref, UninitVector<Code> got,
+                                const ToleranceModel& tol, const Sampling& sampling) {
+  const AttentionShape& a = c.attention;
+  const auto n_rows = static_cast<std::size_t>(a.batch * a.heads * a.seq_q);
+  OutputComparison lse;
+  lse.format = c.types.at("LSE");
+  lse.shape = {a.batch, a.heads, a.seq_q};
+  lse.ulp_fair_condition = ulp_fair_condition(tol.accumulator_bits, lse.format);
+  lse.got = std::move(got);
+  lse.exact.assign(ref.lse.begin(), ref.lse.end());
+  lse.condition.assign(n_rows, 0.0);
+  lse.allowed.assign(n_rows, 0.0);
+  lse.accumulated.assign(n_rows, 0.0);
+  lse.accumulator_max = info(accumulator_format(c)).max_finite();
+  if (sampling.sampled()) {
+    lse.unreferenced.resize(n_rows);
+    for (std::size_t r = 0; r < n_rows; ++r) lse.unreferenced[r] = !sampling.rows[r];
+  }
+  return lse;
+}
+
+// The tolerance of one row of O (and its LSE): the bound of the declared or admitted
+// arithmetic where the row has a reference, only the NaN/Inf judgement where it has none.
+class RowBound {
+ public:
+  RowBound(const Case& c, const Inputs& inputs, const ToleranceModel& tol, const Sampling& sampling,
+           const std::vector<char>& poisoned)
+      : c_(c), a_(c.attention), tol_(tol), poisoned_(poisoned), v_(inputs.at("V")), vv_(attention_view(c, "V")),
+        inputs_(inputs), dv_(c.attention.eff_head_dim_v()),
+        u_(std::ldexp(1.0, 1 - tol.accumulator_bits)),
+        u_in_(tol.input_bits > 0 ? std::ldexp(1.0, 1 - tol.input_bits) : 0.0),
+        eta_p_(tol.p_bits > 0 && tol.p_bits < 24 ? p_rounding_eta(tol.p_bits) : 0.0),
+        u_p(tol.p_bits > 0 && tol.p_bits < 24 ? std::ldexp(1.0, 1 - tol.p_bits) : 0.0) {
+    const auto& fo = info(c.types.at("O"));
+    o_overflow_ = fo.max_finite() + ulp_of(c.types.at("O"), fo.max_finite()) / 2;
+    if (sampling.sampled()) v_head_max_ = v_head_max();
+  }
+
+  // No reference: only a NaN or Inf is judged, unless the row met one in the inputs, or O
+  // may round past its format's range (|O_d| <= max_j |v_jd|). Its LSE may be -inf (or
+  // +inf) where the row sees no key, anything non-finite where it is poisoned.
+  void unreferenced_row(const AttentionReference& ref, std::int64_t b, std::int64_t h, std::int64_t i,
+                        OutputComparison& o, OutputComparison* lse) const {
+    const bool row_poisoned = poisoned(ref, b, h, i);
+    if (lse)
+      lse->accumulated[static_cast<std::size_t>(ref.row(b, h, i))] =
+          attention_visible_count(c_, b, i) == 0 || row_poisoned ? INFINITY : 0.0;
+    for (std::int64_t d = 0; d < dv_; ++d)
+      o.accumulated[ref.index(b, h, i, d)] =
+          row_poisoned || v_head_max_[static_cast<std::size_t>((b * a_.eff_kv_heads() + a_.kv_head(h)) * dv_ + d)] >= o_overflow_
+              ? INFINITY : 0.0;
+  }
+
+  void referenced_row(const AttentionReference& ref, std::int64_t b, std::int64_t h, std::int64_t i,
+                      OutputComparison& o, OutputComparison* lse) const {
+    const RowFacts f = row_facts(c_, inputs_, b, h, i);
+    const auto nk = static_cast<std::int64_t>(f.keys.size());
+    // eps: the scores' and exp's relative error.
+    const double eps = 2 * (2 * u_in_ + tol_.gamma(a_.head_dim + 2)) * f.s + 2 * u_ * (1 + 2 * f.s);
+    const double rel = (eps < 1 ? 2 * eps / (1 - eps) : INFINITY) + u_p + u_in_ + 3 * tol_.gamma(nk + 2);
+    const double eta = tol_.accumulator_eta;
+    for (std::int64_t d = 0; d < dv_; ++d) {
+      const std::int64_t e = ref.index(b, h, i, d);
+      double vmax = 0;
+      for (std::int64_t j : f.keys) vmax = std::max(vmax, std::fabs(v_.value(vv_.offset(b, a_.kv_head(h), j, d))));
+      o.allowed[e] = rel * o.condition[e] + static_cast<double>(nk) * (eta_p_ + eta) * vmax + 4 * eta;
+      // The scores (before and after the scale) are what can overflow the accumulator.
+      o.accumulated[e] = std::max(f.s, f.s / std::max(std::fabs(scale_of(c_)), 0x1p-1000));
+      if (poisoned(ref, b, h, i)) o.accumulated[e] = INFINITY;
+    }
+    if (lse) lse_row(ref, b, h, i, f, eps, o, *lse);
+  }
+
+ private:
+  bool poisoned(const AttentionReference& ref, std::int64_t b, std::int64_t h, std::int64_t i) const {
+    return !poisoned_.empty() && poisoned_[ref.row(b, h, i)];
+  }
+
+  // Condition term 1 + S (S the row's largest |scale| sum_d |q_d k_jd|, what the scores'
+  // errors scale with).
+  void lse_row(const AttentionReference& ref, std::int64_t b, std::int64_t h, std::int64_t i, const RowFacts& f,
+               double eps, const OutputComparison& o, OutputComparison& lse) const {
+    const auto r = static_cast<std::size_t>(ref.row(b, h, i));
+    const auto nk = static_cast<std::int64_t>(f.keys.size());
+    if (nk == 0) {
+      // No visible key: ln 0 = -inf; +inf is FlashAttention's convention (its backward pass
+      // then gets exp(s - lse) = 0) and is accepted too. Nothing finite is.
+      if (decode(lse.format, lse.got[r]) == INFINITY) lse.exact[r] = RefValue::infinity(false);
+      return;
+    }
+    // |LSE~ - LSE| <= max_j |ln p~_j - ln p_j| (eps) + the sum's relative error (at most
+    // 2 gamma(nk + 2) after the log) + the final m + ln l and its unit conversions,
+    // 4 u (|m| + ln l + 1) with |m| <= S, l <= nk.
+    const double e_sum = 2 * tol_.gamma(nk + 2);
+    lse.allowed[r] = eps < 1 && e_sum < 1 ? eps + e_sum + 4 * u_ * (f.s + std::log(static_cast<double>(nk)) + 1) : INFINITY;
+    lse.condition[r] = 1 + f.s;
+    lse.accumulated[r] = o.accumulated[ref.index(b, h, i, 0)];  // the scores' bound, or +Inf (poisoned)
+  }
+
+  // Per batch, K/V head and column, max_j |v_jd| over every key: a bound of |O_d| for the
+  // queries without a reference.
+  std::vector<double> v_head_max() const {
+    std::vector<double> m(static_cast<std::size_t>(a_.batch * a_.eff_kv_heads() * dv_), 0.0);
+    for (std::int64_t b = 0; b < a_.batch; ++b)
+      for (std::int64_t hk = 0; hk < a_.eff_kv_heads(); ++hk)
+        for (std::int64_t j = 0; j < a_.seq_kv; ++j)
+          for (std::int64_t d = 0; d < dv_; ++d) {
+            double& x = m[static_cast<std::size_t>((b * a_.eff_kv_heads() + hk) * dv_ + d)];
+            x = std::max(x, std::fabs(v_.value(vv_.offset(b, hk, j, d))));
+          }
+    return m;
+  }
+
+  const Case& c_;
+  const AttentionShape& a_;
+  const ToleranceModel& tol_;
+  const std::vector<char>& poisoned_;
+  const Tensor& v_;
+  const AttentionView vv_;
+  const Inputs& inputs_;
+  const std::int64_t dv_;
+  const double u_, u_in_, eta_p_;
+  double o_overflow_ = 0;
+  std::vector<double> v_head_max_;
+
+ public:
+  const double u_p;  ///< P's rounding unit (0: P in FP32)
+};
+
 std::vector<Format> attention_outputs(Format o0) { return {o0, Format::FP32, Format::BF16, Format::FP16}; }
 
 class AttentionModule final : public OpModule {
@@ -248,147 +428,41 @@ class AttentionModule final : public OpModule {
 
   std::vector<OutputComparison> compare(const Case& c, const Inputs& given, const std::map<std::string, Tensor>& outputs,
                                         const ToleranceModel& tol) const override {
-    const Tensor& o = outputs.at("O");
     // NaN or Inf inputs (a narrow format's overflow, FP8 NaN codes): softmax has no exact
     // value there. The reference takes them as 0, and every row they reach is marked as
     // possibly overflowed (accumulated +Inf: any NaN or Inf accepted, no tolerance); a
     // non-finite V at a key a row does not see allows a NaN in that row's column only
     // (masked_nonfinite_v).
     Inputs sanitized;
-    std::vector<char> poisoned = poisoned_rows(c, given, sanitized);
+    const std::vector<char> poisoned = poisoned_rows(c, given, sanitized);
     const Inputs& inputs = sanitized.empty() ? given : sanitized;
-    const AttentionShape& a = c.attention;
-    // Long prefills: the reference for the sampled queries only (referenced_queries).
-    const std::vector<std::int64_t> queries = referenced_queries(c);
-    const bool sampled = static_cast<std::int64_t>(queries.size()) < a.seq_q;
-    std::vector<char> rows;
-    if (sampled) {
-      rows.assign(static_cast<std::size_t>(a.batch * a.heads * a.seq_q), 0);
-      for (std::int64_t bh = 0; bh < a.batch * a.heads; ++bh)
-        for (std::int64_t i : queries) rows[static_cast<std::size_t>(bh * a.seq_q + i)] = 1;
-    }
-    const AttentionReference ref = attention_reference(c, inputs, default_threads(), sampled ? &rows : nullptr);
-    const std::int64_t dv = a.eff_head_dim_v();
-    OutputComparison cmp;
-    cmp.format = c.types.at("O");
-    cmp.shape = {a.batch, a.heads, a.seq_q, dv};
-    cmp.ulp_fair_condition = ulp_fair_condition(tol.accumulator_bits, cmp.format);
-    const AttentionView vv = attention_view(c, "V");
-    const std::int64_t n = a.batch * a.heads * a.seq_q * dv;
-    cmp.got = logical_output(c, "O", o);
-    cmp.allowed.resize(n);
-    cmp.accumulated.resize(n);
-    cmp.exact.assign(ref.values.begin(), ref.values.end());
-    cmp.condition = ref.magnitude;
-    if (sampled) {
-      cmp.unreferenced.assign(static_cast<std::size_t>(n), 1);
-      for (std::size_t row = 0; row < rows.size(); ++row)
-        if (rows[row]) std::fill_n(cmp.unreferenced.begin() + static_cast<std::ptrdiff_t>(row) * dv, dv, 0);
-    }
-    const Format compute = c.types.at("compute");
-    const Format acc_format = compute == Format::TF32 ? Format::FP32 : compute;
-    cmp.accumulator_max = info(acc_format).max_finite();
-    const double u = std::ldexp(1.0, 1 - tol.accumulator_bits);
-    const double u_in = tol.input_bits > 0 ? std::ldexp(1.0, 1 - tol.input_bits) : 0.0;
-    const double u_p = tol.p_bits > 0 && tol.p_bits < 24 ? std::ldexp(1.0, 1 - tol.p_bits) : 0.0;
-    const double eta_p = u_p > 0 ? p_rounding_eta(tol.p_bits) : 0.0;
-    const double eta = tol.accumulator_eta;
-    const Tensor& v = inputs.at("V");
-    // For the queries without a reference: per batch, K/V head and column, max_j |v_jd| over
-    // every key (a bound of |O_d|), and the magnitude at which O's format rounds to Inf.
-    std::vector<double> v_head_max;
-    const auto& fo_info = info(cmp.format);
-    const double o_overflow = fo_info.max_finite() + ulp_of(cmp.format, fo_info.max_finite()) / 2;
-    if (sampled) {
-      v_head_max.assign(static_cast<std::size_t>(a.batch * a.eff_kv_heads() * dv), 0.0);
-      for (std::int64_t b = 0; b < a.batch; ++b)
-        for (std::int64_t hk = 0; hk < a.eff_kv_heads(); ++hk)
-          for (std::int64_t j = 0; j < a.seq_kv; ++j)
-            for (std::int64_t d = 0; d < dv; ++d) {
-              double& m = v_head_max[static_cast<std::size_t>((b * a.eff_kv_heads() + hk) * dv + d)];
-              m = std::max(m, std::fabs(v.value(vv.offset(b, hk, j, d))));
-            }
-    }
-    // The log-sum-exp, where the case asks for it (README "Attention LSE"): per row, the
-    // exact ln sum_j exp(s_j) against the kernel's FP32 value, condition term 1 + S (S the
-    // row's largest |scale| sum_d |q_d k_jd|, what the scores' errors scale with).
+    const Sampling sampling = sampling_of(c);
+    const AttentionReference ref =
+        attention_reference(c, inputs, default_threads(), sampling.sampled() ? &sampling.rows : nullptr);
+    OutputComparison cmp = o_comparison(c, ref, logical_output(c, "O", outputs.at("O")), tol, sampling);
     const bool with_lse = outputs.count("LSE") > 0;
-    OutputComparison lse;
-    const std::int64_t n_rows = a.batch * a.heads * a.seq_q;
-    if (with_lse) {
-      lse.format = c.types.at("LSE");
-      lse.shape = {a.batch, a.heads, a.seq_q};
-      lse.ulp_fair_condition = ulp_fair_condition(tol.accumulator_bits, lse.format);
-      lse.got = logical_output(c, "LSE", outputs.at("LSE"));
-      lse.exact.assign(ref.lse.begin(), ref.lse.end());
-      lse.condition.assign(static_cast<std::size_t>(n_rows), 0.0);
-      lse.allowed.assign(static_cast<std::size_t>(n_rows), 0.0);
-      lse.accumulated.assign(static_cast<std::size_t>(n_rows), 0.0);
-      lse.accumulator_max = info(acc_format).max_finite();
-      if (sampled) {
-        lse.unreferenced.resize(rows.size());
-        for (std::size_t r = 0; r < rows.size(); ++r) lse.unreferenced[r] = !rows[r];
-      }
-    }
+    OutputComparison lse =
+        with_lse ? lse_comparison(c, ref, logical_output(c, "LSE", outputs.at("LSE")), tol, sampling) : OutputComparison{};
+    const RowBound bound(c, inputs, tol, sampling, poisoned);
+    const AttentionShape& a = c.attention;
     for (std::int64_t b = 0; b < a.batch; ++b)
       for (std::int64_t h = 0; h < a.heads; ++h)
         for (std::int64_t i = 0; i < a.seq_q; ++i) {
-          if (sampled && !rows[static_cast<std::size_t>(ref.row(b, h, i))]) {
-            // LSE without a reference: a row that sees no key may be -inf (or +inf), and a
-            // poisoned row anything non-finite; elsewhere a NaN or Inf is unexpected.
-            if (with_lse)
-              lse.accumulated[static_cast<std::size_t>(ref.row(b, h, i))] =
-                  attention_visible_count(c, b, i) == 0 || (!poisoned.empty() && poisoned[ref.row(b, h, i)]) ? INFINITY : 0.0;
-            // No reference: only a NaN or Inf is judged, unless the row met one in the
-            // inputs, or O may round past its format's range (|O_d| <= max_j |v_jd|).
-            const bool row_poisoned = !poisoned.empty() && poisoned[ref.row(b, h, i)];
-            for (std::int64_t d = 0; d < dv; ++d)
-              cmp.accumulated[ref.index(b, h, i, d)] =
-                  row_poisoned || v_head_max[static_cast<std::size_t>((b * a.eff_kv_heads() + a.kv_head(h)) * dv + d)] >= o_overflow
-                      ? INFINITY : 0.0;
-            continue;
-          }
-          const RowFacts f = row_facts(c, inputs, b, h, i);
-          const auto nk = static_cast<std::int64_t>(f.keys.size());
-          const double eps = 2 * (2 * u_in + tol.gamma(a.head_dim + 2)) * f.s + 2 * u * (1 + 2 * f.s);
-          const double rel = (eps < 1 ? 2 * eps / (1 - eps) : INFINITY) + u_p + u_in + 3 * tol.gamma(nk + 2);
-          for (std::int64_t d = 0; d < dv; ++d) {
-            const std::int64_t e = ref.index(b, h, i, d);
-            double vmax = 0;
-            for (std::int64_t j : f.keys) vmax = std::max(vmax, std::fabs(v.value(vv.offset(b, a.kv_head(h), j, d))));
-            cmp.allowed[e] = rel * cmp.condition[e] + static_cast<double>(nk) * (eta_p + eta) * vmax + 4 * eta;
-            // The scores (before and after the scale) are what can overflow the accumulator.
-            cmp.accumulated[e] = std::max(f.s, f.s / std::max(std::fabs(scale_of(c)), 0x1p-1000));
-            if (!poisoned.empty() && poisoned[ref.row(b, h, i)]) cmp.accumulated[e] = INFINITY;
-          }
-          if (with_lse) {
-            const auto r = static_cast<std::size_t>(ref.row(b, h, i));
-            if (nk == 0) {
-              // No visible key: ln 0 = -inf; +inf is FlashAttention's convention (its backward
-              // pass then gets exp(s - lse) = 0) and is accepted too. Nothing finite is.
-              if (decode(lse.format, lse.got[r]) == INFINITY) lse.exact[r] = RefValue::infinity(false);
-              continue;
-            }
-            // |LSE~ - LSE| <= max_j |ln p~_j - ln p_j| (eps: the scores' and exp's error) + the
-            // sum's relative error (at most 2 gamma(nk + 2) after the log) + the final
-            // m + ln l and its unit conversions, 4 u (|m| + ln l + 1) with |m| <= S, l <= nk.
-            const double e_sum = 2 * tol.gamma(nk + 2);
-            lse.allowed[r] = eps < 1 && e_sum < 1
-                                 ? eps + e_sum + 4 * u * (f.s + std::log(static_cast<double>(nk)) + 1)
-                                 : INFINITY;
-            lse.condition[r] = 1 + f.s;
-            lse.accumulated[r] = cmp.accumulated[ref.index(b, h, i, 0)];  // the scores' bound, or +Inf (poisoned)
-          }
+          if (sampling.sampled() && !sampling.rows[static_cast<std::size_t>(ref.row(b, h, i))])
+            bound.unreferenced_row(ref, b, h, i, cmp, with_lse ? &lse : nullptr);
+          else
+            bound.referenced_row(ref, b, h, i, cmp, with_lse ? &lse : nullptr);
         }
     cmp.nan_allowed = masked_nonfinite_v(c, given);
+    const std::string referenced =
+        sampling.sampled() ? fmt::format(", {} of {} queries referenced", sampling.queries.size(), a.seq_q) : "";
     cmp.tolerance_note = fmt::format("accumulator {} bits{}, n = {} keys{}", tol.accumulator_bits,
-                                     u_p > 0 ? fmt::format(", P {} bits", tol.p_bits) : "", a.seq_kv,
-                                     sampled ? fmt::format(", {} of {} queries referenced", queries.size(), a.seq_q) : "");
+                                     bound.u_p > 0 ? fmt::format(", P {} bits", tol.p_bits) : "", a.seq_kv, referenced);
     std::vector<OutputComparison> out;
     out.push_back(std::move(cmp));
     if (with_lse) {
       lse.tolerance_note = fmt::format("scores and exp (accumulator {} bits), a sum of n = {} keys{}", tol.accumulator_bits,
-                                       a.seq_kv, sampled ? fmt::format(", {} of {} queries referenced", queries.size(), a.seq_q) : "");
+                                       a.seq_kv, referenced);
       out.push_back(std::move(lse));
     }
     return out;
