@@ -207,6 +207,130 @@ struct JudgeTerms {
   }
 };
 
+// What analyze and judge both need of a compared element.
+struct Compared {
+  std::size_t e;
+  Code got, rounded;         // the kernel's code; the exact value rounded to nearest even
+  double d;                  // got, decoded
+  double err_signed, err;    // d - x_e and its magnitude
+  double xabs;               // |x_e|
+  double c;                  // the element's condition (sum of |terms|)
+};
+
+// analyze's metrics of a compared element.
+inline void measure(const OutputComparison& cmp, const Compared& x, const RefValue& exact, std::int64_t cell,
+                    std::int64_t e, Stretch& s) {
+  const Format f = cmp.format;
+  ErrorMetrics& m = s.m;
+  ++m.compared;
+  const double ulp = x.err_signed / ulp_at(f, exact);
+  const auto dist = ulp_distance(f, x.got, x.rounded);
+  if (dist && *dist == 0) ++m.exact_matches;
+  m.max_ulp_distance = std::max<std::uint64_t>(m.max_ulp_distance, dist.value_or(0));
+  m.max_abs = std::max(m.max_abs, x.err);
+  s.sum_abs += x.err;
+  if (x.xabs > 0) {
+    const double rel = x.err / x.xabs;
+    m.max_rel = std::max(m.max_rel, rel);
+    s.sum_rel += rel;
+    ++s.rel_count;
+  }
+  const double norm = x.c > 0 ? x.err / x.c : (x.err == 0 ? 0.0 : INFINITY);
+  m.max_normalised = std::max(m.max_normalised, norm);
+  s.sum_norm += norm;
+  ++s.norm_count;
+  if (x.c <= cmp.ulp_fair_condition * x.xabs) {  // kUlpFairBits: ULPs measure the kernel here
+    ++m.ulp_fair;
+    m.max_ulp = std::max(m.max_ulp, std::fabs(ulp));
+    s.sum_ulp += std::fabs(ulp);
+    s.sum_signed_ulp += ulp;
+    m.ulp_histogram[ulp_histogram_bin(std::fabs(ulp))]++;
+  }
+  s.sum_err2 += x.err * x.err;
+  s.sum_x2 += x.xabs * x.xabs;
+  if (!std::isnan(s.cells[cell])) s.cells[cell] = std::max(s.cells[cell], norm);
+  if (!s.worst_nonfinite && norm > s.worst_norm) s.worst_norm = norm, s.worst = e;
+}
+
+// The precision rule's sums of a compared element, and the rounding test: d_e on the wrong
+// side of a rounding boundary of D, further beyond it than the declared arithmetic's error
+// reaches.
+inline void judge_precision(const OutputComparison& cmp, const JudgeTerms& jt, const Compared& x, std::int64_t e,
+                            Pass& p) {
+  const Format f = cmp.format;
+  const double scale = cmp.precision_scale[x.e];
+  const double z = std::max(0.0, x.err - jt.u_out * std::fabs(x.d) - jt.fi.min_subnormal() / 2) / x.c, w = scale / x.c;
+  p.sum_z += z, p.sum_w += w, ++p.n_precision;
+  const double zw = w > 0 ? z / w : z > 0 ? INFINITY : 0;
+  if (zw > p.worst_zw) p.worst_zw = zw, p.worst_precision = e;
+  if (x.got == x.rounded || x.d == decode(f, x.rounded)) return;
+  const Code toward = x.err_signed < 0 ? next_up(f, x.got) : next_down(f, x.got);
+  const double beyond = x.err - std::fabs(decode(f, toward) - x.d) / 2;  // dist(x_e, R(d_e)); NaN: no neighbour
+  const double reach = kMisroundReach * scale + 4 * jt.u_acc * x.c;
+  if (beyond > reach) {
+    ++p.misrounded;
+    if (beyond / reach > p.worst_beyond_ratio) p.worst_beyond_ratio = beyond / reach, p.worst_misrounded = e;
+  }
+}
+
+// judge's sums of a compared element: the tolerance, and the precision rule where it applies.
+inline void judge_compared(const OutputComparison& cmp, const JudgeTerms& jt, const Compared& x, std::int64_t e,
+                           Pass& p) {
+  if (jt.precision && x.c > 0 && std::isfinite(cmp.precision_scale[x.e])) judge_precision(cmp, jt, x, e, p);
+  const double b = jt.bound(x.e, x.xabs);
+  if (x.err > b) {
+    ++p.over;
+    if (p.worst_beyond < 0 || x.err / b > p.worst_ratio) p.worst_beyond = e;
+    p.worst_ratio = std::max(p.worst_ratio, x.err / b);
+    jt.failing(p, "tolerance", x.e);
+  }
+}
+
+// analyze's counts of an element that is not compared (a NaN, an Inf, unwritten, ...).
+inline void measure_class(Class k, std::int64_t cell, std::int64_t e, Stretch& s) {
+  ErrorMetrics& m = s.m;
+  switch (k) {
+    case Class::Expected: m.expected_nonfinite++; break;
+    case Class::Overflowed: m.overflowed++; break;
+    case Class::UnexpectedNan: m.unexpected_nan++; break;
+    case Class::UnexpectedInf: m.unexpected_inf++; break;
+    case Class::Missed: m.missed_nonfinite++; break;
+    case Class::Mismatched: m.mismatched_nonfinite++; break;
+    case Class::Unwritten:  // counted by the runner (ErrorMetrics::unwritten)
+    case Class::Unreferenced:
+    case Class::Compared: break;
+  }
+  if (k != Class::Expected && k != Class::Overflowed && k != Class::Unreferenced) {
+    s.cells[cell] = NAN;
+    if (!s.worst_nonfinite) s.worst = e, s.worst_nonfinite = true;
+  }
+}
+
+// judge's counts of an element that is not compared.
+inline void judge_class(const OutputComparison& cmp, const JudgeTerms& jt, Class k, std::size_t ue, std::int64_t e,
+                        Pass& p) {
+  const Format f = cmp.format;
+  if (k == Class::Unwritten) {  // the write audit's failure (m.unwritten), not a value
+    if (p.first_unwritten < 0) p.first_unwritten = e;
+  } else if (k == Class::UnexpectedNan) {
+    ++p.nan;
+    jt.failing(p, "unexpected_nan", ue);
+  } else if (k == Class::Mismatched) {
+    ++p.mismatched;
+    jt.failing(p, "mismatched_nonfinite", ue);
+  } else if (k == Class::UnexpectedInf || k == Class::Missed) {
+    const Code g = cmp.got[ue];
+    const DoubleDouble xd = cmp.exact[ue].double_double();
+    const double b = jt.bound(ue, magnitude_of(xd));
+    if (k == Class::UnexpectedInf) {
+      const double toward = is_negative(f, g) ? -(xd.hi + xd.lo) : xd.hi + xd.lo;
+      if (toward + b < jt.threshold) ++p.inf, jt.failing(p, "unexpected_inf", ue);
+    } else if (!(std::fabs(signed_error(decode(f, g), xd)) <= b)) {  // NaN (x_e infinite): missed
+      ++p.missed, jt.failing(p, "missed_nonfinite", ue);
+    }
+  }
+}
+
 // One pass over elements [from, to): analyze's metrics into s (kMetrics), judge's sums into
 // p (kVerdict), or both, sharing what both need of an element (its correct rounding, its
 // class, the exact value as a double-double, the error).
@@ -214,7 +338,6 @@ template <bool kMetrics, bool kVerdict>
 void scan(const OutputComparison& cmp, const ErrorMap& map, const JudgeTerms* jt, std::int64_t from, std::int64_t to,
           Stretch& s, Pass& p) {
   const Format f = cmp.format;
-  ErrorMetrics& m = s.m;
   if constexpr (kMetrics) s.cells.assign(map.max_normalised.size(), 0.0);
   for (std::int64_t e = from; e < to; ++e) {
     const auto ue = static_cast<std::size_t>(e);
@@ -230,105 +353,14 @@ void scan(const OutputComparison& cmp, const ErrorMap& map, const JudgeTerms* jt
     if (k == Class::Compared) {
       const double d = decode(f, g);
       const DoubleDouble xd = target(f, x);
-      const double err_signed = signed_error(d, xd), err = std::fabs(err_signed);
-      const double xabs = magnitude_of(xd);
-      const double c = condition_at(cmp, ue);
-      if constexpr (kMetrics) {
-        ++m.compared;
-        const double ulp = err_signed / ulp_at(f, x);
-        const auto dist = ulp_distance(f, g, r);
-        if (dist && *dist == 0) ++m.exact_matches;
-        m.max_ulp_distance = std::max<std::uint64_t>(m.max_ulp_distance, dist.value_or(0));
-        m.max_abs = std::max(m.max_abs, err);
-        s.sum_abs += err;
-        if (xabs > 0) {
-          const double rel = err / xabs;
-          m.max_rel = std::max(m.max_rel, rel);
-          s.sum_rel += rel;
-          ++s.rel_count;
-        }
-        const double norm = c > 0 ? err / c : (err == 0 ? 0.0 : INFINITY);
-        m.max_normalised = std::max(m.max_normalised, norm);
-        s.sum_norm += norm;
-        ++s.norm_count;
-        if (c <= cmp.ulp_fair_condition * xabs) {  // kUlpFairBits: ULPs measure the kernel here
-          ++m.ulp_fair;
-          m.max_ulp = std::max(m.max_ulp, std::fabs(ulp));
-          s.sum_ulp += std::fabs(ulp);
-          s.sum_signed_ulp += ulp;
-          m.ulp_histogram[ulp_histogram_bin(std::fabs(ulp))]++;
-        }
-        s.sum_err2 += err * err;
-        s.sum_x2 += xabs * xabs;
-        if (!std::isnan(s.cells[cell])) s.cells[cell] = std::max(s.cells[cell], norm);
-        if (!s.worst_nonfinite && norm > s.worst_norm) s.worst_norm = norm, s.worst = e;
-      }
-      if constexpr (kVerdict) {
-        const double b = jt->bound(ue, xabs);
-        if (jt->precision && c > 0 && std::isfinite(cmp.precision_scale[ue])) {
-          const double z = std::max(0.0, err - jt->u_out * std::fabs(d) - jt->fi.min_subnormal() / 2) / c,
-                       w = cmp.precision_scale[ue] / c;
-          p.sum_z += z, p.sum_w += w, ++p.n_precision;
-          const double zw = w > 0 ? z / w : z > 0 ? INFINITY : 0;
-          if (zw > p.worst_zw) p.worst_zw = zw, p.worst_precision = e;
-          // The rounding test: d_e on the wrong side of a rounding boundary of D, further
-          // beyond it than the declared arithmetic's error reaches.
-          if (g != r && d != decode(f, r)) {
-            const Code toward = err_signed < 0 ? next_up(f, g) : next_down(f, g);
-            const double beyond = err - std::fabs(decode(f, toward) - d) / 2;  // dist(x_e, R(d_e)); NaN: no neighbour
-            const double reach = kMisroundReach * cmp.precision_scale[ue] + 4 * jt->u_acc * c;
-            if (beyond > reach) {
-              ++p.misrounded;
-              if (beyond / reach > p.worst_beyond_ratio) p.worst_beyond_ratio = beyond / reach, p.worst_misrounded = e;
-            }
-          }
-        }
-        if (err > b) {
-          ++p.over;
-          if (p.worst_beyond < 0 || err / b > p.worst_ratio) p.worst_beyond = e;
-          p.worst_ratio = std::max(p.worst_ratio, err / b);
-          jt->failing(p, "tolerance", ue);
-        }
-      }
+      const double err_signed = signed_error(d, xd);
+      const Compared el{ue, g, r, d, err_signed, std::fabs(err_signed), magnitude_of(xd), condition_at(cmp, ue)};
+      if constexpr (kMetrics) measure(cmp, el, x, cell, e, s);
+      if constexpr (kVerdict) judge_compared(cmp, *jt, el, e, p);
       continue;
     }
-    if constexpr (kMetrics) {
-      switch (k) {
-        case Class::Expected: m.expected_nonfinite++; break;
-        case Class::Overflowed: m.overflowed++; break;
-        case Class::UnexpectedNan: m.unexpected_nan++; break;
-        case Class::UnexpectedInf: m.unexpected_inf++; break;
-        case Class::Missed: m.missed_nonfinite++; break;
-        case Class::Mismatched: m.mismatched_nonfinite++; break;
-        case Class::Unwritten:  // counted by the runner (ErrorMetrics::unwritten)
-        case Class::Unreferenced:
-        case Class::Compared: break;
-      }
-      if (k != Class::Expected && k != Class::Overflowed && k != Class::Unreferenced) {
-        s.cells[cell] = NAN;
-        if (!s.worst_nonfinite) s.worst = e, s.worst_nonfinite = true;
-      }
-    }
-    if constexpr (kVerdict) {
-      if (k == Class::Unwritten) {  // the write audit's failure (m.unwritten), not a value
-        if (p.first_unwritten < 0) p.first_unwritten = e;
-      } else if (k == Class::UnexpectedNan) {
-        ++p.nan;
-        jt->failing(p, "unexpected_nan", ue);
-      } else if (k == Class::Mismatched) {
-        ++p.mismatched;
-        jt->failing(p, "mismatched_nonfinite", ue);
-      } else if (k == Class::UnexpectedInf || k == Class::Missed) {
-        const DoubleDouble xd = x.double_double();
-        const double b = jt->bound(ue, magnitude_of(xd));
-        if (k == Class::UnexpectedInf) {
-          const double toward = is_negative(f, g) ? -(xd.hi + xd.lo) : xd.hi + xd.lo;
-          if (toward + b < jt->threshold) ++p.inf, jt->failing(p, "unexpected_inf", ue);
-        } else if (!(std::fabs(signed_error(decode(f, g), xd)) <= b)) {  // NaN (x_e infinite): missed
-          ++p.missed, jt->failing(p, "missed_nonfinite", ue);
-        }
-      }
-    }
+    if constexpr (kMetrics) measure_class(k, cell, e, s);
+    if constexpr (kVerdict) judge_class(cmp, *jt, k, ue, e, p);
   }
 }
 
