@@ -195,6 +195,110 @@ std::vector<double> input_rounding_abs(const Case& c, const Inputs& inputs, int 
 // FP64 (each difference is exact; the sum's error is far below FP32's), times alpha sA sB sD.
 // The sample's columns of op(B) go 64 at a time, k-major, so the inner loop runs over them
 // (vectorised).
+// precision_terms_of's constants for one case and tolerance.
+struct PrecisionPlan {
+  double u;        // the accumulator's unit roundoff
+  // Veltkamp's split: c = v (2^(53 - bits) + 1), c - (c - v) is v rounded to nearest at
+  // `bits` bits (branch-free; exponent range ignored, as by the scale's other terms).
+  double split, split24 = 0x1p29 + 1;
+  bool promoting;  // the kernel promotes its narrow accumulator every `chunk` products to FP32
+  std::int64_t chunk;
+  double ui;       // the declared input rounding's unit (0: none)
+  bool directed_inputs;
+  bool nearest;
+  double scale;    // |alpha sA sB sD|
+  double shift_scale;  // alpha sA sB sD
+  double floor;    // the absolute part: K + 4 times the accumulator's eta
+
+  PrecisionPlan(const Case& c, const ToleranceModel& tol) {
+    const std::int64_t K = c.gemm.k;
+    u = std::ldexp(1.0, -tol.accumulator_bits);
+    split = std::ldexp(1.0, 53 - std::min(tol.accumulator_bits, 53)) + 1;
+    promoting = tol.promote > 0 && tol.accumulator_bits < 24 && tol.promote < K;
+    chunk = promoting ? tol.promote : std::max<std::int64_t>(K, 1);
+    ui = tol.input_bits > 0 ? std::ldexp(1.0, -tol.input_bits) : 0.0;
+    directed_inputs = tol.input_bits > 0 && tol.input_rounding != Rounding::NearestEven &&
+                      tol.input_rounding != Rounding::NearestAway;
+    nearest = tol.nearest;
+    const auto scale_of = [&](const char* op) { return c.scales.count(op) ? c.scales.at(op) : 1.0; };
+    const double sd = scale_of("D");
+    shift_scale = c.alpha * scale_of("A") * scale_of("B") * sd;
+    scale = std::fabs(shift_scale);
+    floor = static_cast<double>(K + 4) * tol.accumulator_eta * std::max(1.0, sd);
+  }
+};
+
+constexpr std::int64_t kTile = 64;  // columns of op(B) at a time, the inner (vectorised) loop
+
+// The sums of one row of op(A) against up to kTile columns of op(B). part, pseq: the
+// running sum of the current promotion chunk (the whole sum when the kernel does not
+// promote), exactly and rounded at `bits`; seq, outer: the FP32 accumulator the chunks are
+// added to, and the sum of its magnitudes; delta: sum_k (a'_k b'_k - a_k b_k), a' b' the
+// declared input rounding's.
+struct TileSums {
+  double sum[kTile] = {}, sq[kTile] = {}, lin[kTile] = {}, pp[kTile] = {}, seq[kTile] = {}, part[kTile] = {},
+         pseq[kTile] = {}, outer[kTile] = {}, delta[kTile] = {};
+};
+
+// ar, ar_in: the row (and its declared rounding, or empty); bk, bk_in: the sample's columns,
+// bk[k * C + col]; the tile is columns [j0, j0 + w).
+void accumulate_tile(const PrecisionPlan& pl, const std::vector<double>& ar, const std::vector<double>& ar_in,
+                     const std::vector<double>& bk, const std::vector<double>& bk_in, std::int64_t C, std::int64_t j0,
+                     std::int64_t w, TileSums& t) {
+  const auto K = static_cast<std::int64_t>(ar.size());
+  if (!ar_in.empty())
+    for (std::int64_t k = 0; k < K; ++k) {
+      const double x = ar[k], xi = ar_in[k];
+      const double *y = &bk[k * C + j0], *yi = &bk_in[k * C + j0];
+      for (std::int64_t jj = 0; jj < w; ++jj) t.delta[jj] += xi * yi[jj] - x * y[jj];
+    }
+  for (std::int64_t k0 = 0; k0 < K; k0 += pl.chunk) {
+    for (std::int64_t k = k0; k < std::min(K, k0 + pl.chunk); ++k) {
+      const double x = ar[k];
+      if (x == 0) continue;  // adds exact zeros: no rounding
+      const double* y = &bk[k * C + j0];
+      for (std::int64_t jj = 0; jj < w; ++jj) {
+        const double p = x * y[jj];
+        t.sum[jj] += p;
+        t.part[jj] += p;
+        t.sq[jj] += t.part[jj] * t.part[jj] + p * p;
+        t.lin[jj] += t.part[jj] + p;
+        t.pp[jj] += p * p;
+        const double s = t.pseq[jj] + p, v = pl.split * s;
+        t.pseq[jj] = v - (v - s);
+      }
+    }
+    if (pl.promoting)
+      for (std::int64_t jj = 0; jj < w; ++jj) {
+        const double s = t.seq[jj] + t.pseq[jj], v = pl.split24 * s;
+        t.seq[jj] = v - (v - s), t.outer[jj] += std::fabs(t.sum[jj]), t.part[jj] = t.pseq[jj] = 0;
+      }
+  }
+  if (!pl.promoting)
+    for (std::int64_t jj = 0; jj < w; ++jj) t.seq[jj] = t.pseq[jj];
+}
+
+// One element's scale and bias terms from its tile sums (column jj of the tile).
+struct ElementTerms {
+  double scale, allowance, spread, shift;
+};
+
+ElementTerms element_terms(const PrecisionPlan& pl, const TileSums& t, std::int64_t jj, double abs_part) {
+  // The random model's sigma, or the error a sequential round-to-nearest accumulation at
+  // this precision really makes on these inputs where that is larger: on heavy-tailed
+  // positive data small terms are absorbed one-sidedly (the model's independence fails),
+  // and a correct kernel may do just that.
+  const double sigma = pl.u * std::sqrt(t.sq[jj] / 3), absorbed = std::fabs(t.seq[jj] - t.sum[jj]);
+  // A systematic error a correct accumulation of the declared arithmetic can make: the
+  // sequential one's (absorption), round-toward-zero's, FP32's promotions.
+  double systematic = absorbed;
+  if (!pl.nearest) systematic += pl.u * std::fabs(t.lin[jj]);
+  if (pl.promoting) systematic += 0x1p-24 * t.outer[jj];  // FP32's rounding of each chunk's addition
+  double acc = std::max(sigma, absorbed) + (systematic - absorbed);
+  if (pl.ui > 0) acc += pl.ui * std::sqrt(2 * t.pp[jj] / 3) + (pl.directed_inputs ? 2 * pl.ui * std::fabs(t.sum[jj]) : 0.0);
+  return {pl.scale * acc + abs_part, pl.scale * systematic + abs_part, pl.scale * sigma, pl.shift_scale * t.delta[jj]};
+}
+
 void precision_terms_of(const Case& c, const Inputs& inputs, const ToleranceModel& tol, const PrecisionSample& sample,
                         OutputComparison& cmp) {
   const std::vector<double>& input_abs = cmp.input_abs;
@@ -202,17 +306,7 @@ void precision_terms_of(const Case& c, const Inputs& inputs, const ToleranceMode
   const MatrixView av = gemm_view(c, "A"), bv = gemm_view(c, "B");
   const Tensor &a = inputs.at("A"), &b = inputs.at("B");
   const std::int64_t M = g.m, N = g.n, K = g.k;
-  const double u = std::ldexp(1.0, -tol.accumulator_bits);
-  // Veltkamp's split: c = v (2^(53 - bits) + 1), c - (c - v) is v rounded to nearest at
-  // `bits` bits (branch-free; exponent range ignored, as by the scale's other terms).
-  const double split = std::ldexp(1.0, 53 - std::min(tol.accumulator_bits, 53)) + 1, split24 = 0x1p29 + 1;
-  // A kernel that promotes its narrow accumulator every `promote` products to FP32.
-  const bool promoting = tol.promote > 0 && tol.accumulator_bits < 24 && tol.promote < K;
-  const std::int64_t chunk = promoting ? tol.promote : std::max<std::int64_t>(K, 1);
-  const double ui = tol.input_bits > 0 ? std::ldexp(1.0, -tol.input_bits) : 0.0;
-  const auto scale_of = [&](const char* op) { return c.scales.count(op) ? c.scales.at(op) : 1.0; };
-  const double sd = scale_of("D"), scale = std::fabs(c.alpha * scale_of("A") * scale_of("B") * sd);
-  const double floor = static_cast<double>(K + 4) * tol.accumulator_eta * std::max(1.0, sd);
+  const PrecisionPlan pl(c, tol);
   const auto finite_or_zero = [](double v) { return std::isfinite(v) ? v : 0.0; };
   // elements outside the sample (precision_sample) have no scale: NaN, which the rule skips
   const std::vector<std::int64_t>& rows = sample.rows;
@@ -228,10 +322,7 @@ void precision_terms_of(const Case& c, const Inputs& inputs, const ToleranceMode
   const auto rounded_input = [&](double v) {
     return rounds_inputs && std::isfinite(v) ? decode(input_format, encode(input_format, v, tol.input_rounding)) : v;
   };
-  const bool directed_inputs =
-      rounds_inputs && tol.input_rounding != Rounding::NearestEven && tol.input_rounding != Rounding::NearestAway;
   std::vector<double> bk(static_cast<std::size_t>(K * C)), bk_in(rounds_inputs ? bk.size() : 0);
-  constexpr std::int64_t W = 64;
   for (std::int64_t bi = 0; bi < g.batch; ++bi) {
     parallel_for(C, [&](std::int64_t col) {
       const std::int64_t j = cols[static_cast<std::size_t>(col)];
@@ -244,61 +335,15 @@ void precision_terms_of(const Case& c, const Inputs& inputs, const ToleranceMode
       std::vector<double> ar(static_cast<std::size_t>(K)), ar_in(rounds_inputs ? ar.size() : 0);
       for (std::int64_t k = 0; k < K; ++k) ar[k] = finite_or_zero(a.value(op_a_offset(c, av, bi, i, k)));
       for (std::size_t k = 0; k < ar_in.size(); ++k) ar_in[k] = finite_or_zero(rounded_input(ar[k]));
-      for (std::int64_t j0 = 0; j0 < C; j0 += W) {
-        const std::int64_t w = std::min(W, C - j0);
-        // part, pseq: the running sum of the current promotion chunk (the whole sum when
-        // the kernel does not promote), exactly and rounded at `bits`; seq, outer: the FP32
-        // accumulator the chunks are added to, and the sum of its magnitudes.
-        double sum[W] = {}, sq[W] = {}, lin[W] = {}, pp[W] = {}, seq[W] = {}, part[W] = {}, pseq[W] = {}, outer[W] = {};
-        double delta[W] = {};  // sum_k (a'_k b'_k - a_k b_k), a' b' the declared input rounding's
-        if (rounds_inputs)
-          for (std::int64_t k = 0; k < K; ++k) {
-            const double x = ar[k], xi = ar_in[k];
-            const double *y = &bk[k * C + j0], *yi = &bk_in[k * C + j0];
-            for (std::int64_t jj = 0; jj < w; ++jj) delta[jj] += xi * yi[jj] - x * y[jj];
-          }
-        for (std::int64_t k0 = 0; k0 < K; k0 += chunk) {
-          for (std::int64_t k = k0; k < std::min(K, k0 + chunk); ++k) {
-            const double x = ar[k];
-            if (x == 0) continue;  // adds exact zeros: no rounding
-            const double* y = &bk[k * C + j0];
-            for (std::int64_t jj = 0; jj < w; ++jj) {
-              const double p = x * y[jj];
-              sum[jj] += p;
-              part[jj] += p;
-              sq[jj] += part[jj] * part[jj] + p * p;
-              lin[jj] += part[jj] + p;
-              pp[jj] += p * p;
-              const double t = pseq[jj] + p, v = split * t;
-              pseq[jj] = v - (v - t);
-            }
-          }
-          if (promoting)
-            for (std::int64_t jj = 0; jj < w; ++jj) {
-              const double t = seq[jj] + pseq[jj], v = split24 * t;
-              seq[jj] = v - (v - t), outer[jj] += std::fabs(sum[jj]), part[jj] = pseq[jj] = 0;
-            }
-        }
+      for (std::int64_t j0 = 0; j0 < C; j0 += kTile) {
+        const std::int64_t w = std::min(kTile, C - j0);
+        TileSums t;
+        accumulate_tile(pl, ar, ar_in, bk, bk_in, C, j0, w, t);
         for (std::int64_t jj = 0; jj < w; ++jj) {
-          if (!promoting) seq[jj] = pseq[jj];
-          // The random model's sigma, or the error a sequential round-to-nearest
-          // accumulation at this precision really makes on these inputs where that is
-          // larger: on heavy-tailed positive data small terms are absorbed one-sidedly
-          // (the model's independence fails), and a correct kernel may do just that.
-          const double sigma = u * std::sqrt(sq[jj] / 3), absorbed = std::fabs(seq[jj] - sum[jj]);
-          // A systematic error a correct accumulation of the declared arithmetic can make:
-          // the sequential one's (absorption), round-toward-zero's, FP32's promotions.
-          double systematic = absorbed;
-          if (!tol.nearest) systematic += u * std::fabs(lin[jj]);
-          if (promoting) systematic += 0x1p-24 * outer[jj];  // FP32's rounding of each chunk's addition
-          double acc = std::max(sigma, absorbed) + (systematic - absorbed);
-          if (ui > 0) acc += ui * std::sqrt(2 * pp[jj] / 3) + (directed_inputs ? 2 * ui * std::fabs(sum[jj]) : 0.0);
           const std::size_t e = static_cast<std::size_t>((bi * M + i) * N + cols[static_cast<std::size_t>(j0 + jj)]);
-          const double abs_part = floor + (input_abs.empty() ? 0.0 : input_abs[e]);
-          out[e] = scale * acc + abs_part;
-          allowance[e] = scale * systematic + abs_part;
-          spread[e] = scale * sigma;
-          if (rounds_inputs) shift[e] = c.alpha * scale_of("A") * scale_of("B") * sd * delta[jj];
+          const ElementTerms et = element_terms(pl, t, jj, pl.floor + (input_abs.empty() ? 0.0 : input_abs[e]));
+          out[e] = et.scale, allowance[e] = et.allowance, spread[e] = et.spread;
+          if (rounds_inputs) shift[e] = et.shift;
         }
       }
     }, threads_for(static_cast<double>(rows.size()) * C * K, 0x1p16));
