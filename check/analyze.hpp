@@ -1,57 +1,8 @@
-// Analyzers: how wrong a kernel's output is, against the exact reference.
-//
-// Notation for one output element e (GEMM: D[b][i][j]; attention: O[b][h][i][d]):
-//   d_e  the kernel's value (decoded from D's format)
-//   x_e  the exact reference value (RefValue; for GELU/softmax certified to 128 bits)
-//   r_e  x_e correctly rounded (RNE) to D's format: the best any kernel can return. FP8
-//        outputs saturate (x beyond max finite rounds to +-max, as CUDA's __NV_SATFINITE
-//        conversions and cuBLASLt's FP8 outputs do); other formats overflow to +-Inf
-//   c_e  the condition term: GEMM sum_k |a_ik b_kj| scaled as the epilogue scales it
-//        (GemmReference::magnitude); attention sum_j p_ij |v_jd|
-// and u_D = 2^-(fraction bits of D) / 2, the unit roundoff of D's format. Where D saturates
-// (FP8) and |x_e| exceeds its max finite value, errors are measured from the clamped
-// value +-max (which r_e equals): saturation is the format's rule, not the kernel's error.
-//
-// Metrics over the elements where d_e and r_e are both finite ("compared"):
-//   abs error        |d_e - x_e|                      (max, mean)
-//   rel error        |d_e - x_e| / |x_e|, x_e != 0    (max, mean)
-//   normwise         sqrt(sum (d_e - x_e)^2) / sqrt(sum x_e^2)
-//   normalised       |d_e - x_e| / c_e, c_e > 0       (max, mean): the error relative to the
-//                    size of what was summed, the figure that exposes accumulation quality
-//   ulp error        |ulp_error(d_e, x_e)| in D's format, fractional (max, mean); the
-//                    correctly rounded r_e has ulp error <= 0.5
-//   bias             mean of the signed ulp_error: systematic rounding direction (e.g. RZ
-//                    accumulation gives a bias away from zero's opposite side)
-//   ulp distance     max integer ulp_distance(d_e, r_e): 0 means correctly rounded
-//   histogram        counts of |ulp error| in bins [0, 0.5], (0.5, 1], (1, 2], (2, 4], ...,
-//                    (2^29, 2^30], (2^30, inf)
-// Classification of non-finite values (d_e vs r_e):
-//   expected_nonfinite   both NaN, or both the same infinity (an exact overflow included)
-//   unexpected_nan/inf   d_e NaN / Inf where r_e is finite
-//   missed_nonfinite     r_e NaN or Inf where d_e is finite
-//   overflowed           the computation overflowed, and d_e is one of the things a correct
-//                        kernel may return there (reported, not a failure):
-//                        - x_e beyond D's range (r_e = +-Inf): d_e NaN, or d_e the max finite
-//                          value of x_e's sign (what a round-toward-zero accumulator or
-//                          conversion gives: IEEE RZ never overflows to Inf);
-//                        - an intermediate may exceed the accumulator's range: accumulated_e
-//                          (for GEMM max(sum |a_k b_k|, |alpha sA sB| sum |a_k b_k| +
-//                          |beta sC c| + |bias|)) > accumulator_max. A correct accumulator
-//                          can overflow there, order-dependently, to Inf or NaN (or saturate,
-//                          rounding toward zero), and the epilogue (alpha, an activation)
-//                          turns that into anything: for a finite x_e (no NaN or Inf input)
-//                          any d_e is accepted where d_e or r_e is not finite, and where both
-//                          are, the tolerance is not applied. Either way the element is
-//                          overflowed: it takes no part in the error statistics (max/mean,
-//                          ULP, histogram, map), which would otherwise show errors of 1e78
-//                          that mean nothing. For an infinite x_e (an Inf
-//                          input) d_e NaN is accepted (the Inf met an overflow the other
-//                          way). Inf and NaN inputs do not count in accumulated_e. Where
-//                          the kernel rounds its inputs (TF32: input_bits = 11), an input
-//                          that this rounding carries past the range (|v| >= (2 - 2^-11)
-//                          2^127) makes accumulated_e +Inf for its row and column of D.
-//   mismatched_nonfinite both non-finite but otherwise different (Inf where r_e is NaN, or
-//                        opposite infinities)
+// Analyzers: how wrong a kernel's output is against the exact reference (analyze: the
+// metrics) and whether that is within what its arithmetic allows (judge: the rules and the
+// verdict). The notation (d_e, x_e, r_e, c_e, u_D), the metrics' definitions and the
+// classification of NaN, Inf and overflow are in docs/concepts/precision.md; each rule's
+// constants are documented where they are declared below.
 #pragma once
 
 #include <cmath>

@@ -1,4 +1,4 @@
-// Error types that the CLI maps to exit codes (DESIGN.md, CLI contract).
+// Error types that the CLI maps to exit codes (README, Exit codes).
 #pragma once
 
 #include <stdexcept>

@@ -80,7 +80,7 @@ class CudaAttention final : public Kernel {
     t.writes_lse = true;
     t.p_bits = flash() ? info(flash_input()).frac_bits + 1 : 24;  // FP16 11, BF16 8; naive, online: FP32 P
     if (cudnn()) t.p_bits = v_ == Variant::CudnnBf16 ? 8 : 11;   // P in the input type (the graph's P tensor)
-    // cuDNN's fused engine flushes FP32 subnormal results (H200, cuDNN 9.19, run 10: BF16 O
+    // cuDNN's fused engine flushes FP32 subnormal results (H200, cuDNN 9.19: BF16 O
     // exact -0x1.04p-126 and 0x1.6p-129 came back as zeros; Evaluate.DeclaredSubnormalFlushing-
     // CoversAttentionOutputs): the underflow allowance per operation is FP32's smallest normal.
     if (cudnn()) t.flushes_subnormals = true;

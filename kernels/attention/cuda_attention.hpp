@@ -1,4 +1,4 @@
-// Attention kernels on the GPU (issue 19), registered as cuda.attn_*: the naive three-pass
+// Attention kernels on the GPU, registered as cuda.attn_*: the naive three-pass
 // attention, online softmax and a FlashAttention-2 style kernel. Built with CUDA only.
 #pragma once
 

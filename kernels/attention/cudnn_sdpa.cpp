@@ -1,5 +1,5 @@
 // cudnn.sdpa.fp16 / cudnn.sdpa.bf16: cuDNN's fused scaled-dot-product attention through its
-// backend graph API (issue 19; docs/design/cudnn_sdpa.md). The graph is the one cuDNN's
+// backend graph API (docs/design/cudnn_sdpa.md). The graph is the one cuDNN's
 // runtime-fused flash-attention engine recognises on 9.19, built from primitive operations:
 //   S = Q K^T (float) -> S * scale -> [padding mask from kv_lengths] -> [causal mask]
 //   -> max, subtract, exp, sum, [log, add: the statistics] divide -> P -> O = P V.
@@ -167,7 +167,7 @@ std::unique_ptr<Plan> build_plan(cudnnHandle_t handle, const attn::SdpaShape& s)
   const Desc& o = g.tensor(io, {b, hq, sq, d}, strides(hq, sq), false, false, &uo);
   const Desc& scale = g.tensor(f, {1, 1, 1, 1}, {1, 1, 1, 1}, false, true, &uscale);
   // -inf for the masks, only where a mask uses it: a variant pack naming a tensor the graph
-  // does not use is refused at execution (CUDNN_STATUS_BAD_PARAM_NULL_POINTER, H200 run 10).
+  // does not use is refused at execution (CUDNN_STATUS_BAD_PARAM_NULL_POINTER on the H200).
   const Desc* neg_inf = masked(s) ? &g.tensor(f, {1, 1, 1, 1}, {1, 1, 1, 1}, false, true, &uinf) : nullptr;
   const std::array<std::int64_t, 4> sdims{b, hq, sq, skv}, sstr{hq * sq * skv, sq * skv, skv, 1};
   const std::array<std::int64_t, 4> rdims{b, hq, sq, 1}, rstr{hq * sq, sq, 1, 1};

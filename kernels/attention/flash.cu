@@ -1,48 +1,9 @@
-// FlashAttention-2 style forward pass on tensor cores (issue 19): FP16 or BF16 Q, K, V,
-// mma.sync m16n8k16 with FP32 accumulation, head_dim 64 or 128.
-//
-// Blocks. A block of 4 warps takes 128 query rows of one (batch, head), 32 rows per warp (two
-// m16 tiles), and streams the keys in tiles of 64 through shared memory (head_dim 128: the
-// tile FlashAttention-2 uses on sm_80/sm_90; head_dim 64 likewise, where 128-key tiles left
-// ptxas spilling at 255 registers). Thirty-two rows per warp read each K and V fragment once
-// for two m16 tiles, which halves the shared-memory reads per FLOP against 16 rows per warp;
-// their Q fragments would not fit in registers next to the 32 x D output accumulator, so Q
-// stays in shared memory and is re-read with ldmatrix per key tile, as in FlashAttention-2.
-//
-// Shared memory: Q (128 rows) and two buffers each of K and V (64 rows each), every row padded
-// to D + 8 halves (a row stride of 16 bytes modulo 128, so the eight 16-byte rows an ldmatrix
-// phase reads fall in distinct banks): 104,448 bytes for head_dim 128, 55,296 for head_dim 64;
-// two blocks per SM (__launch_bounds__(128, 2): at most 255 registers a thread).
-//
-// Pipeline (cp.async, 16 bytes a copy, rows past the tensor zero-filled by a source size of 0,
-// one commit group per tile of K or of V): the prologue issues Q, K(0), V(0). Iteration j
-// issues K(j+1) into the other K buffer, waits for K(j) (wait_group 2), syncs, issues V(j+1)
-// into the other V buffer, computes S = Q K(j)^T and the softmax, waits for V(j), syncs and
-// computes O += P V(j); each tile's copy has a whole iteration of math to hide behind. The
-// first barrier of iteration j also says that every warp is done with V(j-1) (so V(j+1) may
-// overwrite it), the second that every warp is done with K(j) (so K(j+2) may).
-//
-// Fragments: Q's A fragments with ldmatrix.x4 (rows 16 mt + lane % 16, columns 16 kk + 8
-// (lane / 16)); K's B fragments of two n8 key tiles with ldmatrix.x4 (keys lane % 8 + 8 (lane
-// / 16), d 16 kk + 8 ((lane / 8) % 2)); V's B fragments of two n8 d tiles with
-// ldmatrix.x4.trans (keys lane % 16, d + 8 (lane / 16)). Each x4 feeds four mma (two m16
-// tiles x two n8 tiles).
-//
-// Softmax (per row, in log2 units): m is the running max of x = s scale log2(e), computed as
-// round(max_raw s * scale log2(e)) (the same number, rounding being monotonic, for a scale >= 0;
-// a negative scale negates Q in shared memory once, which negates every s exactly, and uses
-// -scale); p = exp2(fma(s, scale log2(e), -m)), one FFMA and one exp2 (exp2_p: ex2.approx.ftz
-// for FP16 inputs, exp2f for BF16); l accumulates the unrounded FP32 p; P is rounded to
-// nearest in the input type for P V; O and l are rescaled by exp2(m_old - m_new) when the max
-// grows (the O rescale skipped when alpha is 1 for the whole warp: a multiplication by 1).
-// Masking (causal, kv_lengths, the K tail, rows past seq_q) is applied only on a warp's tiles
-// that are not fully visible to its first row; a warp whose rows see no key of a tile skips
-// that tile's math (p would be 0 throughout); keys past the block's last visible key are never
-// loaded. At the end O / l is written in O's format (0 for a row that sees no key), two
-// adjacent columns per store when O's pointer allows.
-//
-// Grid: x = query blocks, y = batch x heads; causal, x runs from the last (heaviest) query
-// block to the first, so the light blocks fill the tail of the grid.
+// FlashAttention-2 style forward pass on tensor cores: FP16 or BF16 Q, K, V,
+// mma.sync m16n8k16 with FP32 accumulation, head_dim 64 or 128. 128 query rows per block
+// of 4 warps, 64-key tiles of K and V double-buffered through shared memory with cp.async,
+// online softmax in log2 units with P rounded to the input type before P V. The blocking,
+// shared-memory layout, pipeline, fragments and masking are explained in
+// docs/kernels/attention.md ("How the flash kernel works").
 #include "kernels/attention/launch.hpp"
 
 #include <cuda_bf16.h>

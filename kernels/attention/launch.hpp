@@ -1,4 +1,4 @@
-// The attention kernels' device launches (issue 19), behind a plain interface so that the
+// The attention kernels' device launches, behind a plain interface so that the
 // .cu files need no C++20 host headers: kernels/attention/cuda_attention.cpp registers them.
 #pragma once
 

@@ -1,4 +1,4 @@
-// Tensor-core instructions as units under probe (issue 18): a warp runs a chain of one
+// Tensor-core instructions as units under probe: a warp runs a chain of one
 // mma.sync instruction over a dot product, row 0 of A and column 0 of B holding its
 // factors (every other element zero) and the accumulator fed back as C from one
 // instruction to the next, as a GEMM's main loop does; D[0][0] is the result.

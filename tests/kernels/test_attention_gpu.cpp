@@ -1,4 +1,4 @@
-// The attention kernels on the GPU (kernels/attention/, issue 19) through the one check path
+// The attention kernels on the GPU (kernels/attention/) through the one check path
 // on the attention generator's cases: every input format, both layouts, causal, kv_lengths,
 // GQA, seq_q != seq_kv (label gpu: skips without a device); the flash kernels on a grid of
 // the shapes they take (tails of both tiles, causal with seq_q != seq_kv, kv_lengths, GQA,

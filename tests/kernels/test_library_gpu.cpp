@@ -200,7 +200,7 @@ TEST(LibraryGpu, ExampleDevicePluginMatchesSequentialModel) {
     }
 }
 
-// The backend error table of issue 5: max error normalised by sum|a_i b_i| and max ULP
+// The backend error table: max error normalised by sum|a_i b_i| and max ULP
 // error in D's format, per backend x format, K = 4096 and 65536, normal(0,1) and
 // uniform(0,1) (all-positive) inputs, against the exact reference (references/). Printed,
 // and written as Markdown to $ULPGATE_RESULTS_DIR/backend_errors.md when that is set.
