@@ -147,7 +147,7 @@ inline constexpr int kUlpFairBits = 4;
 double ulp_fair_condition(int accumulator_bits, Format out);
 
 /// The precision rule: a statistic over a whole output, far sharper than the per-element
-/// worst-case bound at large K (README "Precision rule"). Over the N elements e that are
+/// worst-case bound at large K (docs/concepts/precision.md). Over the N elements e that are
 /// compared (d_e and r_e finite, no overflow) with c_e > 0 and s_e finite:
 ///   z_e = max(0, |d_e - x_e| - u_D |d_e| - ulp_D(0) / 2) / c_e
 ///         (the error that D's own rounding cannot explain: |round(v) - v| <= u_D |round(v)|)

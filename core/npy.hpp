@@ -1,7 +1,6 @@
 // NumPy .npy files holding one tensor's storage words (tensor.hpp): what `ulpgate export`
 // writes and `ulpgate check --outputs` reads. Written as format version 1.0, little-endian,
-// C order, one dimension; read from versions 1.0, 2.0 and 3.0, strictly (README, "Bring your
-// own outputs").
+// C order, one dimension; read from versions 1.0, 2.0 and 3.0, strictly (docs/guide/npy.md).
 #pragma once
 
 #include <cstddef>

@@ -61,7 +61,7 @@ inline rc::Gen<std::int64_t> dim(std::int64_t max, std::vector<std::int64_t> ext
   });
 }
 
-/// A large-regime dimension in [lo, hi] (README "Size regimes"), log-uniform whatever
+/// A large-regime dimension in [lo, hi] (docs/concepts/sizes.md), log-uniform whatever
 /// RapidCheck's size, so that each octave is drawn as often: a third of the time as drawn
 /// (mostly ragged), a third a power of two (the boundary itself), a third a multiple of
 /// one of `tiles` plus one of `tails` (by default 256 or 128, plus or minus 1, 3 or 17: a

@@ -81,7 +81,7 @@ std::vector<FamilyInfo> make_families() {
        "fully masked rows: logits(std), and case kv_lengths set to 0 for a fraction of batches",
        false, Scope::AttnQK},
       {"exact",
-       {P{"max", 0, 0, 0x1p53, true, "largest |integer|; 0: auto (exact sums, see README)"},
+       {P{"max", 0, 0, 0x1p53, true, "largest |integer|; 0: auto (exact sums, docs/concepts/cases.md)"},
         P{"frac", 0, 0, 60, true, "fraction bits"}},
        "exact by construction: integers in [-max, max] times 2^-frac, so any correct kernel is bit-exact"},
   };

@@ -1,6 +1,6 @@
 // ulpgate's C++ API, for GoogleTest and RapidCheck suites: build a case, run a kernel on it
 // through the one check path (check/check.hpp), get the verdict and its metrics. Link
-// ulpgate::ulpgate (README "Use from C++"); the types it uses are the library's own.
+// ulpgate::ulpgate (docs/guide/cpp.md); the types it uses are the library's own.
 #pragma once
 
 #include <cstdint>
@@ -39,7 +39,7 @@ struct GemmOptions {
   bool trans_a = false, trans_b = false;
   double alpha = 1, beta = 0;    ///< beta != 0 adds C, of D's format
   std::string epilogue = "none"; ///< "bias", "relu", "gelu", ...: a bias adds a bias of D's format
-  std::string dist = "normal(0,1)";  ///< every input's distribution (README "Distributions")
+  std::string dist = "normal(0,1)";  ///< every input's distribution (docs/concepts/cases.md)
   std::uint64_t seed = 1;
 };
 

@@ -449,7 +449,7 @@ namespace {
 constexpr std::int64_t kLargeOutputs = std::int64_t{1} << 21;
 constexpr std::int64_t kLargeOperand = std::int64_t{1} << 23;
 
-// The large regime's shape (README "Size regimes"), one of four kinds, in the rotation
+// The large regime's shape (docs/concepts/sizes.md), one of four kinds, in the rotation
 // long K, wide, long K, skinny, batched (GenLimits::large_kind; at random when -1: long K,
 // the commonest size switch, with odds 2/5):
 //   long K:  K in [2048, 65536], M and N in [1, 512]  (split-K and long-K paths)

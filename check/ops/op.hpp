@@ -27,7 +27,7 @@ using Inputs = std::map<std::string, Tensor>;
 struct GenLimits {
   std::int64_t max_reduction = 4096;  ///< largest GEMM K / attention seq_kv (small regime)
   bool gelu = true;                   ///< GEMM: GELU epilogues (their reference costs more)
-  /// The large regime (README "Size regimes"): shapes where kernels switch paths, log-spread
+  /// The large regime (docs/concepts/sizes.md): shapes where kernels switch paths, log-spread
   /// up to kLargeReduction (GEMM K, attention seq_kv) and GEMM M, N >= 2048 with ragged
   /// tails, within kLargeTermBudget; max_reduction does not apply.
   bool large = false;

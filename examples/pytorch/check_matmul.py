@@ -248,7 +248,7 @@ def report_sections(records):
     effects = uc.md_table(["input", "setting (vs off)", "K", "dist", "max err on", "max err off", "ratio max err",
                            "ratio mean err", "ratio mean ULP"], eff)
     declared = ("Each case declares the arithmetic it is judged against in `types.compute` (the run records "
-                "carry ulpgate's default tolerance model, not the case's; README, Analyzers):\n\n" + uc.md_table(
+                "carry ulpgate's default tolerance model, not the case's; docs/concepts/precision.md):\n\n" + uc.md_table(
                     ["declared compute", "judged as"],
                     [["fp32", "FP32 accumulation (24 bits) of the exact products"],
                      ["tf32", "inputs rounded to TF32 (11 bits) inside the kernel, then FP32 accumulation "

@@ -152,7 +152,7 @@ def main():
                          "24: P in FP32 declared for all (the tighter rule)")
     ap.add_argument("--numpy-round-p", action="store_true",
                     help="numpy backend: every backend but MATH rounds P to the input type before P V, "
-                         "as FlashAttention-2 does (shows how ulpgate judges that, README)")
+                         "as FlashAttention-2 does (docs/concepts/precision.md says how ulpgate judges that)")
     args = ap.parse_args()
     seqs = args.seq_kv or (SEQ_KV_QUICK if args.quick else SEQ_KV_FULL)
     args.seq_q = args.seq_q or (8 if args.quick else 16)

@@ -1,4 +1,4 @@
-// The GEMM ladder: hand-written CUDA kernels registered as ladder.* (README "The GEMM ladder").
+// The GEMM ladder: hand-written CUDA kernels registered as ladder.* (docs/kernels/ladder.md).
 // Built with CUDA only.
 #pragma once
 

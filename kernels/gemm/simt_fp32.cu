@@ -1,4 +1,4 @@
-// The FP32 SIMT GEMM ladder, each step one idea past the one before (README "The GEMM ladder"):
+// The FP32 SIMT GEMM ladder, each step one idea past the one before (docs/kernels/ladder.md):
 //   1 naive          one thread per element of D, threadIdx.x down a column
 //   2 coalesced      threadIdx.x along a row: loads of B and stores of D coalesce
 //   3 smem           32 x 32 tiles of A and B staged in shared memory, each value used 32 times

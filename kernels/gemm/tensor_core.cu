@@ -1,4 +1,4 @@
-// The GEMM ladder's tensor-core steps (README "The GEMM ladder"), after the FP32 SIMT steps
+// The GEMM ladder's tensor-core steps (docs/kernels/ladder.md), after the FP32 SIMT steps
 // of simt_fp32.cu. All accumulate in FP32 on the tensor cores; the probe measured how
 // (docs/results/probe_h200.md: mma.sync m16n8k16 adds 16 products per step, aligned and
 // truncated to 25 fraction bits). Each step walks K in order with one accumulator per

@@ -1,5 +1,5 @@
 """ulpgate from Python: cases, their exact inputs and references, the CLI's check of outputs
-computed elsewhere, and fuzz campaigns over a Python callable (README, "Python module").
+computed elsewhere, and fuzz campaigns over a Python callable (docs/guide/python.md).
 
 Arrays hold exact bits, as `ulpgate export` writes them: FP64 float64, FP32 and TF32 float32,
 FP16 float16, BF16 uint16 words, FP8 uint8 bytes (decode() gives their values). Bad input
@@ -95,7 +95,7 @@ def gemm_case(m, n, k, dtype="fp32", out=None, compute=None, batch=1, layout="ro
               c_dtype=None, bias_dtype=None, scales=None, kernel=""):
     """D = alpha op(A) op(B) + beta C (core/case.hpp). dtype: A and B's format; out: D's
     (default fp32, fp64 for fp64 inputs); compute: the accumulation's (default fp32; fp64 for
-    fp64). dist: one spec for every input or a dict per operand (README "Distributions")."""
+    fp64). dist: one spec for every input or a dict per operand (docs/concepts/cases.md)."""
     b_dtype = dtype
     if compute is None:
         compute = "fp64" if dtype == "fp64" else "fp32"

@@ -229,7 +229,7 @@ template <class A>
 constexpr bool takes_raw_ranges =
     requires(A a, std::span<const float> s, ExponentRange r) { a.add_products(s, s, r, r); };
 
-/// The documented path rule (exact_dot.hpp, README) for one add_products call.
+/// The documented path rule (exact_dot.hpp, docs/concepts/references.md) for one add_products call.
 ExactAccumulator::PathTerms expected_paths(Simd simd, std::span<const float> x, std::span<const float> y) {
   const ExponentRange xr = exponent_range(x), yr = exponent_range(y);
   const std::size_t k = x.size(), lanes = simd == Simd::Avx512 ? 8 : 4;
