@@ -1,39 +1,8 @@
-// Crash isolation: kernel evaluations in a worker process with a timeout (DESIGN.md,
-// "Fuzz, sweep, gate"). A kernel that segfaults, aborts, exits, hangs or poisons its CUDA
-// context becomes a CaseResult (crashed, timed_out or failed) and the campaign goes on
-// with a fresh worker.
-//
-// The worker is `ulpgate worker [--plugin lib.so]...` (hidden verb). Protocol, one line per
-// message, UTF-8 JSON:
-//   parent -> worker (stdin):   {"kernel": NAME, "case": CASE, "options":
-//                                {"tolerance": ..., "baseline": ..., "relations": BOOL,
-//                                 "effective_bits": BOOL}}                     check a case
-//                               {"supports": {"kernel": NAME, "case": CASE}}  ask the kernel
-//                               {"describe": [NAME...] | null}                 kernels (null: all)
-//                               {"draw_case": {"kernel": NAME, "draw": DRAW}}   draw a generated case
-//                               {"submit": {"id": N, "kernel": ..., "case": CASE | "draw": DRAW, "options": ...}}
-//                                                            check concurrently (no reply now)
-//   worker -> parent (stdout):  kWorkerLinePrefix followed by one of
-//                                {"ready": {"pid": N, "kernels": N}}           once, at start
-//                                {"result": CASE_RESULT, "restart": BOOL}       a check
-//                                {"supports": {"ok": BOOL, "why": STR}}         supports
-//                                {"case": CASE}                                 draw_case
-//                                {"kernels": [{"name", "description", "memory",
-//                                  "deterministic", "accumulator_bits", "p_bits"}]}
-//                                {"error": MESSAGE}                             bad request
-//                              for submitted cases, in the order they happen:
-//                                {"started": N}                                 a thread took case N
-//                                {"result": CASE_RESULT, "id": N, "restart": BOOL[, "case": DRAWN]}
-//                                {"error": MESSAGE, "id": N}                    case N refused
-// So the parent runs no kernel code at all: it plans with stand-ins (worker_registry)
-// whose supports() is asked of the worker, where a crash or hang is reported, not fatal.
-// The worker keeps the protocol's stdout to itself: file descriptor 1 is pointed at stderr
-// and 0 at /dev/null before any kernel runs, so a kernel that prints (or reads) cannot
-// break a line; the prefix lets the parent skip anything else that reaches the pipe.
-// "restart": true means the worker exits after this reply (its CUDA context is lost).
-// Submitted cases are checked by `ulpgate worker --jobs N` threads; kernels that are not
-// thread-safe (KernelTraits::thread_safe) are called by one thread at a time. The other
-// requests wait until no submitted case is in flight.
+// Crash isolation: kernel evaluations in a worker process (`ulpgate worker`, a hidden verb)
+// with a timeout. A kernel that segfaults, aborts, exits, hangs or poisons its CUDA context
+// becomes a CaseResult (crashed, timed_out or failed) and the campaign goes on with a fresh
+// worker. The parent runs no kernel code: it plans with stand-ins (worker_registry) whose
+// supports() is asked of the worker. Messages: protocol.hpp; processes: process.hpp.
 #pragma once
 
 #include <sys/types.h>
@@ -55,6 +24,9 @@
 #include "kernels/kernel.hpp"
 
 namespace ulpgate {
+
+struct WorkerProcess;
+struct PoolReply;
 
 /// "SIGSEGV" for the signals a misbehaving kernel or its runtime raises (strsignal's text
 /// alone, "Segmentation fault", does not name the signal a user greps for); nullptr for
@@ -159,7 +131,6 @@ class IsolatedEvaluator {
   pid_t worker_pid() const;
 
  private:
-  struct Worker;
   /// One request and its reply. The worker may die, hang or garble: then status says how
   /// and message why, and the worker is gone. An {"error"} reply throws InputError.
   struct Exchange {
@@ -183,13 +154,18 @@ class IsolatedEvaluator {
   void submit(Pending p);
   /// A pending case checked alone (evaluate(), or the worker draws it first).
   Finished evaluate_alone(const Pending& p);
+  /// When the pool has overrun its timeout (seconds on the steady clock).
+  double pool_deadline() const;
+  /// A reply from the pool: the finished case it brings, or nullopt (a case started, or the
+  /// reply lost the pool: its cases go to redo_).
+  std::optional<Finished> take_pool_reply(PoolReply& reply);
   void start_worker();
   void stop_worker();
   IsolationOptions options_;
   std::vector<CaseResult> support_failures_;
   std::string binary_;
   int workers_started_ = 0;
-  std::unique_ptr<Worker> worker_;  // null when none runs
+  std::unique_ptr<WorkerProcess> worker_;  // null when none runs
   /// Pool mode: reads and parses the worker's replies on a thread of its own, so that the
   /// campaign thread only takes finished results (next_result starts it; anything else
   /// that touches the worker stops it first: stop_reader).
