@@ -56,8 +56,6 @@ Exit run_verb(const Verb& verb, const GlobalOptions& g, int argc, char** argv) {
       return usage_error("--reference gpu: no CUDA device here (or a build without CUDA)");
   }
   ctx.plugins = resolve_plugins(g.plugins);  // "" refused, "foo.so" here found
-  // Kernels are loaded into this process only by `list`, `worker`, `bench`, `probe` and
-  // --in-process runs; fuzz, sweep and replay otherwise leave every kernel call to a worker.
   ctx.local = [plugins = ctx.plugins] {
     Registry r = builtin_registry();
     for (const auto& p : plugins) load_plugin(p, r);

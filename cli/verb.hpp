@@ -16,8 +16,9 @@
 namespace ulpgate {
 
 /// Builds the registry of this process (built-in kernels and --plugin libraries): used only
-/// where kernels run here (--in-process). Otherwise a worker process holds the kernels and
-/// this process plans with stand-ins (campaign/isolate.hpp, worker_registry).
+/// where kernels run here (list, worker, bench, probe, --in-process). Otherwise a worker
+/// process holds the kernels and this process plans with stand-ins (campaign/isolate.hpp,
+/// worker_registry).
 using LocalRegistry = std::function<Registry()>;
 
 /// What main resolves once for every verb.
