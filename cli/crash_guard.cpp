@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "campaign/isolate.hpp"
+#include "cli/exit.hpp"
 
 namespace ulpgate {
 namespace {
@@ -31,7 +32,7 @@ void on_crash(int sig) {
   write_str(g_head);
   write_str(name ? name : "a signal");
   write_str(g_tail);
-  ::_exit(1);
+  ::_exit(code(Exit::Failed));  // a kernel crash is the kernel's failure, not ulpgate's
 }
 
 }  // namespace

@@ -160,20 +160,22 @@ int broadcast(const World& w, int value) {
   return value;
 }
 
-int agree_on_setup(const World& w, int status, const std::string& error) {
-  const std::vector<Message> setup = gather(w, status, error);
-  int rc = 0;
+Exit broadcast(const World& w, Exit value) { return static_cast<Exit>(broadcast(w, code(value))); }
+
+Exit agree_on_setup(const World& w, Exit status, const std::string& error) {
+  const std::vector<Message> setup = gather(w, code(status), error);
+  int rc = code(Exit::Ok);
   std::string first;
-  for (std::size_t r = 0; r < setup.size() && !rc; ++r)
-    if (setup[r].status)
+  for (std::size_t r = 0; r < setup.size() && rc == code(Exit::Ok); ++r)
+    if (setup[r].status != code(Exit::Ok))
       rc = setup[r].status,
-      first = setup[r].status == status && setup[r].text == error ? error : fmt::format("MPI rank {}: {}", r, setup[r].text);
+      first = setup[r].status == code(status) && setup[r].text == error ? error : fmt::format("MPI rank {}: {}", r, setup[r].text);
   rc = broadcast(w, rc);
-  if (rc) {
+  if (rc != code(Exit::Ok)) {
     if (w.rank == 0) std::fprintf(stderr, "ulpgate: error: %s\n", first.c_str());
     finish(w);
   }
-  return rc;
+  return static_cast<Exit>(rc);
 }
 
 #if ULPGATE_MPI

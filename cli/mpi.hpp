@@ -1,7 +1,7 @@
-// The MPI side of `mpirun -n N ulpgate fuzz` (issue 22), all of it: joining the job, the
-// GPU of each rank, and the two collectives the campaign needs (gather to rank 0, and rank
-// 0's answer to all). fuzz_command.cpp decides what runs where; nothing else here knows of
-// MPI. Built without MPI (ULPGATE_MPI off), join() sees a launcher only to refuse it.
+// The MPI side of `mpirun -n N ulpgate fuzz` (and sweep, probe), all of it: joining the
+// job, the GPU of each rank, and the collectives the verbs need. The verbs decide what
+// runs where; nothing else knows of MPI. Built without MPI (ULPGATE_MPI off), join() sees
+// a launcher only to refuse it.
 #pragma once
 
 #include <cstdint>
@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "campaign/fuzz.hpp"
+#include "cli/exit.hpp"
 
 namespace ulpgate::mpi {
 
@@ -45,12 +46,13 @@ std::vector<Message> gather(const World& w, int status, const std::string& text)
 
 /// Collective: rank 0's value, on every rank.
 int broadcast(const World& w, int value);
+Exit broadcast(const World& w, Exit value);
 
-/// Collective, after each rank's setup: 0 when every rank set up (status 0), else the
-/// first failing rank's status on every rank, its error printed once by rank 0 (prefixed
+/// Collective, after each rank's setup: Exit::Ok when every rank set up, else the first
+/// failing rank's status on every rank, its error printed once by rank 0 (prefixed
 /// "MPI rank r: " unless rank 0 failed the same way) and MPI finished. A barrier too: no
 /// rank returns before every rank has set up.
-int agree_on_setup(const World& w, int status, const std::string& error);
+Exit agree_on_setup(const World& w, Exit status, const std::string& error);
 
 /// The campaign's work shared over the ranks (FuzzScheduler, dynamic load balancing): one
 /// counter per phase in an RMA window on rank 0, claimed with MPI_Fetch_and_op, and the

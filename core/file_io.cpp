@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -156,6 +157,13 @@ nlohmann::json read_json_file(const std::string& path, std::string_view what) {
   } catch (const InputError& e) {
     throw InputError(path + ": " + e.what());
   }
+}
+
+std::string safe_file_name(std::string_view name) {
+  std::string out(name);
+  for (char& ch : out)
+    if (!std::isalnum(static_cast<unsigned char>(ch)) && ch != '.' && ch != '_' && ch != '-') ch = '_';
+  return out;
 }
 
 void write_text_file_atomically(const std::string& path, std::string_view text) {

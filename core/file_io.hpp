@@ -44,6 +44,10 @@ auto read_json_file_as(const std::string& path, Convert&& convert, std::string_v
   }
 }
 
+/// name as a file name of letters, digits, '.', '_' and '-' only, every other byte '_':
+/// "cpu.blockfma:block=4" -> "cpu.blockfma_block_4". Not a path: '/' becomes '_' too.
+std::string safe_file_name(std::string_view name);
+
 /// Writes text to path through a temporary file beside it, fsync and rename, so that a
 /// reader sees the old file or the whole new one; throws InputError naming the path.
 void write_text_file_atomically(const std::string& path, std::string_view text);

@@ -1,19 +1,30 @@
-// `ulpgate export`: a case's inputs as .npy files and a manifest, for kernels run outside
-// ulpgate; `ulpgate check --outputs` (fuzz_command.cpp) judges what they computed.
+// `ulpgate export CASE.json --dir DIR`: a case's inputs as .npy files and a manifest, for
+// kernels run outside ulpgate; `ulpgate check --outputs` judges what they computed.
 #include <cstdio>
 #include <filesystem>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
 
 #include <fmt/format.h>
 
-#include "core/npy.hpp"
-#include "distributions/fill.hpp"
-#include "cli/commands.hpp"
+#include "check/runner.hpp"
 #include "cli/memory.hpp"
 #include "cli/options.hpp"
-#include "check/runner.hpp"
+#include "cli/verb.hpp"
+#include "core/error.hpp"
+#include "core/file_io.hpp"
+#include "core/npy.hpp"
+#include "distributions/fill.hpp"
 
 namespace ulpgate {
 namespace {
+
+struct ExportArgs {
+  std::string case_path, dir, max_memory;
+  bool force = false;  ///< replace an earlier export in dir
+};
 
 // Where each element of an operand's buffer lives: the npy file is the flat buffer, element
 // `index` of it is operand[b][r][c] (GEMM, as stored) or [b][h][s][d] (attention).
@@ -38,14 +49,14 @@ nlohmann::json buffer_description(const Case& c, const std::string& operand) {
   return j;
 }
 
-}  // namespace
-
-int export_command(const std::string& case_path, const std::string& dir, bool force, std::uint64_t max_memory) {
-  Case c = read_case_within(case_path, max_memory);
+Exit export_command(const ExportArgs& a, const Context& ctx) {
+  const std::string& case_path = a.case_path;
+  const std::string& dir = a.dir;
+  Case c = read_case_within(case_path, ctx.max_memory(a.max_memory));
   check_out_dir(dir);
   const std::filesystem::path out(dir);
   std::error_code ec;
-  if (!force && std::filesystem::exists(out / "manifest.json", ec))
+  if (!a.force && std::filesystem::exists(out / "manifest.json", ec))
     throw InputError(fmt::format("--dir {}: holds an export already ({}); --force replaces it", dir,
                                  (out / "manifest.json").string()));
   std::map<std::string, Tensor> inputs;
@@ -70,7 +81,20 @@ int export_command(const std::string& case_path, const std::string& dir, bool fo
   write_text_file_atomically((out / "manifest.json").string(), manifest.dump(2) + "\n");
   std::printf("%s\n", fmt::format("ulpgate export {}: seed {}, {} and manifest.json written to {}; outputs to compute: {}",
                                     case_path, c.seed, fmt::join(files, ", "), dir, fmt::join(outputs_of(c), ", ")).c_str());
-  return 0;
+  return Exit::Ok;
+}
+
+}  // namespace
+
+Verb add_export(CLI::App& app) {
+  auto a = std::make_shared<ExportArgs>();
+  auto* export_ = app.add_subcommand("export", "Write a case's inputs as .npy files (the buffers a kernel gets, padding "
+                                               "included) and DIR/manifest.json, for a kernel run elsewhere");
+  export_->add_option("CASE.json", a->case_path, "Case file")->required();
+  export_->add_option("--dir", a->dir, "Directory for <operand>.npy and manifest.json")->required();
+  export_->add_flag("--force", a->force, "Replace an earlier export in --dir");
+  export_->add_option("--max-memory", a->max_memory, kMaxMemoryHelp);
+  return {export_, [a](const Context& ctx) { return export_command(*a, ctx); }};
 }
 
 }  // namespace ulpgate

@@ -1,0 +1,12 @@
+// The process's first step: malloc asked for transparent huge pages where the kernel gives
+// them on request.
+#pragma once
+
+namespace ulpgate {
+
+/// Where transparent huge pages are given on request (madvise mode), starts this program
+/// again once with glibc's malloc asking for them; ULPGATE_NO_REEXEC=1 keeps the first
+/// process (debuggers, valgrind). Returns where nothing is to be done or the restart fails.
+void restart_with_huge_pages(char** argv);
+
+}  // namespace ulpgate
