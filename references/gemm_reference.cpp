@@ -268,8 +268,8 @@ struct Operands {
 // derives from them.
 struct Scalars {
   explicit Scalars(const Case& c);
-  /// out = v / (alpha sA sB) where that is the power of two 2^alpha_exp (or 1); false where
-  /// the quotient leaves the normal range (rounded there, or Inf).
+  // out = v / (alpha sA sB) where that is the power of two 2^alpha_exp (or 1); false where
+  // the quotient leaves the normal range (rounded there, or Inf).
   bool unscaled(double v, double& out) const {
     out = alpha_one ? v : std::ldexp(v, -alpha_exp) * (alpha_double < 0 ? -1.0 : 1.0);
     return alpha_one || !std::isfinite(v) || v == 0.0 || (std::isfinite(out) && std::fabs(out) >= DBL_MIN);
