@@ -437,260 +437,340 @@ DotDump read_dots(const std::string& path) {
   return d;
 }
 
-ProbedAccumulation probe_accumulation(const ProbeDot& dot, int max_block, int max_promote, int validate, Format input,
-                                      Format accumulator) {
-  ProbedAccumulation r;
-  r.accumulator = accumulator;
-  const FormatInfo& acc = info(accumulator);
-  // Which products the unit's inputs can make: FP32 numbers (B = 1), else products of two
-  // normal values of the input format.
-  const bool fp32 = input == Format::FP32;
-  const auto can_raw = [&](double v) {
-    return fp32 ? static_cast<double>(static_cast<float>(v)) == v : split_product(v, input).has_value();
-  };
-  const auto reach_below = [&](const auto& can) {  // the tiny term 2^-tiny_bits of the block experiment
-    int bits = 100;
-    while (bits > 2 && !can(std::ldexp(1.0, -bits))) --bits;
-    return bits;
-  };
-  // The experiments are built around 1. Where the products' range below 1 is short (FP16
-  // and FP8: 2^-28, 2^-12), they run at the scale 2^s of the largest power of two product
-  // (less one, for the terms near 2): every term times 2^s, the result divided by it (the
-  // block-FMA model is scale-invariant while nothing overflows or underflows).
-  // A narrow accumulator (FP16) bounds the scale from above (sums up to 4 x 2^s must stay
-  // finite) and the terms from below (its smallest subnormal).
-  int s = 0;
-  if (!fp32 && reach_below(can_raw) < 48)
-    for (int e = std::min(40, acc.emax() - 2); e > 0 && s == 0; --e)
-      if (can_raw(std::ldexp(1.0, e + 1)) && can_raw(std::ldexp(1.0, e))) s = e;
-  r.scale_exponent = s;
-  const auto can = [&](double v) { return can_raw(std::ldexp(v, s)) && std::fabs(std::ldexp(v, s)) >= acc.min_subnormal(); };
-  // The experiments below are written in step order; run() deals them as the unit does
-  // once the block experiment has seen an interleaved chunk.
-  const auto run = [&](const std::vector<double>& p) {
-    const std::int64_t n = static_cast<std::int64_t>(p.size());
-    const std::int64_t len = r.interleave ? (n + r.promote - 1) / r.promote * r.promote : n;
-    std::vector<double> q(static_cast<std::size_t>(len), 0.0);
-    for (std::int64_t i = 0; i < n; ++i)
-      q[static_cast<std::size_t>(interleaved_position(i, r.block, r.promote, r.interleave))] = std::ldexp(p[static_cast<std::size_t>(i)], s);
-    return std::ldexp(static_cast<double>(dot(q)), -s);
-  };
-  const int tiny_bits = reach_below(can);
-  const double tiny = std::ldexp(1.0, -tiny_bits);
+namespace {
 
-  // Block: 2^-100 after (1, -1) is lost while it shares their step. Kept at the block and
-  // every index after it, unless the unit deals its products to steps in groups
-  // (interleave): then the first index kept, g, is the group, the next one lost again is
-  // the group's turn to come back to the step of (1, -1) after `steps` groups, and the
-  // groups at multiples of steps x g stay lost until the chunk (steps x block) ends.
-  const auto kept_at = [&](int t) {
-    std::vector<double> p(static_cast<std::size_t>(t) + 1, 0.0);
-    p[0] = 1.0, p[1] = -1.0, p[static_cast<std::size_t>(t)] = tiny;
-    return run(p) == tiny;
-  };
-  int first = 0, again = 0;
-  for (int t = 2; t <= max_block && first == 0; ++t)
-    if (kept_at(t)) first = t;
-  if (first == 0)
-    throw std::runtime_error(fmt::format("probe: 2^-{} lost behind (1, -1) at every distance up to {} products", tiny_bits, max_block));
-  for (int t = first + 1; t <= std::min(max_block, 8 * first) && again == 0; ++t)
-    if (!kept_at(t)) again = t;
-  if (again == 0) {
-    r.block = first;
-  } else {
-    const int g = first, steps = again / first;
-    if (again % g != 0 || steps < 2)
-      throw std::runtime_error(fmt::format("probe: 2^-{} behind (1, -1) kept first at {} products, lost again at {}: "
-                                           "not a chunk dealt to its steps in groups", tiny_bits, first, again));
-    int m = 2;
-    while (m * steps * g <= 8 * max_block && !kept_at(m * steps * g)) ++m;
-    if (m * steps * g > 8 * max_block)
-      throw std::runtime_error(fmt::format("probe: an interleaved chunk (groups of {}, {} steps) longer than {} products",
-                                           g, steps, 8 * max_block));
-    r.block = m * g, r.interleave = g, r.promote = steps * m * g;
+// The experiments of probe_accumulation, each filling in its parameters of r_ in turn: a
+// later experiment is built on what the earlier ones found.
+class Prober {
+ public:
+  Prober(const ProbeDot& dot, int max_block, int max_promote, Format input, Format accumulator)
+      : dot_(dot), max_block_(max_block), max_promote_(max_promote), input_(input), acc_(info(accumulator)),
+        fp32_(input == Format::FP32) {
+    r_.accumulator = accumulator;
   }
+  ProbedAccumulation probe(int validate);
 
-  // Fraction bits with (1), (-1, 2^-j): kept up to frac when the two share a step. Where
-  // nothing is lost and the first experiment could not tell 1 from 2, the unit adds one
-  // product at a time (the -1 cancels the accumulator before 2^-j arrives).
-  const int pad = std::max(r.block, 2);
-  const int widest = std::min(60, tiny_bits);
-  const int lost = first_lost(1, widest, [&](double e) { return run(in_steps({{1.0}, {-1.0, e}}, pad)) == e; });
-  if (lost > 0) {
-    r.block = pad, r.frac = lost - 1;
-  } else if (r.block >= 3) {
-    r.frac_at_least = widest;
-  } else {
-    r.block = 1;  // one product per step: a lone 1 + 2^-j is aligned to itself, up to 23
-    int j = 1;    // (where the format can make 1 + 2^-j)
-    while (j <= 23 && can(1.0 + std::ldexp(1.0, -j)) && run(std::vector<double>{1.0 + std::ldexp(1.0, -j)}) == 1.0 + std::ldexp(1.0, -j)) ++j;
-    if (j <= 23 && can(1.0 + std::ldexp(1.0, -j))) r.frac = j - 1;
-    else r.frac_at_least = j - 1;
-  }
+ private:
+  bool can_raw(double v) const;
+  bool can(double v) const;
+  int reach_below(bool scaled) const;
+  void choose_scale();
+  double run(const std::vector<double>& p) const;
+  bool tiny_kept_at(int t) const;
+  void probe_block();
+  void probe_frac();
+  std::optional<bool> step_exact(std::vector<double> terms) const;
+  void probe_out();
+  void probe_promotion();
+  std::optional<std::vector<double>> rounding_terms(double sum, double top) const;
+  void probe_rounding();
+  void probe_wide_single();
+  void validate_model(int validate);
 
-  // The step's result: 1 + 2^-j in one step (kept by the alignment while j <= frac) comes
-  // back exact while the result holds j fraction bits; past the width, 2^c ones and 2^-frac
-  // (a sum with c more bits above the alignment's) while it holds frac + c. Nothing lost
-  // up to the carries a step of ones can make: FP32's 23 bits for the model.
-  if (r.frac && r.block >= 2) {
-    const int w = *r.frac;
-    const auto exact = [&](std::vector<double> terms) {
-      if (!std::all_of(terms.begin(), terms.end(), can)) return std::optional<bool>{};
-      double sum = 0;
-      for (const double t : terms) sum += t;
-      terms.resize(static_cast<std::size_t>(r.block), 0.0);
-      return std::optional<bool>{run(terms) == sum};
-    };
-    int out = 0;
-    for (int j = 1; j <= std::min(w, 23) && out == 0; ++j) {
-      const auto e = exact({1.0, std::ldexp(1.0, -j)});
-      if (!e) break;
-      if (!*e) out = j - 1;
-    }
-    for (int c = 1; out == 0 && w < 23 && (1 << c) + 1 <= r.block && w + c <= 23; ++c) {
-      std::vector<double> terms(static_cast<std::size_t>(1) << c, 1.0);
-      terms.push_back(std::ldexp(1.0, -w));
-      const auto e = exact(terms);
-      if (!e) break;
-      if (!*e) out = w + c - 1;
-    }
-    if (out > 0) r.out = out;
-  }
+  const ProbeDot& dot_;
+  const int max_block_, max_promote_;
+  const Format input_;
+  const FormatInfo& acc_;
+  const bool fp32_;
+  ProbedAccumulation r_;
+  int s_ = 0;  // the experiments' scale exponent
+  int tiny_bits_ = 0;
+  double tiny_ = 0.0;  // the block experiment's tiny term 2^-tiny_bits_
+};
 
-  // Promotion, where the width is below FP32's: 2^-(frac+1) kept once it starts a new chunk.
-  // Kept exactly from the promotion length on (t a multiple of the block): doubling, then
-  // bisection.
-  if (!r.interleave && r.frac && *r.frac < 23 && can(std::ldexp(1.0, -(*r.frac + 1)))) {
-    const double e = std::ldexp(1.0, -(*r.frac + 1));
-    const auto kept_at = [&](int t) {
-      std::vector<double> p(static_cast<std::size_t>(t) + 1, 0.0);
-      p[0] = 1.0, p[static_cast<std::size_t>(t)] = e;
-      return run(p) == 1.0 + e;
-    };
-    int lo = 0, hi = r.block;  // blocks: lost at lo (0: none tried), kept at hi
-    while (hi <= max_promote && !kept_at(hi)) lo = hi, hi *= 2;
-    if (hi <= max_promote) {
-      while (hi - lo > r.block) {
-        const int mid = lo + (hi - lo) / (2 * r.block) * r.block;
-        (kept_at(mid) ? hi : lo) = mid;
-      }
-      r.promote = hi;
-    }
-  }
-
-  // Rounding, where a step's sum can need it. On the width's grid g = 2^-w (w = frac, at
-  // most 23) a sum of terms below 2 reaching 2^E, E = 24 - w, has more bits than FP32 holds:
-  // 2^E + 3g lies halfway between 2^E + 2g and 2^E + 4g, 2^E + g between 2^E and 2^E + 2g.
-  // The terms (2 - g as often as it fits, then the rest) go into one step, or the first
-  // into the step before when one more than the block is needed (not where every block is
-  // promoted); more terms than that, and the unit never rounds a sum we can build.
-  {
-    // the step's result rounds at out bits below its leading bit: w = min(frac, out) and
-    // e_top = out + 1 - w put that rounding between g and 2 g
-    const int w = std::min(r.frac.value_or(r.out), r.out), e_top = r.out + 1 - w;
-    const double g = std::ldexp(1.0, -w), top = 2.0 - g, base = std::ldexp(1.0, e_top);
-    const auto experiment = [&](double sum) -> std::optional<std::vector<double>> {
-      std::vector<double> terms;
-      double rest = sum;  // exact: multiples of g below 2^(e_top + 1)
-      while (rest >= top && terms.size() <= static_cast<std::size_t>(r.block)) terms.push_back(top), rest -= top;
-      if (rest > 0) terms.push_back(rest);
-      const auto makeable = [&] { return std::all_of(terms.begin(), terms.end(), can); };
-      if (!makeable()) {  // a narrow input format: ones and the remainder below 1 (3 g, say)
-        terms.assign(static_cast<std::size_t>(std::floor(sum)), 1.0);
-        if (sum > std::floor(sum)) terms.push_back(sum - std::floor(sum));
-        if (terms.size() > static_cast<std::size_t>(r.block) + 1 || !makeable()) return std::nullopt;
-      }
-      const auto n = static_cast<std::int64_t>(terms.size());
-      if (n <= r.block) {
-        terms.resize(static_cast<std::size_t>(r.block), 0.0);
-        return terms;
-      }
-      if (n == r.block + 1 && (r.promote == 0 || r.promote > r.block)) {
-        std::vector<double> p(static_cast<std::size_t>(2 * r.block), 0.0);
-        p[0] = terms[0];
-        std::copy(terms.begin() + 1, terms.end(), p.begin() + r.block);
-        return p;
-      }
-      return std::nullopt;
-    };
-    const auto pa = experiment(base + 3 * g), pc = experiment(base + g);
-    if (pa && pc) {
-      std::vector<double> pb = *pa;
-      for (double& v : pb) v = -v;
-      const double a = run(*pa), b = run(pb), c = run(*pc);
-      const double up = base + 4 * g, down = base + 2 * g;
-      const bool a_up = a == up, b_away = b == -up, c_up = c == base + 2 * g;
-      if ((a != up && a != down) || (b != -up && b != -down) || (c != base && c != base + 2 * g))
-        throw std::runtime_error(fmt::format("probe: the rounding experiments gave {}, {}, {}: not a rounding of the ties "
-                                             "2^{} + 3 2^-{} and 2^{} + 2^-{}",
-                                             a, b, c, e_top, w, e_top, w));
-      if (a_up && b_away) r.rounding = c_up ? Rounding::NearestAway : Rounding::NearestEven;
-      else if (!a_up && !b_away) r.rounding = Rounding::TowardZero;
-      else r.rounding = a_up ? Rounding::Up : Rounding::Down;
-      if (c_up != (r.rounding == Rounding::NearestAway || r.rounding == Rounding::Up))
-        throw std::runtime_error(fmt::format("probe: the rounding experiments disagree ({}, {}, {})", a, b, c));
-    }
-  }
-
+ProbedAccumulation Prober::probe(int validate) {
+  choose_scale();
+  tiny_bits_ = reach_below(true);
+  tiny_ = std::ldexp(1.0, -tiny_bits_);
+  probe_block();
+  probe_frac();
+  probe_out();
+  probe_promotion();
+  probe_rounding();
   // A width so narrow that no step's sum (block products and the accumulator, each below
   // 2^(frac+2) units of the grid) passes the result's out + 1 bits (FP32's 24) never
   // rounds: the rounding is moot, and the model's (toward zero) gives the same bits.
-  if (!r.rounding && r.frac && *r.frac + 2 + static_cast<int>(std::ceil(std::log2(r.block + 1.0))) <= r.out + 1)
-    r.rounding = Rounding::TowardZero, r.rounding_moot = true;
+  if (!r_.rounding && r_.frac && *r_.frac + 2 + static_cast<int>(std::ceil(std::log2(r_.block + 1.0))) <= r_.out + 1)
+    r_.rounding = Rounding::TowardZero, r_.rounding_moot = true;
+  probe_wide_single();
+  validate_model(validate);
+  return r_;
+}
 
-  // One product per step with at least 23 fraction bits: the width shows in how a bit below
-  // the accumulator's last place decides the rounding after a 1 (nearest even: 2^-24 + 2^-j,
-  // a tie broken upward by 2^-j when kept; toward zero or down: -2^-j, 1 - 2^-24 when kept;
-  // up: 2^-j, 1 + 2^-23 when kept), observable up to 47 (the products are FP32 numbers).
-  // Nearest-away is left at "at least 23".
-  if (fp32 && r.block == 1 && !r.frac && r.rounding && *r.rounding != Rounding::NearestAway) {
-    const Rounding mode = *r.rounding;
-    const auto kept = [&](double e) {
-      if (mode == Rounding::NearestEven) return run({1.0, 0x1p-24 + e}) == 1.0 + 0x1p-23;
-      if (mode == Rounding::Up) return run({1.0, e}) == 1.0 + 0x1p-23;
-      return run({1.0, -e}) == 1.0 - 0x1p-24;
-    };
-    // nearest even: 24 bits or 23 from 1 + 3 2^-24 (a tie to 1 + 2^-22 only when kept)
-    const bool even = mode == Rounding::NearestEven;
-    if (even && run({1.0, 3 * 0x1p-24}) != 1.0 + 0x1p-22) {
-      r.frac = 23;
-    } else {
-      const int lost_wide = first_lost(even ? 25 : 24, 47, kept);
-      if (lost_wide > 0) r.frac = lost_wide - 1;
-      else r.frac_at_least = 48;
-    }
+// Which products the unit's inputs can make: FP32 numbers (B = 1), else products of two
+// normal values of the input format.
+bool Prober::can_raw(double v) const {
+  return fp32_ ? static_cast<double>(static_cast<float>(v)) == v : split_product(v, input_).has_value();
+}
+
+bool Prober::can(double v) const {
+  return can_raw(std::ldexp(v, s_)) && std::fabs(std::ldexp(v, s_)) >= acc_.min_subnormal();
+}
+
+// The tiny term 2^-bits of the block experiment: the smallest power of two the products
+// can make, at most 2^-100.
+int Prober::reach_below(bool scaled) const {
+  int bits = 100;
+  while (bits > 2 && !(scaled ? can(std::ldexp(1.0, -bits)) : can_raw(std::ldexp(1.0, -bits)))) --bits;
+  return bits;
+}
+
+// The experiments are built around 1. Where the products' range below 1 is short (FP16
+// and FP8: 2^-28, 2^-12), they run at the scale 2^s of the largest power of two product
+// (less one, for the terms near 2): every term times 2^s, the result divided by it (the
+// block-FMA model is scale-invariant while nothing overflows or underflows).
+// A narrow accumulator (FP16) bounds the scale from above (sums up to 4 x 2^s must stay
+// finite) and the terms from below (its smallest subnormal).
+void Prober::choose_scale() {
+  if (!fp32_ && reach_below(false) < 48)
+    for (int e = std::min(40, acc_.emax() - 2); e > 0 && s_ == 0; --e)
+      if (can_raw(std::ldexp(1.0, e + 1)) && can_raw(std::ldexp(1.0, e))) s_ = e;
+  r_.scale_exponent = s_;
+}
+
+// The experiments below are written in step order; run() deals them as the unit does
+// once the block experiment has seen an interleaved chunk.
+double Prober::run(const std::vector<double>& p) const {
+  const std::int64_t n = static_cast<std::int64_t>(p.size());
+  const std::int64_t len = r_.interleave ? (n + r_.promote - 1) / r_.promote * r_.promote : n;
+  std::vector<double> q(static_cast<std::size_t>(len), 0.0);
+  for (std::int64_t i = 0; i < n; ++i)
+    q[static_cast<std::size_t>(interleaved_position(i, r_.block, r_.promote, r_.interleave))] =
+        std::ldexp(p[static_cast<std::size_t>(i)], s_);
+  return std::ldexp(static_cast<double>(dot_(q)), -s_);
+}
+
+bool Prober::tiny_kept_at(int t) const {
+  std::vector<double> p(static_cast<std::size_t>(t) + 1, 0.0);
+  p[0] = 1.0, p[1] = -1.0, p[static_cast<std::size_t>(t)] = tiny_;
+  return run(p) == tiny_;
+}
+
+// Block: 2^-100 after (1, -1) is lost while it shares their step. Kept at the block and
+// every index after it, unless the unit deals its products to steps in groups
+// (interleave): then the first index kept, g, is the group, the next one lost again is
+// the group's turn to come back to the step of (1, -1) after `steps` groups, and the
+// groups at multiples of steps x g stay lost until the chunk (steps x block) ends.
+void Prober::probe_block() {
+  int first = 0, again = 0;
+  for (int t = 2; t <= max_block_ && first == 0; ++t)
+    if (tiny_kept_at(t)) first = t;
+  if (first == 0)
+    throw std::runtime_error(
+        fmt::format("probe: 2^-{} lost behind (1, -1) at every distance up to {} products", tiny_bits_, max_block_));
+  for (int t = first + 1; t <= std::min(max_block_, 8 * first) && again == 0; ++t)
+    if (!tiny_kept_at(t)) again = t;
+  if (again == 0) {
+    r_.block = first;
+    return;
   }
+  const int g = first, steps = again / first;
+  if (again % g != 0 || steps < 2)
+    throw std::runtime_error(fmt::format("probe: 2^-{} behind (1, -1) kept first at {} products, lost again at {}: "
+                                         "not a chunk dealt to its steps in groups", tiny_bits_, first, again));
+  int m = 2;
+  while (m * steps * g <= 8 * max_block_ && !tiny_kept_at(m * steps * g)) ++m;
+  if (m * steps * g > 8 * max_block_)
+    throw std::runtime_error(fmt::format("probe: an interleaved chunk (groups of {}, {} steps) longer than {} products",
+                                         g, steps, 8 * max_block_));
+  r_.block = m * g, r_.interleave = g, r_.promote = steps * m * g;
+}
 
-  // Validation: the inferred model against the unit on random FP32 products (not where a
-  // width below 48 bits or the rounding is left unknown: no single model stands for the
-  // unit then).
-  const AccumulationModel m = r.model(input);
-  const std::int64_t span = std::max<std::int64_t>(8 * r.block, 3 * r.promote) + 7;
-  if (!r.known()) validate = 0;
+// Fraction bits with (1), (-1, 2^-j): kept up to frac when the two share a step. Where
+// nothing is lost and the first experiment could not tell 1 from 2, the unit adds one
+// product at a time (the -1 cancels the accumulator before 2^-j arrives).
+void Prober::probe_frac() {
+  const int pad = std::max(r_.block, 2);
+  const int widest = std::min(60, tiny_bits_);
+  const int lost = first_lost(1, widest, [&](double e) { return run(in_steps({{1.0}, {-1.0, e}}, pad)) == e; });
+  if (lost > 0) {
+    r_.block = pad, r_.frac = lost - 1;
+  } else if (r_.block >= 3) {
+    r_.frac_at_least = widest;
+  } else {
+    r_.block = 1;  // one product per step: a lone 1 + 2^-j is aligned to itself, up to 23
+    int j = 1;     // (where the format can make 1 + 2^-j)
+    const auto one_plus = [](int bits) { return 1.0 + std::ldexp(1.0, -bits); };
+    while (j <= 23 && can(one_plus(j)) && run(std::vector<double>{one_plus(j)}) == one_plus(j)) ++j;
+    if (j <= 23 && can(one_plus(j))) r_.frac = j - 1;
+    else r_.frac_at_least = j - 1;
+  }
+}
+
+// Whether the terms, in one step, come back as their exact sum; nullopt where the products
+// cannot make them.
+std::optional<bool> Prober::step_exact(std::vector<double> terms) const {
+  if (!std::all_of(terms.begin(), terms.end(), [&](double v) { return can(v); })) return std::nullopt;
+  double sum = 0;
+  for (const double t : terms) sum += t;
+  terms.resize(static_cast<std::size_t>(r_.block), 0.0);
+  return run(terms) == sum;
+}
+
+// The step's result: 1 + 2^-j in one step (kept by the alignment while j <= frac) comes
+// back exact while the result holds j fraction bits; past the width, 2^c ones and 2^-frac
+// (a sum with c more bits above the alignment's) while it holds frac + c. Nothing lost
+// up to the carries a step of ones can make: FP32's 23 bits for the model.
+void Prober::probe_out() {
+  if (!r_.frac || r_.block < 2) return;
+  const int w = *r_.frac;
+  int out = 0;
+  for (int j = 1; j <= std::min(w, 23) && out == 0; ++j) {
+    const auto e = step_exact({1.0, std::ldexp(1.0, -j)});
+    if (!e) break;
+    if (!*e) out = j - 1;
+  }
+  for (int c = 1; out == 0 && w < 23 && (1 << c) + 1 <= r_.block && w + c <= 23; ++c) {
+    std::vector<double> terms(static_cast<std::size_t>(1) << c, 1.0);
+    terms.push_back(std::ldexp(1.0, -w));
+    const auto e = step_exact(terms);
+    if (!e) break;
+    if (!*e) out = w + c - 1;
+  }
+  if (out > 0) r_.out = out;
+}
+
+// Promotion, where the width is below FP32's: 2^-(frac+1) kept once it starts a new chunk.
+// Kept exactly from the promotion length on (t a multiple of the block): doubling, then
+// bisection.
+void Prober::probe_promotion() {
+  if (r_.interleave || !r_.frac || *r_.frac >= 23 || !can(std::ldexp(1.0, -(*r_.frac + 1)))) return;
+  const double e = std::ldexp(1.0, -(*r_.frac + 1));
+  const auto kept_at = [&](int t) {
+    std::vector<double> p(static_cast<std::size_t>(t) + 1, 0.0);
+    p[0] = 1.0, p[static_cast<std::size_t>(t)] = e;
+    return run(p) == 1.0 + e;
+  };
+  int lo = 0, hi = r_.block;  // blocks: lost at lo (0: none tried), kept at hi
+  while (hi <= max_promote_ && !kept_at(hi)) lo = hi, hi *= 2;
+  if (hi > max_promote_) return;
+  while (hi - lo > r_.block) {
+    const int mid = lo + (hi - lo) / (2 * r_.block) * r_.block;
+    (kept_at(mid) ? hi : lo) = mid;
+  }
+  r_.promote = hi;
+}
+
+// The products of a rounding experiment summing to `sum`: (2 - g as often as it fits, then
+// the rest) in one step, or the first in the step before when one more than the block is
+// needed (not where every block is promoted); nullopt for more terms than that.
+std::optional<std::vector<double>> Prober::rounding_terms(double sum, double top) const {
+  std::vector<double> terms;
+  double rest = sum;  // exact: multiples of g below 2^(e_top + 1) (probe_rounding's g and e_top)
+  while (rest >= top && terms.size() <= static_cast<std::size_t>(r_.block)) terms.push_back(top), rest -= top;
+  if (rest > 0) terms.push_back(rest);
+  const auto makeable = [&] { return std::all_of(terms.begin(), terms.end(), [&](double v) { return can(v); }); };
+  if (!makeable()) {  // a narrow input format: ones and the remainder below 1 (3 g, say)
+    terms.assign(static_cast<std::size_t>(std::floor(sum)), 1.0);
+    if (sum > std::floor(sum)) terms.push_back(sum - std::floor(sum));
+    if (terms.size() > static_cast<std::size_t>(r_.block) + 1 || !makeable()) return std::nullopt;
+  }
+  const auto n = static_cast<std::int64_t>(terms.size());
+  if (n <= r_.block) {
+    terms.resize(static_cast<std::size_t>(r_.block), 0.0);
+    return terms;
+  }
+  if (n == r_.block + 1 && (r_.promote == 0 || r_.promote > r_.block)) {
+    std::vector<double> p(static_cast<std::size_t>(2 * r_.block), 0.0);
+    p[0] = terms[0];
+    std::copy(terms.begin() + 1, terms.end(), p.begin() + r_.block);
+    return p;
+  }
+  return std::nullopt;
+}
+
+// Rounding, where a step's sum can need it. On the width's grid g = 2^-w (w = frac, at
+// most 23) a sum of terms below 2 reaching 2^E, E = 24 - w, has more bits than FP32 holds:
+// 2^E + 3g lies halfway between 2^E + 2g and 2^E + 4g, 2^E + g between 2^E and 2^E + 2g.
+// More terms than rounding_terms() takes, and the unit never rounds a sum we can build.
+void Prober::probe_rounding() {
+  // the step's result rounds at out bits below its leading bit: w = min(frac, out) and
+  // e_top = out + 1 - w put that rounding between g and 2 g
+  const int w = std::min(r_.frac.value_or(r_.out), r_.out), e_top = r_.out + 1 - w;
+  const double g = std::ldexp(1.0, -w), top = 2.0 - g, base = std::ldexp(1.0, e_top);
+  const auto pa = rounding_terms(base + 3 * g, top), pc = rounding_terms(base + g, top);
+  if (!pa || !pc) return;
+  std::vector<double> pb = *pa;
+  for (double& v : pb) v = -v;
+  const double a = run(*pa), b = run(pb), c = run(*pc);
+  const double up = base + 4 * g, down = base + 2 * g;
+  const bool a_up = a == up, b_away = b == -up, c_up = c == base + 2 * g;
+  if ((a != up && a != down) || (b != -up && b != -down) || (c != base && c != base + 2 * g))
+    throw std::runtime_error(fmt::format("probe: the rounding experiments gave {}, {}, {}: not a rounding of the ties "
+                                         "2^{} + 3 2^-{} and 2^{} + 2^-{}",
+                                         a, b, c, e_top, w, e_top, w));
+  if (a_up && b_away) r_.rounding = c_up ? Rounding::NearestAway : Rounding::NearestEven;
+  else if (!a_up && !b_away) r_.rounding = Rounding::TowardZero;
+  else r_.rounding = a_up ? Rounding::Up : Rounding::Down;
+  if (c_up != (r_.rounding == Rounding::NearestAway || r_.rounding == Rounding::Up))
+    throw std::runtime_error(fmt::format("probe: the rounding experiments disagree ({}, {}, {})", a, b, c));
+}
+
+// One product per step with at least 23 fraction bits: the width shows in how a bit below
+// the accumulator's last place decides the rounding after a 1 (nearest even: 2^-24 + 2^-j,
+// a tie broken upward by 2^-j when kept; toward zero or down: -2^-j, 1 - 2^-24 when kept;
+// up: 2^-j, 1 + 2^-23 when kept), observable up to 47 (the products are FP32 numbers).
+// Nearest-away is left at "at least 23".
+void Prober::probe_wide_single() {
+  if (!fp32_ || r_.block != 1 || r_.frac || !r_.rounding || *r_.rounding == Rounding::NearestAway) return;
+  const Rounding mode = *r_.rounding;
+  const auto kept = [&](double e) {
+    if (mode == Rounding::NearestEven) return run({1.0, 0x1p-24 + e}) == 1.0 + 0x1p-23;
+    if (mode == Rounding::Up) return run({1.0, e}) == 1.0 + 0x1p-23;
+    return run({1.0, -e}) == 1.0 - 0x1p-24;
+  };
+  // nearest even: 24 bits or 23 from 1 + 3 2^-24 (a tie to 1 + 2^-22 only when kept)
+  const bool even = mode == Rounding::NearestEven;
+  if (even && run({1.0, 3 * 0x1p-24}) != 1.0 + 0x1p-22) {
+    r_.frac = 23;
+    return;
+  }
+  const int lost_wide = first_lost(even ? 25 : 24, 47, kept);
+  if (lost_wide > 0) r_.frac = lost_wide - 1;
+  else r_.frac_at_least = 48;
+}
+
+// Product q of random dot product i: a sign, an exponent in [-8, 8], 23 random fraction
+// bits: an FP32 number; for other inputs the product of two such values (exponents in
+// [-4, 4], normal) rounded to the input format.
+double random_product(Format input, int i, std::int64_t q) {
+  const bool fp32 = input == Format::FP32;
+  const RandomBlock b = random_block(0x9e3779b9, 19, (static_cast<std::uint64_t>(i) << 24) + static_cast<std::uint64_t>(q));
+  const auto draw = [&](std::uint32_t bits, std::uint32_t exp) {
+    const int e = fp32 ? static_cast<int>(exp % 17) - 8 : static_cast<int>(exp % 9) - 4;
+    const double v = std::ldexp(1.0 + static_cast<double>(bits >> 9) * 0x1p-23, e);
+    return fp32 ? v : decode(input, encode(input, v));
+  };
+  const double v = fp32 ? draw(b.w[0], b.w[1]) : draw(b.w[0], b.w[1]) * draw(b.w[3], b.w[1] >> 8);
+  return (b.w[2] & 1) ? -v : v;
+}
+
+// Validation: the inferred model against the unit on random FP32 products (not where a
+// width below 48 bits or the rounding is left unknown: no single model stands for the
+// unit then).
+void Prober::validate_model(int validate) {
+  const AccumulationModel m = r_.model(input_);
+  const std::int64_t span = std::max<std::int64_t>(8 * r_.block, 3 * r_.promote) + 7;
+  if (!r_.known()) validate = 0;
   for (int i = 0; i < validate; ++i) {
     const std::uint32_t w = random_block(0x9e3779b9, 18, static_cast<std::uint64_t>(i)).w[0];
     const std::int64_t k = 1 + static_cast<std::int64_t>(w % static_cast<std::uint64_t>(span));
     std::vector<double> p(static_cast<std::size_t>(k)), ones(p.size(), 1.0);
-    for (std::int64_t q = 0; q < k; ++q) {
-      const RandomBlock b = random_block(0x9e3779b9, 19, (static_cast<std::uint64_t>(i) << 24) + static_cast<std::uint64_t>(q));
-      // a sign, an exponent in [-8, 8], 23 random fraction bits: an FP32 number; for other
-      // inputs the product of two such values rounded to the input format
-      const auto draw = [&](std::uint32_t bits, std::uint32_t exp) {  // (narrow formats: exponents in [-4, 4], normal)
-        const int e = fp32 ? static_cast<int>(exp % 17) - 8 : static_cast<int>(exp % 9) - 4;
-        const double v = std::ldexp(1.0 + static_cast<double>(bits >> 9) * 0x1p-23, e);
-        return fp32 ? v : decode(input, encode(input, v));
-      };
-      const double v = fp32 ? draw(b.w[0], b.w[1]) : draw(b.w[0], b.w[1]) * draw(b.w[3], b.w[1] >> 8);
-      p[static_cast<std::size_t>(q)] = (b.w[2] & 1) ? -v : v;
-    }
-    const float want = model_dot(m, p.data(), ones.data(), k), got = dot(p);
+    for (std::int64_t q = 0; q < k; ++q) p[static_cast<std::size_t>(q)] = random_product(input_, i, q);
+    const float want = model_dot(m, p.data(), ones.data(), k), got = dot_(p);
     if (std::bit_cast<std::uint32_t>(want) != std::bit_cast<std::uint32_t>(got))
       throw std::runtime_error(fmt::format("the inferred {} gives {} where the unit gives {} (random dot product {} of "
                                            "{} products)",
                                            m.name(), want, got, i, k));
-    ++r.validated;
+    ++r_.validated;
   }
-  return r;
+}
+
+}  // namespace
+
+ProbedAccumulation probe_accumulation(const ProbeDot& dot, int max_block, int max_promote, int validate, Format input,
+                                      Format accumulator) {
+  return Prober(dot, max_block, max_promote, input, accumulator).probe(validate);
 }
 
 }  // namespace ulpgate

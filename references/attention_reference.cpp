@@ -174,35 +174,44 @@ struct RelativeWeights {
   double t_max = 0.0;         // the largest |sigma (diff_g - diff_top)| computed
 };
 
-void perturbation(Perturbation& out, RelativeWeights& rw, mpfr_srcptr sigma, int sigma_sign,
-                  const std::vector<MpfrBox>& diff, const std::vector<mpfr_srcptr>& c, mpfr_srcptr denom,
-                  long denom_slack, mpfr_prec_t p) {
-  out.sign = 0;
-  out.infinitesimal = false;
+
+// The group of the largest weight among those with c_g != 0; -1 where every c_g is 0.
+std::ptrdiff_t top_group(const std::vector<MpfrBox>& diff, const std::vector<mpfr_srcptr>& c, int sigma_sign) {
   std::ptrdiff_t top = -1;
   for (std::size_t g = 0; g < c.size(); ++g) {
     if (!c[g] || mpfr_zero_p(c[g])) continue;
     const int order = mpfr_cmp(*diff[g], *diff[static_cast<std::size_t>(std::max<std::ptrdiff_t>(top, 0))]);
     if (top < 0 || (sigma_sign > 0 ? order > 0 : order < 0)) top = static_cast<std::ptrdiff_t>(g);
   }
-  if (top < 0) return;
+  return top;
+}
+
+// rw for group `top` at precision p: recomputed only where either changed.
+void refresh_weights(RelativeWeights& rw, std::ptrdiff_t top, mpfr_srcptr sigma, const std::vector<MpfrBox>& diff,
+                     const std::vector<mpfr_srcptr>& c, mpfr_prec_t p) {
+  if (rw.top == top && rw.p == p) return;
   const auto ut = static_cast<std::size_t>(top);
-  Mpfr x(2), t(p), s(p), rel(64), under(64), tmp(64);
-  if (rw.top != top || rw.p != p) {
-    rw.top = top, rw.p = p, rw.t_max = 0.0;
-    rw.u.clear();
-    rw.u.resize(c.size());
-    for (std::size_t g = 0; g < c.size(); ++g) {
-      if (!c[g]) continue;
-      exact_difference(x, *diff[g], *diff[ut]);
-      mpfr_mul(t, sigma, x, MPFR_RNDN);
-      rw.t_max = std::max(rw.t_max, std::fabs(mpfr_get_d(t, MPFR_RNDA)));
-      auto u = std::make_unique<Mpfr>(p);
-      if (exp_in_range(*u, t)) rw.u[g] = std::move(u);
-    }
+  Mpfr x(2), t(p);
+  rw.top = top, rw.p = p, rw.t_max = 0.0;
+  rw.u.clear();
+  rw.u.resize(c.size());
+  for (std::size_t g = 0; g < c.size(); ++g) {
+    if (!c[g]) continue;
+    exact_difference(x, *diff[g], *diff[ut]);
+    mpfr_mul(t, sigma, x, MPFR_RNDN);
+    rw.t_max = std::max(rw.t_max, std::fabs(mpfr_get_d(t, MPFR_RNDA)));
+    auto u = std::make_unique<Mpfr>(p);
+    if (exp_in_range(*u, t)) rw.u[g] = std::move(u);
   }
+}
+
+// S = sum_g u_g c_g at precision p into s, and s_err with |S~ - S| <= s_err: 2^(slack - p)
+// sum |u_g c_g| plus what the terms below MPFR's range leave out.
+void relative_sum(mpfr_ptr s, mpfr_ptr s_err, const RelativeWeights& rw, const std::vector<mpfr_srcptr>& c,
+                  mpfr_prec_t p) {
   std::vector<MpfrBox> terms;
   std::vector<mpfr_ptr> ptrs;
+  Mpfr rel(64), under(64), tmp(64);
   mpfr_set_zero(rel, 1), mpfr_set_zero(under, 1);
   for (std::size_t g = 0; g < c.size(); ++g) {
     if (!c[g] || mpfr_zero_p(c[g])) continue;
@@ -220,19 +229,27 @@ void perturbation(Perturbation& out, RelativeWeights& rw, mpfr_srcptr sigma, int
     mpfr_abs(tmp, tmp, MPFR_RNDU);
     mpfr_add(rel, rel, tmp, MPFR_RNDU);
   }
-  const double t_max = rw.t_max;
-  Mpfr u(p);
   mpfr_sum(s, ptrs.data(), ptrs.size(), MPFR_RNDN);
-  // |S~ - S| <= 2^(slack - p) sum |u_g c_g| + the terms below range
-  const long slack = 6 + static_cast<long>(std::ceil(std::log2(2.0 * t_max + 2.0)));
-  Mpfr s_err(64), s_abs(64);
+  const long slack = 6 + static_cast<long>(std::ceil(std::log2(2.0 * rw.t_max + 2.0)));
   mpfr_mul_2si(s_err, rel, slack - p, MPFR_RNDU);
   mpfr_add(s_err, s_err, under, MPFR_RNDU);
+}
+
+void perturbation(Perturbation& out, RelativeWeights& rw, mpfr_srcptr sigma, int sigma_sign,
+                  const std::vector<MpfrBox>& diff, const std::vector<mpfr_srcptr>& c, mpfr_srcptr denom,
+                  long denom_slack, mpfr_prec_t p) {
+  out.sign = 0;
+  out.infinitesimal = false;
+  const std::ptrdiff_t top = top_group(diff, c, sigma_sign);
+  if (top < 0) return;
+  refresh_weights(rw, top, sigma, diff, c, p);
+  Mpfr t(p), s(p), u(p), s_err(64), s_abs(64), tmp(64);
+  relative_sum(s, s_err, rw, c, p);
   mpfr_abs(s_abs, s, MPFR_RNDD);
   mpfr_mul_2ui(tmp, s_err, 2, MPFR_RNDU);
   if (mpfr_cmp(s_abs, tmp) <= 0) return;  // S's relative error above 1/4: undecided
   out.sign = mpfr_sgn(s.get());
-  mpfr_mul(t, sigma, *diff[ut], MPFR_RNDN);
+  mpfr_mul(t, sigma, *diff[static_cast<std::size_t>(top)], MPFR_RNDN);
   const double t_top = std::fabs(mpfr_get_d(t, MPFR_RNDA));
   if (!exp_in_range(u, t)) {
     out.infinitesimal = true;
@@ -268,9 +285,501 @@ void perturbation(Perturbation& out, RelativeWeights& rw, mpfr_srcptr sigma, int
 // log2 of an upper bound of |x| (x finite), for error bounds.
 long log2_bound(mpfr_srcptr x) { return mpfr_zero_p(x) ? LONG_MIN / 4 : static_cast<long>(mpfr_get_exp(x)); }
 
-struct Row {
-  std::vector<std::int64_t> keys;  // visible keys
+Scale scale_of(const AttentionShape& a) {
+  Scale scale;
+  if (a.softmax_scale) {
+    scale.given = true;
+    scale.value = *a.softmax_scale;
+  } else {
+    scale.head_dim = static_cast<long>(a.head_dim);
+    const auto r = static_cast<long>(std::llround(std::sqrt(static_cast<double>(a.head_dim))));
+    if (r * r == a.head_dim) scale.root = r;
+  }
+  return scale;
+}
+
+// The case's tensors, views and scale, as every row reads them.
+struct Inputs {
+  Inputs(const Case& c, const std::map<std::string, Tensor>& inputs)
+      : a(c.attention),
+        qv(attention_view(c, "Q")), kv(attention_view(c, "K")), vv(attention_view(c, "V")),
+        qt(input(inputs, c, "Q", qv.elements())), kt(input(inputs, c, "K", kv.elements())),
+        vt(input(inputs, c, "V", vv.elements())),
+        hd(a.head_dim), dv(a.eff_head_dim_v()),
+        fast(qt.format() != Format::FP64 && kt.format() != Format::FP64), scale(scale_of(a)) {}
+  const AttentionShape& a;
+  const AttentionView qv, kv, vv;
+  const Tensor& qt;
+  const Tensor& kt;
+  const Tensor& vt;
+  const std::int64_t hd, dv;
+  const bool fast;  // scores by the superaccumulator; FP64 Q or K take the MPFR oracle
+  const Scale scale;
 };
+
+// What one attempt of Ziv's loop computes once for all columns: at precision p, the
+// weights w_g = exp(sigma diff_g) and D = sum_g n_g w_g.
+struct Weights {
+  explicit Weights(mpfr_prec_t precision) : p(precision), sigma(p), denom(p), num(p), o(p) {}
+  const mpfr_prec_t p;
+  Mpfr sigma, denom, num, o;
+  std::vector<MpfrBox> w, terms;  // terms: n_g w_g for D, then each column's w_g V_g
+  std::vector<mpfr_ptr> ptrs;
+  double t_max = 0.0;
+  long slack = 0;          // |O~ - O| <= 2^(slack - p) times O's magnitude
+  bool dominated = false;  // the other groups' share of D below 2^-100
+};
+
+// One query row, visible keys given: its exact scores, their groups, and O and the LSE
+// decided exactly or by Ziv's loop. Writes the row's outputs through o, magnitude, lse.
+class QueryRow {
+ public:
+  QueryRow(const Inputs& in, std::int64_t b, std::int64_t h, std::int64_t i, std::vector<std::int64_t> keys,
+           RefValue* o, double* magnitude, RefValue& lse)
+      : in_(in), a_(in.a), scale_(in.scale), b_(b), h_(h), i_(i), hk_(in.a.kv_head(h)), dv_(in.dv),
+        keys_(std::move(keys)), n_(keys_.size()), o_(o), magnitude_(magnitude), lse_(lse) {}
+
+  void compute() {
+    exact_scores();
+    group_scores();
+    group_values();
+    decide_equal_means();
+    decide_single_key_lse();
+    prepare_perturbations();
+    for (mpfr_prec_t p = 192;; p *= 2) {
+      if (p > (1 << 18)) throw_undecided();
+      if (attempt(p)) break;
+    }
+  }
+
+ private:
+  std::size_t gd(std::size_t g, std::int64_t d) const {
+    return g * static_cast<std::size_t>(dv_) + static_cast<std::size_t>(d);
+  }
+  double v_of(std::size_t s, std::int64_t d) const { return in_.vt.value(in_.vv.offset(b_, hk_, keys_[s], d)); }
+  void decide(std::int64_t d, const RefValue& v) {
+    o_[d] = v;
+    decided_[static_cast<std::size_t>(d)] = true;
+  }
+
+  void exact_scores();
+  void group_scores();
+  void group_values();
+  void times_v(mpfr_ptr out, mpfr_srcptr w, std::size_t g, std::int64_t d) const;
+  MpfrBox v_exact(std::size_t g, std::int64_t d) const;
+  void decide_equal_means();
+  void decide_single_key_lse();
+  void prepare_perturbations();
+  void prepare_near(std::int64_t d);
+  void weigh(Weights& at) const;
+  bool attempt(mpfr_prec_t p);
+  bool attempt_column(std::int64_t d, Weights& at);
+  void magnitude(std::int64_t d, const Weights& at, mpfr_ptr bound) const;
+  bool decide_near(std::int64_t d, const Weights& at);
+  bool decide_plain(std::int64_t d, Weights& at, mpfr_srcptr bound);
+  void lse_near(const Weights& at);
+  void lse_plain(const Weights& at);
+  [[noreturn]] void throw_undecided() const;
+
+  const Inputs& in_;
+  const AttentionShape& a_;
+  const Scale& scale_;
+  const std::int64_t b_, h_, i_, hk_, dv_;  // hk_: the K and V head (grouped-query attention)
+  const std::vector<std::int64_t> keys_;
+  const std::size_t n_;
+  RefValue* const o_;
+  double* const magnitude_;
+  RefValue& lse_;
+
+  std::vector<MpfrBox> score_;
+  std::vector<std::vector<std::size_t>> groups_;  // indices into keys_ and score_
+  std::size_t g_count_ = 0, ref_ = 0, n_ref_ = 0;
+  std::vector<MpfrBox> diff_;
+  std::vector<double> v_single_, v_abs_;  // per (group, column); v_abs_: sum |v|
+  std::vector<MpfrBox> v_sum_;
+  std::vector<bool> decided_;
+  bool lse_done_ = false;
+
+  // The near path's inputs: the reference group's V, c_g, and the group sizes (the LSE's c_g).
+  std::vector<MpfrBox> v_ref_, c_g_, sizes_;
+  std::vector<mpfr_srcptr> c_col_, group_sizes_;
+  Perturbation delta_, eps_;
+  RelativeWeights o_weights_, lse_weights_;
+  Mpfr n_denom_{2};
+};
+
+void QueryRow::exact_scores() {
+  const auto hd = static_cast<std::size_t>(in_.hd);
+  score_.resize(n_);
+  std::vector<float> q(hd), k(hd);
+  std::vector<double> q64(hd), k64(hd);
+  for (std::int64_t d = 0; d < in_.hd; ++d)
+    q64[d] = in_.qt.value(in_.qv.offset(b_, h_, i_, d)), q[d] = static_cast<float>(q64[d]);
+  ExactAccumulator acc;
+  MpfrOracle oracle;
+  for (std::size_t s = 0; s < n_; ++s) {
+    for (std::int64_t d = 0; d < in_.hd; ++d)
+      k64[d] = in_.kt.value(in_.kv.offset(b_, hk_, keys_[s], d)), k[d] = static_cast<float>(k64[d]);
+    score_[s] = std::make_unique<Mpfr>(2);
+    if (in_.fast) {
+      acc.clear();
+      acc.add_products(q, k);
+      acc.exact_value(*score_[s]);
+    } else {
+      oracle.dot(*score_[s], q64, k64);
+    }
+  }
+  for (const auto& s : score_)
+    if (!mpfr_number_p(*s)) throw InputError("attention reference: a score is NaN or infinite");
+}
+
+// Groups of equal scaled scores, the reference group holding the largest; diff_g = score_g -
+// score_ref exactly, so that t_g = sigma diff_g <= 0.
+void QueryRow::group_scores() {
+  std::vector<std::size_t> order(n_);
+  std::iota(order.begin(), order.end(), 0);
+  std::sort(order.begin(), order.end(),
+            [&](std::size_t x, std::size_t y) { return mpfr_cmp(*score_[x], *score_[y]) < 0; });
+  for (std::size_t s : order) {
+    if (groups_.empty() || (scale_.sign() != 0 && !mpfr_equal_p(*score_[s], *score_[groups_.back()[0]])))
+      groups_.emplace_back();
+    groups_.back().push_back(s);
+  }
+  g_count_ = groups_.size();
+  ref_ = scale_.sign() < 0 ? 0 : g_count_ - 1;
+  n_ref_ = groups_[ref_].size();
+  diff_.resize(g_count_);
+  for (std::size_t g = 0; g < g_count_; ++g) {
+    mpfr_srcptr sg = *score_[groups_[g][0]], sr = *score_[groups_[ref_][0]];
+    const long hi = std::max<long>(log2_bound(sg), log2_bound(sr));
+    const long lo = std::min<long>(mpfr_zero_p(sg) ? hi : mpfr_get_exp(sg) - mpfr_get_prec(sg),
+                                   mpfr_zero_p(sr) ? hi : mpfr_get_exp(sr) - mpfr_get_prec(sr));
+    diff_[g] = std::make_unique<Mpfr>(static_cast<mpfr_prec_t>(std::max<long>(hi - lo + 2, 2)));
+    mpfr_sub(*diff_[g], sg, sr, MPFR_RNDN);  // exact
+  }
+}
+
+// V per group: the exact sum of the group's rows. A group of one key (the usual case) keeps
+// its V row as doubles; only larger groups hold MPFR sums.
+void QueryRow::group_values() {
+  const std::size_t cells = g_count_ * static_cast<std::size_t>(dv_);
+  v_single_.resize(cells);
+  v_sum_.resize(cells);
+  v_abs_.resize(cells);
+  ExactAccumulator acc;
+  for (std::size_t g = 0; g < g_count_; ++g)
+    for (std::int64_t d = 0; d < dv_; ++d) {
+      if (groups_[g].size() == 1) {
+        v_single_[gd(g, d)] = v_of(groups_[g][0], d);
+        v_abs_[gd(g, d)] = std::fabs(v_single_[gd(g, d)]);
+        continue;
+      }
+      acc.clear();
+      double abs_sum = 0.0;
+      for (std::size_t s : groups_[g]) {
+        acc.add(v_of(s, d));
+        abs_sum += std::fabs(v_of(s, d));
+      }
+      v_sum_[gd(g, d)] = std::make_unique<Mpfr>(2);
+      acc.exact_value(*v_sum_[gd(g, d)]);
+      v_abs_[gd(g, d)] = abs_sum;
+    }
+}
+
+// out = w * V_g[d] at out's precision
+void QueryRow::times_v(mpfr_ptr out, mpfr_srcptr w, std::size_t g, std::int64_t d) const {
+  if (v_sum_[gd(g, d)]) mpfr_mul(out, w, *v_sum_[gd(g, d)], MPFR_RNDN);
+  else mpfr_mul_d(out, w, v_single_[gd(g, d)], MPFR_RNDN);
+}
+
+MpfrBox QueryRow::v_exact(std::size_t g, std::int64_t d) const {
+  auto m = std::make_unique<Mpfr>(53);
+  if (v_sum_[gd(g, d)]) {
+    mpfr_set_prec(*m, mpfr_get_prec(*v_sum_[gd(g, d)]));
+    mpfr_set(*m, *v_sum_[gd(g, d)], MPFR_RNDN);
+  } else {
+    mpfr_set_d(*m, v_single_[gd(g, d)], MPFR_RNDN);
+  }
+  return m;
+}
+
+// Outputs that are rational: every group has the same mean, so O is that mean.
+void QueryRow::decide_equal_means() {
+  decided_.assign(static_cast<std::size_t>(dv_), false);
+  Mpfr one(2);
+  mpfr_set_ui(one, 1, MPFR_RNDN);
+  for (std::int64_t d = 0; d < dv_; ++d) {
+    bool equal_means = true;
+    for (std::size_t g = 1; g < g_count_ && equal_means; ++g) {
+      if (!v_sum_[gd(g, d)] && !v_sum_[gd(0, d)]) {  // one key each: the values themselves
+        equal_means = v_single_[gd(g, d)] == v_single_[gd(0, d)];
+        continue;
+      }
+      // V_g n_0 == V_0 n_g, exactly (precision: any V sum of doubles, times a count)
+      Mpfr lhs(4400), rhs(4400);
+      times_v(lhs, one, g, d);
+      times_v(rhs, one, 0, d);
+      mpfr_mul_ui(lhs, lhs, groups_[0].size(), MPFR_RNDN);
+      mpfr_mul_ui(rhs, rhs, groups_[g].size(), MPFR_RNDN);
+      equal_means = mpfr_equal_p(lhs, rhs) != 0;
+    }
+    if (!equal_means) continue;
+    ExactAccumulator acc;
+    for (std::size_t s = 0; s < n_; ++s) acc.add(v_of(s, d));
+    Mpfr total(2);
+    acc.exact_value(total);
+    decide(d, exact_quotient(total, static_cast<unsigned long>(n_)));
+  }
+}
+
+// The LSE of a single key is sigma * score: exact when sigma is a given double or 1/sqrt of
+// a perfect square; otherwise irrational (or 0) and left to Ziv's loop.
+void QueryRow::decide_single_key_lse() {
+  if (n_ != 1) return;
+  mpfr_srcptr s0 = *score_[0];
+  if (!scale_.given && !scale_.root && !mpfr_zero_p(s0)) return;
+  if (scale_.given) {
+    Mpfr p(mpfr_get_prec(s0) + 53);
+    mpfr_mul_d(p, s0, scale_.value, MPFR_RNDN);
+    lse_ = RefValue::from_exact(p);
+  } else if (mpfr_zero_p(s0)) {
+    lse_ = RefValue::from_exact(s0);
+  } else {
+    lse_ = exact_quotient(s0, static_cast<unsigned long>(scale_.root));
+  }
+  if (lse_.kind == RefValue::Kind::Zero) lse_ = RefValue::zero(false);  // log 1 = +0
+  lse_done_ = true;
+}
+
+// O = mu + delta with mu = V_ref / n_ref, the reference group's mean, and delta = sum_{g !=
+// ref} w_g c_g / (n_ref D), c_g = n_ref V_g - n_g V_ref (exact): when one group dominates,
+// delta is tiny and known to its own relative precision, which decides O next to mu
+// (window_near) without the precision of mu - O. The LSE's perturbation takes c_g = n_g.
+void QueryRow::prepare_perturbations() {
+  v_ref_.resize(static_cast<std::size_t>(dv_));
+  c_g_.resize(g_count_ * static_cast<std::size_t>(dv_));
+  c_col_.resize(g_count_);
+  sizes_.resize(g_count_);
+  group_sizes_.resize(g_count_);
+  for (std::size_t g = 0; g < g_count_; ++g) {
+    if (g == ref_) continue;
+    sizes_[g] = std::make_unique<Mpfr>(64);
+    mpfr_set_ui(*sizes_[g], groups_[g].size(), MPFR_RNDN);
+    group_sizes_[g] = *sizes_[g];
+  }
+}
+
+// Computed for d once the first, plain attempt has not decided it (most outputs are decided
+// there, and these exact differences cost as much as that attempt).
+void QueryRow::prepare_near(std::int64_t d) {
+  v_ref_[d] = v_exact(ref_, d);
+  for (std::size_t g = 0; g < g_count_; ++g) {
+    if (g == ref_) continue;
+    const MpfrBox vg = v_exact(g, d);
+    Mpfr x(mpfr_get_prec(*vg) + 64), y(mpfr_get_prec(*v_ref_[d]) + 64);
+    mpfr_mul_ui(x, *vg, n_ref_, MPFR_RNDN);                   // exact
+    mpfr_mul_ui(y, *v_ref_[d], groups_[g].size(), MPFR_RNDN);  // exact
+    mpfr_neg(y, y, MPFR_RNDN);
+    c_g_[gd(g, d)] = std::make_unique<Mpfr>(2);
+    exact_sum_of(*c_g_[gd(g, d)], x, y);
+  }
+}
+
+void QueryRow::weigh(Weights& at) const {
+  const mpfr_prec_t p = at.p;
+  Mpfr t(p);
+  scale_.set(at.sigma);
+  at.w.resize(g_count_);
+  for (std::size_t g = 0; g < g_count_; ++g) {
+    at.w[g] = std::make_unique<Mpfr>(p);
+    mpfr_mul(t, at.sigma, *diff_[g], MPFR_RNDN);
+    at.t_max = std::max(at.t_max, std::fabs(mpfr_get_d(t, MPFR_RNDU)));
+    mpfr_exp(*at.w[g], t, MPFR_RNDN);
+  }
+  // |w~ - w| <= (2|t| + 1) 2^-p w: exp's argument carries sigma's and the product's
+  // rounding, exp its own.
+  at.terms.resize(g_count_);
+  at.ptrs.resize(g_count_);
+  for (std::size_t g = 0; g < g_count_; ++g) {
+    at.terms[g] = std::make_unique<Mpfr>(p);
+    mpfr_mul_ui(*at.terms[g], *at.w[g], groups_[g].size(), MPFR_RNDN);
+    at.ptrs[g] = *at.terms[g];
+  }
+  mpfr_sum(at.denom, at.ptrs.data(), g_count_, MPFR_RNDN);
+  // The other groups' share of the weight: below 2^-100, the plain attempt cannot decide an
+  // output next to the dominant mean, so the near path goes first.
+  if (g_count_ > 1) {
+    Mpfr others_sum(64);
+    std::vector<mpfr_ptr> others;
+    for (std::size_t g = 0; g < g_count_; ++g)
+      if (g != ref_) others.push_back(*at.terms[g]);
+    mpfr_sum(others_sum, others.data(), others.size(), MPFR_RNDU);
+    at.dominated = mpfr_zero_p(others_sum) || mpfr_get_exp(others_sum) < -100;
+  }
+  at.slack = 6 + static_cast<long>(std::ceil(std::log2(2.0 * at.t_max + 2.0)));
+}
+
+// One attempt of Ziv's loop at precision p: true once every output of the row is decided.
+bool QueryRow::attempt(mpfr_prec_t p) {
+  Weights at(p);
+  mpfr_set_prec(n_denom_, p + 32);
+  weigh(at);
+  bool all = true;
+  for (std::int64_t d = 0; d < dv_; ++d) all = attempt_column(d, at) && all;
+  if (!lse_done_ && n_ref_ == 1 && g_count_ > 1 && (scale_.given || scale_.root)) lse_near(at);
+  if (!lse_done_) lse_plain(at);
+  return all && lse_done_;
+}
+
+// Column d's magnitude at this precision, and its O where still undecided: next to the
+// dominant group's mean first where that path is prepared, then by the plain quotient.
+bool QueryRow::attempt_column(std::int64_t d, Weights& at) {
+  Mpfr bound(64);
+  magnitude(d, at, bound);
+  if (decided_[static_cast<std::size_t>(d)]) return true;
+  if ((at.p > 192 || at.dominated) && g_count_ > 1 && !v_ref_[d]) prepare_near(d);
+  if (v_ref_[d] && decide_near(d, at)) return true;
+  return decide_plain(d, at, bound);
+}
+
+// magnitude: sum_g w_g sum|v| / D, bounded above in 64 bits
+void QueryRow::magnitude(std::int64_t d, const Weights& at, mpfr_ptr bound) const {
+  Mpfr tmp(64);
+  mpfr_set_zero(bound, 1);
+  for (std::size_t g = 0; g < g_count_; ++g) {
+    mpfr_mul_d(tmp, *at.w[g], v_abs_[gd(g, d)], MPFR_RNDU);
+    mpfr_add(bound, bound, tmp, MPFR_RNDU);
+  }
+  mpfr_div(bound, bound, at.denom, MPFR_RNDU);
+  magnitude_[d] = mpfr_get_d(bound, MPFR_RNDN);
+}
+
+// O = mu + delta, decided from delta's sign and size where they keep |O| inside one window.
+bool QueryRow::decide_near(std::int64_t d, const Weights& at) {
+  for (std::size_t g = 0; g < g_count_; ++g) c_col_[g] = g == ref_ ? nullptr : c_g_[gd(g, d)]->get();
+  mpfr_mul_ui(n_denom_, at.denom, n_ref_, MPFR_RNDN);
+  perturbation(delta_, o_weights_, at.sigma, scale_.sign(), diff_, c_col_, n_denom_, at.slack + 1, at.p);
+  if (delta_.sign == 0) return false;
+  if (!mpfr_zero_p(*v_ref_[d])) {
+    const bool negative = mpfr_sgn(v_ref_[d]->get()) < 0;  // |O| = |mu| + delta sgn(mu)
+    Mpfr lo(at.p + 64), hi(at.p + 64);
+    mpfr_sub(lo, delta_.value, delta_.bound, MPFR_RNDD);
+    mpfr_add(hi, delta_.value, delta_.bound, MPFR_RNDU);
+    if (negative) mpfr_swap(lo, hi), mpfr_neg(lo, lo, MPFR_RNDD), mpfr_neg(hi, hi, MPFR_RNDU);
+    const auto near = window_near(*v_ref_[d], static_cast<unsigned long>(n_ref_), lo, hi, negative,
+                                  negative ? -delta_.sign : delta_.sign);
+    if (near) decide(d, *near);
+    return near.has_value();
+  }
+  if (delta_.infinitesimal) {  // mu = 0: O = delta
+    decide(d, RefValue::tiny(delta_.sign < 0));
+    return true;
+  }
+  if (mpfr_zero_p(delta_.bound)) return false;
+  const long err = static_cast<long>(mpfr_get_exp(delta_.value)) - static_cast<long>(mpfr_get_exp(delta_.bound));
+  if (!mpfr_can_round(delta_.value, err, MPFR_RNDN, MPFR_RNDZ, 128)) return false;
+  decide(d, RefValue::from_certified(delta_.value));
+  return true;
+}
+
+// O = sum_g w_g V_g / D at this precision.
+bool QueryRow::decide_plain(std::int64_t d, Weights& at, mpfr_srcptr bound) {
+  for (std::size_t g = 0; g < g_count_; ++g) times_v(*at.terms[g], *at.w[g], g, d);
+  mpfr_sum(at.num, at.ptrs.data(), g_count_, MPFR_RNDN);
+  mpfr_div(at.o, at.num, at.denom, MPFR_RNDN);
+  // |O~ - O| <= 2^(slack - p) sum_j p_j |v_j| (the magnitude, bounded above). Weights below
+  // MPFR's range (|w| < 2^-(2^30)) are 0 in both: the bound covers what they leave out while
+  // it is above 2^-(2^20) (p <= 2^18), and the near path decides the rest.
+  if (mpfr_zero_p(at.o) || mpfr_zero_p(bound) || mpfr_get_exp(bound) < -(1L << 20)) return false;
+  const long err = static_cast<long>(mpfr_get_exp(at.o)) - (static_cast<long>(mpfr_get_exp(bound)) + at.slack - at.p);
+  if (!mpfr_can_round(at.o, err, MPFR_RNDN, MPFR_RNDZ, 128)) return false;
+  decide(d, RefValue::from_certified(at.o));
+  return true;
+}
+
+// LSE = m + log1p(eps), m = sigma score_ref rational, eps = sum_{g != ref} n_g w_g: next to
+// m when one key dominates (as O next to mu).
+void QueryRow::lse_near(const Weights& at) {
+  const mpfr_prec_t p = at.p;
+  mpfr_srcptr score_ref = *score_[groups_[ref_][0]];
+  Mpfr m_num(mpfr_get_prec(score_ref) + 53);
+  unsigned long m_den = 1;
+  if (scale_.given) mpfr_mul_d(m_num, score_ref, scale_.value, MPFR_RNDN);  // exact
+  else mpfr_set(m_num, score_ref, MPFR_RNDN), m_den = static_cast<unsigned long>(scale_.root);
+  if (mpfr_zero_p(m_num)) return;
+  perturbation(eps_, lse_weights_, at.sigma, scale_.sign(), diff_, group_sizes_, nullptr, 0, p);  // eps > 0
+  if (eps_.sign <= 0) return;
+  const bool negative = mpfr_sgn(m_num.get()) < 0;  // |LSE| = |m| + log1p(eps) sgn(m)
+  Mpfr lo(p + 64), hi(p + 64);
+  mpfr_set_zero(lo, 1), mpfr_set_zero(hi, 1);
+  if (!eps_.infinitesimal) {
+    // log1p(eps) <= eps, and its derivative is below 1: |l~ - l| <= eps's bound + 2^-p l~
+    Mpfr l(p), eb(64);
+    mpfr_log1p(l, eps_.value, MPFR_RNDN);
+    mpfr_mul_2si(eb, l, -p, MPFR_RNDU);
+    mpfr_add(eb, eb, eps_.bound, MPFR_RNDU);
+    mpfr_sub(lo, l, eb, MPFR_RNDD);
+    mpfr_add(hi, l, eb, MPFR_RNDU);
+    if (negative) mpfr_swap(lo, hi), mpfr_neg(lo, lo, MPFR_RNDD), mpfr_neg(hi, hi, MPFR_RNDU);
+  }
+  if (auto near = window_near(m_num, m_den, lo, hi, negative, negative ? -1 : 1)) {
+    lse_ = *near;
+    lse_done_ = true;
+  }
+}
+
+// LSE = sigma score_ref + log D: error below 2^(slack - p) (|m| + |log D| + |LSE| + 1)
+void QueryRow::lse_plain(const Weights& at) {
+  const mpfr_prec_t p = at.p;
+  Mpfr m(p), l(p), lse_v(p), bound(64), tmp(64);
+  mpfr_mul(m, at.sigma, *score_[groups_[ref_][0]], MPFR_RNDN);
+  mpfr_log(l, at.denom, MPFR_RNDN);
+  mpfr_add(lse_v, m, l, MPFR_RNDN);
+  mpfr_set_ui(bound, 1, MPFR_RNDU);
+  for (mpfr_srcptr x : {m.get(), l.get(), lse_v.get()}) {
+    mpfr_abs(tmp, x, MPFR_RNDU);
+    mpfr_add(bound, bound, tmp, MPFR_RNDU);
+  }
+  if (mpfr_zero_p(lse_v)) return;
+  const long err = static_cast<long>(mpfr_get_exp(lse_v)) - (static_cast<long>(mpfr_get_exp(bound)) + at.slack - p);
+  if (mpfr_can_round(lse_v, err, MPFR_RNDN, MPFR_RNDZ, 128)) {
+    lse_ = RefValue::from_certified(lse_v);
+    lse_done_ = true;
+  }
+}
+
+void QueryRow::throw_undecided() const {
+  std::string undecided;
+  for (std::int64_t d = 0; d < dv_; ++d)
+    if (!decided_[static_cast<std::size_t>(d)]) undecided += fmt::format("{}{}", undecided.empty() ? "" : ",", d);
+  throw std::runtime_error(fmt::format(
+      "attention reference: rounding not decided at 2^18 bits (batch {}, head {}, query {}: {} keys in {} score "
+      "groups; output columns [{}]{})", b_, h_, i_, n_, g_count_, undecided, lse_done_ ? "" : ", the log-sum-exp"));
+}
+
+// Row `row` of the output (indexed as AttentionReference::row), skipped (+0) where `only`
+// leaves it out.
+void reference_row(const Case& c, const Inputs& in, std::int64_t row, const std::vector<char>* only,
+                   AttentionReference& out) {
+  const AttentionShape& a = in.a;
+  const std::int64_t dv = in.dv;
+  RefValue& lse = out.lse[static_cast<std::size_t>(row)];
+  if (only && !(*only)[static_cast<std::size_t>(row)]) {
+    lse = RefValue::zero(false);
+    return;
+  }
+  const std::int64_t i = row % a.seq_q, h = (row / a.seq_q) % a.heads, b = row / (a.seq_q * a.heads);
+  std::vector<std::int64_t> keys;
+  for (std::int64_t j = 0; j < a.seq_kv; ++j)
+    if (attention_visible(c, b, i, j)) keys.push_back(j);
+  RefValue* o = out.values.data() + row * dv;
+  if (keys.empty()) {  // fully masked: the documented convention
+    for (std::int64_t d = 0; d < dv; ++d) o[d] = RefValue::zero(false);
+    lse = RefValue::infinity(true);
+    return;
+  }
+  QueryRow(in, b, h, i, std::move(keys), o, out.magnitude.data() + row * dv, lse).compute();
+}
 
 }  // namespace
 
@@ -278,390 +787,24 @@ AttentionReference attention_reference(const Case& c, const std::map<std::string
                                        unsigned threads, const std::vector<char>* only) {
   const ReferenceFpEnv env;  // whatever a kernel left set; parallel_for's threads inherit it
   if (c.op != Op::Attention) throw InputError("attention reference: case.op is not attention");
-  const AttentionShape& a = c.attention;
-  const AttentionView qv = attention_view(c, "Q"), kv = attention_view(c, "K"),
-                      vv = attention_view(c, "V");
-  const Tensor& qt = input(inputs, c, "Q", qv.elements());
-  const Tensor& kt = input(inputs, c, "K", kv.elements());
-  const Tensor& vt = input(inputs, c, "V", vv.elements());
-  const std::int64_t hd = a.head_dim, dv = a.eff_head_dim_v();
-  const bool fast = qt.format() != Format::FP64 && kt.format() != Format::FP64;
-
-  Scale scale;
-  if (a.softmax_scale) {
-    scale.given = true;
-    scale.value = *a.softmax_scale;
-  } else {
-    scale.head_dim = static_cast<long>(hd);
-    const auto r = static_cast<long>(std::llround(std::sqrt(static_cast<double>(hd))));
-    if (r * r == hd) scale.root = r;
-  }
-
+  const Inputs in(c, inputs);
+  const AttentionShape& a = in.a;
   AttentionReference out;
-  out.batch = a.batch, out.heads = a.heads, out.seq_q = a.seq_q, out.head_dim_v = dv;
+  out.batch = a.batch, out.heads = a.heads, out.seq_q = a.seq_q, out.head_dim_v = in.dv;
   out.o_format = c.types.count("O") ? c.types.at("O") : Format::FP16;
   const std::int64_t rows = a.batch * a.heads * a.seq_q;
   if (only && static_cast<std::int64_t>(only->size()) != rows)
     throw std::invalid_argument("attention reference: the row mask has the wrong size");
-  out.values.resize(static_cast<std::size_t>(rows * dv));
-  out.magnitude.resize(static_cast<std::size_t>(rows * dv));
+  out.values.resize(static_cast<std::size_t>(rows * in.dv));
+  out.magnitude.resize(static_cast<std::size_t>(rows * in.dv));
   out.lse.resize(static_cast<std::size_t>(rows));
 
   // A thread per 2^15 terms at least (each row also rounds its exp with MPFR): small
   // cases run on the calling thread.
   const std::int64_t computed = only ? std::count(only->begin(), only->end(), 1) : rows;
-  threads = threads_for(static_cast<double>(computed) * static_cast<double>(a.seq_kv) * static_cast<double>(hd + dv), 0x1p15,
-                        threads);
-  parallel_for(rows, [&](std::int64_t row) {
-    if (only && !(*only)[static_cast<std::size_t>(row)]) {
-      out.lse[static_cast<std::size_t>(row)] = RefValue::zero(false);
-      return;
-    }
-    const std::int64_t i = row % a.seq_q, h = (row / a.seq_q) % a.heads, b = row / (a.seq_q * a.heads);
-    const std::int64_t hk = a.kv_head(h);  // K and V head (grouped-query attention)
-    std::vector<std::int64_t> keys;
-    for (std::int64_t j = 0; j < a.seq_kv; ++j)
-      if (attention_visible(c, b, i, j)) keys.push_back(j);
-    const auto o_at = [&](std::int64_t d) { return static_cast<std::size_t>(row * dv + d); };
-    if (keys.empty()) {  // fully masked: the documented convention
-      for (std::int64_t d = 0; d < dv; ++d) out.values[o_at(d)] = RefValue::zero(false);
-      out.lse[static_cast<std::size_t>(row)] = RefValue::infinity(true);
-      return;
-    }
-
-    // Exact scores q_i . k_j.
-    const std::size_t n = keys.size();
-    std::vector<MpfrBox> score(n);
-    {
-      std::vector<float> q(static_cast<std::size_t>(hd)), k(static_cast<std::size_t>(hd));
-      std::vector<double> q64(static_cast<std::size_t>(hd)), k64(static_cast<std::size_t>(hd));
-      for (std::int64_t d = 0; d < hd; ++d) q64[d] = qt.value(qv.offset(b, h, i, d)), q[d] = static_cast<float>(q64[d]);
-      ExactAccumulator acc;
-      MpfrOracle oracle;
-      for (std::size_t s = 0; s < n; ++s) {
-        for (std::int64_t d = 0; d < hd; ++d)
-          k64[d] = kt.value(kv.offset(b, hk, keys[s], d)), k[d] = static_cast<float>(k64[d]);
-        score[s] = std::make_unique<Mpfr>(2);
-        if (fast) {
-          acc.clear();
-          acc.add_products(q, k);
-          acc.exact_value(*score[s]);
-        } else {
-          oracle.dot(*score[s], q64, k64);
-        }
-      }
-    }
-    for (const auto& s : score)
-      if (!mpfr_number_p(*s)) throw InputError("attention reference: a score is NaN or infinite");
-
-    // Groups of equal scaled scores, the reference group holding the largest.
-    std::vector<std::size_t> order(n);
-    std::iota(order.begin(), order.end(), 0);
-    std::sort(order.begin(), order.end(),
-              [&](std::size_t x, std::size_t y) { return mpfr_cmp(*score[x], *score[y]) < 0; });
-    std::vector<std::vector<std::size_t>> groups;  // indices into keys/score
-    for (std::size_t s : order) {
-      if (groups.empty() || (scale.sign() != 0 && !mpfr_equal_p(*score[s], *score[groups.back()[0]])))
-        groups.emplace_back();
-      groups.back().push_back(s);
-    }
-    const std::size_t g_count = groups.size();
-    const std::size_t ref = scale.sign() < 0 ? 0 : g_count - 1;
-    // diff_g = score_g - score_ref, exactly; t_g = sigma diff_g <= 0.
-    std::vector<MpfrBox> diff(g_count);
-    for (std::size_t g = 0; g < g_count; ++g) {
-      mpfr_srcptr sg = *score[groups[g][0]], sr = *score[groups[ref][0]];
-      const long hi = std::max<long>(log2_bound(sg), log2_bound(sr));
-      const long lo = std::min<long>(mpfr_zero_p(sg) ? hi : mpfr_get_exp(sg) - mpfr_get_prec(sg),
-                                     mpfr_zero_p(sr) ? hi : mpfr_get_exp(sr) - mpfr_get_prec(sr));
-      diff[g] = std::make_unique<Mpfr>(static_cast<mpfr_prec_t>(std::max<long>(hi - lo + 2, 2)));
-      mpfr_sub(*diff[g], sg, sr, MPFR_RNDN);  // exact
-    }
-
-    // V per group: the exact sum of the group's rows. A group of one key (the usual case)
-    // keeps its V row as doubles; only larger groups hold MPFR sums.
-    auto v_of = [&](std::size_t s, std::int64_t d) { return vt.value(vv.offset(b, hk, keys[s], d)); };
-    const auto gd = [&](std::size_t g, std::int64_t d) { return g * static_cast<std::size_t>(dv) + static_cast<std::size_t>(d); };
-    std::vector<double> v_single(g_count * static_cast<std::size_t>(dv));
-    std::vector<MpfrBox> v_sum(g_count * static_cast<std::size_t>(dv));
-    std::vector<double> v_abs(g_count * static_cast<std::size_t>(dv));  // sum |v| per group
-    {
-      ExactAccumulator acc;
-      for (std::size_t g = 0; g < g_count; ++g)
-        for (std::int64_t d = 0; d < dv; ++d) {
-          if (groups[g].size() == 1) {
-            v_single[gd(g, d)] = v_of(groups[g][0], d);
-            v_abs[gd(g, d)] = std::fabs(v_single[gd(g, d)]);
-            continue;
-          }
-          acc.clear();
-          double abs_sum = 0.0;
-          for (std::size_t s : groups[g]) {
-            acc.add(v_of(s, d));
-            abs_sum += std::fabs(v_of(s, d));
-          }
-          v_sum[gd(g, d)] = std::make_unique<Mpfr>(2);
-          acc.exact_value(*v_sum[gd(g, d)]);
-          v_abs[gd(g, d)] = abs_sum;
-        }
-    }
-    // out = w * V_g[d] at out's precision
-    auto times_v = [&](mpfr_ptr out, mpfr_srcptr w, std::size_t g, std::int64_t d) {
-      if (v_sum[gd(g, d)]) mpfr_mul(out, w, *v_sum[gd(g, d)], MPFR_RNDN);
-      else mpfr_mul_d(out, w, v_single[gd(g, d)], MPFR_RNDN);
-    };
-
-    // Outputs that are rational: every group has the same mean, so O is that mean.
-    std::vector<bool> decided(static_cast<std::size_t>(dv), false);
-    Mpfr one(2);
-    mpfr_set_ui(one, 1, MPFR_RNDN);
-    for (std::int64_t d = 0; d < dv; ++d) {
-      bool equal_means = true;
-      for (std::size_t g = 1; g < g_count && equal_means; ++g) {
-        if (!v_sum[gd(g, d)] && !v_sum[gd(0, d)]) {  // one key each: the values themselves
-          equal_means = v_single[gd(g, d)] == v_single[gd(0, d)];
-          continue;
-        }
-        // V_g n_0 == V_0 n_g, exactly (precision: any V sum of doubles, times a count)
-        Mpfr lhs(4400), rhs(4400);
-        times_v(lhs, one, g, d);
-        times_v(rhs, one, 0, d);
-        mpfr_mul_ui(lhs, lhs, groups[0].size(), MPFR_RNDN);
-        mpfr_mul_ui(rhs, rhs, groups[g].size(), MPFR_RNDN);
-        equal_means = mpfr_equal_p(lhs, rhs) != 0;
-      }
-      if (!equal_means) continue;
-      ExactAccumulator acc;
-      for (std::size_t s = 0; s < n; ++s) acc.add(v_of(s, d));
-      Mpfr total(2);
-      acc.exact_value(total);
-      out.values[o_at(d)] = exact_quotient(total, static_cast<unsigned long>(n));
-      decided[d] = true;
-    }
-
-    // The LSE of a single key is sigma * score: exact when sigma is a given double or
-    // 1/sqrt of a perfect square; otherwise irrational (or 0) and left to the loop.
-    bool lse_done = false;
-    RefValue& lse = out.lse[static_cast<std::size_t>(row)];
-    if (n == 1) {
-      mpfr_srcptr s0 = *score[0];
-      if (scale.given || scale.root || mpfr_zero_p(s0)) {
-        if (scale.given) {
-          Mpfr p(mpfr_get_prec(s0) + 53);
-          mpfr_mul_d(p, s0, scale.value, MPFR_RNDN);
-          lse = RefValue::from_exact(p);
-        } else if (mpfr_zero_p(s0)) {
-          lse = RefValue::from_exact(s0);
-        } else {
-          lse = exact_quotient(s0, static_cast<unsigned long>(scale.root));
-        }
-        if (lse.kind == RefValue::Kind::Zero) lse = RefValue::zero(false);  // log 1 = +0
-        lse_done = true;
-      }
-    }
-
-    // O = mu + delta with mu = V_ref / n_ref, the reference group's mean, and
-    // delta = sum_{g != ref} w_g c_g / (n_ref D), c_g = n_ref V_g - n_g V_ref (exact): when
-    // one group dominates, delta is tiny and known to its own relative precision, which
-    // decides O next to mu (window_near) without the precision of mu - O.
-    const std::size_t n_ref = groups[ref].size();
-    std::vector<MpfrBox> v_ref(static_cast<std::size_t>(dv)), c_g(g_count * static_cast<std::size_t>(dv));
-    const auto v_exact = [&](std::size_t g, std::int64_t d) {
-      auto m = std::make_unique<Mpfr>(53);
-      if (v_sum[gd(g, d)]) {
-        mpfr_set_prec(*m, mpfr_get_prec(*v_sum[gd(g, d)]));
-        mpfr_set(*m, *v_sum[gd(g, d)], MPFR_RNDN);
-      } else {
-        mpfr_set_d(*m, v_single[gd(g, d)], MPFR_RNDN);
-      }
-      return m;
-    };
-    // Computed for d once the first, plain attempt has not decided it (most outputs are
-    // decided there, and these exact differences cost as much as that attempt).
-    const auto prepare_near = [&](std::int64_t d) {
-      v_ref[d] = v_exact(ref, d);
-      for (std::size_t g = 0; g < g_count; ++g) {
-        if (g == ref) continue;
-        const MpfrBox vg = v_exact(g, d);
-        std::vector<mpfr_ptr> two;
-        Mpfr x(mpfr_get_prec(*vg) + 64), y(mpfr_get_prec(*v_ref[d]) + 64);
-        mpfr_mul_ui(x, *vg, n_ref, MPFR_RNDN);                 // exact
-        mpfr_mul_ui(y, *v_ref[d], groups[g].size(), MPFR_RNDN);  // exact
-        mpfr_neg(y, y, MPFR_RNDN);
-        c_g[gd(g, d)] = std::make_unique<Mpfr>(2);
-        exact_sum_of(*c_g[gd(g, d)], x, y);
-      }
-    };
-
-    // The near path's per-column inputs and results, and the group sizes (the LSE's c_g).
-    std::vector<mpfr_srcptr> c_col(g_count);
-    std::vector<MpfrBox> sizes(g_count);
-    std::vector<mpfr_srcptr> group_sizes(g_count);
-    for (std::size_t g = 0; g < g_count; ++g) {
-      if (g == ref) continue;
-      sizes[g] = std::make_unique<Mpfr>(64);
-      mpfr_set_ui(*sizes[g], groups[g].size(), MPFR_RNDN);
-      group_sizes[g] = *sizes[g];
-    }
-    Perturbation delta, eps;
-    RelativeWeights o_weights, lse_weights;
-    Mpfr n_denom(2);
-
-    // Ziv's loop for the rest, and the magnitudes.
-    for (mpfr_prec_t p = 192;; p *= 2) {
-      if (p > (1 << 18)) {
-        std::string undecided;
-        for (std::int64_t d = 0; d < dv; ++d)
-          if (!decided[d]) undecided += fmt::format("{}{}", undecided.empty() ? "" : ",", d);
-        throw std::runtime_error(fmt::format(
-            "attention reference: rounding not decided at 2^18 bits (batch {}, head {}, query {}: {} keys in {} score "
-            "groups; output columns [{}]{})", b, h, i, n, g_count, undecided, lse_done ? "" : ", the log-sum-exp"));
-      }
-      Mpfr sigma(p), t(p), denom(p), num(p), o(p), bound(64), tmp(64);
-      mpfr_set_prec(n_denom, p + 32);
-      scale.set(sigma);
-      std::vector<MpfrBox> w(g_count);
-      double t_max = 0.0;
-      for (std::size_t g = 0; g < g_count; ++g) {
-        w[g] = std::make_unique<Mpfr>(p);
-        mpfr_mul(t, sigma, *diff[g], MPFR_RNDN);
-        t_max = std::max(t_max, std::fabs(mpfr_get_d(t, MPFR_RNDU)));
-        mpfr_exp(*w[g], t, MPFR_RNDN);
-      }
-      // |w~ - w| <= (2|t| + 1) 2^-p w: exp's argument carries sigma's and the product's
-      // rounding, exp its own.
-      std::vector<MpfrBox> terms(g_count);
-      std::vector<mpfr_ptr> ptrs(g_count);
-      for (std::size_t g = 0; g < g_count; ++g) {
-        terms[g] = std::make_unique<Mpfr>(p);
-        mpfr_mul_ui(*terms[g], *w[g], groups[g].size(), MPFR_RNDN);
-        ptrs[g] = *terms[g];
-      }
-      mpfr_sum(denom, ptrs.data(), g_count, MPFR_RNDN);
-      // The other groups' share of the weight: below 2^-100, the plain attempt cannot decide
-      // an output next to the dominant mean, so the near path goes first.
-      bool dominated = false;
-      if (g_count > 1) {
-        Mpfr others_sum(64);
-        std::vector<mpfr_ptr> others;
-        for (std::size_t g = 0; g < g_count; ++g)
-          if (g != ref) others.push_back(*terms[g]);
-        mpfr_sum(others_sum, others.data(), others.size(), MPFR_RNDU);
-        dominated = mpfr_zero_p(others_sum) || mpfr_get_exp(others_sum) < -100;
-      }
-      const long slack = 6 + static_cast<long>(std::ceil(std::log2(2.0 * t_max + 2.0)));
-      bool all = true;
-      for (std::int64_t d = 0; d < dv; ++d) {
-        // magnitude: sum_g w_g sum|v| / D, bounded above in 64 bits
-        mpfr_set_zero(bound, 1);
-        for (std::size_t g = 0; g < g_count; ++g) {
-          mpfr_mul_d(tmp, *w[g], v_abs[gd(g, d)], MPFR_RNDU);
-          mpfr_add(bound, bound, tmp, MPFR_RNDU);
-        }
-        mpfr_div(bound, bound, denom, MPFR_RNDU);
-        out.magnitude[o_at(d)] = mpfr_get_d(bound, MPFR_RNDN);
-        if (decided[d]) continue;
-        if ((p > 192 || dominated) && g_count > 1 && !v_ref[d]) prepare_near(d);
-        if (v_ref[d]) {  // next to the dominant group's mean: O = mu + delta
-          for (std::size_t g = 0; g < g_count; ++g) c_col[g] = g == ref ? nullptr : c_g[gd(g, d)]->get();
-          mpfr_mul_ui(n_denom, denom, n_ref, MPFR_RNDN);
-          perturbation(delta, o_weights, sigma, scale.sign(), diff, c_col, n_denom, slack + 1, p);
-          if (delta.sign != 0 && !mpfr_zero_p(*v_ref[d])) {
-            const bool negative = mpfr_sgn(v_ref[d]->get()) < 0;  // |O| = |mu| + delta sgn(mu)
-            Mpfr lo(p + 64), hi(p + 64);
-            mpfr_sub(lo, delta.value, delta.bound, MPFR_RNDD);
-            mpfr_add(hi, delta.value, delta.bound, MPFR_RNDU);
-            if (negative) mpfr_swap(lo, hi), mpfr_neg(lo, lo, MPFR_RNDD), mpfr_neg(hi, hi, MPFR_RNDU);
-            if (auto near = window_near(*v_ref[d], static_cast<unsigned long>(n_ref), lo, hi, negative,
-                                        negative ? -delta.sign : delta.sign)) {
-              out.values[o_at(d)] = *near;
-              decided[d] = true;
-              continue;
-            }
-          } else if (delta.sign != 0 && delta.infinitesimal) {  // mu = 0: O = delta
-            out.values[o_at(d)] = RefValue::tiny(delta.sign < 0);
-            decided[d] = true;
-            continue;
-          } else if (delta.sign != 0 && !mpfr_zero_p(delta.bound)) {
-            const long err = static_cast<long>(mpfr_get_exp(delta.value)) - static_cast<long>(mpfr_get_exp(delta.bound));
-            if (mpfr_can_round(delta.value, err, MPFR_RNDN, MPFR_RNDZ, 128)) {
-              out.values[o_at(d)] = RefValue::from_certified(delta.value);
-              decided[d] = true;
-              continue;
-            }
-          }
-        }
-        for (std::size_t g = 0; g < g_count; ++g) times_v(*terms[g], *w[g], g, d);
-        mpfr_sum(num, ptrs.data(), g_count, MPFR_RNDN);
-        mpfr_div(o, num, denom, MPFR_RNDN);
-        // |O~ - O| <= 2^(slack - p) sum_j p_j |v_j| (the magnitude, bounded above). Weights
-        // below MPFR's range (|w| < 2^-(2^30)) are 0 in both: the bound covers what they leave
-        // out while it is above 2^-(2^20) (p <= 2^18), and the near path decides the rest.
-        if (mpfr_zero_p(o) || mpfr_zero_p(bound) || mpfr_get_exp(bound) < -(1L << 20)) {
-          all = false;
-          continue;
-        }
-        const long err = static_cast<long>(mpfr_get_exp(o)) - (static_cast<long>(mpfr_get_exp(bound)) + slack - p);
-        if (mpfr_can_round(o, err, MPFR_RNDN, MPFR_RNDZ, 128)) {
-          out.values[o_at(d)] = RefValue::from_certified(o);
-          decided[d] = true;
-        } else {
-          all = false;
-        }
-      }
-      if (!lse_done && n_ref == 1 && g_count > 1 && (scale.given || scale.root)) {
-        // LSE = m + log1p(eps), m = sigma score_ref rational, eps = sum_{g != ref} n_g w_g:
-        // next to m when one key dominates (as O next to mu above).
-        Mpfr m_num(mpfr_get_prec(*score[groups[ref][0]]) + 53);
-        unsigned long m_den = 1;
-        if (scale.given) mpfr_mul_d(m_num, *score[groups[ref][0]], scale.value, MPFR_RNDN);  // exact
-        else mpfr_set(m_num, *score[groups[ref][0]], MPFR_RNDN), m_den = static_cast<unsigned long>(scale.root);
-        if (!mpfr_zero_p(m_num)) {
-          perturbation(eps, lse_weights, sigma, scale.sign(), diff, group_sizes, nullptr, 0, p);  // eps > 0
-          const bool negative = mpfr_sgn(m_num.get()) < 0;  // |LSE| = |m| + log1p(eps) sgn(m)
-          Mpfr lo(p + 64), hi(p + 64);
-          mpfr_set_zero(lo, 1), mpfr_set_zero(hi, 1);
-          if (eps.sign > 0 && !eps.infinitesimal) {
-            // log1p(eps) <= eps, and its derivative is below 1: |l~ - l| <= eps's bound + 2^-p l~
-            Mpfr l(p), eb(64);
-            mpfr_log1p(l, eps.value, MPFR_RNDN);
-            mpfr_mul_2si(eb, l, -p, MPFR_RNDU);
-            mpfr_add(eb, eb, eps.bound, MPFR_RNDU);
-            mpfr_sub(lo, l, eb, MPFR_RNDD);
-            mpfr_add(hi, l, eb, MPFR_RNDU);
-            if (negative) mpfr_swap(lo, hi), mpfr_neg(lo, lo, MPFR_RNDD), mpfr_neg(hi, hi, MPFR_RNDU);
-          }
-          if (eps.sign > 0) {
-            if (auto near = window_near(m_num, m_den, lo, hi, negative, negative ? -1 : 1)) {
-              lse = *near;
-              lse_done = true;
-            }
-          }
-        }
-      }
-      if (!lse_done) {
-        // LSE = sigma score_ref + log D: error below 2^(slack - p) (|m| + |log D| + |LSE| + 1)
-        Mpfr m(p), l(p), lse_v(p);
-        mpfr_mul(m, sigma, *score[groups[ref][0]], MPFR_RNDN);
-        mpfr_log(l, denom, MPFR_RNDN);
-        mpfr_add(lse_v, m, l, MPFR_RNDN);
-        mpfr_set_ui(bound, 1, MPFR_RNDU);
-        for (mpfr_srcptr x : {m.get(), l.get(), lse_v.get()}) {
-          mpfr_abs(tmp, x, MPFR_RNDU);
-          mpfr_add(bound, bound, tmp, MPFR_RNDU);
-        }
-        if (!mpfr_zero_p(lse_v)) {
-          const long err = static_cast<long>(mpfr_get_exp(lse_v)) - (static_cast<long>(mpfr_get_exp(bound)) + slack - p);
-          if (mpfr_can_round(lse_v, err, MPFR_RNDN, MPFR_RNDZ, 128)) {
-            lse = RefValue::from_certified(lse_v);
-            lse_done = true;
-          }
-        }
-        all = all && lse_done;
-      }
-      if (all) break;
-    }
-  }, threads);
+  threads = threads_for(static_cast<double>(computed) * static_cast<double>(a.seq_kv) * static_cast<double>(in.hd + in.dv),
+                        0x1p15, threads);
+  parallel_for(rows, [&](std::int64_t row) { reference_row(c, in, row, only, out); }, threads);
   return out;
 }
 
