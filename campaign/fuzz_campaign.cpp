@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include "core/error.hpp"
+#include "core/file_io.hpp"
 
 namespace ulpgate {
 namespace {
@@ -20,12 +21,6 @@ constexpr int kMaxLargeShrinkSteps = 24;
 // How far (in multiples of jobs) drawing runs ahead of the oldest case not yet taken.
 constexpr std::int64_t kLookahead = 32;
 
-// A file name from a kernel name and an id (parameterised model names hold ':' and ',').
-std::string file_stem(const std::string& kernel, const std::string& id) {
-  std::string file;
-  for (char ch : kernel + "-" + id) file += std::isalnum(static_cast<unsigned char>(ch)) || ch == '-' || ch == '.' ? ch : '_';
-  return file;
-}
 
 }  // namespace
 
@@ -408,7 +403,7 @@ std::optional<CaseResult> FuzzCampaign::shrink_failure(const TargetRun& tr, cons
 
 std::string FuzzCampaign::save_case(const std::string& dir, const CaseResult& r) const {
   std::filesystem::create_directories(dir);
-  const auto path = std::filesystem::path(dir) / (file_stem(r.kernel, r.id) + ".json");
+  const auto path = std::filesystem::path(dir) / (safe_file_name(r.kernel + "-" + r.id) + ".json");  // model names hold ':' and ','.
   write_case_file(path.string(), r.spec);
   return path.string();
 }

@@ -73,3 +73,11 @@ TEST(FileIo, ParseJsonTextAppliesTheSameLimits) {
   EXPECT_EQ(error_of_text("[1,").rfind("not valid JSON at byte 4: ", 0), 0u) << error_of_text("[1,");
   EXPECT_EQ(parse_json(R"({"a": [1, 2]})")["a"][1], 2);
 }
+
+// A parameterised model's name as a file name: letters, digits, '.', '_' and '-' kept, every
+// other byte (':', ',', '=', '/', spaces, non-ASCII) one '_'.
+TEST(FileIo, SafeFileNameKeepsOnlyPortableCharacters) {
+  EXPECT_EQ(safe_file_name("cpu.blockfma:block=4,frac=23-ab12"), "cpu.blockfma_block_4_frac_23-ab12");
+  EXPECT_EQ(safe_file_name("a/b c\xc3\xa9_d"), "a_b_c___d");
+  EXPECT_EQ(safe_file_name(""), "");
+}
