@@ -546,12 +546,12 @@ class GemmModule final : public OpModule {
 
   ToleranceModel tolerance(const Case& c, const KernelTraits& traits) const override {
     ToleranceModel t = precision_terms(c, traits);
-    // cuBLASLt with beta C and a bias into a 16-bit D rounds alpha acc + beta C to D's
-    // format before it adds the bias (measured: tests/kernels/test_library_gpu.cpp).
+    // cuBLASLt with a bias into a 16-bit D may round alpha acc + beta C to D's format before
+    // it adds the bias, with beta C or without (measured: tests/kernels/test_library_gpu.cpp).
     const Format fd = c.types.at("D");
-    if (c.beta != 0.0 && has_bias(c.epilogue) && info(fd).precision() < 24) {
+    if (has_bias(c.epilogue) && info(fd).precision() < 24) {
       t.epilogue_rounding = std::ldexp(1.0, -info(fd).precision()) * (has_gelu(c.epilogue) ? kGeluSlope : 1.0);
-      t.rule += fmt::format(", alpha acc + beta C may be rounded to {} before the bias", name(fd));
+      t.rule += fmt::format(", alpha acc{} may be rounded to {} before the bias", c.beta != 0.0 ? " + beta C" : "", name(fd));
     }
     return t;
   }
@@ -575,7 +575,7 @@ class GemmModule final : public OpModule {
       out.push_back({"mma/wgmma: 16 products per step, 25 bits after alignment on the inputs' exponents, truncated",
                      fmt::format("cpu.blockfma:block=16,frac=25,round=rz,align={}", dtype)});
     if (dtype != "fp32" && dtype != "tf32" && dtype != "fp64")
-      out.push_back({"beta C and a bias into a 16-bit D: alpha acc + beta C rounded to D's format before the bias (cuBLASLt)",
+      out.push_back({"a bias into a 16-bit D: alpha acc + beta C rounded to D's format before the bias (cuBLASLt)",
                      "cpu.fp32_seq:epi=rounded"});
     if (fp8)
       out.push_back({"FP8 tensor cores: 32 products per step kept to 13 fraction bits (truncated), promoted to FP32 every 128",
