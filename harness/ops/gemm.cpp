@@ -214,6 +214,13 @@ void precision_terms_of(const Case& c, const Inputs& inputs, const ToleranceMode
   const double sd = scale_of("D"), scale = std::fabs(c.alpha * scale_of("A") * scale_of("B") * sd);
   const double floor = static_cast<double>(K + 4) * tol.accumulator_eta * std::max(1.0, sd);
   const auto finite_or_zero = [](double v) { return std::isfinite(v) ? v : 0.0; };
+  // Where alpha acc + beta C may be rounded to D's format before the bias (the admitted
+  // epilogue rounding): that rounding's error, u_D |alpha sA sB acc + beta sC c| sD, joins
+  // the scale, and its random spread (u_D |t| / sqrt 3, uniform rounding) the bias test's.
+  const double alpha_sab = c.alpha * scale_of("A") * scale_of("B"), beta_sc = c.beta * scale_of("C");
+  const auto c_value = [&](std::int64_t bi, std::int64_t i, std::int64_t j) {
+    return c.beta != 0.0 ? finite_or_zero(inputs.at("C").value(gemm_view(c, "C").offset(bi, i, j))) : 0.0;
+  };
   // elements outside the sample (precision_sample) have no scale: NaN, which the rule skips
   const std::vector<std::int64_t>& rows = sample.rows;
   const std::vector<std::int64_t>& cols = sample.cols;
@@ -295,9 +302,14 @@ void precision_terms_of(const Case& c, const Inputs& inputs, const ToleranceMode
           if (ui > 0) acc += ui * std::sqrt(2 * pp[jj] / 3) + (directed_inputs ? 2 * ui * std::fabs(sum[jj]) : 0.0);
           const std::size_t e = static_cast<std::size_t>((bi * M + i) * N + cols[static_cast<std::size_t>(j0 + jj)]);
           const double abs_part = floor + (input_abs.empty() ? 0.0 : input_abs[e]);
-          out[e] = scale * acc + abs_part;
+          const double pre_rounding =
+              tol.epilogue_rounding > 0
+                  ? tol.epilogue_rounding * std::fabs(sd) *
+                        std::fabs(alpha_sab * sum[jj] + beta_sc * c_value(bi, i, cols[static_cast<std::size_t>(j0 + jj)]))
+                  : 0.0;
+          out[e] = scale * acc + abs_part + pre_rounding;
           allowance[e] = scale * systematic + abs_part;
-          spread[e] = scale * sigma;
+          spread[e] = scale * sigma + pre_rounding / std::sqrt(3.0);
           if (rounds_inputs) shift[e] = c.alpha * scale_of("A") * scale_of("B") * sd * delta[jj];
         }
       }
@@ -546,12 +558,14 @@ class GemmModule final : public OpModule {
 
   ToleranceModel tolerance(const Case& c, const KernelTraits& traits) const override {
     ToleranceModel t = precision_terms(c, traits);
-    // cuBLASLt with a bias into a 16-bit D may round alpha acc + beta C to D's format before
-    // it adds the bias, with beta C or without (measured: tests/kernels/test_library_gpu.cpp).
+    // cuBLASLt with a bias or a GELU into a 16-bit D may round alpha acc + beta C to D's
+    // format before it adds the bias or applies the GELU, with beta C or without (measured:
+    // tests/kernels/test_library_gpu.cpp).
     const Format fd = c.types.at("D");
-    if (has_bias(c.epilogue) && info(fd).precision() < 24) {
+    if ((has_bias(c.epilogue) || has_gelu(c.epilogue)) && info(fd).precision() < 24) {
       t.epilogue_rounding = std::ldexp(1.0, -info(fd).precision()) * (has_gelu(c.epilogue) ? kGeluSlope : 1.0);
-      t.rule += fmt::format(", alpha acc{} may be rounded to {} before the bias", c.beta != 0.0 ? " + beta C" : "", name(fd));
+      t.rule += fmt::format(", alpha acc{} may be rounded to {} before the {}", c.beta != 0.0 ? " + beta C" : "", name(fd),
+                            has_bias(c.epilogue) ? "bias" : "activation");
     }
     return t;
   }
@@ -575,7 +589,8 @@ class GemmModule final : public OpModule {
       out.push_back({"mma/wgmma: 16 products per step, 25 bits after alignment on the inputs' exponents, truncated",
                      fmt::format("cpu.blockfma:block=16,frac=25,round=rz,align={}", dtype)});
     if (dtype != "fp32" && dtype != "tf32" && dtype != "fp64")
-      out.push_back({"a bias into a 16-bit D: alpha acc + beta C rounded to D's format before the bias (cuBLASLt)",
+      out.push_back({"a bias or a GELU into a 16-bit D: alpha acc + beta C rounded to D's format before the bias or the "
+                     "activation (cuBLASLt)",
                      "cpu.fp32_seq:epi=rounded"});
     if (fp8)
       out.push_back({"FP8 tensor cores: 32 products per step kept to 13 fraction bits (truncated), promoted to FP32 every 128",
@@ -616,12 +631,10 @@ class GemmModule final : public OpModule {
       mark_input_rounding_overflow(c, inputs, tol.input_bits, cmp);
       if (c.alpha != 0) cmp.input_abs = input_rounding_abs(c, inputs, tol.input_bits);
     }
-    // The precision rule: where D is alpha x the accumulation through at most a ReLU (a
-    // GELU's own evaluation error is not in its scale).
+    // The precision rule: where D is alpha x the accumulation through at most a bias and a
+    // ReLU (a GELU's own evaluation error is not in its scale).
     const Phase phase("precision_scale");
-    // The same where alpha acc + beta C may be rounded to D's format before the bias: that
-    // rounding is not in the scale either.
-    if (c.alpha != 0 && !has_gelu(c.epilogue) && tol.epilogue_rounding == 0)
+    if (c.alpha != 0 && !has_gelu(c.epilogue))
       precision_terms_of(c, inputs, tol, precision_sample(c), cmp);
     return cmp;  // allowed: empty, the ToleranceModel's GEMM bound with n = K applies
   }
