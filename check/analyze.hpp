@@ -272,8 +272,8 @@ struct ToleranceModel {
   /// kernel's tanh/erf; the bound adds activation_error c_e / 2 (c_e >= |v|, the
   /// activation's input). 0: none.
   double activation_error = 0;
-  /// GEMM with beta C and a bias into a narrow D: alpha acc + beta C may be rounded to D's
-  /// format before the bias is added (cuBLASLt, measured): D's unit roundoff times the
+  /// GEMM with a bias or a GELU into a narrow D: alpha acc + beta C may be rounded to D's
+  /// format before the bias or the GELU (cuBLASLt, measured): D's unit roundoff times the
   /// activation's largest slope (1, GELU 1.13). The bound adds it times c_e (c_e >=
   /// |alpha acc + beta C|); 0: no such rounding.
   double epilogue_rounding = 0;

@@ -61,7 +61,7 @@ struct KernelTraits {
   /// calls them one at a time (campaign/isolate.hpp), on the legacy default stream.
   bool thread_safe = false;
   /// The kernel accumulates with round-to-nearest (FP32 FMA in CUDA C, the CPU models of
-  /// RNE accumulation): each rounding error is zero-mean, so the precision rule (harness/
+  /// RNE accumulation): each rounding error is zero-mean, so the precision rule (check/
   /// analyze.hpp) allows the random-rounding scale only. false (unknown, the default, and
   /// tensor cores, which truncate): the rule also allows round-toward-zero's bias.
   bool rounds_to_nearest = false;

@@ -209,6 +209,11 @@ struct PrecisionPlan {
   double scale;    // |alpha sA sB sD|
   double shift_scale;  // alpha sA sB sD
   double floor;    // the absolute part: K + 4 times the accumulator's eta
+  // Where alpha acc + beta C may be rounded to D's format before the bias (the admitted
+  // epilogue rounding, ToleranceModel::epilogue_rounding): that rounding's error,
+  // epilogue_rounding |alpha sA sB acc + beta sC c| |sD|, joins the scale, and its random
+  // spread (that over sqrt 3, uniform rounding) the bias test's.
+  double epilogue_rounding, alpha_sab, beta_sc, sd_abs;
 
   PrecisionPlan(const Case& c, const ToleranceModel& tol) {
     const std::int64_t K = c.gemm.k;
@@ -225,6 +230,10 @@ struct PrecisionPlan {
     shift_scale = c.alpha * scale_of("A") * scale_of("B") * sd;
     scale = std::fabs(shift_scale);
     floor = static_cast<double>(K + 4) * tol.accumulator_eta * std::max(1.0, sd);
+    epilogue_rounding = tol.epilogue_rounding;
+    alpha_sab = c.alpha * scale_of("A") * scale_of("B");
+    beta_sc = c.beta * scale_of("C");
+    sd_abs = std::fabs(sd);
   }
 };
 
@@ -283,7 +292,8 @@ struct ElementTerms {
   double scale, allowance, spread, shift;
 };
 
-ElementTerms element_terms(const PrecisionPlan& pl, const TileSums& t, std::int64_t jj, double abs_part) {
+// c_value: the element's C (0 without beta C).
+ElementTerms element_terms(const PrecisionPlan& pl, const TileSums& t, std::int64_t jj, double abs_part, double c_value) {
   // The random model's sigma, or the error a sequential round-to-nearest accumulation at
   // this precision really makes on these inputs where that is larger: on heavy-tailed
   // positive data small terms are absorbed one-sidedly (the model's independence fails),
@@ -296,7 +306,12 @@ ElementTerms element_terms(const PrecisionPlan& pl, const TileSums& t, std::int6
   if (pl.promoting) systematic += 0x1p-24 * t.outer[jj];  // FP32's rounding of each chunk's addition
   double acc = std::max(sigma, absorbed) + (systematic - absorbed);
   if (pl.ui > 0) acc += pl.ui * std::sqrt(2 * t.pp[jj] / 3) + (pl.directed_inputs ? 2 * pl.ui * std::fabs(t.sum[jj]) : 0.0);
-  return {pl.scale * acc + abs_part, pl.scale * systematic + abs_part, pl.scale * sigma, pl.shift_scale * t.delta[jj]};
+  const double pre_rounding =
+      pl.epilogue_rounding > 0
+          ? pl.epilogue_rounding * pl.sd_abs * std::fabs(pl.alpha_sab * t.sum[jj] + pl.beta_sc * c_value)
+          : 0.0;
+  return {pl.scale * acc + abs_part + pre_rounding, pl.scale * systematic + abs_part,
+          pl.scale * sigma + pre_rounding / std::sqrt(3.0), pl.shift_scale * t.delta[jj]};
 }
 
 void precision_terms_of(const Case& c, const Inputs& inputs, const ToleranceModel& tol, const PrecisionSample& sample,
@@ -308,6 +323,9 @@ void precision_terms_of(const Case& c, const Inputs& inputs, const ToleranceMode
   const std::int64_t M = g.m, N = g.n, K = g.k;
   const PrecisionPlan pl(c, tol);
   const auto finite_or_zero = [](double v) { return std::isfinite(v) ? v : 0.0; };
+  const auto c_value = [&](std::int64_t bi, std::int64_t i, std::int64_t j) {
+    return c.beta != 0.0 ? finite_or_zero(inputs.at("C").value(gemm_view(c, "C").offset(bi, i, j))) : 0.0;
+  };
   // elements outside the sample (precision_sample) have no scale: NaN, which the rule skips
   const std::vector<std::int64_t>& rows = sample.rows;
   const std::vector<std::int64_t>& cols = sample.cols;
@@ -341,7 +359,8 @@ void precision_terms_of(const Case& c, const Inputs& inputs, const ToleranceMode
         accumulate_tile(pl, ar, ar_in, bk, bk_in, C, j0, w, t);
         for (std::int64_t jj = 0; jj < w; ++jj) {
           const std::size_t e = static_cast<std::size_t>((bi * M + i) * N + cols[static_cast<std::size_t>(j0 + jj)]);
-          const ElementTerms et = element_terms(pl, t, jj, pl.floor + (input_abs.empty() ? 0.0 : input_abs[e]));
+          const double cv = c_value(bi, i, cols[static_cast<std::size_t>(j0 + jj)]);
+          const ElementTerms et = element_terms(pl, t, jj, pl.floor + (input_abs.empty() ? 0.0 : input_abs[e]), cv);
           out[e] = et.scale, allowance[e] = et.allowance, spread[e] = et.spread;
           if (rounds_inputs) shift[e] = et.shift;
         }
@@ -591,12 +610,14 @@ class GemmModule final : public OpModule {
 
   ToleranceModel tolerance(const Case& c, const KernelTraits& traits) const override {
     ToleranceModel t = precision_terms(c, traits);
-    // cuBLASLt with beta C and a bias into a 16-bit D rounds alpha acc + beta C to D's
-    // format before it adds the bias (measured: tests/kernels/test_library_gpu.cpp).
+    // cuBLASLt with a bias or a GELU into a 16-bit D may round alpha acc + beta C to D's
+    // format before it adds the bias or applies the GELU, with beta C or without (measured:
+    // tests/kernels/test_library_gpu.cpp).
     const Format fd = c.types.at("D");
-    if (c.beta != 0.0 && has_bias(c.epilogue) && info(fd).precision() < 24) {
+    if ((has_bias(c.epilogue) || has_gelu(c.epilogue)) && info(fd).precision() < 24) {
       t.epilogue_rounding = std::ldexp(1.0, -info(fd).precision()) * (has_gelu(c.epilogue) ? kGeluSlope : 1.0);
-      t.rule += fmt::format(", alpha acc + beta C may be rounded to {} before the bias", name(fd));
+      t.rule += fmt::format(", alpha acc{} may be rounded to {} before the {}", c.beta != 0.0 ? " + beta C" : "", name(fd),
+                            has_bias(c.epilogue) ? "bias" : "activation");
     }
     return t;
   }
@@ -620,7 +641,8 @@ class GemmModule final : public OpModule {
       out.push_back({"mma/wgmma: 16 products per step, 25 bits after alignment on the inputs' exponents, truncated",
                      fmt::format("cpu.blockfma:block=16,frac=25,round=rz,align={}", dtype)});
     if (dtype != "fp32" && dtype != "tf32" && dtype != "fp64")
-      out.push_back({"beta C and a bias into a 16-bit D: alpha acc + beta C rounded to D's format before the bias (cuBLASLt)",
+      out.push_back({"a bias or a GELU into a 16-bit D: alpha acc + beta C rounded to D's format before the bias or the "
+                     "activation (cuBLASLt)",
                      "cpu.fp32_seq:epi=rounded"});
     if (fp8)
       out.push_back({"FP8 tensor cores: 32 products per step kept to 13 fraction bits (truncated), promoted to FP32 every 128",
@@ -661,12 +683,10 @@ class GemmModule final : public OpModule {
       mark_input_rounding_overflow(c, inputs, tol.input_bits, cmp);
       if (c.alpha != 0) cmp.input_abs = input_rounding_abs(c, inputs, tol.input_bits);
     }
-    // The precision rule: where D is alpha x the accumulation through at most a ReLU (a
-    // GELU's own evaluation error is not in its scale).
+    // The precision rule: where D is alpha x the accumulation through at most a bias and a
+    // ReLU (a GELU's own evaluation error is not in its scale).
     const Phase phase("precision_scale");
-    // The same where alpha acc + beta C may be rounded to D's format before the bias: that
-    // rounding is not in the scale either.
-    if (c.alpha != 0 && !has_gelu(c.epilogue) && tol.epilogue_rounding == 0)
+    if (c.alpha != 0 && !has_gelu(c.epilogue))
       precision_terms_of(c, inputs, tol, precision_sample(c), cmp);
     return cmp;  // allowed: empty, the ToleranceModel's GEMM bound with n = K applies
   }

@@ -370,7 +370,7 @@ Code model_epilogue(const Case& c, float acc, double c_value, double bias_value,
   if (c.alpha != 1.0) v = static_cast<float>(c.alpha) * v;
   if (c.beta != 0.0)
     v = std::fma(static_cast<float>(c.beta), static_cast<float>(scale(c, "C") * c_value), v);
-  if (rounded_before_bias && c.beta != 0.0 && has_bias(c.epilogue) && std::isfinite(v))
+  if (rounded_before_bias && (has_bias(c.epilogue) || has_gelu(c.epilogue)) && std::isfinite(v))
     v = static_cast<float>(decode(fd, encode(fd, v, Rounding::NearestEven, is_fp8(fd) ? Overflow::Saturate : Overflow::NoSaturate)));
   if (has_bias(c.epilogue)) v = v + static_cast<float>(bias_value);
   switch (c.epilogue) {

@@ -80,8 +80,8 @@ struct AccumulationModel {
   /// TF32 compute: how A and B are rounded to TF32 first (cvt.rna: to nearest, ties away).
   /// Name: ",in=rz".
   Rounding input_rounding = Rounding::NearestAway;
-  /// With beta C and a bias: alpha acc + beta C rounded to D's format before the bias is
-  /// added, as cuBLASLt does for a 16-bit D. Name: ":epi=rounded".
+  /// With a bias or a GELU: alpha acc + beta C rounded to D's format before the bias is
+  /// added or the GELU applied, as cuBLASLt does for a 16-bit D. Name: ":epi=rounded".
   bool epilogue_rounded = false;
 
   /// Kernel name: "cpu.fp32_seq", "cpu.fp32_pairwise", "cpu.blockfma:block=16,frac=13,round=rz"
@@ -102,7 +102,7 @@ float model_dot(const AccumulationModel& m, const double* a, const double* b, st
                 float acc0 = 0.0f);
 
 /// The FP32 epilogue above, and the final rounding to D's format; rounded_before_bias: with
-/// beta C and a bias, alpha acc + beta C rounded to D's format before the bias.
+/// a bias or a GELU, alpha acc + beta C rounded to D's format before the bias or the GELU.
 Code model_epilogue(const Case& c, float acc, double c_value, double bias_value, bool rounded_before_bias = false);
 
 /// A host GEMM kernel that computes the case under the model.
