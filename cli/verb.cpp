@@ -17,6 +17,13 @@ std::uint64_t Context::max_memory(const std::string& text) const {
   return text.empty() ? default_max_memory() : parse_memory_size(text);
 }
 
+void set_help_footer(CLI::App* command, std::initializer_list<HelpExample> examples, const char* exit_codes) {
+  std::string text = "Examples:\n";
+  for (const HelpExample& e : examples) text += fmt::format("  {}\n      {}\n", e.command, e.what);
+  text += fmt::format("\nExit codes: {}.\n", exit_codes);
+  command->footer(text);
+}
+
 Exit usage_error(const std::string& msg) {
   std::fprintf(stderr, "ulpgate: error: %s (see 'ulpgate --help')\n", msg.c_str());
   return Exit::Usage;

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <initializer_list>
 #include <optional>
 #include <string>
 #include <vector>
@@ -47,6 +48,15 @@ struct GlobalOptions {
 /// The help of every --max-memory.
 inline constexpr const char* kMaxMemoryHelp =
     "Refuse a case that needs more memory than this, e.g. 12GB or 512MiB (default: half of this machine's memory)";
+
+/// One example of a verb's --help: the command and what it does.
+struct HelpExample {
+  const char* command;
+  const char* what;
+};
+
+/// Ends a verb's --help with its examples and its exit codes.
+void set_help_footer(CLI::App* command, std::initializer_list<HelpExample> examples, const char* exit_codes);
 
 /// "ulpgate: error: MSG (see 'ulpgate --help')" on stderr; Exit::Usage.
 Exit usage_error(const std::string& msg);

@@ -33,6 +33,16 @@ Verb add_baseline(CLI::App& app) {
   auto a = std::make_shared<BaselineArgs>();
   auto* baseline = app.add_subcommand("baseline", "Baselines for the gate");
   auto* update = baseline->add_subcommand("update", "Write a baseline from a run record");
+  set_help_footer(update,
+                {
+                 {"ulpgate baseline update out/fuzz.json --out baseline.json", "the baseline of a complete, passing run"},
+                 {"ulpgate baseline update out/fuzz.json --out baseline.json --slack 0.5 --slack-ulp 2", "with more room for each error"}},
+                "0 written; 2 bad usage or bad input (one line on stderr); 3 an internal error (a run that failed or did not complete is bad input)");
+  set_help_footer(baseline,
+                {
+                 {"ulpgate baseline update out/fuzz.json --out baseline.json", "the baseline of a complete, passing run"},
+                 {"ulpgate baseline update out/fuzz.json --out baseline.json --slack 0.5 --slack-ulp 2", "with more room for each error"}},
+                "0 written; 2 bad usage or bad input (one line on stderr); 3 an internal error (a run that failed or did not complete is bad input)");
   baseline->require_subcommand(1);
   update->add_option("RUN.json", a->run, "Run record")->required();
   update->add_option("--out", a->out, "Baseline file to write")->required();

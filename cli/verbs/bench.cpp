@@ -185,6 +185,11 @@ Verb add_bench(CLI::App& app) {
   auto* bench = app.add_subcommand(
       "bench", "Time kernels on GEMM or attention shapes (CUDA events, L2 evicted, median of --reps runs) and check "
                "each timed output against the exact reference, in this process");
+  set_help_footer(bench,
+                {
+                 {"ulpgate bench --kernel ladder. --baseline cublas.fp32 --shapes square", "the GEMM ladder beside cuBLAS (needs a GPU)"},
+                 {"ulpgate bench --kernel cuda.attn_flash.fp16 --attention 4x16x4096x4096x128 --causal --json bench.json", "attention, timed and checked"}},
+                "0 every kernel ran and every checked output passed; 1 a kernel failed or an output failed its check; 2 bad usage or bad input (one line on stderr); 3 an internal error");
   bench->add_option("--kernel", a->kernels, "Kernel to time (repeatable; a name ending in '.' takes every kernel "
                                             "with that prefix, e.g. ladder.)");
   bench->add_option("--baseline", a->baseline, "Kernel timed first on each case: the others' % of its TFLOP/s "

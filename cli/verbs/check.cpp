@@ -75,6 +75,11 @@ Verb add_check(CLI::App& app) {
   auto a = std::make_shared<CheckArgs>();
   auto* check = app.add_subcommand("check", "Judge outputs computed elsewhere (.npy) against the case's exact reference, "
                                             "as replay judges a kernel run");
+  set_help_footer(check,
+                {
+                 {"ulpgate check case.json --outputs D.npy", "judge a GEMM output computed elsewhere"},
+                 {"ulpgate check attention.json --outputs O=o.npy --p-bits 11", "attention whose P was rounded to FP16 before P V"}},
+                "0 the outputs passed; 1 they failed; 2 bad usage or bad input (one line on stderr); 3 an internal error");
   check->add_option("CASE.json", a->case_path, "Case file (the one exported)")->required();
   check->add_option("--outputs", a->outputs, "Output file named by its output (D.npy, O.npy) or NAME=FILE.npy (repeatable)")
       ->required()

@@ -90,6 +90,10 @@ Verb add_export(CLI::App& app) {
   auto a = std::make_shared<ExportArgs>();
   auto* export_ = app.add_subcommand("export", "Write a case's inputs as .npy files (the buffers a kernel gets, padding "
                                                "included) and DIR/manifest.json, for a kernel run elsewhere");
+  set_help_footer(export_,
+                {
+                 {"ulpgate export case.json --dir inputs", "inputs/A.npy, inputs/B.npy, ..., inputs/manifest.json"}},
+                "0 written; 2 bad usage or bad input (one line on stderr); 3 an internal error");
   export_->add_option("CASE.json", a->case_path, "Case file")->required();
   export_->add_option("--dir", a->dir, "Directory for <operand>.npy and manifest.json")->required();
   export_->add_flag("--force", a->force, "Replace an earlier export in --dir");

@@ -464,6 +464,12 @@ Verb add_fuzz(CLI::App& app) {
   FuzzArgs& a = f->args;
   auto* fuzz = app.add_subcommand("fuzz", "Fuzz kernels x input types with generated cases (RapidCheck), shrink "
                                           "failures into a corpus, write the run record and reports");
+  set_help_footer(fuzz,
+                {
+                 {"ulpgate fuzz --kernel cpu.fp32_seq --seed 7 --out out", "one kernel, every input type it takes"},
+                 {"ulpgate fuzz --plugin ./libmykernels.so --kernel my.gemm --dtype bf16 --cases 50 --time 0", "a plugin kernel, 50 cases, no time budget"},
+                 {"ulpgate fuzz --out out --resume", "continue an interrupted campaign"}},
+                "0 every case passed and the campaign ran completely; 1 a case failed, or the time budget cut the campaign short (PARTIAL); 2 bad usage or bad input (one line on stderr); 3 an internal error; 130 interrupted (--resume continues)");
   fuzz->add_option("--kernel", a.kernels, "Kernel (repeatable; default: every kernel here)");
   fuzz->add_option("--dtype", a.dtypes, "Input type (repeatable; default: every one each kernel supports)");
   fuzz->add_option("--cases", a.cases, "Cases per (kernel, dtype) (default 10)");

@@ -31,6 +31,11 @@ Exit gate_command(const GateArgs& a) {
 Verb add_gate(CLI::App& app) {
   auto a = std::make_shared<GateArgs>();
   auto* gate = app.add_subcommand("gate", "Compare a run record with a baseline: exit 0 pass, 1 regression");
+  set_help_footer(gate,
+                {
+                 {"ulpgate gate --baseline baselines/cpu_models.json out/fuzz.json", "a run against the baseline of the same campaign"},
+                 {"ulpgate gate --baseline base.json out/fuzz.json --junit gate.xml", "with JUnit XML for CI"}},
+                "0 the gate passed; 1 a regression; 2 bad usage or bad input, or a run of another campaign (one line on stderr); 3 an internal error");
   gate->add_option("--baseline", a->baseline, "Baseline file (ulpgate baseline update)")->required();
   gate->add_option("RUN.json", a->run, "Run record")->required();
   gate->add_option("--junit", a->junit, "Write the gate's JUnit XML here");

@@ -39,6 +39,11 @@ void list_kernels(const Registry& registry) {
 
 Verb add_list(CLI::App& app) {
   auto* list = app.add_subcommand("list", "Kernels, formats and distributions available here");
+  set_help_footer(list,
+                {
+                 {"ulpgate list", "built-in kernels (with this machine's device), formats, distributions"},
+                 {"ulpgate list --plugin ./libmykernels.so", "a plugin's kernels too"}},
+                "0 listed; 2 a plugin that does not load; 3 an internal error");
   return {list, [](const Context& ctx) {
             const Registry registry = ctx.local();
             list_kernels(registry);

@@ -41,6 +41,10 @@ Verb add_merge(CLI::App& app) {
   auto a = std::make_shared<MergeArgs>();
   auto* merge = app.add_subcommand("merge", "Join the records of a campaign's shards (fuzz --shard) into its record and "
                                             "reports");
+  set_help_footer(merge,
+                {
+                 {"ulpgate merge s0/fuzz.json s1/fuzz.json --out whole", "the record and reports of a campaign run as --shard 0/2 and 1/2"}},
+                "0 every case passed and every shard ran completely (as fuzz); 1 a case failed or a shard was cut short; 2 bad usage or bad input (one line on stderr); 3 an internal error");
   merge->add_option("RUN.json", a->runs, "The shards' fuzz.json files, every shard once")->required();
   merge->add_option("--out", a->out, "Output directory (default ulpgate-out)");
   merge->add_flag("--no-html", a->no_html, "Write no report.html (it needs gnuplot)");

@@ -203,6 +203,11 @@ Verb add_probe(CLI::App& app) {
   auto* probe = app.add_subcommand(
       "probe", "How each GEMM kernel accumulates FP32 dot products (block size, fraction bits after alignment, "
                "rounding, promotion), from known-answer M x N x K cases (D[0][0] the dot product) run in this process");
+  set_help_footer(probe,
+                {
+                 {"ulpgate probe --kernel cpu.blockfma:block=16,frac=25,round=rz --dtype fp16", "infer a kernel's block size, bits and rounding"},
+                 {"ulpgate probe --instruction mma.bf16 --json mma.json", "a tensor-core instruction (needs a GPU)"}},
+                "0 every unit fits the block-FMA model; 1 a unit does not (a finding); 2 bad usage or bad input (one line on stderr); 3 an internal error");
   probe->add_option("--kernel", a->kernels, "Kernel to probe (repeatable)");
   probe->add_option("--instruction", a->instructions,
                     "Tensor-core instruction to probe (repeatable): mma.f16, mma.bf16, mma.tf32, mma.e4m3, mma.e5m2, mma.f16.f16acc, "

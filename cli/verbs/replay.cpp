@@ -54,6 +54,11 @@ Exit replay_command(const ReplayArgs& a, const Context& ctx) {
 Verb add_replay(CLI::App& app) {
   auto a = std::make_shared<ReplayArgs>();
   auto* replay = app.add_subcommand("replay", "Rerun one case file on its kernel and print its analysis");
+  set_help_footer(replay,
+                {
+                 {"ulpgate replay out/corpus/cpu.fp32_seq-1f0c2a9e.json", "rerun a saved failure in a worker process"},
+                 {"ulpgate replay case.json --in-process --out rerun.json", "in this process, with a run record"}},
+                "0 the case passed; 1 it failed (or the kernel crashed or timed out); 2 bad usage or bad input (one line on stderr); 3 an internal error");
   replay->add_option("CASE.json", a->case_path, "Case file (from a fuzz corpus or written by hand)")->required();
   replay->add_option("--out", a->out, "Also write the run record here");
   replay->add_flag("--in-process", a->in_process, "Run the kernel in this process (default: a worker process)");

@@ -73,6 +73,11 @@ Verb add_report(CLI::App& app) {
   auto a = std::make_shared<ReportArgs>();
   auto* report = app.add_subcommand("report", "Render a run record: Markdown summary (stdout when no file is "
                                               "named), self-contained HTML with plots, JUnit XML");
+  set_help_footer(report,
+                {
+                 {"ulpgate report out/fuzz.json", "the Markdown summary on stdout"},
+                 {"ulpgate report out/fuzz.json --html report.html --junit junit.xml", "HTML with plots (needs gnuplot) and JUnit XML"}},
+                "0 written; 2 bad usage or bad input (one line on stderr); 3 an internal error");
   report->add_option("RUN.json", a->run, "Run record written by fuzz, sweep, replay or check, or a bench --json report")->required();
   report->add_option("--html", a->html, "Write the HTML report (needs gnuplot) to this file");
   report->add_option("--md", a->md, "Write the Markdown summary to this file");

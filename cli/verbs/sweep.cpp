@@ -350,6 +350,11 @@ Verb add_sweep(CLI::App& app) {
   auto* sweep = app.add_subcommand("sweep", "Error against K (GEMM) or seq_kv (attention) for kernels x input "
                                             "distributions, with the fitted growth exponent and (GEMM) the effective "
                                             "accumulator precision");
+  set_help_footer(sweep,
+                {
+                 {"ulpgate sweep --kernel cpu.fp32_seq --vary K=256:65536:4", "error against K, the growth exponent, the effective precision"},
+                 {"ulpgate sweep --kernel cpu.attn_online:block=64 --vary seq_kv=128:8192 --dist 'logits(std=3)'", "attention: error against seq_kv"}},
+                "0 every point ran and passed its check; 1 a point failed its check; 2 bad usage or bad input (one line on stderr); 3 an internal error");
   sweep->add_option("--kernel", a.kernels, "Kernel (repeatable; see ulpgate list)")->required();
   sweep->add_option("--dtype", a.dtype, "Input type: fp64, fp32, tf32, fp16, bf16, e4m3, e5m2 (default: "
                                         "implied by the kernel)");

@@ -66,6 +66,20 @@ TEST(Cli, HelpAndVersion) {
   EXPECT_EQ(v.out.rfind("ulpgate ", 0), 0u) << v.out;
 }
 
+// Every verb's --help exits 0 and ends with examples of that verb and its exit codes.
+TEST(Cli, EveryVerbsHelpShowsExamplesAndExitCodes) {
+  for (const char* verb : {"list", "fuzz", "sweep", "merge", "replay", "export", "check", "probe", "bench", "gate",
+                           "baseline", "baseline update", "report"}) {
+    const Result h = run(std::string(verb) + " --help");
+    EXPECT_EQ(h.code, 0) << verb;
+    const auto examples = h.out.find("\nExamples:\n"), exits = h.out.find("\nExit codes: 0 ");
+    EXPECT_NE(examples, std::string::npos) << verb << ":\n" << h.out;
+    EXPECT_NE(exits, std::string::npos) << verb << ":\n" << h.out;
+    const std::string first = std::string("  ulpgate ") + std::string(verb).substr(0, std::string(verb).find(' '));
+    EXPECT_NE(h.out.find(first, examples), std::string::npos) << verb << ": no example runs the verb";
+  }
+}
+
 TEST(Cli, ListShowsEveryFormat) {
   const Result r = run("list");
   EXPECT_EQ(r.code, 0);
