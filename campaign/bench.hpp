@@ -1,5 +1,5 @@
 // `ulpgate bench`: how fast a kernel is on a case, next to how accurate that output is
-// (issues 19 and 20). Speed without accuracy is not a result, so every timed kernel's
+// (docs/dev/benchmarks.md). Speed without accuracy is not a result, so every timed kernel's
 // output is also checked against the exact reference.
 //
 // Method, per kernel and case:

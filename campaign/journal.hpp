@@ -1,4 +1,4 @@
-// The campaign journal (DESIGN.md, "Fuzz, sweep, gate"): every evaluated case is appended
+// The campaign journal (docs/concepts/isolation.md): every evaluated case is appended
 // to a JSONL file as soon as it is known (written at once: a crash, Ctrl-C or SIGKILL of
 // the campaign loses nothing), fsync'd with the first line written kSyncSeconds or more
 // after the last fsync and on close (a lost node loses the lines since), so that an

@@ -1,36 +1,8 @@
-// The accumulation probe (issue 18): known-answer dot products that make each property of
-// a matrix unit's FP32 accumulation observable in the result's bits, after Fasi, Higham,
-// Mikaitis and Pranesh ("Numerical behavior of NVIDIA tensor cores", 2021). The unit is
-// modelled as cpu.blockfma is (kernels/emulated/gemm_models.hpp): per step, `block` exact
-// products and the accumulator are aligned to the largest of them, truncated to `frac`
-// fraction bits below its leading bit, summed exactly, and rounded to FP32.
-//
-// Experiments (p_i the products, steps of `block` products from index 0, zeros as padding):
-//  - block: p = (1, -1, 0, ..., 0, 2^-100 at index t). 2^-100 is lost exactly when it shares
-//    a step with the 1 (aligned to 1, it is far below any fraction width up to 52) and kept
-//    when it comes in a later step (the accumulator is 0 there): the first t at which it is
-//    kept is the block size, for blocks of 3 or more; 1 and 2 both keep it at t = 2 and are
-//    told apart below.
-//  - frac: with two or more products per step, (1), (-1, 2^-j) gives 2^-j exactly when the
-//    step kept it, j <= frac, observable up to 60; with one, a lone product 1 + 2^-j is
-//    aligned to itself and kept for j <= frac up to 23, and beyond 23 (once the rounding is
-//    known) a bit below the accumulator's last place after a 1 decides the rounding, up to 47.
-//  - block 1 or 2: (1, 0), (2^-(f+1), 2^-(f+1)) with f = min(frac, 23): summed in one step
-//    the two make 1 + 2^-f exactly; added one at a time each is truncated or rounded away.
-//  - promotion (FP8 tensor cores add their partial sum to an FP32 accumulator every so many
-//    products and restart, when frac < 23): p = (1, 0, ..., 2^-(frac+1) at index t). In the
-//    1's chunk the aligned 2^-(frac+1) is lost; in a later chunk it starts a fresh partial
-//    sum and reaches the FP32 1 exactly: the first t (a multiple of the block) at which it
-//    is kept is the promotion length.
-//  - rounding: on the width's grid g = 2^-w (w = min(frac, 23)) the sums 2^(24-w) + 3g and
-//    2^(24-w) + g, built from terms below 2 in one step (or two), are FP32 ties: nearest-even
-//    goes up for the first and down for the second, nearest-away up for both, toward zero
-//    down for both, and the negated first splits up from down. A width so narrow that
-//    2^(24-w) needs more terms than that never rounds: not observable.
-//  - validation: the block-FMA model with the inferred parameters (the widest where the
-//    width is beyond 47 bits) must give the unit's result bit for bit
-//    on random dot products (FP32 products, both signs, K up to a few blocks and promotion
-//    lengths); a unit that is not a block-FMA unit (a pairwise tree, say) fails here.
+// The accumulation probe: known-answer dot products that make each property of a matrix
+// unit's FP32 accumulation observable in the result's bits (block size, fraction bits kept
+// after alignment, rounding, promotion length), after Fasi, Higham, Mikaitis and Pranesh
+// (2021), in the block-FMA model of cpu.blockfma (kernels/emulated/gemm_models.hpp). The
+// experiments and why each one works are in docs/concepts/probe.md.
 #pragma once
 
 #include <functional>

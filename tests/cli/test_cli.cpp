@@ -231,7 +231,7 @@ const std::string kSmallCampaign = "fuzz --kernel cpu.fp32_seq --dtype fp16 --ma
 }  // namespace
 
 // The gate matches cases by id and refuses to compare runs of different campaigns: a run
-// with another seed or case count compared nothing and passed before (issue 13).
+// with another seed or case count would compare nothing and pass.
 TEST(Cli, GateMatchesCasesAndRefusesADifferentCampaign) {
   const std::string dir = tmp_dir("gate_campaign");
   ASSERT_EQ(run(kSmallCampaign + " --cases 5 --seed 1 --out " + dir + "/base").code, 0);
@@ -339,7 +339,7 @@ TEST(Cli, GlobalOptionsBeforeOrAfterTheVerb) {
   EXPECT_NE(before.out.find("example."), std::string::npos) << before.out;
 }
 
-// ---- Issue 14: bad input is exit 2 with one line, never a crash or an internal error ----
+// ---- Bad input is exit 2 with one line, never a crash or an internal error ----
 
 namespace {
 
@@ -808,7 +808,7 @@ TEST(Cli, ShardedCampaignMergesToTheWholeOne) {
   EXPECT_NE(bad.err.find("--shard '2/2'"), std::string::npos) << bad.err;
 }
 
-// mpirun -n 3 ulpgate fuzz (issue 22): the ranks claim runs of 16 cases as they become free
+// mpirun -n 3 ulpgate fuzz: the ranks claim runs of 16 cases as they become free
 // and exchange their results; the record is the single-process run's (cases, order, shrunk
 // cases, not-run list), with the corpus filled by the first run replayed in the second.
 // 40 cases per target: three units each, failures with one signature in all three (only

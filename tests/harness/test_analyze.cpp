@@ -185,8 +185,8 @@ TEST(Analyze, OverflowedAccumulator) {
   ErrorMetrics m = analyze(cmp);
   EXPECT_EQ(m.overflowed, 4);  // 3 for 1 as well: finite, but not an error worth measuring
   EXPECT_EQ(m.missed_nonfinite, 2);  // the fourth, and the NaN input's
-  // Overflowed elements take no part in the error statistics (issue 13: records showed
-  // max ULP errors of 1e78 from them, which switched the gate's ULP check off).
+  // Overflowed elements take no part in the error statistics (their max ULP errors of 1e78
+  // would switch the gate's ULP check off).
   EXPECT_EQ(m.compared, 0);
   EXPECT_EQ(m.max_ulp, 0.0);
   EXPECT_EQ(m.max_normalised, 0.0);

@@ -516,8 +516,8 @@ TEST(AttentionOp, OutputOverflowOutsideTheSampleIsNoFalseAlarm) {
 
 // A non-finite V at a key some row does not see (causal, past its batch's kv_length) still
 // meets that row in a kernel that multiplies P by V as a matrix (p = 0 times Inf is NaN):
-// PyTorch's math SDPA, FlashAttention on a partially masked tile, the H200 run of
-// cuda.attn_flash.fp16 (5 "unexpected NaN" on a generated case with specials in V, run 10).
+// PyTorch's math SDPA, FlashAttention on a partially masked tile, cuda.attn_flash.fp16 on
+// the H200 (generated cases with specials in V).
 // Such rows may be NaN in that column; a kernel that skips the masked key and stays finite
 // is judged as usual, and a NaN where V has no non-finite value in the column fails.
 TEST(AttentionOp, NonFiniteVAtAMaskedKeyMayReachTheRowsOfItsColumn) {

@@ -118,7 +118,7 @@ class TwoBugs final : public Kernel {
 }  // namespace
 
 // A target goes on after a failure; distinct failures are each shrunk, keeping their
-// signature (issue 13: a target stopped at its first failure, and shrinking could drift).
+// signature (a target must not stop at its first failure, nor shrinking drift to another).
 TEST(Fuzz, KeepsLookingAfterAFailureAndShrinksEachSignature) {
   Registry reg = builtin_registry();
   reg.add(std::make_unique<TwoBugs>());
@@ -414,7 +414,7 @@ TEST(Gate, BadBaselineFilesAreInputErrors) {
 }
 
 // A target's cases depend only on (seed, kernel, dtype, op), not on which other targets
-// the campaign runs (issue 13: adding a kernel used to change every later target's cases).
+// the campaign runs (adding a kernel must not change every later target's cases).
 TEST(Fuzz, TargetCaseStreamDependsOnlyOnItsOwnName) {
   Registry reg = builtin_registry();
   FuzzOptions alone = options("cpu.fp32_seq", "fp16", "");

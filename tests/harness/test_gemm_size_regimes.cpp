@@ -27,7 +27,7 @@ namespace {
 // on (its split-K path) chunks of 256 products, each summed with FMA in FP32, the chunk
 // sums added in FP32. With narrow_partials the split-K path stores each chunk sum with 11
 // bits of precision (a TF32/FP16-precision workspace: no overflow, but 2^13 times coarser
-// than FP32): the bug of issue 16, invisible to a K-linear worst-case bound.
+// than FP32): a bug invisible to a K-linear worst-case bound.
 class SplitKGemm final : public Kernel {
  public:
   SplitKGemm(bool narrow_partials, bool declares_nearest) : narrow_(narrow_partials), nearest_(declares_nearest) {}

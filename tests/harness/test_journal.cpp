@@ -247,8 +247,8 @@ TEST(Journal, NewJournalReplacesAndMissingFileStartsOne) {
   EXPECT_THROW(Journal(dir + "/no/such/dir/j.jsonl", kCampaign, false), InputError);
 }
 
-// Rerunning a campaign without --resume after an interruption truncated the journal, and
-// with it every result so far (issue 14). A finished campaign's journal may be replaced.
+// Rerunning a campaign without --resume after an interruption must not truncate the
+// journal, and with it every result so far. A finished campaign's journal may be replaced.
 TEST(Journal, AnUnfinishedCampaignIsNotReplacedWithoutResume) {
   const std::string dir = fresh_dir("unfinished");
   const std::string path = dir + "/journal.jsonl";

@@ -307,7 +307,7 @@ TEST(Sweep, DeclaredPromotionIsTheToleranceOfItsChunksAndItsModelTheRule) {
   EXPECT_DOUBLE_EQ(t.gamma(100), 100 * 0x1p-13 / (1 - 100 * 0x1p-13));  // within one chunk
 }
 
-// Effective bits that mean something for truncating accumulators (issue 18, part 4): an
+// Effective bits that mean something for truncating accumulators: an
 // FP8-tensor-core-like model (13 fraction bits in steps of 32, promoted every 128) through
 // E4M3 inputs is measured by the block-FMA family fitted on the same inputs: within a bit of
 // its 14 bits of precision at every K, spread under half a bit, with an uncertainty; an RNE

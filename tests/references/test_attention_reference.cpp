@@ -273,8 +273,8 @@ TEST(AttentionReference, GroupedQueryEqualsRepeatedHeads) {
     }
 }
 
-// Issue 11: 8192 keys of equal score and V = -1/32: O is the mean, -1/32 (the exact sum of
-// V, -256, sits on a carry-save digit edge and came back as +0).
+// 8192 keys of equal score and V = -1/32: O is the mean, -1/32 (the exact sum of
+// V, -256, sits on a carry-save digit edge; it once came back as +0).
 TEST(AttentionReference, NegativePowerOfTwoAtDigitEdge) {
   Case c;
   c.op = Op::Attention;

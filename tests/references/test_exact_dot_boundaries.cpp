@@ -2,7 +2,7 @@
 // edges, slice levels, bin edges and chunk folds, the top and bottom of the product range
 // and of the 128-bit window; both signs, every path, K from 1 to 2^20, long runs of equal
 // terms, cancelling noise. Each sum is known by construction, S = s (2^E + t 2^(E-d)), so
-// the check needs no oracle. Also: the reproducers of issue 11, the documented path rule,
+// the check needs no oracle. Also: the cases that once failed at digit edges, the documented path rule,
 // and independence from the caller's floating-point environment.
 //
 // ULPGATE_BOUNDARY_SCALE multiplies the number of sums (default 1: about 20 s here).
@@ -294,7 +294,7 @@ TEST(ExactDotBoundaries, DoubleSums) {
   }
 }
 
-// ---- The reproducers of issue 11 ----
+// ---- Cases that once failed at carry-save digit edges ----
 
 // A negative power of two at a digit edge: the negation's carry left the window.
 TEST(ExactDotBoundaries, NegativePowerOfTwoAtDigitEdge) {

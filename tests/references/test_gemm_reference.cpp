@@ -284,8 +284,8 @@ TEST(GemmReference, GeluTails) {
   EXPECT_EQ(apply_activation(Epilogue::GeluTanh, inf, 1.0).kind, RefValue::Kind::NaN);
 }
 
-// Issue 11: D = -256 exactly (a negative power of two at a carry-save digit edge) came
-// back as -0; with alpha = 2, -512.
+// D = -256 exactly (a negative power of two at a carry-save digit edge) once came back as
+// -0; with alpha = 2, -512.
 TEST(GemmReference, NegativePowerOfTwoAtDigitEdge) {
   Case c;
   c.gemm.m = c.gemm.n = 1, c.gemm.k = 65536;
