@@ -323,8 +323,12 @@ void precision_terms_of(const Case& c, const Inputs& inputs, const ToleranceMode
   const std::int64_t M = g.m, N = g.n, K = g.k;
   const PrecisionPlan pl(c, tol);
   const auto finite_or_zero = [](double v) { return std::isfinite(v) ? v : 0.0; };
+  // C is read only where the epilogue-rounding term needs it; its view is made once.
+  const bool reads_c = pl.epilogue_rounding > 0 && c.beta != 0.0;
+  const Tensor* c_tensor = reads_c ? &inputs.at("C") : nullptr;
+  const MatrixView cv_view = reads_c ? gemm_view(c, "C") : MatrixView{};
   const auto c_value = [&](std::int64_t bi, std::int64_t i, std::int64_t j) {
-    return c.beta != 0.0 ? finite_or_zero(inputs.at("C").value(gemm_view(c, "C").offset(bi, i, j))) : 0.0;
+    return reads_c ? finite_or_zero(c_tensor->value(cv_view.offset(bi, i, j))) : 0.0;
   };
   // elements outside the sample (precision_sample) have no scale: NaN, which the rule skips
   const std::vector<std::int64_t>& rows = sample.rows;
