@@ -136,7 +136,59 @@ class CublasLtGemm final : public Kernel {
   }
 
   void run(const Case& c, const KernelIo& io, RunNotes& notes) override {
-    ThreadState& state = states_.get([] {
+    ThreadState& state = thread_state();
+    const ColumnMajorGemm g = to_column_major(c);
+    const Format fx = c.types.at(g.x), fy = c.types.at(g.y), fd = c.types.at("D");
+    const Format fc = c.beta != 0.0 ? c.types.at("C") : fd;
+    DeviceBuffer scales;  // FP8: alive until the call is done
+    const MatmulDesc desc = make_desc(c, g, io, scales);
+    const LtLayout lx = make_layout(fx, g.x_rows(), g.x_cols(), g.ld_x, g.batch, g.stride_x);
+    const LtLayout ly = make_layout(fy, g.y_rows(), g.y_cols(), g.ld_y, g.batch, g.stride_y);
+    const LtLayout lc = make_layout(fc, g.m, g.n, c.beta != 0.0 ? g.ld_c : g.ld_d, g.batch,
+                                  c.beta != 0.0 ? g.stride_c : g.stride_d);
+    const LtLayout ld = make_layout(fd, g.m, g.n, g.ld_d, g.batch, g.stride_d);
+    const Preference pref = make_preference(fd);
+    // Ask for several algorithms and take the first that runs: the heuristic can offer one
+    // that the matmul call then declines (cuBLASLt's own samples do the same).
+    constexpr int kTry = 8;
+    cublasLtMatmulHeuristicResult_t heur[kTry] = {};
+    int found = 0;
+    const cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(state.handle.get(), desc.get(), lx.get(), ly.get(), lc.get(),
+                                                             ld.get(), pref.get(), kTry, heur, &found);
+    // cuBLASLt's own word that it does not do this configuration (FP8 with some layouts
+    // and shapes, for one): the case is not supported, not a failure.
+    if (hs == CUBLAS_STATUS_NOT_SUPPORTED || (hs == CUBLAS_STATUS_SUCCESS && found == 0))
+      throw KernelUnsupported(fmt::format("cublasLtMatmulAlgoGetHeuristic: {}", hs == CUBLAS_STATUS_SUCCESS
+                                                                                  ? "no algorithm for this case"
+                                                                                  : cublasGetStatusString(hs)));
+    ULPGATE_CHECK(hs);
+    const float alpha = static_cast<float>(c.alpha), beta = static_cast<float>(c.beta);
+    void* d = io.out.at("D");
+    const void* cptr = c.beta != 0.0 ? io.in.at("C") : d;
+    int used = -1;
+    cublasStatus_t last = CUBLAS_STATUS_SUCCESS;
+    for (int a = 0; a < found && used < 0; ++a) {
+      if (heur[a].state != CUBLAS_STATUS_SUCCESS) continue;
+      last = cublasLtMatmul(state.handle.get(), desc.get(), &alpha, io.in.at(g.x), lx.get(), io.in.at(g.y), ly.get(), &beta,
+                            cptr, lc.get(), d, ld.get(), &heur[a].algo, state.workspace.get(), kWorkspaceBytes,
+                            static_cast<cudaStream_t>(io.stream));
+      if (last == CUBLAS_STATUS_SUCCESS) used = a;
+      else if (last != CUBLAS_STATUS_NOT_SUPPORTED) ULPGATE_CHECK(last);
+    }
+    if (used < 0)
+      throw KernelUnsupported(fmt::format("cublasLtMatmul declined all {} algorithms the heuristic offered ({})", found,
+                                          cublasGetStatusString(last)));
+    describe_call(c, g, heur[used], used, notes);
+  }
+
+ private:
+  struct ThreadState {
+    LtHandle handle;
+    DeviceBuffer workspace;
+  };
+
+  ThreadState& thread_state() {
+    return states_.get([] {
       cublasLtHandle_t h;
       ULPGATE_CHECK(cublasLtCreate(&h));
       ThreadState s;
@@ -144,23 +196,19 @@ class CublasLtGemm final : public Kernel {
       s.workspace = DeviceBuffer(kWorkspaceBytes);
       return s;
     });
-    cublasLtHandle_t handle = state.handle.get();
-    const DeviceBuffer& workspace = state.workspace;
-    const ColumnMajorGemm g = to_column_major(c);
-    const Format fx = c.types.at(g.x), fy = c.types.at(g.y), fd = c.types.at("D");
-    const Format fc = c.beta != 0.0 ? c.types.at("C") : fd;
-    const bool fp8 = is_fp8(fx);
+  }
 
-    cublasComputeType_t compute = v_.compute == Format::TF32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
-    cublasLtMatmulDesc_t desc_raw;
-    ULPGATE_CHECK(cublasLtMatmulDescCreate(&desc_raw, compute, CUDA_R_32F));
-    MatmulDesc desc(desc_raw);
-    set_desc(desc_raw, CUBLASLT_MATMUL_DESC_TRANSA, g.op1);
-    set_desc(desc_raw, CUBLASLT_MATMUL_DESC_TRANSB, g.op2);
-
+  // The operation: transposes, compute type, epilogue and bias, and for FP8 the scales (in
+  // `scales`, which must outlive the call) and fast accumulation.
+  MatmulDesc make_desc(const Case& c, const ColumnMajorGemm& g, const KernelIo& io, DeviceBuffer& scales) const {
+    const cublasComputeType_t compute = v_.compute == Format::TF32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+    cublasLtMatmulDesc_t raw;
+    ULPGATE_CHECK(cublasLtMatmulDescCreate(&raw, compute, CUDA_R_32F));
+    MatmulDesc desc(raw);
+    set_desc(raw, CUBLASLT_MATMUL_DESC_TRANSA, g.op1);
+    set_desc(raw, CUBLASLT_MATMUL_DESC_TRANSB, g.op2);
     // FP8 scales: D = alpha * (scale_A scale_B) op(A) op(B) + beta C (+ bias, act).
-    DeviceBuffer scales;
-    if (fp8) {
+    if (is_fp8(c.types.at(g.x))) {
       // Each scale on its own 256-byte line: cuBLASLt may load scales as aligned vectors.
       float host_scales[128] = {};
       host_scales[0] = static_cast<float>(scale_of(c, g.x));
@@ -170,83 +218,50 @@ class CublasLtGemm final : public Kernel {
                                     static_cast<cudaStream_t>(io.stream)));
       const void* sx = scales.get();
       const void* sy = static_cast<const float*>(scales.get()) + 64;
-      set_desc(desc_raw, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, sx);
-      set_desc(desc_raw, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, sy);
+      set_desc(raw, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, sx);
+      set_desc(raw, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, sy);
       const std::int8_t fast = v_.fast_accum ? 1 : 0;
-      set_desc(desc_raw, CUBLASLT_MATMUL_DESC_FAST_ACCUM, fast);
+      set_desc(raw, CUBLASLT_MATMUL_DESC_FAST_ACCUM, fast);
     }
     const cublasLtEpilogue_t epi = epilogue_of(c.epilogue);
-    set_desc(desc_raw, CUBLASLT_MATMUL_DESC_EPILOGUE, epi);
+    set_desc(raw, CUBLASLT_MATMUL_DESC_EPILOGUE, epi);
     if (has_bias(c.epilogue)) {
       const void* bias = io.in.at("bias");
-      set_desc(desc_raw, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias);
-    }
-    if (has_bias(c.epilogue)) {
+      set_desc(raw, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias);
       const cudaDataType_t bt = cuda_data_type(c.types.at("bias"));
-      set_desc(desc_raw, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, bt);
+      set_desc(raw, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, bt);
     }
+    return desc;
+  }
 
-    const LtLayout lx = make_layout(fx, g.x_rows(), g.x_cols(), g.ld_x, g.batch, g.stride_x);
-    const LtLayout ly = make_layout(fy, g.y_rows(), g.y_cols(), g.ld_y, g.batch, g.stride_y);
-    const LtLayout lc = make_layout(fc, g.m, g.n, c.beta != 0.0 ? g.ld_c : g.ld_d, g.batch,
-                                  c.beta != 0.0 ? g.stride_c : g.stride_d);
-    const LtLayout ld = make_layout(fd, g.m, g.n, g.ld_d, g.batch, g.stride_d);
-
-    cublasLtMatmulPreference_t pref_raw;
-    ULPGATE_CHECK(cublasLtMatmulPreferenceCreate(&pref_raw));
-    Preference pref(pref_raw);
+  static Preference make_preference(Format fd) {
+    cublasLtMatmulPreference_t raw;
+    ULPGATE_CHECK(cublasLtMatmulPreferenceCreate(&raw));
+    Preference pref(raw);
     const std::size_t ws = kWorkspaceBytes;
-    ULPGATE_CHECK(cublasLtMatmulPreferenceSetAttribute(pref_raw, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
+    ULPGATE_CHECK(cublasLtMatmulPreferenceSetAttribute(raw, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
     // A split-K algorithm may reduce its partial sums in D's type (in place in D, or through
     // the workspace): with a D narrower than FP32 that rounds every partial sum to FP16 or
     // BF16, which is not the FP32 accumulation these backends declare. Only reductions in
     // the compute type then (cuBLAS's CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION).
     if (fd != Format::FP32) {
       const std::uint32_t schemes = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
-      ULPGATE_CHECK(cublasLtMatmulPreferenceSetAttribute(pref_raw, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &schemes,
+      ULPGATE_CHECK(cublasLtMatmulPreferenceSetAttribute(raw, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &schemes,
                                                          sizeof schemes));
     }
-    // Ask for several algorithms and take the first that runs: the heuristic can offer one
-    // that the matmul call then declines (cuBLASLt's own samples do the same).
-    constexpr int kTry = 8;
-    cublasLtMatmulHeuristicResult_t heur[kTry] = {};
-    int found = 0;
-    const cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(handle, desc_raw, lx.get(), ly.get(), lc.get(),
-                                                             ld.get(), pref_raw, kTry, heur, &found);
-    // cuBLASLt's own word that it does not do this configuration (FP8 with some layouts
-    // and shapes, for one): the case is not supported, not a failure.
-    if (hs == CUBLAS_STATUS_NOT_SUPPORTED || (hs == CUBLAS_STATUS_SUCCESS && found == 0))
-      throw KernelUnsupported(fmt::format("cublasLtMatmulAlgoGetHeuristic: {}", hs == CUBLAS_STATUS_SUCCESS
-                                                                                  ? "no algorithm for this case"
-                                                                                  : cublasGetStatusString(hs)));
-    ULPGATE_CHECK(hs);
+    return pref;
+  }
 
-    const float alpha = static_cast<float>(c.alpha), beta = static_cast<float>(c.beta);
-    void* d = io.out.at("D");
-    const void* cptr = c.beta != 0.0 ? io.in.at("C") : d;
-    int used = -1;
-    cublasStatus_t last = CUBLAS_STATUS_SUCCESS;
-    for (int a = 0; a < found && used < 0; ++a) {
-      if (heur[a].state != CUBLAS_STATUS_SUCCESS) continue;
-      last = cublasLtMatmul(handle, desc_raw, &alpha, io.in.at(g.x), lx.get(), io.in.at(g.y), ly.get(), &beta,
-                            cptr, lc.get(), d, ld.get(), &heur[a].algo, workspace.get(), ws,
-                            static_cast<cudaStream_t>(io.stream));
-      if (last == CUBLAS_STATUS_SUCCESS) used = a;
-      else if (last != CUBLAS_STATUS_NOT_SUPPORTED) ULPGATE_CHECK(last);
-    }
-    if (used < 0)
-      throw KernelUnsupported(fmt::format("cublasLtMatmul declined all {} algorithms the heuristic offered ({})", found,
-                                          cublasGetStatusString(last)));
-    const cublasLtMatmulHeuristicResult_t& chosen = heur[used];
+  void describe_call(const Case& c, const ColumnMajorGemm& g, const cublasLtMatmulHeuristicResult_t& chosen, int used,
+                     RunNotes& notes) const {
     notes["library"] = fmt::format("cuBLASLt {}", cublasLtGetVersion());
     notes["algorithm"] = describe_algo(chosen.algo) + (used ? fmt::format(" (heuristic choice {})", used + 1) : "");
     notes["workspace_bytes"] = std::to_string(chosen.workspaceSize);
     notes["call"] = fmt::format("cublasLtMatmul(op1={}, op2={}, m={}, n={}, k={}, batch={}, fast_accum={})",
                                 g.op1 == CUBLAS_OP_T ? "T" : "N", g.op2 == CUBLAS_OP_T ? "T" : "N", g.m, g.n, g.k,
-                                g.batch, fp8 ? (v_.fast_accum ? "on" : "off") : "n/a");
+                                g.batch, is_fp8(c.types.at(g.x)) ? (v_.fast_accum ? "on" : "off") : "n/a");
   }
 
- private:
   static double scale_of(const Case& c, const std::string& op) {
     auto it = c.scales.find(op);
     return it == c.scales.end() ? 1.0 : it->second;
@@ -273,10 +288,6 @@ class CublasLtGemm final : public Kernel {
                        get(CUBLASLT_ALGO_CONFIG_SPLITK_NUM), get(CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME),
                        get(CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING));
   }
-  struct ThreadState {
-    LtHandle handle;
-    DeviceBuffer workspace;
-  };
   LtVariant v_;
   PerThread<ThreadState> states_;
 };
