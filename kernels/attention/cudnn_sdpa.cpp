@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -150,85 +151,44 @@ bool masked(const attn::SdpaShape& s) { return s.padded || s.causal; }
 
 using Key = std::tuple<bool, std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t, bool, bool, bool, bool>;
 
-std::unique_ptr<Plan> build_plan(cudnnHandle_t handle, const attn::SdpaShape& s) {
-  auto p = std::make_unique<Plan>();
-  Graph& g = p->g;
-  const cudnnDataType_t io = s.bf16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_HALF, f = CUDNN_DATA_FLOAT;
-  const std::int64_t b = s.batch, hq = s.heads, hk = s.kv_heads, sq = s.seq_q, skv = s.seq_kv, d = s.head_dim;
-  // Logical {b, h, s, d}; BSHD stores [b, s, h, d].
-  const auto strides = [&](std::int64_t h, std::int64_t seq) {
-    return s.bshd ? std::array<std::int64_t, 4>{seq * h * d, d, h * d, 1} : std::array<std::int64_t, 4>{h * seq * d, seq * d, d, 1};
-  };
-  std::int64_t uq, uk, uv, uo, uscale, uinf = 0, ulq = 0, ulkv = 0, ustats = 0;
-  const Desc& q = g.tensor(io, {b, hq, sq, d}, strides(hq, sq), false, false, &uq);
-  const auto ks = strides(hk, skv);
-  const Desc& kt = g.tensor(io, {b, hk, d, skv}, {ks[0], ks[1], ks[3], ks[2]}, false, false, &uk);  // K^T: no copy
-  const Desc& v = g.tensor(io, {b, hk, skv, d}, ks, false, false, &uv);
-  const Desc& o = g.tensor(io, {b, hq, sq, d}, strides(hq, sq), false, false, &uo);
-  const Desc& scale = g.tensor(f, {1, 1, 1, 1}, {1, 1, 1, 1}, false, true, &uscale);
-  // -inf for the masks, only where a mask uses it: a variant pack naming a tensor the graph
-  // does not use is refused at execution (CUDNN_STATUS_BAD_PARAM_NULL_POINTER on the H200).
-  const Desc* neg_inf = masked(s) ? &g.tensor(f, {1, 1, 1, 1}, {1, 1, 1, 1}, false, true, &uinf) : nullptr;
-  const std::array<std::int64_t, 4> sdims{b, hq, sq, skv}, sstr{hq * sq * skv, sq * skv, skv, 1};
-  const std::array<std::int64_t, 4> rdims{b, hq, sq, 1}, rstr{hq * sq, sq, 1, 1};
-  const auto scores = [&](cudnnDataType_t t = CUDNN_DATA_FLOAT) -> const Desc& { return g.tensor(t, sdims, sstr, true, false); };
-  const Desc* lq = nullptr;
-  const Desc* lkv = nullptr;
-  if (s.padded) {
-    lq = &g.tensor(CUDNN_DATA_INT32, {b, 1, 1, 1}, {1, 1, 1, 1}, false, false, &ulq);
-    lkv = &g.tensor(CUDNN_DATA_INT32, {b, 1, 1, 1}, {1, 1, 1, 1}, false, false, &ulkv);
-  }
-  const Desc& s0 = scores();
-  g.matmul(q, kt, s0, lq, lkv);
-  const Desc* cur = &scores();
-  g.pointwise(CUDNN_POINTWISE_MUL, f, s0, &scale, *cur);
-  if (s.padded) {  // rows < seq_len_q and columns < seq_len_kv kept, the rest -inf
-    const Desc& row = scores(CUDNN_DATA_INT32);
-    const Desc& col = scores(CUDNN_DATA_INT32);
-    g.pointwise(CUDNN_POINTWISE_GEN_INDEX, CUDNN_DATA_INT32, *cur, nullptr, row, nullptr, 2);
-    g.pointwise(CUDNN_POINTWISE_GEN_INDEX, CUDNN_DATA_INT32, *cur, nullptr, col, nullptr, 3);
-    const Desc& row_in = scores(CUDNN_DATA_BOOLEAN);
-    const Desc& col_in = scores(CUDNN_DATA_BOOLEAN);
-    g.pointwise(CUDNN_POINTWISE_CMP_LT, CUDNN_DATA_BOOLEAN, row, lq, row_in);
-    g.pointwise(CUDNN_POINTWISE_CMP_LT, CUDNN_DATA_BOOLEAN, col, lkv, col_in);
-    const Desc& keep = scores(CUDNN_DATA_BOOLEAN);
-    g.pointwise(CUDNN_POINTWISE_LOGICAL_AND, CUDNN_DATA_BOOLEAN, row_in, &col_in, keep);
-    const Desc& next = scores();
-    g.pointwise(CUDNN_POINTWISE_BINARY_SELECT, f, *cur, neg_inf, next, &keep);
-    cur = &next;
-  }
-  if (s.causal) {  // top-left aligned (seq_q == seq_kv here): column <= row kept
-    const Desc& row = scores(CUDNN_DATA_INT32);
-    const Desc& col = scores(CUDNN_DATA_INT32);
-    g.pointwise(CUDNN_POINTWISE_GEN_INDEX, CUDNN_DATA_INT32, *cur, nullptr, row, nullptr, 2);
-    g.pointwise(CUDNN_POINTWISE_GEN_INDEX, CUDNN_DATA_INT32, *cur, nullptr, col, nullptr, 3);
-    const Desc& keep = scores(CUDNN_DATA_BOOLEAN);
-    g.pointwise(CUDNN_POINTWISE_CMP_GE, CUDNN_DATA_BOOLEAN, row, &col, keep);
-    const Desc& next = scores();
-    g.pointwise(CUDNN_POINTWISE_BINARY_SELECT, f, *cur, neg_inf, next, &keep);
-    cur = &next;
-  }
-  const Desc& m = g.tensor(f, rdims, rstr, true, false);
-  g.reduce(CUDNN_REDUCE_TENSOR_MAX, *cur, m);
-  const Desc& z = scores();
-  g.pointwise(CUDNN_POINTWISE_SUB, f, *cur, &m, z);
-  const Desc& e = scores();
-  g.pointwise(CUDNN_POINTWISE_EXP, f, z, nullptr, e);
-  const Desc& l = g.tensor(f, rdims, rstr, true, false);
-  g.reduce(CUDNN_REDUCE_TENSOR_ADD, e, l);
-  // The softmax statistics (log-sum-exp, max + log(sum)) as cuDNN's frontend always builds them:
-  // an output where the case asks for the LSE, else virtual (the fused engine's pattern has
-  // them even when nothing reads them).
-  const Desc& log_l = g.tensor(f, rdims, rstr, true, false);
-  g.pointwise(CUDNN_POINTWISE_LOG, f, l, nullptr, log_l);
-  const Desc& stats = g.tensor(f, rdims, rstr, !s.stats, false, s.stats ? &ustats : nullptr);
-  g.pointwise(CUDNN_POINTWISE_ADD, f, m, &log_l, stats);
-  // P in the input type, as the second matmul takes it: the engines refuse a float P ("A and B
-  // need to have the same datatype in the matmul", cuDNN 9.19's log on the H200).
-  const Desc& prob = scores(io);
-  g.pointwise(CUDNN_POINTWISE_DIV, f, e, &l, prob);
-  g.matmul(prob, v, o, lq, nullptr, lkv);
+// The scores' tensors of one graph: every intermediate of the softmax has their shape.
+using ScoresOf = std::function<const Desc&(cudnnDataType_t)>;
 
+// Rows < seq_len_q and columns < seq_len_kv kept, the rest -inf.
+const Desc& mask_padding(Graph& g, const ScoresOf& scores, const Desc& cur, const Desc& lq, const Desc& lkv,
+                         const Desc& neg_inf) {
+  const Desc& row = scores(CUDNN_DATA_INT32);
+  const Desc& col = scores(CUDNN_DATA_INT32);
+  g.pointwise(CUDNN_POINTWISE_GEN_INDEX, CUDNN_DATA_INT32, cur, nullptr, row, nullptr, 2);
+  g.pointwise(CUDNN_POINTWISE_GEN_INDEX, CUDNN_DATA_INT32, cur, nullptr, col, nullptr, 3);
+  const Desc& row_in = scores(CUDNN_DATA_BOOLEAN);
+  const Desc& col_in = scores(CUDNN_DATA_BOOLEAN);
+  g.pointwise(CUDNN_POINTWISE_CMP_LT, CUDNN_DATA_BOOLEAN, row, &lq, row_in);
+  g.pointwise(CUDNN_POINTWISE_CMP_LT, CUDNN_DATA_BOOLEAN, col, &lkv, col_in);
+  const Desc& keep = scores(CUDNN_DATA_BOOLEAN);
+  g.pointwise(CUDNN_POINTWISE_LOGICAL_AND, CUDNN_DATA_BOOLEAN, row_in, &col_in, keep);
+  const Desc& next = scores(CUDNN_DATA_FLOAT);
+  g.pointwise(CUDNN_POINTWISE_BINARY_SELECT, CUDNN_DATA_FLOAT, cur, &neg_inf, next, &keep);
+  return next;
+}
+
+// Top-left aligned (seq_q == seq_kv here): column <= row kept, the rest -inf.
+const Desc& mask_causal(Graph& g, const ScoresOf& scores, const Desc& cur, const Desc& neg_inf) {
+  const Desc& row = scores(CUDNN_DATA_INT32);
+  const Desc& col = scores(CUDNN_DATA_INT32);
+  g.pointwise(CUDNN_POINTWISE_GEN_INDEX, CUDNN_DATA_INT32, cur, nullptr, row, nullptr, 2);
+  g.pointwise(CUDNN_POINTWISE_GEN_INDEX, CUDNN_DATA_INT32, cur, nullptr, col, nullptr, 3);
+  const Desc& keep = scores(CUDNN_DATA_BOOLEAN);
+  g.pointwise(CUDNN_POINTWISE_CMP_GE, CUDNN_DATA_BOOLEAN, row, &col, keep);
+  const Desc& next = scores(CUDNN_DATA_FLOAT);
+  g.pointwise(CUDNN_POINTWISE_BINARY_SELECT, CUDNN_DATA_FLOAT, cur, &neg_inf, next, &keep);
+  return next;
+}
+
+// The operation graph of p.g finalized, and the first engine configuration of heuristics A
+// that finalizes into an execution plan (p.plan, p.engine, p.workspace).
+void choose_engine(cudnnHandle_t handle, Plan& p) {
+  Graph& g = p.g;
   Desc& graph = g.add(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR);
   std::vector<cudnnBackendDescriptor_t> ops;
   for (Desc* op : g.ops) ops.push_back(op->d);
@@ -253,7 +213,7 @@ std::unique_ptr<Plan> build_plan(cudnnHandle_t handle, const attn::SdpaShape& s)
   check_cudnn(cudnnBackendGetAttribute(heur.d, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, count, &count, raw.data()),
               "heuristics results");
   std::string tried;
-  for (std::int64_t i = 0; i < count && !p->plan; ++i) {
+  for (std::int64_t i = 0; i < count && !p.plan; ++i) {
     auto plan = std::make_unique<Desc>(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR);
     plan->set(CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, &handle);
     plan->set(CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, CUDNN_TYPE_BACKEND_DESCRIPTOR, &raw[static_cast<std::size_t>(i)]);
@@ -270,13 +230,71 @@ std::unique_ptr<Plan> build_plan(cudnnHandle_t handle, const attn::SdpaShape& s)
     if (cudnnBackendGetAttribute(raw[static_cast<std::size_t>(i)], CUDNN_ATTR_ENGINECFG_ENGINE, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &n,
                                  &engine) == CUDNN_STATUS_SUCCESS)
       cudnnBackendGetAttribute(engine, CUDNN_ATTR_ENGINE_GLOBAL_INDEX, CUDNN_TYPE_INT64, 1, &n, &index);
-    p->engine = fmt::format("engine {} (heuristics A, config {} of {})", index, i, count);
-    check_cudnn(cudnnBackendGetAttribute(plan->d, CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1, &n, &p->workspace),
+    p.engine = fmt::format("engine {} (heuristics A, config {} of {})", index, i, count);
+    check_cudnn(cudnnBackendGetAttribute(plan->d, CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1, &n, &p.workspace),
                 "workspace size");
-    p->plan = std::move(plan);
+    p.plan = std::move(plan);
   }
-  if (!p->plan) throw KernelUnsupported("cuDNN: no engine configuration finalized (" + tried + ")");
+  if (!p.plan) throw KernelUnsupported("cuDNN: no engine configuration finalized (" + tried + ")");
   for (auto& c : cfgs) g.keep.push_back(std::move(c));
+}
+
+std::unique_ptr<Plan> build_plan(cudnnHandle_t handle, const attn::SdpaShape& s) {
+  auto p = std::make_unique<Plan>();
+  Graph& g = p->g;
+  const cudnnDataType_t io = s.bf16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_HALF, f = CUDNN_DATA_FLOAT;
+  const std::int64_t b = s.batch, hq = s.heads, hk = s.kv_heads, sq = s.seq_q, skv = s.seq_kv, d = s.head_dim;
+  // Logical {b, h, s, d}; BSHD stores [b, s, h, d].
+  const auto strides = [&](std::int64_t h, std::int64_t seq) {
+    return s.bshd ? std::array<std::int64_t, 4>{seq * h * d, d, h * d, 1} : std::array<std::int64_t, 4>{h * seq * d, seq * d, d, 1};
+  };
+  std::int64_t uq, uk, uv, uo, uscale, uinf = 0, ulq = 0, ulkv = 0, ustats = 0;
+  const Desc& q = g.tensor(io, {b, hq, sq, d}, strides(hq, sq), false, false, &uq);
+  const auto ks = strides(hk, skv);
+  const Desc& kt = g.tensor(io, {b, hk, d, skv}, {ks[0], ks[1], ks[3], ks[2]}, false, false, &uk);  // K^T: no copy
+  const Desc& v = g.tensor(io, {b, hk, skv, d}, ks, false, false, &uv);
+  const Desc& o = g.tensor(io, {b, hq, sq, d}, strides(hq, sq), false, false, &uo);
+  const Desc& scale = g.tensor(f, {1, 1, 1, 1}, {1, 1, 1, 1}, false, true, &uscale);
+  // -inf for the masks, only where a mask uses it: a variant pack naming a tensor the graph
+  // does not use is refused at execution (CUDNN_STATUS_BAD_PARAM_NULL_POINTER on the H200).
+  const Desc* neg_inf = masked(s) ? &g.tensor(f, {1, 1, 1, 1}, {1, 1, 1, 1}, false, true, &uinf) : nullptr;
+  const std::array<std::int64_t, 4> sdims{b, hq, sq, skv}, sstr{hq * sq * skv, sq * skv, skv, 1};
+  const std::array<std::int64_t, 4> rdims{b, hq, sq, 1}, rstr{hq * sq, sq, 1, 1};
+  const ScoresOf scores = [&](cudnnDataType_t t) -> const Desc& { return g.tensor(t, sdims, sstr, true, false); };
+  const Desc* lq = nullptr;
+  const Desc* lkv = nullptr;
+  if (s.padded) {
+    lq = &g.tensor(CUDNN_DATA_INT32, {b, 1, 1, 1}, {1, 1, 1, 1}, false, false, &ulq);
+    lkv = &g.tensor(CUDNN_DATA_INT32, {b, 1, 1, 1}, {1, 1, 1, 1}, false, false, &ulkv);
+  }
+  const Desc& s0 = scores(CUDNN_DATA_FLOAT);
+  g.matmul(q, kt, s0, lq, lkv);
+  const Desc* cur = &scores(CUDNN_DATA_FLOAT);
+  g.pointwise(CUDNN_POINTWISE_MUL, f, s0, &scale, *cur);
+  if (s.padded) cur = &mask_padding(g, scores, *cur, *lq, *lkv, *neg_inf);
+  if (s.causal) cur = &mask_causal(g, scores, *cur, *neg_inf);
+  const Desc& m = g.tensor(f, rdims, rstr, true, false);
+  g.reduce(CUDNN_REDUCE_TENSOR_MAX, *cur, m);
+  const Desc& z = scores(CUDNN_DATA_FLOAT);
+  g.pointwise(CUDNN_POINTWISE_SUB, f, *cur, &m, z);
+  const Desc& e = scores(CUDNN_DATA_FLOAT);
+  g.pointwise(CUDNN_POINTWISE_EXP, f, z, nullptr, e);
+  const Desc& l = g.tensor(f, rdims, rstr, true, false);
+  g.reduce(CUDNN_REDUCE_TENSOR_ADD, e, l);
+  // The softmax statistics (log-sum-exp, max + log(sum)) as cuDNN's frontend always builds them:
+  // an output where the case asks for the LSE, else virtual (the fused engine's pattern has
+  // them even when nothing reads them).
+  const Desc& log_l = g.tensor(f, rdims, rstr, true, false);
+  g.pointwise(CUDNN_POINTWISE_LOG, f, l, nullptr, log_l);
+  const Desc& stats = g.tensor(f, rdims, rstr, !s.stats, false, s.stats ? &ustats : nullptr);
+  g.pointwise(CUDNN_POINTWISE_ADD, f, m, &log_l, stats);
+  // P in the input type, as the second matmul takes it: the engines refuse a float P ("A and B
+  // need to have the same datatype in the matmul", cuDNN 9.19's log on the H200).
+  const Desc& prob = scores(io);
+  g.pointwise(CUDNN_POINTWISE_DIV, f, e, &l, prob);
+  g.matmul(prob, v, o, lq, nullptr, lkv);
+
+  choose_engine(handle, *p);
   p->uids = {uq, uk, uv, uo, uscale};
   if (neg_inf) p->uids.push_back(uinf);
   if (s.padded) p->uids.insert(p->uids.end(), {ulq, ulkv});
