@@ -155,6 +155,156 @@ float elapsed(const Event& a, const Event& b) {
 
 long long round_up(long long x, long long to) { return (x + to - 1) / to * to; }
 
+// out sized for m x n elements, its plans and counters cleared.
+void reset(slicing::SlicedElements& out, long long m, long long n) {
+  out.m = m, out.n = n;
+  const std::size_t mn = static_cast<std::size_t>(m * n);
+  for (auto& l : out.limb) l.resize(mn);  // written in full by the download (or zeroed)
+  out.condition.resize(mn);
+  out.certified.resize(mn);
+  out.a_plan.assign(static_cast<std::size_t>(m), RowPlan{});
+  out.b_plan.assign(static_cast<std::size_t>(n), RowPlan{});
+  out.stacked_a = out.stacked_b = 0, out.products = 0;
+  out.ms_upload = out.ms_slice = out.ms_products = out.ms_combine = out.ms_download = 0;
+}
+
+// The m + n rows sliced on the device: their plans, where each row's digits are stacked,
+// and the digit rows of N and of |N|.
+struct Digits {
+  long long pitch = 0, rows_a = 0, stacked_a = 0, stacked_b = 0;
+  RowPlan* plans = nullptr;           // device: A's rows, then B's
+  long long* dev_offsets = nullptr;   // device: stacked row of each row's first digit
+  std::vector<RowPlan> host_plans;
+  std::vector<long long> offsets;     // host copy of dev_offsets
+  std::int8_t* value = nullptr;       // device: (rows_a + B's stacked rows + 16) x pitch
+  std::int8_t* magnitude = nullptr;
+};
+
+// Slicing: plans, stacked offsets (on the host: the sizes of the GEMMs), digits.
+Digits slice(Context& cx, const std::uint32_t* bits, long long m, long long n, long long k, int max_digits,
+             slicing::SlicedElements& out) {
+  cudaStream_t st = cx.stream;
+  const long long rows = m + n;
+  Digits d;
+  d.pitch = round_up(k, slicing::kPitch);
+  d.plans = cx.plans.get<RowPlan>(static_cast<std::size_t>(rows));
+  const unsigned grid = static_cast<unsigned>(std::min<long long>(rows, 65535));
+  plan_rows<<<grid, kThreads, 0, st>>>(bits, rows, k, max_digits, d.plans);
+  SLICED_CHECK(cudaGetLastError());
+  d.host_plans.resize(static_cast<std::size_t>(rows));
+  SLICED_CHECK(cudaMemcpyAsync(d.host_plans.data(), d.plans, d.host_plans.size() * sizeof(RowPlan), cudaMemcpyDeviceToHost, st));
+  SLICED_CHECK(cudaStreamSynchronize(st));
+  d.offsets.resize(static_cast<std::size_t>(rows));
+  for (long long r = 0; r < rows; ++r) {
+    long long& total = r < m ? d.stacked_a : d.stacked_b;
+    d.offsets[r] = total;
+    total += d.host_plans[r].digits;
+  }
+  std::copy(d.host_plans.begin(), d.host_plans.begin() + m, out.a_plan.begin());
+  std::copy(d.host_plans.begin() + m, d.host_plans.end(), out.b_plan.begin());
+  out.stacked_a = d.stacked_a, out.stacked_b = d.stacked_b;
+  // A's stacked rows padded to 16 (the GEMM's m), B's with 16 spare zero rows (a block's n
+  // is padded likewise); digit rows of A first, then B's.
+  d.rows_a = round_up(d.stacked_a, 16);
+  const long long rows_b = d.stacked_b + 16;
+  d.dev_offsets = cx.offsets.get<long long>(static_cast<std::size_t>(rows));
+  for (long long r = m; r < rows; ++r) d.offsets[r] += d.rows_a;
+  SLICED_CHECK(cudaMemcpyAsync(d.dev_offsets, d.offsets.data(), d.offsets.size() * sizeof(long long), cudaMemcpyHostToDevice, st));
+  const std::size_t digit_bytes = static_cast<std::size_t>((d.rows_a + rows_b) * d.pitch);
+  d.value = cx.digits_value.get<std::int8_t>(digit_bytes);
+  d.magnitude = cx.digits_magnitude.get<std::int8_t>(digit_bytes);
+  SLICED_CHECK(cudaMemsetAsync(d.value, 0, digit_bytes, st));
+  SLICED_CHECK(cudaMemsetAsync(d.magnitude, 0, digit_bytes, st));
+  write_digits<<<grid, kThreads, 0, st>>>(bits, rows, k, d.pitch, d.plans, d.dev_offsets, d.value, d.magnitude);
+  SLICED_CHECK(cudaGetLastError());
+  return d;
+}
+
+// The device's per-element results, zeroed: S's limbs, the condition term, certified.
+struct Results {
+  Results(Context& cx, std::size_t mn) {
+    cudaStream_t st = cx.stream;
+    limb[0] = cx.limbs.get<std::uint64_t>(3 * mn);
+    limb[1] = limb[0] + mn, limb[2] = limb[1] + mn;
+    cond = cx.condition.get<double>(mn);
+    cert = cx.certified.get<std::uint8_t>(mn);
+    SLICED_CHECK(cudaMemsetAsync(limb[0], 0, 3 * mn * sizeof(std::uint64_t), st));
+    SLICED_CHECK(cudaMemsetAsync(cond, 0, mn * sizeof(double), st));
+    SLICED_CHECK(cudaMemsetAsync(cert, 0, mn, st));
+  }
+  std::uint64_t* limb[3] = {nullptr, nullptr, nullptr};
+  double* cond = nullptr;
+  std::uint8_t* cert = nullptr;
+};
+
+// (start, end) of each block's products, then of its combination.
+struct Phases {
+  std::vector<std::pair<Event*, Event*>> spans;
+  std::vector<std::unique_ptr<Event>> events;
+  Event* add() {
+    events.push_back(std::make_unique<Event>());
+    return events.back().get();
+  }
+};
+
+// The int32 products of A's digit rows with block_rows of B's from stacked row `first`, per
+// K chunk, for the value digits into pv and the magnitude digits into pm.
+void digit_products(Context& cx, const Digits& d, long long first, long long block_rows, long long chunks,
+                    std::int32_t* pv, std::int32_t* pm, slicing::SlicedElements& out) {
+  const std::int32_t one = 1, zero = 0;
+  const long long chunk_stride = d.rows_a * block_rows;
+  for (int which = 0; which < 2; ++which) {
+    const std::int8_t* digits = which == 0 ? d.value : d.magnitude;
+    std::int32_t* p = which == 0 ? pv : pm;
+    for (long long c = 0; c < chunks; ++c) {
+      const long long q0 = c * slicing::kChunk, len = std::min<long long>(slicing::kChunk, d.pitch - q0);
+      SLICED_CHECK(cublasGemmEx(cx.handle, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(d.rows_a),
+                                static_cast<int>(block_rows), static_cast<int>(len), &one, digits + q0, CUDA_R_8I,
+                                static_cast<int>(d.pitch), digits + (d.rows_a + first) * d.pitch + q0, CUDA_R_8I,
+                                static_cast<int>(d.pitch), &zero, p + c * chunk_stride, CUDA_R_32I,
+                                static_cast<int>(d.rows_a), CUBLAS_COMPUTE_32I, CUBLAS_GEMM_DEFAULT));
+      ++out.products;
+    }
+  }
+}
+
+// Products and combination by blocks of B's columns, so that the int32 products of one
+// block (value and magnitude, every K chunk) fit the budget.
+void multiply_and_combine(Context& cx, const Digits& d, long long m, long long n, std::size_t product_budget,
+                          const Results& res, Phases& phases, slicing::SlicedElements& out) {
+  cudaStream_t st = cx.stream;
+  const long long chunks = (d.pitch + slicing::kChunk - 1) / slicing::kChunk;
+  const long long max_block_rows = std::max<long long>(
+      16, static_cast<long long>(product_budget / (2 * static_cast<std::size_t>(chunks * std::max<long long>(d.rows_a, 16)) * 4)) / 16 * 16);
+  long long j0 = 0;
+  while (j0 < n) {
+    // The widest block of columns from j0 whose digit rows fit.
+    long long j1 = j0 + 1;
+    const long long first = d.offsets[m + j0] - d.rows_a;
+    while (j1 < n && d.offsets[m + j1] - d.rows_a + d.host_plans[m + j1].digits - first <= max_block_rows) ++j1;
+    const long long block_rows =
+        round_up(std::max<long long>(d.offsets[m + j1 - 1] - d.rows_a + d.host_plans[m + j1 - 1].digits - first, 1), 16);
+    const long long chunk_stride = d.rows_a * block_rows;
+    std::int32_t* pv = cx.products.get<std::int32_t>(static_cast<std::size_t>(2 * chunks * chunk_stride));
+    std::int32_t* pm = pv + chunks * chunk_stride;
+    Event* e0 = phases.add();
+    Event* e1 = phases.add();
+    Event* e2 = phases.add();
+    SLICED_CHECK(cudaEventRecord(e0->e, st));
+    if (d.stacked_a > 0 && first < d.stacked_b) digit_products(cx, d, first, block_rows, chunks, pv, pm, out);
+    SLICED_CHECK(cudaEventRecord(e1->e, st));
+    const dim3 cgrid(static_cast<unsigned>((m + 127) / 128), static_cast<unsigned>(std::min<long long>(j1 - j0, 65535)));
+    combine_elements<<<cgrid, 128, 0, st>>>(pv, pm, d.rows_a, chunk_stride, static_cast<int>(chunks), m, j0, j1,
+                                            d.rows_a + first, d.plans, d.dev_offsets, d.plans + m, d.dev_offsets + m,
+                                            res.limb[0], res.limb[1], res.limb[2], res.cond, res.cert);
+    SLICED_CHECK(cudaGetLastError());
+    SLICED_CHECK(cudaEventRecord(e2->e, st));
+    phases.spans.emplace_back(e0, e1);
+    phases.spans.emplace_back(e1, e2);
+    j0 = j1;
+  }
+}
+
 }  // namespace
 
 namespace detail {
@@ -172,135 +322,35 @@ void gpu_sliced_elements(const float* a, long long m, const float* b, long long 
   Context& cx = context();
   std::lock_guard<std::mutex> lock(cx.mutex);
   cudaStream_t st = cx.stream;
-  out.m = m, out.n = n;
+  reset(out, m, n);
   const std::size_t mn = static_cast<std::size_t>(m * n);
-  for (auto& l : out.limb) l.resize(mn);  // written in full by the download below (or zeroed)
-  out.condition.resize(mn);
-  out.certified.resize(mn);
-  out.a_plan.assign(static_cast<std::size_t>(m), RowPlan{});
-  out.b_plan.assign(static_cast<std::size_t>(n), RowPlan{});
-  out.stacked_a = out.stacked_b = 0, out.products = 0;
-  out.ms_upload = out.ms_slice = out.ms_products = out.ms_combine = out.ms_download = 0;
   if (m == 0 || n == 0 || k == 0) {  // empty sums: nothing certified
     for (auto& l : out.limb) l.assign(mn, 0);
     out.condition.assign(mn, 0.0);
     out.certified.assign(mn, 0);
     return;
   }
-
-  Event t0, t1, t2, t3;
-  const long long rows = m + n, pitch = round_up(k, slicing::kPitch);
+  Event t0, t1, t2, t3, t4;
   SLICED_CHECK(cudaEventRecord(t0.e, st));
-  std::uint32_t* bits = cx.bits.get<std::uint32_t>(static_cast<std::size_t>(rows * k));
+  std::uint32_t* bits = cx.bits.get<std::uint32_t>(static_cast<std::size_t>((m + n) * k));
   SLICED_CHECK(staged_upload(bits, a, static_cast<std::size_t>(m * k) * 4, st));
   SLICED_CHECK(staged_upload(bits + m * k, b, static_cast<std::size_t>(n * k) * 4, st));
   SLICED_CHECK(cudaEventRecord(t1.e, st));
-
-  // Slicing: plans, stacked offsets (on the host: the sizes of the GEMMs), digits.
-  RowPlan* plans = cx.plans.get<RowPlan>(static_cast<std::size_t>(rows));
-  const unsigned grid = static_cast<unsigned>(std::min<long long>(rows, 65535));
-  plan_rows<<<grid, kThreads, 0, st>>>(bits, rows, k, max_digits, plans);
-  SLICED_CHECK(cudaGetLastError());
-  std::vector<RowPlan> host_plans(static_cast<std::size_t>(rows));
-  SLICED_CHECK(cudaMemcpyAsync(host_plans.data(), plans, host_plans.size() * sizeof(RowPlan), cudaMemcpyDeviceToHost, st));
-  SLICED_CHECK(cudaStreamSynchronize(st));
-  std::vector<long long> offsets(static_cast<std::size_t>(rows));
-  long long stacked_a = 0, stacked_b = 0;
-  for (long long r = 0; r < rows; ++r) {
-    long long& total = r < m ? stacked_a : stacked_b;
-    offsets[r] = total;
-    total += host_plans[r].digits;
-  }
-  std::copy(host_plans.begin(), host_plans.begin() + m, out.a_plan.begin());
-  std::copy(host_plans.begin() + m, host_plans.end(), out.b_plan.begin());
-  out.stacked_a = stacked_a, out.stacked_b = stacked_b;
-  // A's stacked rows padded to 16 (the GEMM's m), B's with 16 spare zero rows (a block's n
-  // is padded likewise); digit rows of A first, then B's.
-  const long long rows_a = round_up(stacked_a, 16), rows_b = stacked_b + 16;
-  long long* dev_offsets = cx.offsets.get<long long>(static_cast<std::size_t>(rows));
-  for (long long r = m; r < rows; ++r) offsets[r] += rows_a;
-  SLICED_CHECK(cudaMemcpyAsync(dev_offsets, offsets.data(), offsets.size() * sizeof(long long), cudaMemcpyHostToDevice, st));
-  const std::size_t digit_bytes = static_cast<std::size_t>((rows_a + rows_b) * pitch);
-  std::int8_t* dv = cx.digits_value.get<std::int8_t>(digit_bytes);
-  std::int8_t* dm = cx.digits_magnitude.get<std::int8_t>(digit_bytes);
-  SLICED_CHECK(cudaMemsetAsync(dv, 0, digit_bytes, st));
-  SLICED_CHECK(cudaMemsetAsync(dm, 0, digit_bytes, st));
-  write_digits<<<grid, kThreads, 0, st>>>(bits, rows, k, pitch, plans, dev_offsets, dv, dm);
-  SLICED_CHECK(cudaGetLastError());
+  const Digits d = slice(cx, bits, m, n, k, max_digits, out);
   SLICED_CHECK(cudaEventRecord(t2.e, st));
-
-  std::uint64_t* limb[3] = {cx.limbs.get<std::uint64_t>(3 * mn), nullptr, nullptr};
-  limb[1] = limb[0] + mn, limb[2] = limb[1] + mn;
-  double* cond = cx.condition.get<double>(mn);
-  std::uint8_t* cert = cx.certified.get<std::uint8_t>(mn);
-  SLICED_CHECK(cudaMemsetAsync(limb[0], 0, 3 * mn * sizeof(std::uint64_t), st));
-  SLICED_CHECK(cudaMemsetAsync(cond, 0, mn * sizeof(double), st));
-  SLICED_CHECK(cudaMemsetAsync(cert, 0, mn, st));
-
-  // Products and combination by blocks of B's columns, so that the int32 products of one
-  // block (value and magnitude, every K chunk) fit the budget.
-  const long long chunks = (pitch + slicing::kChunk - 1) / slicing::kChunk;
-  const long long max_block_rows = std::max<long long>(
-      16, static_cast<long long>(product_budget / (2 * static_cast<std::size_t>(chunks * std::max<long long>(rows_a, 16)) * 4)) / 16 * 16);
-  const RowPlan* a_plans = plans;
-  const RowPlan* b_plans = plans + m;
-  const long long* a_offsets = dev_offsets;
-  const long long* b_offsets = dev_offsets + m;
-  std::vector<std::pair<Event*, Event*>> phases;  // (start, end) of each block's products, then combination
-  std::vector<std::unique_ptr<Event>> events;
-  const std::int32_t one = 1, zero = 0;
-  long long j0 = 0;
-  while (j0 < n) {
-    // The widest block of columns from j0 whose digit rows fit.
-    long long j1 = j0 + 1;
-    const long long first = offsets[m + j0] - rows_a;
-    while (j1 < n && offsets[m + j1] - rows_a + host_plans[m + j1].digits - first <= max_block_rows) ++j1;
-    const long long block_rows = round_up(std::max<long long>(offsets[m + j1 - 1] - rows_a + host_plans[m + j1 - 1].digits - first, 1), 16);
-    const long long chunk_stride = rows_a * block_rows;
-    std::int32_t* pv = cx.products.get<std::int32_t>(static_cast<std::size_t>(2 * chunks * chunk_stride));
-    std::int32_t* pm = pv + chunks * chunk_stride;
-    for (int e = 0; e < 3; ++e) events.push_back(std::make_unique<Event>());
-    Event* e0 = events[events.size() - 3].get();
-    Event* e1 = events[events.size() - 2].get();
-    Event* e2 = events[events.size() - 1].get();
-    SLICED_CHECK(cudaEventRecord(e0->e, st));
-    if (stacked_a > 0 && first < stacked_b) {
-      for (int which = 0; which < 2; ++which) {
-        const std::int8_t* digits = which == 0 ? dv : dm;
-        std::int32_t* p = which == 0 ? pv : pm;
-        for (long long c = 0; c < chunks; ++c) {
-          const long long q0 = c * slicing::kChunk, len = std::min<long long>(slicing::kChunk, pitch - q0);
-          SLICED_CHECK(cublasGemmEx(cx.handle, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(rows_a),
-                                    static_cast<int>(block_rows), static_cast<int>(len), &one, digits + q0, CUDA_R_8I,
-                                    static_cast<int>(pitch), digits + (rows_a + first) * pitch + q0, CUDA_R_8I,
-                                    static_cast<int>(pitch), &zero, p + c * chunk_stride, CUDA_R_32I,
-                                    static_cast<int>(rows_a), CUBLAS_COMPUTE_32I, CUBLAS_GEMM_DEFAULT));
-          ++out.products;
-        }
-      }
-    }
-    SLICED_CHECK(cudaEventRecord(e1->e, st));
-    const dim3 cgrid(static_cast<unsigned>((m + 127) / 128), static_cast<unsigned>(std::min<long long>(j1 - j0, 65535)));
-    combine_elements<<<cgrid, 128, 0, st>>>(pv, pm, rows_a, chunk_stride, static_cast<int>(chunks), m, j0, j1,
-                                            rows_a + first, a_plans, a_offsets, b_plans, b_offsets, limb[0], limb[1],
-                                            limb[2], cond, cert);
-    SLICED_CHECK(cudaGetLastError());
-    SLICED_CHECK(cudaEventRecord(e2->e, st));
-    phases.emplace_back(e0, e1);
-    phases.emplace_back(e1, e2);
-    j0 = j1;
-  }
+  Results res(cx, mn);
+  Phases phases;
+  multiply_and_combine(cx, d, m, n, product_budget, res, phases, out);
   SLICED_CHECK(cudaEventRecord(t3.e, st));
-  for (int l = 0; l < 3; ++l) SLICED_CHECK(staged_download(out.limb[l].data(), limb[l], mn * sizeof(std::uint64_t), st));
-  SLICED_CHECK(staged_download(out.condition.data(), cond, mn * sizeof(double), st));
-  SLICED_CHECK(staged_download(out.certified.data(), cert, mn, st));
-  Event t4;
+  for (int l = 0; l < 3; ++l) SLICED_CHECK(staged_download(out.limb[l].data(), res.limb[l], mn * sizeof(std::uint64_t), st));
+  SLICED_CHECK(staged_download(out.condition.data(), res.cond, mn * sizeof(double), st));
+  SLICED_CHECK(staged_download(out.certified.data(), res.cert, mn, st));
   SLICED_CHECK(cudaEventRecord(t4.e, st));
   SLICED_CHECK(cudaStreamSynchronize(st));
   out.ms_upload = elapsed(t0, t1);
   out.ms_slice = elapsed(t1, t2);
-  for (std::size_t p = 0; p < phases.size(); ++p)
-    (p % 2 == 0 ? out.ms_products : out.ms_combine) += elapsed(*phases[p].first, *phases[p].second);
+  for (std::size_t p = 0; p < phases.spans.size(); ++p)
+    (p % 2 == 0 ? out.ms_products : out.ms_combine) += elapsed(*phases.spans[p].first, *phases.spans[p].second);
   out.ms_download = elapsed(t3, t4);
 }
 
