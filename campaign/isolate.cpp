@@ -1,18 +1,12 @@
-// The parent side of crash isolation: IsolatedEvaluator (isolate.hpp) and the stand-in
-// kernels of worker_registry. Processes are process.hpp's, messages protocol.hpp's.
+// The parent side of crash isolation, one request at a time: IsolatedEvaluator (isolate.hpp)
+// and the stand-in kernels of worker_registry. Its pool of submitted cases is isolate_pool.cpp;
+// processes are process.hpp's, messages protocol.hpp's.
 #include "campaign/isolate.hpp"
 
-#include <algorithm>
-#include <atomic>
 #include <chrono>
-#include <cmath>
-#include <condition_variable>
-#include <deque>
 #include <map>
-#include <mutex>
 #include <optional>
 #include <stdexcept>
-#include <thread>
 #include <utility>
 
 #include <fmt/format.h>
@@ -20,6 +14,7 @@
 
 #include "core/error.hpp"
 #include "core/profile.hpp"
+#include "campaign/pool_reader.hpp"
 #include "campaign/process.hpp"
 #include "campaign/protocol.hpp"
 
@@ -28,8 +23,6 @@ namespace {
 
 using json = nlohmann::json;
 using Clock = ProcessClock;
-
-double now_seconds() { return std::chrono::duration<double>(Clock::now().time_since_epoch()).count(); }
 
 // Waits for a new worker's ready line; InputError (with its stderr) when it sends another
 // line, dies or is not ready in time, after killing it.
@@ -42,7 +35,7 @@ void await_ready(WorkerProcess& w, const std::string& binary, double startup_tim
       hello = json::parse(line);
     } catch (const json::parse_error&) {
     }
-    if (hello.is_object() && hello.contains("ready")) return;
+    if (reply_kind(hello) == ReplyKind::Ready) return;
     const std::string why = fmt::format("{}: worker sent '{}' instead of its ready line", binary, one_line(line));
     w.kill_and_reap();
     throw InputError(why);
@@ -59,80 +52,6 @@ void await_ready(WorkerProcess& w, const std::string& binary, double startup_tim
 }
 
 }  // namespace
-
-/// The pool's replies, read and parsed off the campaign thread: each line of the worker's
-/// protocol stream becomes an Item (parse_pool_reply). It polls in short steps so that
-/// stopping it (stop_reader: before the worker is killed, restarted, or used for a single
-/// exchange) takes at most one step. Lines it has read but nobody took are dropped then:
-/// only a lost pool (whose cases are all checked again alone) or an idle one is ever stopped.
-struct IsolatedEvaluator::Reader {
-  struct Item {
-    enum class Kind { Line, Closed, Garbled };
-    Kind kind = Kind::Line;
-    PoolReply reply;
-  };
-
-  explicit Reader(WorkerProcess& w) : thread_([this, &w] { run(w); }) {}
-  ~Reader() {
-    stop_ = true;
-    thread_.join();
-  }
-  Reader(const Reader&) = delete;
-  Reader& operator=(const Reader&) = delete;
-
-  /// The next line's item, or nullopt when none came by the deadline.
-  std::optional<Item> next(Clock::time_point deadline) {
-    std::unique_lock lock(mu_);
-    if (!cv_.wait_until(lock, deadline, [&] { return !items_.empty(); })) return std::nullopt;
-    Item it = std::move(items_.front());
-    items_.pop_front();
-    return it;
-  }
-
- private:
-  void push(Item it) {
-    {
-      std::lock_guard lock(mu_);
-      items_.push_back(std::move(it));
-    }
-    cv_.notify_one();
-  }
-  void run(WorkerProcess& w) {
-    std::string line;
-    try {
-      while (!stop_) {
-        const auto wait = w.next_line(deadline_after(0.05), line);
-        if (wait == WorkerProcess::Wait::TimedOut) continue;
-        Item it;
-        if (wait == WorkerProcess::Wait::Closed) {
-          it.kind = Item::Kind::Closed;
-          push(std::move(it));
-          return;
-        }
-        std::optional<PoolReply> reply = parse_pool_reply(line);
-        if (!reply) {
-          it.kind = Item::Kind::Garbled;
-          push(std::move(it));
-          return;
-        }
-        it.reply = std::move(*reply);
-        push(std::move(it));
-      }
-    } catch (const std::exception&) {  // poll failed: as good as a closed stream
-      Item it;
-      it.kind = Item::Kind::Closed;
-      push(std::move(it));
-    }
-  }
-
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<Item> items_;
-  std::atomic<bool> stop_{false};
-  std::thread thread_;  // last: it starts once the members above exist
-};
-
-void IsolatedEvaluator::stop_reader() { reader_.reset(); }
 
 // --- The worker's life -----------------------------------------------------------------------
 
@@ -216,10 +135,10 @@ IsolatedEvaluator::Exchange IsolatedEvaluator::exchange(const json& request, con
     w.kill_and_reap();
     return lost(Disposition::Crashed, fmt::format("worker sent a malformed reply ({})", e.what()));
   }
-  if (x.reply.is_object() && x.reply.contains("error") && x.reply["error"].is_string()) {
+  if (reply_kind(x.reply) == ReplyKind::Error) {
     // The worker refused the request as in-process evaluation would have: not the kernel's
     // doing. The worker itself is fine and keeps running.
-    throw InputError(x.reply["error"].get<std::string>());
+    throw InputError(x.reply.value("error", std::string("the worker refused the request")));
   }
   return x;
 }
@@ -237,8 +156,7 @@ CaseResult IsolatedEvaluator::evaluate(const std::string& kernel, const Case& c,
   if (x.status != Disposition::Ok) return lost(x.status, x.message);
   CaseResult result;
   try {
-    if (!x.reply.is_object() || !x.reply.contains("result")) throw InputError("no \"result\"");
-    result = case_result_from_json(x.reply["result"], "result");
+    result = case_result_from_json(expect_reply(x.reply, ReplyKind::Result, "evaluating the case").at("result"), "result");
   } catch (const InputError& e) {
     worker_.reset();
     return lost(Disposition::Crashed, fmt::format("worker sent a malformed reply ({})", e.what()));
@@ -247,139 +165,16 @@ CaseResult IsolatedEvaluator::evaluate(const std::string& kernel, const Case& c,
   return result;
 }
 
-// --- Several at once -------------------------------------------------------------------------
-
-void IsolatedEvaluator::lose_pool() {
-  stop_reader();
-  if (worker_) worker_->kill_and_reap();
-  worker_.reset();
-  for (auto& [id, p] : pending_) redo_.push_back(std::move(p));
-  pending_.clear();
-}
-
-void IsolatedEvaluator::submit(std::uint64_t id, const std::string& kernel, const Case& c, const EvaluationOptions& options) {
-  submit(Pending{id, kernel, c, options, std::nullopt, -1, now_seconds()});
-}
-
-void IsolatedEvaluator::submit(std::uint64_t id, const std::string& kernel, const DrawSpec& draw,
-                               const EvaluationOptions& options) {
-  submit(Pending{id, kernel, Case{}, options, draw, -1, now_seconds()});
-}
-
-void IsolatedEvaluator::submit(Pending p) {
-  const std::uint64_t id = p.id;
-  if (!redo_.empty()) {
-    // A pool lost earlier is being checked again alone: this case waits its turn there.
-    redo_.push_back(std::move(p));
-    return;
-  }
-  if (!worker_) start_worker();
-  const bool sent = write_all(worker_->request.get(), request_line(submit_request(id, p.kernel, p.c, p.draw, p.options)), true,
-                              deadline_after(options_.timeout_seconds));
-  pending_.emplace(id, std::move(p));
-  if (!sent) lose_pool();
-}
-
-IsolatedEvaluator::Finished IsolatedEvaluator::evaluate_alone(const Pending& p) {
-  if (!p.draw) return {p.id, evaluate(p.kernel, p.c, p.options), p.c, {}, {}};
-  // The worker draws it (so that a crash or hang is recorded with the case that caused
-  // it), then it is checked as any other. A draw that fails (the generator threw, or the
-  // kernel's supports() took the worker down) names the op's basic case.
-  const Case basic = op_module(p.draw->op).basic_case(p.draw->dtype);
-  Case c;
-  try {
-    Exchange x = exchange(draw_case_request(p.kernel, *p.draw), "drawing the case");
-    if (x.status != Disposition::Ok) return {p.id, failed_result(p.kernel, basic, x.status, x.message), basic, {}, {}};
-    if (!x.reply.is_object() || !x.reply.contains("case")) throw InputError("worker sent a malformed reply");
-    c = case_from_json(x.reply["case"]);
-  } catch (const InputError& e) {
-    return {p.id, failed_result(p.kernel, basic, Disposition::Failed, std::string("harness error: ") + e.what()), basic, {}, {}};
-  }
-  return {p.id, evaluate(p.kernel, c, p.options), c, {}, {}};
-}
-
-IsolatedEvaluator::Finished IsolatedEvaluator::next_result() {
-  for (;;) {
-    if (pending_.empty()) {
-      if (redo_.empty()) throw std::logic_error("IsolatedEvaluator::next_result: no case in flight");
-      Pending p = std::move(redo_.front());
-      redo_.pop_front();
-      return evaluate_alone(p);
-    }
-    if (!reader_) reader_ = std::make_unique<Reader>(*worker_);
-    std::optional<Reader::Item> item = reader_->next(deadline_after(std::max(0.0, pool_deadline() - now_seconds())));
-    if (!item || item->kind != Reader::Item::Kind::Line) {
-      lose_pool();  // crashed, hung or garbled: each case again alone says which
-      continue;
-    }
-    if (std::optional<Finished> f = take_pool_reply(item->reply)) return std::move(*f);
-  }
-}
-
-// The earliest deadline of a case a thread has taken; while none has been taken, of the
-// oldest case sent (a worker that takes nothing is stuck). Seconds on the steady clock.
-double IsolatedEvaluator::pool_deadline() const {
-  double deadline = INFINITY, oldest_sent = INFINITY;
-  for (const auto& [id, p] : pending_) {
-    if (p.started >= 0) deadline = std::min(deadline, p.started + options_.timeout_seconds);
-    oldest_sent = std::min(oldest_sent, p.sent);
-  }
-  return std::isinf(deadline) ? oldest_sent + options_.timeout_seconds : deadline;
-}
-
-std::optional<IsolatedEvaluator::Finished> IsolatedEvaluator::take_pool_reply(PoolReply& item) {
-  const json& reply = item.reply;
-  const auto id_of = [&]() -> std::optional<std::uint64_t> {
-    if (!reply.is_object()) return std::nullopt;
-    for (const char* key : {"started", "id"})
-      if (auto it = reply.find(key); it != reply.end() && it->is_number_unsigned() && pending_.count(it->get<std::uint64_t>()))
-        return it->get<std::uint64_t>();
-    return std::nullopt;
-  };
-  const auto id = id_of();
-  if (!id) {
-    lose_pool();  // not a reply to anything in flight: the stream cannot be trusted
-    return std::nullopt;
-  }
-  if (reply.contains("started")) {
-    pending_.at(*id).started = now_seconds();
-    return std::nullopt;
-  }
-  const Pending& p = pending_.at(*id);
-  Finished f{p.id, {}, p.c, {}, {}};
-  if (reply.contains("error") && reply["error"].is_string()) {
-    if (p.draw) f.requested = op_module(p.draw->op).basic_case(p.draw->dtype);
-    f.result = failed_result(p.kernel, f.requested, Disposition::Failed, "harness error: " + reply["error"].get<std::string>());
-    pending_.erase(*id);
-    return f;
-  }
-  if (item.malformed || !item.result || (p.draw && !item.drawn)) {
-    lose_pool();  // a garbled reply: this case too, again alone
-    return std::nullopt;
-  }
-  f.result = std::move(*item.result);
-  f.result_json = std::move(item.result_text);
-  if (p.draw) f.requested = std::move(*item.drawn), f.requested_json = std::move(item.case_text);
-  // A lost CUDA context: the other cases' results are suspect, and this one's could be
-  // another case's doing; all of them again, alone.
-  if (reply.value("restart", false)) {
-    lose_pool();
-    return std::nullopt;
-  }
-  pending_.erase(*id);
-  return f;
-}
-
 // --- Asking the worker's kernels -------------------------------------------------------------
 
 IsolatedEvaluator::SupportAnswer IsolatedEvaluator::supports(const std::string& kernel, const Case& c) {
   Exchange x = exchange(supports_request(kernel, c), "asking whether the kernel supports the case");
   SupportAnswer a;
   if (x.status == Disposition::Ok) {
-    const json* q = x.reply.is_object() && x.reply.contains("supports") ? &x.reply["supports"] : nullptr;
-    if (q && q->is_object() && q->contains("ok") && (*q)["ok"].is_boolean()) {
-      a.supported = (*q)["ok"].get<bool>();
-      a.why = q->value("why", "");
+    const json& q = x.reply;
+    if (reply_kind(q) == ReplyKind::Supports && q.contains("ok") && q["ok"].is_boolean()) {
+      a.supported = q["ok"].get<bool>();
+      a.why = q.value("why", "");
       return a;
     }
     worker_.reset();
@@ -438,7 +233,7 @@ std::vector<std::unique_ptr<Kernel>> IsolatedEvaluator::describe(const std::vect
   Exchange x = exchange(describe_request(names), "listing its kernels");
   if (x.status != Disposition::Ok) throw std::runtime_error("worker: cannot list its kernels: " + x.message);
   std::vector<std::unique_ptr<Kernel>> out;
-  if (!x.reply.is_object() || !x.reply.contains("kernels") || !x.reply["kernels"].is_array())
+  if (reply_kind(x.reply) != ReplyKind::Kernels || !x.reply.contains("kernels") || !x.reply["kernels"].is_array())
     throw std::runtime_error("worker: malformed kernel list");
   for (const auto& k : x.reply["kernels"])
     out.push_back(std::make_unique<WorkerKernel>(*this, k.value("name", ""), k.value("description", ""), traits_from_description(k)));

@@ -27,6 +27,7 @@ namespace ulpgate {
 
 struct WorkerProcess;
 struct PoolReply;
+class PoolReader;
 
 /// "SIGSEGV" for the signals a misbehaving kernel or its runtime raises (strsignal's text
 /// alone, "Segmentation fault", does not name the signal a user greps for); nullptr for
@@ -169,8 +170,7 @@ class IsolatedEvaluator {
   /// Pool mode: reads and parses the worker's replies on a thread of its own, so that the
   /// campaign thread only takes finished results (next_result starts it; anything else
   /// that touches the worker stops it first: stop_reader).
-  struct Reader;
-  std::unique_ptr<Reader> reader_;
+  std::unique_ptr<PoolReader> reader_;
   void stop_reader();
   std::map<std::uint64_t, Pending> pending_;  // submitted to the running worker
   std::deque<Pending> redo_;                  // lost with a worker, to check alone

@@ -28,6 +28,26 @@ const char* kind_name(RequestKind kind) {
   return "";
 }
 
+struct ReplyName {
+  ReplyKind kind;
+  const char* name;
+};
+constexpr ReplyName kReplies[] = {{ReplyKind::Ready, "ready"},     {ReplyKind::Result, "result"},
+                                  {ReplyKind::Supports, "supports"}, {ReplyKind::Kernels, "kernels"},
+                                  {ReplyKind::Case, "case"},       {ReplyKind::Started, "started"},
+                                  {ReplyKind::Error, "error"}};
+
+const char* reply_name(ReplyKind kind) {
+  for (const auto& k : kReplies)
+    if (k.kind == kind) return k.name;
+  return "";
+}
+
+json reply_of(ReplyKind kind, json fields) {
+  fields["reply"] = reply_name(kind);
+  return fields;
+}
+
 json request_of(RequestKind kind) { return {{"request", kind_name(kind)}}; }
 
 }  // namespace
@@ -128,6 +148,46 @@ std::uint64_t submitted_id(const json& request) {
 
 // --- Replies to submitted cases, as the parent reads them -------------------------------------
 
+// --- Replies -----------------------------------------------------------------------------------
+
+json ready_reply(long pid, std::size_t kernels) { return reply_of(ReplyKind::Ready, {{"pid", pid}, {"kernels", kernels}}); }
+
+json result_reply(const CaseResult& result, bool restart) {
+  return reply_of(ReplyKind::Result, {{"result", case_result_to_json(result)}, {"restart", restart}});
+}
+
+json supports_reply(const std::optional<std::string>& why) {
+  return reply_of(ReplyKind::Supports, {{"ok", !why}, {"why", why.value_or("")}});
+}
+
+json kernels_reply(json descriptions) { return reply_of(ReplyKind::Kernels, {{"kernels", std::move(descriptions)}}); }
+
+json case_reply(const Case& c) { return reply_of(ReplyKind::Case, {{"case", to_json(c)}}); }
+
+json started_reply(std::uint64_t id) { return reply_of(ReplyKind::Started, {{"id", id}}); }
+
+json error_reply(const std::string& message) { return reply_of(ReplyKind::Error, {{"error", message}}); }
+
+json for_submitted(json reply, std::uint64_t id) {
+  reply["id"] = id;
+  return reply;
+}
+
+std::optional<ReplyKind> reply_kind(const json& reply) {
+  if (!reply.is_object()) return std::nullopt;
+  const auto k = reply.find("reply");
+  if (k == reply.end() || !k->is_string()) return std::nullopt;
+  for (const auto& r : kReplies)
+    if (*k == r.name) return r.kind;
+  return std::nullopt;
+}
+
+const json& expect_reply(const json& reply, ReplyKind kind, const char* doing) {
+  if (reply_kind(reply) != kind)
+    throw InputError(fmt::format("a \"{}\" reply was expected while {}", reply_name(kind), doing));
+  return reply;
+}
+
 std::optional<PoolReply> parse_pool_reply(const std::string& line) {
   PoolReply r;
   try {
@@ -135,7 +195,8 @@ std::optional<PoolReply> parse_pool_reply(const std::string& line) {
   } catch (const json::parse_error&) {
     return std::nullopt;
   }
-  if (!r.reply.is_object()) return r;
+  r.kind = reply_kind(r.reply);
+  if (r.kind != ReplyKind::Result) return r;
   try {
     if (const auto x = r.reply.find("result"); x != r.reply.end())
       r.result = case_result_from_json(*x, "result"), r.result_text = json_text(*x);

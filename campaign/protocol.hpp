@@ -1,8 +1,8 @@
 // The worker protocol (isolate.hpp): one UTF-8 JSON line per message. Requests go to the
-// worker's stdin and name their kind ("request": "check" | "supports" | "describe" |
-// "draw_case" | "submit"), which the worker dispatches on; replies come on its stdout, each
-// line prefixed with kWorkerLinePrefix: {"ready": {"pid", "kernels"}} first, then one per
-// request, {"error": MESSAGE} for a refused one. Parent and worker are the same binary.
+// worker's stdin and name their kind ("request": "check" | "supports" | ...), replies come
+// on its stdout, each line prefixed with kWorkerLinePrefix, and name theirs ("reply":
+// "ready" first, then "result" | "supports" | ... | "error" for a refused request). Each
+// side dispatches on the kind. Parent and worker are the same binary.
 #pragma once
 
 #include <cstdint>
@@ -19,6 +19,7 @@
 namespace ulpgate {
 
 enum class RequestKind { Check, Supports, Describe, DrawCase, Submit };
+enum class ReplyKind { Ready, Result, Supports, Kernels, Case, Started, Error };
 
 /// A reply line: kWorkerLinePrefix, compact JSON, newline. Strings from kernels and plugins
 /// need not be UTF-8; invalid bytes become U+FFFD rather than a failed reply.
@@ -71,12 +72,38 @@ Kernel& requested_kernel(Registry& registry, const nlohmann::json& request, cons
 /// A submit request's id; InputError when it has none.
 std::uint64_t submitted_id(const nlohmann::json& request);
 
-// --- Replies to submitted cases, as the parent reads them -------------------------------------
+// --- Replies, as the worker writes them: each names its kind ("reply": KIND) ------------------
+
+/// The first line: {"pid", "kernels": how many}.
+nlohmann::json ready_reply(long pid, std::size_t kernels);
+/// A check's result, and whether the worker exits after it (its CUDA context is lost).
+nlohmann::json result_reply(const CaseResult& result, bool restart);
+/// supports(): {"ok", "why"}, why empty when supported.
+nlohmann::json supports_reply(const std::optional<std::string>& why);
+/// describe: the kernels' descriptions (kernel_description).
+nlohmann::json kernels_reply(nlohmann::json descriptions);
+/// draw_case: the drawn case.
+nlohmann::json case_reply(const Case& c);
+/// A submitted case a pool thread took.
+nlohmann::json started_reply(std::uint64_t id);
+/// A refused request (what in-process evaluation would throw as InputError).
+nlohmann::json error_reply(const std::string& message);
+/// A result or error reply to a submitted case: reply with its "id" added.
+nlohmann::json for_submitted(nlohmann::json reply, std::uint64_t id);
+
+// --- Replies, as the parent reads them --------------------------------------------------------
+
+/// The kind a reply names; nullopt when it is not an object or names no known kind.
+std::optional<ReplyKind> reply_kind(const nlohmann::json& reply);
+/// A reply of kind `kind`: its JSON object; InputError naming `doing` for another kind or
+/// a reply that is not one.
+const nlohmann::json& expect_reply(const nlohmann::json& reply, ReplyKind kind, const char* doing);
 
 /// A reply from the worker's pool: its JSON and, where present, "result" and "case" already
 /// converted (off the campaign thread).
 struct PoolReply {
   nlohmann::json reply;
+  std::optional<ReplyKind> kind;       ///< reply_kind(reply)
   std::optional<CaseResult> result;    ///< reply["result"], converted
   std::optional<Case> drawn;           ///< reply["case"], converted
   bool malformed = false;              ///< one of them present but not convertible

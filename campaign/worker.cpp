@@ -47,7 +47,7 @@ std::optional<std::string> lost_cuda_context(bool own_stream) {
   return std::nullopt;
 }
 
-// {"kernels": [...]} for the named kernels (resolved here), or every kernel when null.
+// The kernels reply for the named kernels (resolved here), or every kernel when null.
 json describe_kernels(Registry& registry, const json& names) {
   std::vector<Kernel*> kernels;
   if (names.is_null()) {
@@ -63,7 +63,7 @@ json describe_kernels(Registry& registry, const json& names) {
   }
   json out = json::array();
   for (Kernel* k : kernels) out.push_back(kernel_description(*k));
-  return {{"kernels", out}};
+  return kernels_reply(std::move(out));
 }
 
 // Draws case d.index of a target's stream with kernel k (its supports() answers shape the
@@ -114,11 +114,11 @@ std::pair<json, bool> serve_request(Registry& registry, const Request& request) 
       return {describe_kernels(registry, q.value("kernels", json(nullptr))), false};
     case RequestKind::DrawCase: {
       Kernel& k = requested_kernel(registry, q, "draw_case", "draw", "DRAW");
-      return {json{{"case", to_json(draw_in_worker(k, draw_from_json(q["draw"])))}}, false};
+      return {case_reply(draw_in_worker(k, draw_from_json(q["draw"]))), false};
     }
     case RequestKind::Supports: {
       const auto why = requested_kernel(registry, q, "supports", "case", "CASE").unsupported(case_from_json(q["case"]));
-      return {json{{"supports", {{"ok", !why}, {"why", why.value_or("")}}}}, false};
+      return {supports_reply(why), false};
     }
     case RequestKind::Check:
     case RequestKind::Submit:
@@ -127,7 +127,7 @@ std::pair<json, bool> serve_request(Registry& registry, const Request& request) 
   const ParsedCheck p = parse_check(registry, q);
   if (p.draw) throw InputError("worker request: a case to draw is submitted (\"submit\") or drawn alone (\"draw_case\")");
   auto [result, restart] = run_check(registry, *p.kernel, p.c, p.options);
-  return {json{{"result", case_result_to_json(result)}, {"restart", restart}}, restart};
+  return {result_reply(result, restart), restart};
 }
 
 // A kernel that is not thread-safe as the pool's threads see it: one call at a time.
@@ -201,7 +201,7 @@ class CheckPool {
       queue_.pop_front();
       ++running_;
       lock.unlock();
-      send_({{"started", id}});
+      send_(started_reply(id));
       auto [reply, restart] = check(id, p);
       // Not busy before the reply leaves: a parent that has every result may send any
       // request next.
@@ -218,11 +218,11 @@ class CheckPool {
     try {
       if (p.draw) p.c = draw_in_worker(*p.kernel, *p.draw);
       auto [result, restart] = run_check(registry_, *p.kernel, p.c, p.options);
-      json reply = {{"result", case_result_to_json(result)}, {"id", id}, {"restart", restart}};
+      json reply = for_submitted(result_reply(result, restart), id);
       if (p.draw) reply["case"] = to_json(p.c);
       return {reply, restart};
     } catch (const InputError& e) {
-      return {json{{"error", e.what()}, {"id", id}}, false};
+      return {for_submitted(error_reply(e.what()), id), false};
     }
   }
 
@@ -247,7 +247,7 @@ void submit_to_pool(Registry& registry, unsigned jobs, const CheckPool::Send& se
     if (!pool) pool = std::make_unique<CheckPool>(registry, jobs, send);
     pool->add(id, std::move(p));
   } catch (const InputError& e) {
-    send({{"error", e.what()}, {"id", id}});
+    send(for_submitted(error_reply(e.what()), id));
   }
 }
 
@@ -266,7 +266,7 @@ int serve_worker(Registry& registry, unsigned jobs) {
   ::dup2(STDERR_FILENO, STDOUT_FILENO);
   if (UniqueFd null(::open("/dev/null", O_RDONLY | O_CLOEXEC)); null.get() >= 0) ::dup2(null.get(), STDIN_FILENO);
 
-  const json ready = {{"ready", {{"pid", ::getpid()}, {"kernels", registry.all().size()}}}};
+  const json ready = ready_reply(::getpid(), registry.all().size());
   if (!write_all(results.get(), protocol_line(ready), false)) return 3;
   std::mutex send_mu;
   // Whatever a kernel printed through stdio reaches stderr before the reply, so the
@@ -292,7 +292,7 @@ int serve_worker(Registry& registry, unsigned jobs) {
       if (pool && pool->busy()) throw InputError("worker request: submitted cases are still being checked");
       std::tie(reply, restart) = serve_request(registry, request);
     } catch (const InputError& e) {
-      reply = {{"error", e.what()}};
+      reply = error_reply(e.what());
     }
     send(reply);
     if (restart) return 0;

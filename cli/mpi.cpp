@@ -162,6 +162,32 @@ int broadcast(const World& w, int value) {
 
 Exit broadcast(const World& w, Exit value) { return static_cast<Exit>(broadcast(w, code(value))); }
 
+Exit attempt(const std::function<void()>& f, std::string& error) {
+  try {
+    f();
+    return Exit::Ok;
+  } catch (const InputError& e) {
+    error = e.what();
+    return Exit::Usage;
+  } catch (const std::exception& e) {
+    error = std::string("internal error: ") + e.what();
+    return Exit::Internal;
+  }
+}
+
+Exit rank0_decides(const World& w, const std::function<Exit()>& decide) {
+  Exit rc = Exit::Ok;
+  if (w.rank == 0) {
+    std::string error;
+    if (const Exit failed = attempt([&] { rc = decide(); }, error); failed != Exit::Ok) {
+      std::fprintf(stderr, failed == Exit::Usage ? "ulpgate: error: %s\n" : "ulpgate: %s\n", error.c_str());
+      rc = failed;
+    }
+    std::fflush(stdout);
+  }
+  return broadcast(w, rc);
+}
+
 Exit agree_on_setup(const World& w, Exit status, const std::string& error) {
   const std::vector<Message> setup = gather(w, code(status), error);
   int rc = code(Exit::Ok);

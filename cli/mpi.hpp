@@ -48,6 +48,17 @@ std::vector<Message> gather(const World& w, int status, const std::string& text)
 int broadcast(const World& w, int value);
 Exit broadcast(const World& w, Exit value);
 
+/// Runs f, catching what it throws: Exit::Ok, or Exit::Usage for an InputError and
+/// Exit::Internal for another exception, its message in error ("internal error: ..." for
+/// the latter). For the steps after which every rank must still meet the collectives.
+Exit attempt(const std::function<void()>& f, std::string& error);
+
+/// Collective: rank 0 alone runs decide (printing what the verb prints), then every rank
+/// returns its exit. An exception from decide is printed by rank 0 ("ulpgate: error: ...")
+/// and becomes Exit::Usage or Exit::Internal as in attempt(): the other ranks never wait on
+/// a rank 0 that threw.
+Exit rank0_decides(const World& w, const std::function<Exit()>& decide);
+
 /// Collective, after each rank's setup: Exit::Ok when every rank set up, else the first
 /// failing rank's status on every rank, its error printed once by rank 0 (prefixed
 /// "MPI rank r: " unless rank 0 failed the same way) and MPI finished. A barrier too: no

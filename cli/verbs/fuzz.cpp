@@ -370,27 +370,19 @@ RunRecord run_campaign(Campaign& c, const FuzzArgs& a, const mpi::World& world) 
 // included, is Exit::Internal.
 Exit write_shared_record(Campaign& c, RunRecord& record, const FuzzArgs& a, const std::string& command_line,
                          const mpi::World& world, Exit status, const std::string& error, bool& written) {
-  try {
-    if (status != Exit::Ok) throw std::runtime_error("rank 0 has no record to write: " + error);
-    record.command = command_line;
-    std::printf("ulpgate fuzz: %d MPI ranks, work shared as they went\n", world.size);
-    Exit rc = write_campaign_outputs(record, std::filesystem::path(a.out_dir), a.no_html, a.allow_partial);
-    written = true;
-    if (!c.scheduler->failures.empty()) {
-      std::string list;
-      for (const auto& [rank, why] : c.scheduler->failures) list += fmt::format("{}rank {} ({})", list.empty() ? "" : "; ", rank, why);
-      std::fprintf(stderr, "ulpgate: error: %zu of %d MPI ranks failed, the cases they had not finished are recorded as "
-                   "not run: %s\n", c.scheduler->failures.size(), world.size, list.c_str());
-      rc = Exit::Internal;
-    }
-    return rc;
-  } catch (const InputError& e) {
-    std::fprintf(stderr, "ulpgate: error: %s\n", e.what());
-    return Exit::Usage;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "ulpgate: internal error: %s\n", e.what());
-    return Exit::Internal;
+  if (status != Exit::Ok) throw std::runtime_error("rank 0 has no record to write: " + error);
+  record.command = command_line;
+  std::printf("ulpgate fuzz: %d MPI ranks, work shared as they went\n", world.size);
+  Exit rc = write_campaign_outputs(record, std::filesystem::path(a.out_dir), a.no_html, a.allow_partial);
+  written = true;
+  if (!c.scheduler->failures.empty()) {
+    std::string list;
+    for (const auto& [rank, why] : c.scheduler->failures) list += fmt::format("{}rank {} ({})", list.empty() ? "" : "; ", rank, why);
+    std::fprintf(stderr, "ulpgate: error: %zu of %d MPI ranks failed, the cases they had not finished are recorded as "
+                 "not run: %s\n", c.scheduler->failures.size(), world.size, list.c_str());
+    rc = Exit::Internal;
   }
+  return rc;
 }
 
 // `mpirun -n N ulpgate fuzz`: the ranks share the campaign's units as they become free
@@ -401,18 +393,8 @@ Exit write_shared_record(Campaign& c, RunRecord& record, const FuzzArgs& a, cons
 // not run and the exit is 3.
 Exit fuzz_over_ranks(const FuzzArgs& a, const LocalRegistry& local, const std::string& command_line, const mpi::World& world) {
   Campaign c;
-  Exit status = Exit::Ok;
   std::string error;
-  const auto attempt = [&](const auto& f) {
-    try {
-      f();
-    } catch (const InputError& e) {
-      status = Exit::Usage, error = e.what();
-    } catch (const std::exception& e) {
-      status = Exit::Internal, error = std::string("internal error: ") + e.what();
-    }
-  };
-  attempt([&] { prepare(c, a, local, world); });
+  Exit status = mpi::attempt([&] { prepare(c, a, local, world); }, error);
   // Gather then broadcast: a barrier (no rank passes the broadcast before rank 0 has every
   // rank's setup), so every rank has listed the corpus and the journals before any rank
   // may save into them.
@@ -420,21 +402,17 @@ Exit fuzz_over_ranks(const FuzzArgs& a, const LocalRegistry& local, const std::s
   c.scheduler = std::make_unique<mpi::Scheduler>(world);
   c.o.scheduler = c.scheduler.get();
   RunRecord record;
-  attempt([&] { record = run_campaign(c, a, world); });
+  status = mpi::attempt([&] { record = run_campaign(c, a, world); }, error);
   if (status != Exit::Ok) {
     std::fprintf(stderr, "ulpgate: MPI rank %d: %s\n", world.rank, error.c_str());
     c.scheduler->complete_with_error(error);
   }
-  Exit rc = Exit::Ok;
   bool written = false;
-  if (world.rank == 0) {
-    rc = write_shared_record(c, record, a, command_line, world, status, error, written);
-    std::fflush(stdout);
-  }
-  rc = mpi::broadcast(world, rc);
+  const Exit rc = mpi::rank0_decides(
+      world, [&] { return write_shared_record(c, record, a, command_line, world, status, error, written); });
   written = mpi::broadcast(world, static_cast<int>(written)) != 0;
   // The record is written: a new campaign may replace this rank's journal.
-  if (written && status == Exit::Ok) attempt([&] { mark_journal_finished(c.o.journal_path); });
+  if (written && status == Exit::Ok) mpi::attempt([&] { mark_journal_finished(c.o.journal_path); }, error);
   c.scheduler.reset();  // collective
   mpi::finish(world);
   return rc;

@@ -162,8 +162,8 @@ Exit probe_over_ranks(const ProbeArgs& a, const std::vector<ProbeJob>& jobs, con
   const std::vector<nlohmann::json> done = mpi::share_units(
       world, static_cast<std::int64_t>(jobs.size()),
       [&](std::int64_t u) { return probe_shared(jobs[static_cast<std::size_t>(u)]); }, failures);
-  Exit rc = Exit::Ok;
-  if (world.rank == 0) {
+  const Exit rc = mpi::rank0_decides(world, [&] {
+    Exit worst_rc = Exit::Ok;
     nlohmann::json models = nlohmann::json::array();
     std::string errors;
     for (const auto& j : done) {
@@ -173,13 +173,13 @@ Exit probe_over_ranks(const ProbeArgs& a, const std::vector<ProbeJob>& jobs, con
         std::fputs(j["text"].get<std::string>().c_str(), stdout);
         models.push_back(j["model"]);
       }
-      rc = worst(rc, static_cast<Exit>(j["rc"].get<int>()));
+      worst_rc = worst(worst_rc, static_cast<Exit>(j["rc"].get<int>()));
     }
     std::fflush(stdout);
     std::fputs(errors.c_str(), stderr);
     if (!a.json.empty()) write_text_file_atomically(a.json, models.dump(2) + "\n");
-  }
-  rc = mpi::broadcast(world, rc);
+    return worst_rc;
+  });
   mpi::finish(world);
   return rc;
 }

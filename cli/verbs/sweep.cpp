@@ -277,15 +277,8 @@ Exit report_sweep(SweepPlan& p, const SweepArgs& a, const std::string& command_l
 Exit sweep_over_ranks(const SweepArgs& a, const LocalRegistry& local, const std::string& command_line,
                       const mpi::World& world) {
   SweepPlan p;
-  Exit status = Exit::Ok;
   std::string error;
-  try {
-    prepare(p, a, local);  // each rank plans the whole sweep
-  } catch (const InputError& e) {
-    status = Exit::Usage, error = e.what();
-  } catch (const std::exception& e) {
-    status = Exit::Internal, error = std::string("internal error: ") + e.what();
-  }
+  const Exit status = mpi::attempt([&] { prepare(p, a, local); }, error);  // each rank plans the whole sweep
   if (const Exit failed = mpi::agree_on_setup(world, status, error); failed != Exit::Ok) return failed;
   std::vector<std::pair<std::size_t, std::size_t>> units;
   for (std::size_t si = 0; si < p.series.size(); ++si)
@@ -313,18 +306,10 @@ Exit sweep_over_ranks(const SweepArgs& a, const LocalRegistry& local, const std:
     if (!results[u].is_null()) shared.results.emplace(units[u], case_result_from_json(results[u], "result"));
   for (const std::string& f : failures) shared.lost += (shared.lost.empty() ? "" : "; ") + f;
   shared.failed_ranks = static_cast<int>(failures.size());
-  Exit rc = Exit::Ok;
-  if (world.rank == 0) {
+  const Exit rc = mpi::rank0_decides(world, [&] {
     std::printf("ulpgate sweep: %d MPI ranks, %zu points shared as they went\n", world.size, units.size());
-    try {
-      rc = report_sweep(p, a, command_line, &shared);
-    } catch (const InputError& e) {
-      std::fprintf(stderr, "ulpgate: error: %s\n", e.what());
-      rc = Exit::Usage;
-    }
-    std::fflush(stdout);
-  }
-  rc = mpi::broadcast(world, rc);
+    return report_sweep(p, a, command_line, &shared);
+  });
   mpi::finish(world);
   return rc;
 }

@@ -138,7 +138,7 @@ int run_noisy(const ulpgate_problem* p, char*, size_t) {
   // like the worker protocol, a line without its newline, and more than a pipe holds.
   std::printf("planted.noisy: hello from printf {\"result\": 42}\n");
   std::fflush(stdout);
-  const char fake[] = "ulpgate-worker-v1 {\"result\": {\"status\": \"ok\"}, \"restart\": true}\n";
+  const char fake[] = "ulpgate-worker-v1 {\"reply\": \"result\", \"result\": {\"status\": \"ok\"}, \"restart\": true}\n";
   [[maybe_unused]] ssize_t ignored = ::write(STDOUT_FILENO, fake, sizeof fake - 1);
   const std::string bulk(256 * 1024, 'x');
   std::fwrite(bulk.data(), 1, bulk.size(), stdout);
