@@ -1,23 +1,7 @@
-// `ulpgate bench`: how fast a kernel is on a case, next to how accurate that output is
-// (docs/dev/benchmarks.md). Speed without accuracy is not a result, so every timed kernel's
-// output is also checked against the exact reference.
-//
-// Method, per kernel and case:
-//   - inputs filled once (the case's distributions and seed), copied to the kernel's memory;
-//   - `warmup` untimed runs, then `reps` timed runs of Kernel::run, each after the L2 cache
-//     is evicted (a 256 MiB device memset outside the timed interval; --no-flush: stated in
-//     the report), device kernels timed by CUDA events on the kernel's stream around run()
-//     (what a caller of the kernel waits for, host work inside run() included), host kernels
-//     by the steady clock;
-//   - median, min, max, and the 10th/90th percentiles of the reps;
-//   - TFLOP/s = flops / median: GEMM 2 batch M N K; attention 2 (head_dim + head_dim_v)
-//     per visible (query, key) pair and head (a causal square mask sees S (S + 1) / 2 pairs
-//     of S^2, about half: the usual "causal counts half");
-//   - % of the baseline kernel's TFLOP/s measured in the same run (--baseline);
-//   - the output of one more run judged by the check path (evaluate_with_inputs: exact
-//     reference, the kernel's declared arithmetic): verdict, max normalised error, for GEMM
-//     the effective accumulator precision, and whether that output has the timed runs' bits;
-//   - the device's SM clock before and after (NVML).
+// `ulpgate bench`: how fast a kernel is on a case, next to how accurate that output is.
+// Speed without accuracy is not a result, so every timed kernel's output is also checked
+// against the exact reference. Timing method, FLOP counts and what is reported: see
+// docs/dev/benchmarks.md.
 #pragma once
 
 #include <array>

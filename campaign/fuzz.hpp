@@ -1,26 +1,8 @@
-// Fuzz campaigns: generated cases for kernels x input types, GEMM and attention alike
-// (check/ops). Each generated case goes through the one check path (check/check.hpp)
-// in the isolated worker: the verdict (tolerance, NaN/Inf, write audit) and the op's
-// metamorphic relations.
-//
-// Case streams: case i of a target (kernel, dtype, op) is drawn by the op's RapidCheck
-// generator from a random state that depends only on (campaign seed, target name, i), at
-// RapidCheck size (37 i) mod 101 (so small and large shapes from the first cases on). A
-// target's cases therefore do not depend on which other targets run or on --cases: a
-// campaign with --cases 6 runs the five cases of --cases 5 and one more.
-//
-// Failures: a target goes on after a failure, up to its case budget. Every failing case is
-// saved as a case file (cases_dir) with a replay command as its reproducer; the first
-// failure of each distinct signature (analyze.hpp: which check, which output and region,
-// which relation) in a target is shrunk, keeping that signature, to a minimal case saved
-// in the corpus, which later campaigns replay first.
-//
-// Budget: cases the time budget did not reach are listed in RunRecord::not_run.
-//
-// Throughput: with jobs > 1, a target's cases are drawn in order, checked as they come by
-// `jobs` threads of one worker process (IsolatedEvaluator::submit; kernels that are not
-// thread-safe run one call at a time there) and taken in order (journal, failures,
-// shrinking with the planning worker), so the record is the one a single worker gives.
+// Fuzz campaigns: generated cases for kernels x input types, GEMM and attention alike, each
+// through the one check path (check/check.hpp) in the isolated worker. A target's case
+// stream depends only on (campaign seed, target name, case index), so campaigns are
+// reproducible whatever else runs. Case streams, failures and shrinking, the time budget:
+// see docs/concepts/relations.md; several cases at once: docs/concepts/isolation.md.
 #pragma once
 
 #include <cstdint>

@@ -1,26 +1,8 @@
-// The release gate: compare a run record with a checked-in baseline, case by case.
-//
-// A baseline is made from a complete, passing fuzz campaign (`ulpgate baseline update`
-// refuses anything else). It holds the campaign definition (record.hpp) and, per case id
-// (record.hpp case_id: kernel + complete case JSON), the max normalised and max ULP error
-// of each output. The gate
-//   - refuses (InputError, exit 2) a run of another campaign definition, naming the
-//     difference, unless allow_different_campaign; a plugin rebuilt under the same file
-//     name (another hash, the same kernels) is the same campaign, and is named;
-//   - matches cases by id and classifies every one: matched (compared with its baseline
-//     numbers: ok, regressed or improved), new (not in the baseline), missing (in the
-//     baseline, not in the run) or not run (in the baseline, in a target the run lists as
-//     not run: the time budget ended first);
-//   - fails on any failing case of the run (baseline or not), on any regression beyond
-//     slack, and on missing or not-run cases unless allow_missing.
-// Slack, per output of a matched case with baseline errors b (max ULP) and n (max
-// normalised) in a format with F fraction bits:
-//   regressed when max_ulp > b + max(relative_slack * b, absolute_slack_ulp)
-//           or max_normalised > n + max(relative_slack * n, absolute_slack_ulp * 2^-F)
-// (2^-F is one ULP relative to the value, and |x| <= the condition term c), so a case
-// whose baseline error is 0 may still move by a rounding. Improved: the same margins the
-// other way. Overflowed elements take no part in either metric (analyze.hpp).
-// Exit codes: 0 pass, 1 fail, 2 bad input or a different campaign.
+// The release gate: compare a run record with a checked-in baseline, case by case (matched
+// by case id), and fail on failing cases, on regressions beyond slack, and on missing or
+// not-run cases; a run of another campaign definition is refused. Baselines come only from
+// complete, passing campaigns. Classification, the slack rule and exit codes: see
+// docs/concepts/gate.md.
 #pragma once
 
 #include <cstdint>

@@ -1,24 +1,7 @@
-// The campaign journal (docs/concepts/isolation.md): every evaluated case is appended
-// to a JSONL file as soon as it is known (written at once: a crash, Ctrl-C or SIGKILL of
-// the campaign loses nothing), fsync'd with the first line written kSyncSeconds or more
-// after the last fsync and on close (a lost node loses the lines since), so that an
-// interrupted campaign resumes where it stopped.
-//
-// File format, one JSON object per line:
-//   line 1      {"ulpgate_journal": 1, "campaign": CAMPAIGN}
-//   each case   {"kernel": NAME, "case": REQUESTED_CASE, "result": CASE_RESULT}
-//   last line   {"finished": true}, once the campaign's record is written
-// CAMPAIGN is whatever identifies the campaign to its driver (e.g. the fuzz flags and
-// seed); a resume refuses a journal written by another campaign. REQUESTED_CASE is the case
-// as the driver generated it, before evaluation (which may fill in e.g. FP8 scales): the
-// key a rerun looks it up by. CASE_RESULT is a run-record case (record.hpp).
-//
-// Use by a campaign loop, in its deterministic order:
-//
-//   Journal journal(dir + "/journal.jsonl", campaign_json, resume);
-//   for (each (kernel, case) of the campaign)
-//     journal.resume_or_run(kernel, case, [&] { return evaluator.evaluate(kernel, case, options); });
-//   record.cases = journal.campaign_cases();
+// The campaign journal: every evaluated case is appended to a JSONL file as soon as it is
+// known, each line in one write, so that a crash, Ctrl-C or SIGKILL of the campaign loses
+// nothing and an interrupted campaign resumes where it stopped.
+// File format and resume rules: see docs/concepts/isolation.md.
 #pragma once
 
 #include <chrono>
@@ -76,14 +59,19 @@ class Journal {
   /// find(), counting the case as visited in this run when found.
   std::optional<CaseResult> take(const std::string& kernel, const Case& requested);
 
-  /// Appends one evaluation (one line, written in one call; fsync'd as above) and
-  /// counts it as visited. Throws InputError when the file cannot be written. case_json and
+  /// Appends one evaluation (one line, written in one call) and
+  /// counts it as visited. Throws InputError when the file cannot be written. The line is
+  /// fsync'd when it is the first written kSyncSeconds or more after the last fsync (and on
+  /// close), so a lost node loses at most the lines since. case_json and
   /// result_json, when not empty, are requested's and result's JSON text already made (the
   /// worker's reply, dumped off the campaign thread), written as they are.
   void append(const std::string& kernel, const Case& requested, const CaseResult& result,
               std::string_view case_json = {}, std::string_view result_json = {});
 
   /// take(), or else evaluate() and append its result: the one call a campaign loop needs.
+  /// In the campaign's deterministic order, for each (kernel, case):
+  ///   journal.resume_or_run(kernel, case, [&] { return evaluator.evaluate(kernel, case, options); });
+  /// then record.cases = journal.campaign_cases().
   CaseResult resume_or_run(const std::string& kernel, const Case& requested,
                            const std::function<CaseResult()>& evaluate);
 

@@ -89,7 +89,7 @@ struct SweepSeries {
   std::string metric;     ///< "max_normalised", "mean_normalised", "max_ulp", ...
   std::vector<double> x, y;
   PowerFit fit;
-  double effective_bits = 0;  ///< estimated accumulator precision (see sweep.hpp)
+  double effective_bits = 0;  ///< estimated accumulator precision (docs/concepts/sweeps.md)
 };
 
 

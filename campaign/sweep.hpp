@@ -1,20 +1,7 @@
 // Sweeps: one error metric against one parameter (GEMM K, attention seq_kv) for one kernel
 // and format, the fitted growth exponent, and (GEMM) the kernel's effective accumulator
-// precision. Every point goes through the one check path (check/check.hpp).
-//
-// Effective precision. For an accumulator that rounds to t bits with errors that behave
-// like independent rounding errors, the mean error normalised by the condition term
-// scales as 2^-t. A calibrator (sequential RNE accumulation rounding every partial sum to
-// kCalibrationBits bits, run on the same inputs, its result not rounded further) measures
-// the data's own constant, so
-//     effective_bits = kCalibrationBits + log2(calibrator mean_normalised /
-//                                               kernel mean_normalised)
-// per sweep point; the series reports the median over the points. Data with few bits
-// (FP8 inputs) can make the calibrator exact: then it steps down 4 bits at a time (to 12)
-// until it is not, keeping n 2^-bits <= 1/16 so that its errors stay independent. FP32 with RNE comes out
-// near 24; an accumulator whose errors grow faster than independent rounding (biased
-// truncation on all-positive data) comes out lower, and lower as K grows: that is a
-// finding, visible per point.
+// precision, measured against a calibrator run on the same inputs. Every point goes
+// through the one check path (check/check.hpp). See docs/concepts/sweeps.md.
 #pragma once
 
 #include <cstdint>

@@ -1,27 +1,9 @@
-// The case model: everything needed to reproduce one kernel run, serialised as JSON.
-//
-// Memory interpretation (the contract every kernel and reference follows):
-//   GEMM   D[b] = scale_D * epilogue(alpha * scale_A * scale_B * op(A[b]) op(B[b])
-//                                    + beta * scale_C * C[b] + bias)
-//          scales: Case::scales, FP8 operands only (takes_scale); 1 when absent.
-//          op(A) is M x K, op(B) is K x N, C and D are M x N, bias has N entries (one per
-//          output column, broadcast over rows, as cuBLASLt's bias epilogue).
-//          `layout` is the storage order of every matrix. A matrix stored transposed
-//          (trans_a: A is stored K x M) is read through op() = transpose.
-//          Leading dimension (0 = packed): row-major: elements between rows;
-//          column-major: elements between columns. Batch b starts at b * rows_stored *
-//          (ld) elements, i.e. batches are packed one after another.
-//   Attention  O[b,h] = softmax(scale * Q K^T + mask) V per batch b and head h,
-//          Q: seq_q x head_dim, K: seq_kv x head_dim, V: seq_kv x head_dim_v,
-//          layout "bhsd" ([batch][head][seq][dim]) or "bshd" ([batch][seq][head][dim]).
-//          Q and O have `heads` heads; K and V have eff_kv_heads() (grouped-query attention:
-//          query head h reads K/V head h / (heads / kv_heads); kv_heads 1 is multi-query).
-//          mask: key j of batch b is visible to query i iff j < kv_lengths[b] and, when
-//          causal, j <= i + (seq_kv - seq_q) (bottom-right aligned, as FlashAttention-2).
-//          LSE (an optional second output, asked for by types["LSE"] = fp32): the row's
-//          log-sum-exp LSE[b,h,i] = ln sum_j exp(scale q_i . k_j) over the visible keys j,
-//          packed [batch][heads][seq_q] whatever the layout (FlashAttention's softmax_lse,
-//          cuDNN's softmax stats); -inf for a row that sees no key.
+// The case model: everything needed to reproduce one kernel run, serialised as JSON, and
+// the memory contract every kernel and reference follows, made concrete by the views below:
+//   GEMM  D[b] = scale_D ep(alpha scale_A scale_B op(A[b]) op(B[b]) + beta scale_C C[b] + bias)
+//   Attention  O[b,h] = softmax(scale Q K^T + mask) V, optionally with its log-sum-exp LSE
+// Layouts, transposes, leading dimensions, batches, heads, the mask and LSE: see
+// docs/concepts/cases.md ("Memory interpretation").
 #pragma once
 
 #include <cstdint>
@@ -53,6 +35,10 @@ bool has_bias(Epilogue e);
 /// Whether the epilogue applies a GELU (erf or tanh form, with or without bias).
 bool has_gelu(Epilogue e);
 
+/// op(A) is M x K, op(B) K x N, C and D M x N. `layout` is the storage order of every matrix;
+/// trans_a: A is stored K x M and read through op() = transpose (trans_b likewise). A leading
+/// dimension counts the elements between rows (row-major) or columns (column-major); batches
+/// are packed one after another (MatrixView::batch_stride).
 struct GemmShape {
   std::int64_t m = 1, n = 1, k = 1, batch = 1;
   Layout layout = Layout::RowMajor;
@@ -97,7 +83,8 @@ struct AttentionShape {
 constexpr bool takes_scale(Format f) { return f == Format::E4M3 || f == Format::E5M2; }
 
 /// One reproducible run. Operand names: GEMM A, B, C, D, bias; attention Q, K, V, O and,
-/// when the case asks for it, LSE.
+/// when the case asks for it (types["LSE"] = fp32), LSE: ln sum_j exp(scale q_i . k_j) over
+/// the visible keys, -inf for a row that sees none.
 /// types also holds "compute" (the accumulation format).
 struct Case {
   Op op = Op::Gemm;
@@ -116,7 +103,7 @@ struct Case {
   std::vector<std::string> inputs() const;
 };
 
-/// Where each element of a GEMM operand lives in its buffer (case.hpp's memory contract).
+/// Where each element of a GEMM operand lives in its buffer (the memory contract above).
 /// rows x cols is the matrix as stored: A is a_rows() x a_cols() (K x M when trans_a),
 /// B likewise, C and D are M x N, bias is 1 x N and shared by all batches.
 struct MatrixView {

@@ -1,13 +1,8 @@
 // Number formats: encode/decode, rounding from FP64, neighbours, ULP distance.
 //
-// A value of a format is held as its *code*: the format's bit pattern right-aligned in a
-// uint64_t (sign | exponent | fraction). For TF32 that is the 19-bit code; in memory a TF32
-// value is an FP32 word whose low 13 bits are zero (tf32_code_to_fp32_bits converts).
-//
-// Conversions from double are bit-identical to CUDA's host conversions (cuda_fp16.h,
-// cuda_bf16.h, cuda_fp8.h) for every FP32 input; tests/core/test_format_cuda.cpp checks it.
-// NaN inputs give the format's canonical NaN (positive, all fraction bits set), as CUDA's
-// float conversions do; FP64 -> FP64 is the identity and keeps payloads.
+// A value is held as its *code*, the format's bit pattern right-aligned in a uint64_t.
+// Conversions from double are bit-identical to CUDA's host conversions (checked by
+// tests/core/test_format_cuda.cpp). Definitions: see docs/concepts/formats.md.
 #pragma once
 
 #include <cstdint>

@@ -1,14 +1,7 @@
-// Counter-based random numbers: Philox4x32-10 (Salmon et al., "Parallel random numbers:
-// as easy as 1, 2, 3", SC'11), the generator of Random123 and cuRAND's Philox.
-//
-// The bits for an element are a pure function of (seed, stream, index): no state, so the
-// same case gives the same bits on the CPU and the GPU, with any number of threads and any
-// traversal order. Convention used throughout ulpgate:
-//   key     = (seed low 32 bits, seed high 32 bits)
-//   counter = (index low 32, index high 32, stream, 0)
-// A stream names an operand (or any other independent use) within a case; index is the
-// element's linear index. One call yields 128 bits; use them all before asking for more
-// by drawing from a second stream.
+// Counter-based random numbers: Philox4x32-10 (Salmon et al., SC'11), the generator of
+// Random123 and cuRAND's Philox. The bits for an element are a pure function of (seed,
+// stream, index), with no state, so a case gives the same bits on the CPU and the GPU with
+// any number of threads. Key and counter convention: see docs/concepts/cases.md ("Seeds").
 #pragma once
 
 #include <cstdint>

@@ -1,17 +1,7 @@
-// The GPU exact reference against cuBLAS DGEMM and the CPU exact reference, side by side in
-// one run (docs/results/gpu_reference_h200.md):
-//   bench_gpu_reference [--m 8192] [--n 8192] [--k 1024,...,65536] [--formats fp16,bf16,fp32]
-//                       [--reps 3] [--cpu-rows 32] [--check 256] [--seed 1]
-//                       [--crossover 128,256,...]
-// Inputs: normal(0, 1) rounded to the format, op(A) rows and op(B) columns as floats.
-// Per format and K: DGEMM's median time (CUDA events, after a warm-up); the GPU path's
-// median time per phase (slice, int8 products, combination: the certified exact result on
-// the device) and its transfers; the CPU exact reference on all cores, timed on --cpu-rows
-// rows of A and scaled to M rows (its B preparation counted once); --check elements of the
-// GPU result compared bit for bit with the superaccumulator. Markdown rows to stdout, one
-// JSON object per row to stderr. --crossover S,...: instead, the whole GEMM reference
-// (gemm_reference: packing, exact dot products, epilogue) for BF16 M = N = K = S on the CPU
-// (all cores) and through the GPU, medians of --reps: where auto should switch.
+// bench_gpu_reference: the GPU exact reference against cuBLAS DGEMM and the CPU exact
+// reference, side by side in one run (docs/results/gpu_reference_h200.md), and with
+// --crossover the CPU/GPU crossover of the whole GEMM reference (where auto should switch).
+// Options, phases timed and outputs: see docs/dev/benchmarks.md.
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 

@@ -1,12 +1,6 @@
 // Reference throughput, one binary, one run: the MPFR oracle against the superaccumulator
-// (ns per term, single thread), and a full GEMM reference on all cores.
-//
-//   build/dev/bench_references --benchmark_repetitions=5
-//     --benchmark_report_aggregates_only=true
-//
-// The "ns_per_term" counter (printed with an "s" suffix: read it as ns) is CPU time per
-// product term for the single-thread dot products, and wall time * threads per term for
-// the GEMM.
+// (ns per term, single thread), and a full GEMM reference on all cores. The "ns_per_term"
+// counter prints with an "s" suffix: read it as ns. How to run it: see docs/dev/benchmarks.md.
 #include <benchmark/benchmark.h>
 
 #include <bit>

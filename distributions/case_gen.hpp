@@ -1,14 +1,7 @@
 // RapidCheck building blocks for case generators: dimensions that favour the values where
-// kernels break (1, primes, tile edges and their neighbours: 15, 16, 17, 63, 64, 65, 127,
-// 128, 129, ...), choices that shrink to the simplest option, and a distribution spec for
-// every family with its parameters. The whole-case generators, one per op, are in
-// check/ops (they also ask the kernel what it supports).
-//
-// Shrinking moves towards the simplest case that still fails: dimensions shrink integer by
-// integer towards 1 (so a failure "above 37" ends at exactly 38), choices towards the first
-// option of their list, every distribution towards normal(0,1).
-//
-// Header-only: only tests and the fuzz driver link RapidCheck.
+// kernels break, choices that shrink to the simplest option, and a distribution spec for
+// every family. The whole-case generators, one per op, are in check/ops.
+// Header-only: only tests and the fuzz driver link RapidCheck. See docs/concepts/cases.md.
 #pragma once
 
 #include <algorithm>

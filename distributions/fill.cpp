@@ -41,7 +41,7 @@ struct Operand {
   std::string name;
   Format format;
   std::uint32_t stream;
-  std::vector<std::int64_t> dims;  // logical extents (fill.hpp table)
+  std::vector<std::int64_t> dims;  // logical extents (docs/concepts/cases.md table)
   int reduction_axis, channel_axis;
   std::int64_t storage;            // buffer elements, padding included
   std::function<std::int64_t(const std::int64_t*)> offset;

@@ -1,32 +1,9 @@
 // Generating a case's inputs: the entry point the runner calls.
 //
-// Every value is a pure function of (case seed, operand stream, LOGICAL coordinates): the
-// element op(A)[b][i][k] gets the same value whatever the layout, transposes, leading
-// dimensions or attention layout, so metamorphic tests ((AB)^T = B^T A^T) and layout fuzzing
-// compare like with like. Values are drawn in FP64 and rounded (RNE, IEEE overflow) to the
-// operand's format: the reference sees exactly the bits the kernel sees.
-//
-// Logical coordinates, linear index (row-major over them) and feature ("channel") axis:
-//   A     op(A)[b][i][k]      index (b*M + i)*K + k        channel k
-//   B     op(B)[b][k][j]      index (b*K + k)*N + j        channel k
-//   C     C[b][i][j]          index (b*M + i)*N + j        channel j
-//   bias  bias[j]             index j                      channel j
-//   Q,K   X[b][h][s][d]       index ((b*H + h)*S + s)*D + d channel d
-//   V     V[b][h][s][d]       same, D = head_dim_v          channel d
-// Reduction axis (softmax normalisation, weights' default fan_in): k for A and B, d for Q
-// and K, s for V, the last axis for C and bias.
-//
-// Streams (rng.hpp): stream word = operand | draw << 8 | sub-stream << 16, with operand
-//   A = 1, B = 2, C = 3, bias = 4, Q = 5, K = 6, V = 7
-// and draw 0 the element's main bits, 1 modifiers (outliers, specials), 2 a third uniform,
-// 3..252 rejection-sampling retries, 254 GenDot pairs (sub-stream = pair number, counter =
-// 2i, 2i+1 for entry i), 255 per-line draws (counter = channel, row, column or batch).
-//
-// Padding elements (leading-dimension gaps) hold padding_poison(format), a NaN, so a
-// kernel that reads padding shows it. amax on an FP8 operand writes case.scales[operand]:
-// the stored value times the scale is the intended value, as cuBLASLt's A/B scale pointers.
-// On any other operand amax stores its base unscaled and writes no scale (scales are
-// FP8-only, core/case.hpp's takes_scale).
+// Every value is a pure function of (case seed, operand stream, LOGICAL coordinates), never of
+// the memory layout, so layout fuzzing and the transposition relation compare like with like;
+// it is drawn in FP64 and rounded once to the operand's format, the bits the reference reads.
+// Coordinates, streams, draw numbers and padding: see docs/concepts/cases.md.
 #pragma once
 
 #include <cstdint>

@@ -1,25 +1,8 @@
-// Ill-conditioned dot products with a prescribed condition number: Ogita, Rump and Oishi,
-// "Accurate sum and dot product", SIAM J. Sci. Comput. 26(6), 2005, Algorithm 6.1 (GenDot),
-// adapted so that every value is exactly representable in a target format.
-//
-// Condition number of a dot product (the paper's definition):
-//     cond(x, y) = 2 * sum |x_i y_i| / |sum x_i y_i|      (>= 2 always).
-//
-// Construction (n >= 2, cond > 20):
-//   1. The first n2 pairs get random signs, significands in [1, 2) and product exponents
-//      spread uniformly over B = ceil(log2 cond) binades (the first pair at the top), so
-//      that sum |x_i y_i| is about 2^B times the final dot product.
-//   2. Each remaining pair cancels the exact running dot product d_{i-1} (kept in MPFR, never
-//      in plain double) down to a target t_i: x_i ~ sqrt|d_{i-1}|, y_i = round((t_i -
-//      d_{i-1}) / x_i). The targets descend geometrically, at most s = max(1, p - 3) binades
-//      per step (p = the format's precision), so the rounding error of y_i (<= |d_{i-1}|
-//      2^-p) stays well below t_i. The last target is t_n = +-2 S / cond with S the exact
-//      sum |x_i y_i|, so the achieved condition number is within a factor of about
-//      1 +- 2^(s+1-p) of the request (tested: within 10x, in practice within 2x).
-//   3. The pairs are randomly permuted (the same permutation for x and y).
-// Exponents are centred in the format's normal range so nothing overflows or goes
-// subnormal; gendot_max_cond() says how far that (and the number of cancellation steps
-// n - n2) reaches for a given n and format. cond <= 20 gives all-positive data (cond = 2).
+// Ill-conditioned dot products with a prescribed condition number: Ogita, Rump and Oishi's
+// GenDot (SIAM J. Sci. Comput. 26(6), 2005, Algorithm 6.1), adapted so that every value is
+// exactly representable in a target format; the running dot product is kept exact (MPFR)
+// so the achieved condition is the one asked for. Definition and construction:
+// see docs/concepts/cases.md.
 #pragma once
 
 #include <cstddef>

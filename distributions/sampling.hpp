@@ -1,13 +1,6 @@
-// Per-element sampling, identical bits on the CPU and the GPU.
-//
-// Every function here is ULPGATE_HD and uses only operations that are correctly rounded on
-// both sides: +, -, *, /, sqrt and fma. On the device they go through the _rn intrinsics,
-// which nvcc never contracts into FMAs, so the result does not depend on --fmad; on the
-// host g++ -std=c++20 does not contract either (-ffp-contract=off in ISO mode). The few
-// transcendental functions needed (log, exp, sin/cos of 2 pi t) are implemented here from
-// those operations, because CUDA's and glibc's libm differ in the last bits. They are
-// accurate to a few ulps, which is all a random-number transform needs; what matters is
-// that they are the same function everywhere.
+// Per-element sampling, identical bits on the CPU and the GPU: only correctly rounded,
+// never contracted operations, and log/exp/sin/cos built from them rather than taken from
+// libm (CUDA's and glibc's differ in the last bits). See docs/concepts/cases.md.
 //
 // This header is compiled by nvcc as C++17 (see the top-level CMakeLists.txt): no C++20 here.
 #pragma once
@@ -193,7 +186,7 @@ ULPGATE_HD void sincos_turns(double t, double& s, double& c) {
 // ---- streams ---------------------------------------------------------------------------------
 
 /// A stream word is operand (bits 0-7) | draw (bits 8-15) | sub-stream (bits 16-31); see
-/// distributions/fill.hpp for the numbering. Draw 0 holds an element's main bits.
+/// docs/concepts/cases.md for the numbering. Draw 0 holds an element's main bits.
 ULPGATE_HD std::uint32_t with_draw(std::uint32_t stream, std::uint32_t draw) {
   return (stream & ~0xFF00u) | (draw << 8);
 }
@@ -247,7 +240,7 @@ struct Sampler {
 };
 
 /// The family's value (FP64, before modifiers and rounding) of the element with logical
-/// linear index `index` and feature coordinate `channel` (see fill.hpp) on operand stream
+/// linear index `index` and feature coordinate `channel` (docs/concepts/cases.md) on operand stream
 /// `stream` (draw bits 0).
 ULPGATE_HD double sample_core(const Sampler& s, std::uint64_t seed, std::uint32_t stream,
                               std::uint64_t index, std::uint64_t channel) {

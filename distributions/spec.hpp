@@ -1,17 +1,6 @@
 // Distribution specs: the text form of an input distribution, as used in case JSON
-// ("dist": {"A": "normal(0,1)"}) and on the command line.
-//
-// Grammar (whitespace allowed between tokens):
-//     spec     := name [ "(" [ arg { "," arg } ] ")" ]
-//     arg      := value | key "=" value
-//     value    := number | spec          (a spec only for the wrappers' `base`)
-//     number   := decimal, exponent or C99 hex-float form (strtod), e.g. 1e-3, -0.5, 0x1p-8
-// Positional arguments fill the family's parameters in the listed order; keys name them;
-// a parameter may be given once. Parameters not given take their defaults. A malformed spec
-// throws InputError with one line naming the bad part, e.g.
-//     dist "normal(0,)": empty argument 2
-//     dist "outliers(rate=2)": rate must be in [0, 1], got 2
-//     unknown distribution "gaussian" (see ulpgate list)
+// ("dist": {"A": "normal(0,1)"}) and on the command line. A malformed spec throws InputError
+// with one line naming the bad part. Grammar and families: see docs/concepts/cases.md.
 #pragma once
 
 #include <map>

@@ -1,7 +1,8 @@
 // The one interface every kernel under test implements, and the registry that names them.
 //
-// A kernel computes the op of a Case (GEMM or attention, see case.hpp for the memory
-// contract) from operand buffers that the runner prepared in the kernel's memory space.
+// A kernel computes the op of a Case (GEMM or attention; memory contract in
+// docs/concepts/cases.md) from operand buffers that the runner prepared in the kernel's
+// memory space.
 #pragma once
 
 #include <map>

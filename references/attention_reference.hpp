@@ -1,22 +1,7 @@
 // Attention ground truth: O[b,h,i,:] = softmax(scale * q_i K^T + mask) V, and the row's
-// log-sum-exp, as RefValues that round correctly to any format.
-//
-// Semantics follow core/case.hpp (bhsd/bshd layouts, kv_lengths padding, causal
-// bottom-right aligned, query head h reading K/V head kv_head(h)). The scale is case.attention.softmax_scale when given, else exactly
-// 1/sqrt(head_dim) (the real number, not its FP32 rounding).
-//
-// How it is exact: the scores q_i . k_j are exact (superaccumulator). Keys with equal
-// scores are grouped (their V rows summed exactly). If every group has the same mean V
-// value, O is that mean, a rational computed exactly. Otherwise O is transcendental
-// (Lindemann-Weierstrass: exp of distinct algebraic numbers are linearly independent), so
-// Ziv's strategy terminates: exp, sums and the division are evaluated in MPFR at P bits
-// with the bound |O~ - O| <= 2^(5 - P) (2 max|t| + 2) sum_j p_j |v_j|, P doubling until
-// the 128-bit window is decided. The LSE is handled the same way (exact only for one
-// visible key).
-//
-// An exactly zero output is +0 (a kernel's sum starts from +0, so -0 terms cannot make
-// it -0). Fully masked rows (no visible key): O = +0 and LSE = -inf. Real kernels disagree here
-// (0, NaN, or garbage); this is the convention the analyzers compare against.
+// log-sum-exp, as RefValues that round correctly to any format: exact where O is rational,
+// otherwise certified by Ziv's strategy (O is then transcendental, so it terminates).
+// The error bound, zero signs and fully masked rows: see docs/concepts/references.md.
 #pragma once
 
 #include <cstdint>

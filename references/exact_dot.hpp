@@ -1,29 +1,9 @@
 // Exact dot products: a fast superaccumulator and the MPFR oracle it is tested against.
 //
-// Every product of two FP32 numbers (and so of TF32, FP16, BF16, E4M3, E5M2 numbers) is
-// exact in FP64: 24 x 24 bits fit in 53, and the exponents, 2^-298 to 2^256, are far
-// inside FP64's normal range. So an exact dot product is an exact sum of doubles whose
-// significands have at most 48 bits.
-//
-// ExactAccumulator has two exact paths, both ending in a carry-save fixed-point number of
-// 32-bit digits that spans every FP64 magnitude, 2^-1080 to 2^1224:
-//  - Slices (AVX-512 or AVX2, the common case): when the spreads of the operands' exponent
-//    ranges add up to at most 156 binades, every product lies within 204 bits, split exactly
-//    into at most four 51-bit slices at fixed positions (Rump's ExtractScalar: t = p + 1.5*2^(52+L) holds round(p/2^L) in
-//    its low bits, and p - (t - 1.5*2^(52+L)) is the exact remainder). The slices are
-//    summed as 64-bit integers in SIMD lanes: a handful of vector operations per four
-//    terms, no data-dependent memory access.
-//  - Integers (AVX-512 IFMA, operands prepared once as Operand): when each operand's values
-//    span at most 52 bits as integer multiples of a power of two (an exponent spread of up
-//    to 28 binades), the operand is stored once as those integers and a sign mask, and each
-//    product is added as its low and high 52-bit halves (vpmadd52luq/huq) into 64-bit
-//    lanes, one instruction per half and no rounding anywhere. GEMM reuses each row and
-//    column M or N times, so the conversion is paid once.
-//  - Bins (any data, Neal's "large superaccumulator"): each product is added, as a 48-bit
-//    integer, to a 64-bit bin chosen by its sign and FP64 exponent, one integer add with
-//    no carry propagation; four interleaved tables keep consecutive adds to one bin from
-//    waiting on each other. Every 2^15 terms the touched bins are folded into the digits.
-// No bits are ever dropped, so the result is bit-identical to the oracle for every input.
+// Products of FP32-or-narrower numbers are exact in FP64, so an exact dot product is an
+// exact sum of doubles; ExactAccumulator sums them through slices, integers or bins into a
+// carry-save fixed-point number, never dropping a bit, so its result is bit-identical to the
+// oracle for every input. The paths and when each applies: see docs/concepts/references.md.
 #pragma once
 
 #include <array>

@@ -1,25 +1,8 @@
 // GEMM ground truth: every element of D = scale_D * act(alpha * scale_A * scale_B * op(A) op(B)
 // + beta * scale_C * C + bias) computed exactly (or, for GELU, certified by Ziv's strategy)
 // and held as a RefValue, so it rounds correctly to D's format or any other.
-//
-// Semantics follow core/case.hpp (views, transposes, leading dimensions, batch,
-// bias per output column). FP8 scales multiply as cuBLASLt's scaleA/B/C/D pointers do:
-// the unscaled operands are what the tensors hold, and scale_D multiplies the result after
-// the epilogue (bias and activation apply in the scaled domain, before scale_D). A scale
-// not given in case.scales is 1.
-//
-// Activations: relu(t) = t for t > 0, else +0 (NaN stays NaN).
-// gelu(t) = t/2 (1 + erf(t/sqrt 2)); gelu_tanh(t) = t/2 (1 + tanh(sqrt(2/pi) (t + 0.044715 t^3)))
-// with 0.044715 the exact decimal. Both are evaluated in MPFR with a rigorous error bound
-// and rising precision until the 128-bit window is decided (so every format's rounding is
-// correct); gelu(-0) = -0, gelu(+inf) = +inf, gelu(-inf) = NaN (what t * Phi(t) gives in
-// IEEE arithmetic), and for t < -30000 the result, a negative number below 2^-(2^29), is
-// held with exponent -2^30 (every format rounds it as it would the true value).
-//
-// Paths: inputs in FP32 or narrower formats go through the superaccumulator; when
-// alpha*scale_A*scale_B == 1, scale_D == 1 and the activation is none or ReLU, C and bias
-// are added into the same exact sum. Otherwise the exact dot product is handed to MPFR for
-// the epilogue. FP64 A or B use the MPFR oracle for the dot product (correct, ~50x slower).
+// Semantics (docs/concepts/cases.md), scales, activations and paths: see
+// docs/concepts/references.md.
 #pragma once
 
 #include <cstdint>

@@ -1,30 +1,9 @@
 // The arithmetic of the sliced exact GEMM (references/sliced_gemm.hpp), per row and per
-// element, shared by the CPU emulation (sliced_gemm.cpp) and the GPU kernels
-// (sliced_gemm_gpu.cu): only who multiplies the int8 digit matrices differs, so the two
-// paths cannot drift apart. Plain C++17, callable from host and device code.
-//
-// Slicing. A row (a row of op(A), or a column of op(B) held as a row of length K) is scanned
-// for its largest |v| and the exponent `lowest` of the lowest set bit of any of its
-// nonzero values. Every element is then the integer N = v 2^-lowest exactly, and N is
-// written in D balanced base-256 digits, least significant first:
-//     N = sum_t d_t 256^t,  d_t in [-128, 127],
-// with D the fewest digits that hold max |N| (at most 0x7F..7F, D bytes: then both N and
-// |N| fit, and so does -N). The magnitude digits are those of |N|. D <= kMaxDigits
-// (|N| < 2^62): a row with a wider span, or holding Inf or NaN, is not captured.
-//
-// Products. Rows are stacked: row r's digit t is stacked row offset_r + t (pitch bytes,
-// zeros past K). P = stacked A x stacked B^T in int32, over K chunks of at most kChunk
-// (|d d'| <= 2^14, so a chunk's sum stays below 2^31 in magnitude), column-major:
-// P[c][rb * ld + ra] is chunk c's sum for stacked A row ra and stacked B row rb.
-//
-// Combination. Element (i, j): S = sum_(s,t) P_st 256^(s+t), summed per diagonal s + t in
-// int64 and shifted into a 192-bit two's complement integer; the dot product is exactly
-// S 2^(lowest_i + lowest_j). The magnitude the same from the magnitude digits; it is
-// returned rounded to nearest (the reference's condition term), which is exact rounding of
-// an exact sum: every input of FP32 or narrower makes it a normal double.
-//
-// Certification. An element is certified when its row and column are captured and S != 0
-// (an exact zero's sign follows IEEE rules over the terms' signs, which the digits drop).
+// element: slicing rows into balanced base-256 int8 digits, combining the int32 digit
+// products into 192-bit sums, and the certification rule. Shared by the CPU emulation
+// (sliced_gemm.cpp) and the GPU kernels (sliced_gemm_gpu.cu), so the two paths cannot drift
+// apart. Plain C++17, callable from host and device code.
+// See docs/concepts/references.md ("GPU exact reference: the sliced GEMM path").
 #pragma once
 
 #include <cmath>
@@ -184,6 +163,7 @@ ULPGATE_HD bool is_zero(const Wide& x) { return (x.w[0] | x.w[1] | x.w[2]) == 0;
 /// The sum of chunk partial products for one element into value: diagonals s + t of the
 /// digit pairs, each summed in int64 (at most 8 pairs x chunks of < 2^31) and shifted in.
 /// p points at chunk 0's matrix, chunk c at p + c * chunk_stride; stacked rows ra (A), rb (B).
+/// Each chunk's matrix is stacked A x stacked B^T in int32, column-major: (ra, rb) at rb * ld + ra.
 ULPGATE_HD void combine(const std::int32_t* p, std::int64_t ld, std::int64_t chunk_stride, int chunks,
                         std::int64_t ra, int da, std::int64_t rb, int db, Wide& value) {
   for (int diag = 0; diag <= da + db - 2; ++diag) {

@@ -22,7 +22,7 @@
 
 namespace ulpgate {
 
-/// Operand name -> the values of its elements in logical order, as distributions/fill.hpp
+/// Operand name -> the values of its elements in logical order, as fill_inputs
 /// indexes them: GEMM op(A) [b][i][k], op(B) [b][k][j], C and D [b][i][j], bias [j];
 /// attention Q, K, V, O [b][h][s][d] (K and V with their own heads), LSE [b][h][i]. Layout,
 /// transposes and leading dimensions are undone. Every format's value is exact in a double; FP8 values

@@ -1,15 +1,6 @@
 // The GEMM op: dtypes, generator, tolerance terms, comparison with the exact reference,
-// metamorphic relations, and the sweep's precision calibrator.
-//
-// Relations (run when the case passed; bitwise repeatability, common to every op, is
-// checked in check/check):
-//   - scaling: A scaled by 2 scales the exact result exactly, so a correct floating-point
-//     kernel's D doubles bit for bit (checked where no value can overflow or underflow:
-//     beta = 0, no bias, epilogue none or ReLU, products >= 2^24 x the smallest normal, A
-//     normal for TF32). A kernel that declares itself not deterministic cannot promise the
-//     same bits twice, so there D(2A) must pass against its own exact reference instead;
-//   - transposition: D^T = B^T A^T run as the transposed case (other layout, A and B
-//     swapped) on the same memory must pass too (cases without a bias).
+// metamorphic relations (A scaled by 2, the transposed problem), and the sweep's precision
+// calibrator. When each relation applies and why: see docs/concepts/relations.md.
 #pragma once
 
 #include <cstdint>
@@ -70,7 +61,7 @@ inline constexpr int kCalibrationBits = 32;  // n 2^-32 << 1 for every K we swee
 double round_to_bits(double v, int bits);
 
 /// sum_k a[k] b[k] accumulated sequentially, each partial sum rounded to nearest (ties to
-/// even) at `bits` bits of precision (2..52): the sweep's calibrator (campaign/sweep.hpp).
+/// even) at `bits` bits of precision (2..52): the sweep's calibrator (docs/concepts/sweeps.md).
 double calibration_dot(const double* a, const double* b, std::int64_t k, int bits);
 
 }  // namespace ulpgate

@@ -137,7 +137,7 @@ class OpModule {
   /// (repeatability, common to every op, is checked by check/check).
   virtual std::vector<RelationFailure> relations(const RelationContext& ctx, const Case& c, const Inputs& inputs,
                                                  const RunOutcome& first) const = 0;
-  /// The effective accumulator precision at one sweep point (campaign/sweep.hpp), NaN where
+  /// The effective accumulator precision at one sweep point (docs/concepts/sweeps.md), NaN where
   /// the op has no calibrator; the kernel's traits choose the model family (round to
   /// nearest: a sequential accumulation; otherwise the block-FMA family, truncating).
   virtual EffectiveBits effective_bits(const Case& c, const Inputs& inputs, const OutputComparison& cmp,

@@ -7,7 +7,7 @@
  * returning a static description of its kernels. ulpgate loads it with
  * `--plugin path.so` (repeatable) and runs its kernels like built-in ones.
  *
- * Memory contract (the same as ulpgate's Case, see core/case.hpp):
+ * Memory contract (the same as ulpgate's Case, see docs/concepts/cases.md):
  *   GEMM       D[b] = scale_d * epilogue(alpha * scale_a * scale_b * op(A[b]) op(B[b])
  *                                        + beta * scale_c * C[b] + bias)
  *              with the scales of ulpgate_gemm_problem (1 unless the operand is FP8).

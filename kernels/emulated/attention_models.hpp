@@ -1,26 +1,7 @@
 // CPU models of attention kernels: they run everywhere (CI included) and stand for the
-// three ways GPU attention kernels compute softmax(scale Q K^T + mask) V in FP32:
-//
-//   v1 naive   three passes per query: all scores s_j = fl(scale * fl(q . k_j)) (FP32 FMA
-//              chain over head_dim), m = max s_j, p_j = exp(s_j - m), l = sum p_j, then
-//              O_d = (sum_j p_j v_jd) / l; every operation FP32, round to nearest
-//   v2 online  one pass over blocks of `block` keys (Milakov & Gimelshein 2018): per block
-//              the running max m grows to m', the running sum l and the output
-//              accumulator are rescaled by exp(m - m'), then the block's p_j = exp(s_j - m')
-//              are added; O = acc / l at the end
-//   v3 flash   v2 with P rounded to FP16 or BF16 before P V, as FlashAttention-2's tensor
-//              cores take it (the row sum l keeps the FP32 p_j)
-// v2 and v3 take ",exp2" for FlashAttention-2's exponentials (exp2 with log2 e folded in);
-// every model takes ",ftz": every FP32 result below the smallest normal flushed to zero,
-// inputs kept (nvcc --use_fast_math, as FlashAttention builds, around tensor-core products
-// that take subnormal operands; cuDNN's fused engine).
-//
-// The softmax scale is the case's, or 1/sqrt(head_dim), rounded to FP32. A query that sees
-// no key gets O = +0 (the documented convention, references/attention_reference.hpp).
-// Grouped-query and multi-query cases (kv_heads) run as they are: query head h reads K/V
-// head kv_head(h), so every model supports them.
-// "rescale=off" plants a classic bug for tests and demonstrations: the online accumulator
-// is not rescaled when the running max grows.
+// three ways GPU attention kernels compute softmax(scale Q K^T + mask) V in FP32 (naive,
+// online, flash), with the exp2, ftz and planted no-rescale variants. Each model's
+// arithmetic, scale and conventions: see docs/kernels/cpu-models.md.
 #pragma once
 
 #include <memory>

@@ -1,26 +1,8 @@
-// CPU models of how GEMM hardware accumulates: they run everywhere (CI included) and give
-// the "expected bits" of a kernel that accumulates a known way.
-//
-//   sequential FMA   acc = fma32(a_k, b_k, acc) for k = 0, 1, ..., K-1 (one rounding per
-//                    step, the accumulator rounded to FP32 with the model's rounding)
-//   (split-K)        sequential FMA over splitk contiguous parts of K, partials added in order
-//   pairwise         p_k = fl32(a_k b_k), then a balanced binary tree of FP32 additions
-//   block FMA        the tensor-core model of Fasi et al. ("Numerical behavior of NVIDIA
-//                    tensor cores", PeerJ CS 2021): per step, `block` exact products and the
-//                    accumulator are aligned to the largest of them, each truncated (toward
-//                    zero) to `frac_bits` fraction bits below that largest term's leading
-//                    bit, summed exactly, and the sum rounded to FP32 with `rounding`
-//                    (or first to `out_bits` < 23 fraction bits, as FP8 tensor cores do);
-//                    with promote=N, every N products that sum is added (RNE) to an FP32
-//                    accumulator and the block accumulation restarts from 0.
-//
-// Inputs are the exact values of A and B (any format up to FP32, so products are exact in
-// FP64), rounded to TF32 first where the case computes in TF32. The epilogue is then applied in FP32, in this order, each step rounded (RNE):
-//   v = acc * (scale_A * scale_B)       when FP8 scales are not 1
-//   v = alpha * v                       v = fma(beta, scale_C * c, v) when beta != 0
-//   v = v + bias[j]                     v = act(v) (ReLU; GELU erf/tanh evaluated in FP64)
-//   v = v * scale_D                     when scale_D != 1 (as references/gemm_reference.hpp)
-//   D = round(v) to D's format: RNE, saturating for FP8, IEEE overflow otherwise.
+// CPU models of how GEMM hardware accumulates (sequential FMA, pairwise, block FMA with
+// optional promotion): they run everywhere (CI included) and give the expected bits of a
+// kernel that accumulates a known way, so checks can hold such a kernel to exactly those
+// bits. Each model's arithmetic, its inputs and the FP32 epilogue order: see
+// docs/kernels/cpu-models.md.
 #pragma once
 
 #include <cstdint>

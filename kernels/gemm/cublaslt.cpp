@@ -115,7 +115,7 @@ class CublasLtGemm final : public Kernel {
       if ((op == "C" || op == "D") && s != 1.0) return fmt::format("scale {} is not applied to a non-FP8 output", op);
     if (!fp8 && !c.scales.empty()) return std::string("scales apply to FP8 inputs only");
     if (fp8) {
-      // FP8 needs the "TN" form: X transposed, Y not (see library.hpp's mapping).
+      // FP8 needs the "TN" form: X transposed, Y not (see the mapping in docs/kernels/cublas.md).
       const ColumnMajorGemm g = to_column_major(c);
       if (g.op1 != CUBLAS_OP_T || g.op2 != CUBLAS_OP_N)
         return std::string(c.gemm.layout == Layout::RowMajor ? "FP8 needs trans_a=false, trans_b=true in row layout"

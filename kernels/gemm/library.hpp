@@ -1,14 +1,6 @@
-// cuBLAS and cuBLASLt backends (kernels/gemm/cublas.cpp, cublaslt.cpp).
-//
-// Memory interpretation. cuBLAS computes column-major C(m x n) = op1(X) op2(Y). A case in
-// row-major layout stores D (M x N, ld = ldd) in exactly the memory of the column-major
-// matrix D^T (N x M), and D^T = op(B)^T op(A)^T. So a row-major case becomes:
-//   X = the B buffer, m = N; op1 = T iff trans_b (B stored K x N row-major is N x K column-
-//       major = op(B)^T, no transpose needed; stored N x K it is K x N and needs T)
-//   Y = the A buffer, n = M; op2 = T iff trans_a (by the same argument)
-//   ld1 = ldb, ld2 = lda, ldc/ldd unchanged; C and D are read as N x M column-major.
-// A column-major case maps directly: X = A, Y = B, m = M, n = N, op1 = T iff trans_a,
-// op2 = T iff trans_b. Batches are strided by each operand's batch stride (case.hpp).
+// cuBLAS and cuBLASLt backends (kernels/gemm/cublas.cpp, cublaslt.cpp). cuBLAS is
+// column-major, so a row-major case is run as its transpose: D^T = op(B)^T op(A)^T, with
+// the A and B buffers swapped. The full mapping: see docs/kernels/cublas.md.
 #pragma once
 
 #include <cublasLt.h>

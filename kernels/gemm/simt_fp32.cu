@@ -1,16 +1,8 @@
-// The FP32 SIMT GEMM ladder, each step one idea past the one before (docs/kernels/ladder.md):
-//   1 naive          one thread per element of D, threadIdx.x down a column
-//   2 coalesced      threadIdx.x along a row: loads of B and stores of D coalesce
-//   3 smem           32 x 32 tiles of A and B staged in shared memory, each value used 32 times
-//   4 reg1d          64 x 64 tiles, 8 elements of a column per thread: one shared load, 8 FMAs
-//   5 reg2d          128 x 128 tiles, 8 x 8 per thread: 16 shared loads, 64 FMAs
-//   6 vec_db         float4 loads, two shared buffers: tile t+1 loads while tile t computes
-//   7 warptile       BK 16, a 64 x 32 sub-tile per warp, 2 x 2 blocks of 4 x 4 per lane
-//   8 splitk         K split to fill the GPU; partials summed in split order by a 2nd kernel
-//   9 splitk_atomic  the splits atomicAdd into D: no 2nd pass, a run-dependent order
-// Steps 1-7 add an element's products in k order, one FMA each: the same bits as each other
-// and as cpu.fp32_seq. launch() at the end is the one dispatcher. Step 7's kernel, a template
-// on its tile shapes, and the loaders of steps 6-9 are in simt_warptile.cuh.
+// The FP32 SIMT GEMM ladder, steps 1-9 (naive to split-K with atomics), each step one idea
+// past the one before. Steps 1-7 add an element's products in k order, one FMA each: the
+// same bits as each other and as cpu.fp32_seq. launch() at the end is the one dispatcher;
+// step 7's kernel, a template on its tile shapes, and the loaders of steps 6-9 are in
+// simt_warptile.cuh. What each step changes and why: see docs/kernels/ladder.md.
 #include "kernels/gemm/simt_fp32.hpp"
 
 #include <algorithm>

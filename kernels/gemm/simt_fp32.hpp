@@ -12,7 +12,7 @@
 
 namespace ulpgate::simt {
 
-/// The ladder's steps, in order (simt_fp32.cu says what each one changes).
+/// The ladder's steps, in order (docs/kernels/ladder.md says what each one changes).
 enum class Step { Naive, Coalesced, Smem, Reg1d, Reg2d, VecDb, Warptile, SplitK, SplitKAtomic };
 
 /// An input operand as the reduction walks it: element (mn, k) of batch b, where mn is i

@@ -1,24 +1,8 @@
-// The GEMM ladder's tensor-core steps (docs/kernels/ladder.md), after the FP32 SIMT steps
-// of simt_fp32.cu. All accumulate in FP32 on the tensor cores; the probe measured how
-// (docs/results/probe_h200.md: mma.sync m16n8k16 adds 16 products per step, aligned and
-// truncated to 25 fraction bits). Each step walks K in order with one accumulator per
-// element, so its result is that model's dot product in k order, bit for bit.
-//
-//   10 WMMA (wmma.hpp fragments, FP16 or BF16): 64 x 64 x 32 block tiles, four warps of
-//      32 x 32 (2 x 2 fragments of 16 x 16 x 16), operands staged in padded shared memory by
-//      plain 16-byte loads, one buffer; accumulators go back through shared memory to the
-//      epilogue. What changes from step 7: the tensor cores do the multiply-adds.
-//   11 mma.sync m16n8k16 (FP16 or BF16): 128 x 128 x 32 block tiles, four warps of 64 x 64;
-//      fragments loaded with ldmatrix from XOR-swizzled shared memory (no bank conflicts),
-//      a four-stage cp.async pipeline (loads of the next three k-tiles in flight while one is
-//      multiplied); the accumulators reach D through shared memory, stored along its rows.
-//   12 TF32 through mma.sync m16n8k8: step 11's pipeline on FP32 data (16 floats are the same
-//      64 bytes per tile row as 32 halves), each factor rounded to TF32 (cvt.rna: to nearest,
-//      ties away from zero) as it leaves shared memory.
-//   13 Hopper wgmma fed by TMA, warp-specialised: wgmma_tma.cu.
-//
-// The main loops read A and B along k from rows that start 16-byte aligned, zero-filling
-// past M, N and K (cp.async's source size); an operand stored otherwise is repacked first.
+// The GEMM ladder's tensor-core steps 10-12 (WMMA, mma.sync FP16/BF16, mma.sync TF32), after
+// the FP32 SIMT steps of simt_fp32.cu; step 13 is in wgmma_tma.cu. All accumulate in FP32 on
+// the tensor cores, each walking K in order with one accumulator per element, so a step's
+// result is its unit's probe model in k order, bit for bit.
+// What each step changes and why: see docs/kernels/ladder.md.
 #include "kernels/gemm/tensor_core.hpp"
 
 #include <mma.h>

@@ -12,7 +12,7 @@
 
 namespace ulpgate::tc {
 
-/// The tensor-core steps, in ladder order (tensor_core.cu says what each one changes).
+/// The tensor-core steps, in ladder order (docs/kernels/ladder.md says what each one changes).
 enum class Step { WmmaFp16, WmmaBf16, MmaFp16, MmaBf16, MmaTf32, WgmmaFp16, WgmmaBf16 };
 
 /// D's (and C's) storage format.

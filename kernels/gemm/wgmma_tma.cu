@@ -1,15 +1,7 @@
 // GEMM ladder step 13: Hopper wgmma fed by TMA (sm_90a), FP16 or BF16 inputs, FP32
-// accumulation. What changes from step 11 (mma.sync):
-//  - a warpgroup (4 warps) issues one asynchronous wgmma.m64n256k16 that reads both operands
-//    straight from shared memory (no ldmatrix, no fragments in registers);
-//  - the Tensor Memory Accelerator copies whole 2D tiles (cp.async.bulk.tensor) into shared
-//    memory in the 128-byte swizzled layout wgmma reads, with zeros past M, N and K;
-//  - warp specialisation: one producer warpgroup (a single thread issues the copies) and two
-//    consumer warpgroups, handing a 4-stage ring over with mbarriers (full: the bytes have
-//    landed; empty: both consumers are done with the stage), and setmaxnreg moving registers
-//    from the producer to the consumers' 128 accumulators each.
-// Block tile 128 x 256 x 64: consumer c multiplies rows 64c..64c+63 of the A tile with the
-// whole B tile. Each output element is one accumulator walked along K in order (k16 steps).
+// accumulation, warp-specialised (one producer warpgroup, two consumers, a 4-stage mbarrier
+// ring). Each output element is one accumulator walked along K in order (k16 steps).
+// What changes from step 11 and why: see docs/kernels/ladder.md.
 #include <cuda.h>  // CUtensorMap and its enums (the encoder is fetched from the runtime)
 
 #include "kernels/gemm/tc_common.cuh"
