@@ -89,7 +89,7 @@ PY
 fi
 
 if has breakdown; then
-  ULPGATE_BENCH_KERNEL=$kernel "$build/tests/harness/bench_check" --benchmark_min_time=1 > "$out/breakdown.txt" 2>&1
+  ULPGATE_BENCH_KERNEL=$kernel "$build/tests/campaign/bench_check" --benchmark_min_time=1 > "$out/breakdown.txt" 2>&1
   echo; echo "check-path breakdown ($kernel, bf16, first 200 cases): $out/breakdown.txt"
   grep -E "^BM_" "$out/breakdown.txt" | awk '{ printf "  %-36s %s/s\n", $1, $NF }' | sed 's/items_per_second=//; s|/s/s|/s|'
 fi

@@ -142,7 +142,7 @@ TEST(Cli, FuzzWithoutGnuplotStopsAtTheStart) {
 }
 
 // fuzz, sweep and replay survive kernels whose supports() or run() crash or hang: each is
-// recorded, and the command goes on (planted kernels: tests/harness/planted).
+// recorded, and the command goes on (planted kernels: tests/campaign/planted).
 TEST(Cli, FuzzSweepAndReplaySurvivePlantedKernels) {
   const std::string dir = testing::TempDir() + "ulpgate_cli_planted_" + std::to_string(getpid());
   const std::string plugin = std::string("--plugin ") + PLANTED_PLUGIN;

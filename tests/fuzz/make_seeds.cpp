@@ -14,7 +14,7 @@
 #include "campaign/journal.hpp"
 #include "campaign/record.hpp"
 #include "tests/core/npy_samples.hpp"
-#include "tests/harness/record_samples.hpp"
+#include "tests/campaign/record_samples.hpp"
 
 using namespace ulpgate;
 using json = nlohmann::json;

@@ -12,7 +12,7 @@
 #include <set>
 
 #include "reports/report.hpp"
-#include "tests/harness/record_samples.hpp"
+#include "tests/campaign/record_samples.hpp"
 #include "tests/reports/chromium_page.hpp"
 
 namespace ulpgate {

@@ -3,7 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "campaign/record.hpp"
-#include "tests/harness/record_samples.hpp"
+#include "tests/campaign/record_samples.hpp"
 #include "tests/reports/report_test_util.hpp"
 
 namespace ulpgate {

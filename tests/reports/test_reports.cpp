@@ -1,4 +1,4 @@
-// The renderers on a record with one of everything (tests/harness/record_samples.hpp):
+// The renderers on a record with one of everything (tests/campaign/record_samples.hpp):
 // Markdown carries the numbers and escapes text, JUnit XML is well-formed with the right
 // structure (checked by xmllint), HTML is self-contained with one SVG per plot.
 #include <gtest/gtest.h>
@@ -10,7 +10,7 @@
 #include "core/error.hpp"
 #include "reports/common.hpp"
 #include "reports/report.hpp"
-#include "tests/harness/record_samples.hpp"
+#include "tests/campaign/record_samples.hpp"
 #include "tests/reports/report_test_util.hpp"
 
 namespace ulpgate {

@@ -1,4 +1,4 @@
-// Test equipment for the default rule's admitted arithmetics (tests/harness/test_admitted.cpp):
+// Test equipment for the default rule's admitted arithmetics (tests/check/test_admitted.cpp):
 // host kernels a user would write against include/ulpgate/plugin.h only, correct ones with
 // the arithmetic mainstream kernels use and ones with a deviation a correct kernel never has.
 //   test.fa2              FlashAttention-2 style: keys in blocks of 64, online softmax in FP32,

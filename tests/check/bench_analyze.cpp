@@ -2,7 +2,7 @@
 // BF16 output whose exact values are sums of 16 random products (so their significands run
 // past a double), the kernel's values within a few ulps of them, with the precision rule's
 // scale on every element (the case of a sweep point at M = N = 4096, a quarter of its size).
-//   build/tests/harness/bench_analyze --benchmark_repetitions=5 --benchmark_report_aggregates_only=true
+//   build/tests/check/bench_analyze --benchmark_repetitions=5 --benchmark_report_aggregates_only=true
 // ULPGATE_THREADS pins the threads (1: the cost per element on one core).
 #include <benchmark/benchmark.h>
 

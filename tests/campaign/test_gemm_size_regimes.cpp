@@ -14,7 +14,7 @@
 #include "check/check.hpp"
 #include "campaign/fuzz.hpp"
 #include "check/ops/gemm.hpp"
-#include "tests/harness/campaign_test_util.hpp"
+#include "tests/campaign/campaign_test_util.hpp"
 #include "kernels/builtin.hpp"
 
 using namespace ulpgate;

@@ -7,7 +7,7 @@
 
 #include "campaign/fuzz.hpp"
 #include "kernels/device.hpp"
-#include "tests/harness/undeclared.hpp"
+#include "tests/check/undeclared.hpp"
 #include "kernels/builtin.hpp"
 
 using namespace ulpgate;

@@ -16,7 +16,7 @@
 #include "check/ops/attention.hpp"
 #include "kernels/emulated/attention_models.hpp"
 #include "references/attention_reference.hpp"
-#include "tests/harness/campaign_test_util.hpp"
+#include "tests/campaign/campaign_test_util.hpp"
 #include "kernels/builtin.hpp"
 
 using namespace ulpgate;

@@ -1,5 +1,5 @@
 // Test equipment: a plugin of kernels that misbehave on purpose, for the isolation tests
-// (tests/harness/test_isolate.cpp). Written against include/ulpgate/plugin.h only.
+// (tests/campaign/test_isolate.cpp). Written against include/ulpgate/plugin.h only.
 //   planted.segfault         writes through a null pointer (SIGSEGV)
 //   planted.abort            calls abort() (SIGABRT)
 //   planted.hang             sleeps forever (the timeout must end it)

@@ -21,7 +21,7 @@
 #include "check/ops/op.hpp"
 #include "core/error.hpp"
 #include "campaign/record.hpp"
-#include "tests/harness/record_samples.hpp"
+#include "tests/campaign/record_samples.hpp"
 
 namespace ulpgate {
 namespace {

@@ -46,7 +46,7 @@ FuzzOptions options(const std::string& kernel, const std::string& dtype, const s
   o.seed = 7;
   o.max_k = 64;
   o.gelu = false;  // keeps the test fast; GELU references are tested in tests/references
-  o.sizes = SizeSchedule::Small;  // the large regime's campaigns: tests/harness/test_*size_regimes.cpp
+  o.sizes = SizeSchedule::Small;  // the large regime's campaigns: tests/campaign/test_*size_regimes.cpp
   o.corpus_dir = corpus;
   return o;
 }

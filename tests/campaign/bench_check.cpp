@@ -1,7 +1,7 @@
 // Where a small case's time goes: each phase of the one check path, timed on the same 200
 // cases the default fuzz stream draws first for one target (so the mix of sizes, epilogues
 // and distributions is the campaign's), plus the isolated round trip and the journal.
-//   build/tests/harness/bench_check --benchmark_repetitions=5 --benchmark_report_aggregates_only=true
+//   build/tests/campaign/bench_check --benchmark_repetitions=5 --benchmark_report_aggregates_only=true
 // ULPGATE_BENCH_KERNEL (default cpu.fp32_seq) and ULPGATE_BENCH_DTYPE (default bf16) pick
 // the target, ULPGATE_BENCH_MAX_K (default 256) the largest K; ULPGATE_BENCH_EPILOGUES=0 keeps
 // only cases without an epilogue (the mix a cuBLAS target gets, for a CPU model here). items_per_second is cases/s

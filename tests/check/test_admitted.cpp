@@ -12,7 +12,7 @@
 #include "campaign/fuzz.hpp"
 #include "check/ops/op.hpp"
 #include "kernels/plugin/loader.hpp"
-#include "tests/harness/undeclared.hpp"
+#include "tests/check/undeclared.hpp"
 #include "kernels/builtin.hpp"
 
 using namespace ulpgate;
