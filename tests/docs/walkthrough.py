@@ -26,7 +26,7 @@ FILES = ["README.md", "docs/tutorial.md"]
 SHELL = {"sh", "bash", "shell"}
 
 SET_UP = (".ci/install-deps && cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release && "
-          "cmake --build build && build/ulpgate fuzz")
+          "cmake --build build --target ulpgate && build/ulpgate fuzz")
 TEST = ("cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release && cmake --build build && "
         "ctest --test-dir build --output-on-failure -j2")
 SKIP = {
@@ -92,8 +92,10 @@ def main():
     ci_run = (src / ".ci" / "run").read_text()
     if TEST not in ci_run.splitlines():
         failures.append(f".ci/run does not run the README's test command verbatim: {TEST}")
-    if ".ci/install-deps" not in ci_run or SET_UP.split(" && ", 1)[1].rsplit(" && ", 1)[0] not in TEST:
-        failures.append(".ci/run no longer installs and builds as the README's set-up command does")
+    # The set-up command builds the program alone (the main job needs nothing else); the test
+    # command configures the same way and builds everything.
+    if ".ci/install-deps" not in ci_run or SET_UP.split(" && ")[1] + " && cmake --build build" not in TEST:
+        failures.append(".ci/run no longer installs and configures as the README's set-up command does")
 
     for name in FILES:
         text = (src / name).read_text()
