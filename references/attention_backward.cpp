@@ -875,7 +875,7 @@ int compare_shapes(const RowExact& x, const RowExact& y) {
 
 class Backward {
  public:
-  Backward(const Case& c, const std::map<std::string, Tensor>& inputs, unsigned threads);
+  Backward(const Case& c, const std::map<std::string, Tensor>& inputs, unsigned threads, mpfr_prec_t first);
   AttentionGradients run();
 
  private:
@@ -922,6 +922,7 @@ class Backward {
 
   const Problem pb_;
   const unsigned threads_;
+  const mpfr_prec_t first_;  // Ziv's first precision
   AttentionGradients out_;
   std::vector<char> open_q_, open_k_, open_v_;  // not yet decided
   std::vector<MpqBox> lim_q_, lim_k_, lim_v_;  // exact limits, once computed
@@ -929,8 +930,8 @@ class Backward {
   std::vector<std::int64_t> seen_;  // per batch: keys 0 .. seen_[b] - 1 are visible to some query
 };
 
-Backward::Backward(const Case& c, const std::map<std::string, Tensor>& inputs, unsigned threads)
-    : pb_(c, inputs), threads_(threads) {
+Backward::Backward(const Case& c, const std::map<std::string, Tensor>& inputs, unsigned threads, mpfr_prec_t first)
+    : pb_(c, inputs), threads_(threads), first_(first) {
   const AttentionShape& a = pb_.a;
   out_.batch = a.batch, out_.heads = a.heads, out_.kv_heads = pb_.kvh, out_.seq_q = a.seq_q, out_.seq_kv = a.seq_kv;
   out_.head_dim = pb_.hd, out_.head_dim_v = pb_.dv;
@@ -983,14 +984,14 @@ bool Backward::block_open(std::size_t block) const {
 }
 
 AttentionGradients Backward::run() {
-  pass(kFirstPrecision, Stage::First);
-  for (mpfr_prec_t p = 2 * kFirstPrecision;; p *= 2) {
+  pass(first_, Stage::First);
+  for (mpfr_prec_t p = 2 * first_;; p *= 2) {
     bool open = false;
     for (std::size_t blk = 0; blk < blocks_.size() && !open; ++blk) open = block_open(blk);
     if (!open) break;
     if (p > kMaxPrecision) throw_undecided();
-    pass(p, p == 2 * kFirstPrecision ? Stage::Limits : Stage::Later);
-    if (p == 2 * kFirstPrecision) {  // what two precisions left open: is it rational?
+    pass(p, p == 2 * first_ ? Stage::Limits : Stage::Later);
+    if (p == 2 * first_) {  // what two precisions left open: is it rational?
       std::vector<std::size_t> open;
       for (std::size_t blk = 0; blk < blocks_.size(); ++blk)
         if (block_open(blk)) open.push_back(blk);
@@ -1162,12 +1163,18 @@ void Backward::run_item(const Item& item, mpfr_prec_t p, Stage stage, Chunk& chu
     const bool k_open = first_open_key < n;
     if (!q_open && !k_open) continue;
     row_exact(pb_, blocks_[blk], b, h, i, scratch.row, scratch.dots);
+    // A product that fell below MPFR's exponent range would be 0 with a mass of 0: an exact
+    // zero it is not. (Weights themselves are checked in row_approx.)
+    mpfr_clear_underflow();
     row_approx(pb_, scratch.row, p, stage == Stage::First, scratch.approx);
-    if (q_open) row_dq(blk, lr, p, stage, scratch);
     if (k_open) {
       chunk.k = std::max(chunk.k, scratch.approx.k);
       row_keys(blk, key_open, stage, chunk, scratch);
     }
+    if (mpfr_underflow_p())
+      throw std::runtime_error(fmt::format("{}: a product of attention weights lies below MPFR's exponent range "
+                                           "(batch {}, head {}, query {})", kWho, b, h, i));
+    if (q_open) row_dq(blk, lr, p, stage, scratch);
   }
 }
 
@@ -1188,6 +1195,9 @@ void Backward::row_dq(std::size_t blk, std::int64_t lr, mpfr_prec_t p, Stage sta
       if (stage == Stage::First && top) s.add_limit(d, ra.sbar[j], ra.sbar_mass[j], bd.k_mp[kd], bd.k_ub[kd]);
     }
   }
+  if (mpfr_underflow_p())
+    throw std::runtime_error(fmt::format("{}: a product of attention weights lies below MPFR's exponent range "
+                                         "(batch {}, head {}, query {})", kWho, r.b, r.h, r.i));
   if (stage == Stage::First) {
     const double scale = std::fabs(pb_.scale.given ? pb_.scale.value : 1.0 / std::sqrt(static_cast<double>(hd)));
     for (std::int64_t d = 0; d < hd; ++d) {
@@ -1341,7 +1351,18 @@ AttentionGradients attention_backward_reference(const Case& c, const std::map<st
   const ReferenceFpEnv env;  // whatever a kernel left set; parallel_for's threads inherit it
   if (c.op != Op::Attention) throw InputError(fmt::format("{}: case.op is not attention", kWho));
   const WideExponents wide;
-  return Backward(c, inputs, threads).run();
+  return Backward(c, inputs, threads, kFirstPrecision).run();
 }
+
+namespace detail {
+AttentionGradients attention_backward_reference(const Case& c, const std::map<std::string, Tensor>& inputs,
+                                                unsigned threads, long first_precision) {
+  const ReferenceFpEnv env;
+  if (c.op != Op::Attention) throw InputError(fmt::format("{}: case.op is not attention", kWho));
+  if (first_precision < 130) throw std::invalid_argument(fmt::format("{}: first precision below 130", kWho));
+  const WideExponents wide;
+  return Backward(c, inputs, threads, first_precision).run();
+}
+}  // namespace detail
 
 }  // namespace ulpgate

@@ -60,4 +60,11 @@ struct AttentionGradients {
 AttentionGradients attention_backward_reference(const Case& c, const std::map<std::string, Tensor>& inputs,
                                                 unsigned threads = default_threads());
 
+namespace detail {
+/// The same with Ziv's loop starting at first_precision bits (at least 130; the reference
+/// starts at 192): tests start near 128 so that most decisions lean on the error bounds' edge.
+AttentionGradients attention_backward_reference(const Case& c, const std::map<std::string, Tensor>& inputs,
+                                                unsigned threads, long first_precision);
+}  // namespace detail
+
 }  // namespace ulpgate
