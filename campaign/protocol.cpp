@@ -12,36 +12,38 @@ using json = nlohmann::json;
 
 namespace {
 
+// A message kind and its name on the wire; one table per direction, looked up both ways.
+template <class Kind>
 struct KindName {
-  RequestKind kind;
+  Kind kind;
   const char* name;
 };
-constexpr KindName kKinds[] = {{RequestKind::Check, "check"},
-                               {RequestKind::Supports, "supports"},
-                               {RequestKind::Describe, "describe"},
-                               {RequestKind::DrawCase, "draw_case"},
-                               {RequestKind::Submit, "submit"}};
+constexpr KindName<RequestKind> kRequests[] = {{RequestKind::Check, "check"},
+                                               {RequestKind::Supports, "supports"},
+                                               {RequestKind::Describe, "describe"},
+                                               {RequestKind::DrawCase, "draw_case"},
+                                               {RequestKind::Submit, "submit"}};
+constexpr KindName<ReplyKind> kReplies[] = {{ReplyKind::Ready, "ready"},     {ReplyKind::Result, "result"},
+                                            {ReplyKind::Supports, "supports"}, {ReplyKind::Kernels, "kernels"},
+                                            {ReplyKind::Case, "case"},       {ReplyKind::Started, "started"},
+                                            {ReplyKind::Error, "error"}};
 
-const char* kind_name(RequestKind kind) {
-  for (const auto& k : kKinds)
+template <class Kind, std::size_t N>
+const char* name_in(const KindName<Kind> (&table)[N], Kind kind) {
+  for (const auto& k : table)
     if (k.kind == kind) return k.name;
   return "";
 }
 
-struct ReplyName {
-  ReplyKind kind;
-  const char* name;
-};
-constexpr ReplyName kReplies[] = {{ReplyKind::Ready, "ready"},     {ReplyKind::Result, "result"},
-                                  {ReplyKind::Supports, "supports"}, {ReplyKind::Kernels, "kernels"},
-                                  {ReplyKind::Case, "case"},       {ReplyKind::Started, "started"},
-                                  {ReplyKind::Error, "error"}};
-
-const char* reply_name(ReplyKind kind) {
-  for (const auto& k : kReplies)
-    if (k.kind == kind) return k.name;
-  return "";
+template <class Kind, std::size_t N>
+std::optional<Kind> kind_in(const KindName<Kind> (&table)[N], const std::string& name) {
+  for (const auto& k : table)
+    if (name == k.name) return k.kind;
+  return std::nullopt;
 }
+
+const char* kind_name(RequestKind kind) { return name_in(kRequests, kind); }
+const char* reply_name(ReplyKind kind) { return name_in(kReplies, kind); }
 
 json reply_of(ReplyKind kind, json fields) {
   fields["reply"] = reply_name(kind);
@@ -105,11 +107,10 @@ Request parse_request(const std::string& line) {
   const auto kind = r.body.is_object() ? r.body.find("request") : r.body.end();
   if (kind == r.body.end() || !kind->is_string())
     throw InputError("worker request: must be a JSON object naming its kind (\"request\": \"check\", ...)");
-  for (const auto& k : kKinds)
-    if (kind->get<std::string>() == k.name) {
-      r.kind = k.kind;
-      return r;
-    }
+  if (const auto k = kind_in(kRequests, kind->get<std::string>())) {
+    r.kind = *k;
+    return r;
+  }
   throw InputError(fmt::format("worker request: unknown kind '{}' (check, supports, describe, draw_case or submit)",
                                kind->get<std::string>()));
 }
@@ -146,8 +147,6 @@ std::uint64_t submitted_id(const json& request) {
   return request["id"].get<std::uint64_t>();
 }
 
-// --- Replies to submitted cases, as the parent reads them -------------------------------------
-
 // --- Replies -----------------------------------------------------------------------------------
 
 json ready_reply(long pid, std::size_t kernels) { return reply_of(ReplyKind::Ready, {{"pid", pid}, {"kernels", kernels}}); }
@@ -177,9 +176,7 @@ std::optional<ReplyKind> reply_kind(const json& reply) {
   if (!reply.is_object()) return std::nullopt;
   const auto k = reply.find("reply");
   if (k == reply.end() || !k->is_string()) return std::nullopt;
-  for (const auto& r : kReplies)
-    if (*k == r.name) return r.kind;
-  return std::nullopt;
+  return kind_in(kReplies, k->get<std::string>());
 }
 
 const json& expect_reply(const json& reply, ReplyKind kind, const char* doing) {

@@ -144,14 +144,14 @@ Exit probe_here(const ProbeArgs& a, const std::vector<ProbeJob>& jobs) {
 // One unit on one rank, as JSON: its result, or its error and exit.
 nlohmann::json probe_shared(const ProbeJob& job) {
   nlohmann::json j;
-  try {
-    const Probed r = job();
-    j["text"] = r.text, j["model"] = r.model, j["rc"] = code(r.rc);
-  } catch (const InputError& e) {
-    j["error"] = e.what(), j["rc"] = code(Exit::Usage);
-  } catch (const std::exception& e) {
-    j["error"] = std::string("internal error: ") + e.what(), j["rc"] = code(Exit::Internal);
-  }
+  std::string error;
+  const Exit failed = mpi::attempt(
+      [&] {
+        const Probed r = job();
+        j["text"] = r.text, j["model"] = r.model, j["rc"] = code(r.rc);
+      },
+      error);
+  if (failed != Exit::Ok) j = {{"error", error}, {"rc", code(failed)}};
   return j;
 }
 
