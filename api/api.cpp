@@ -14,6 +14,7 @@
 #include "core/error.hpp"
 #include "core/tensor.hpp"
 #include "distributions/fill.hpp"
+#include "check/ops/op.hpp"
 #include "check/runner.hpp"
 #include "references/attention_reference.hpp"
 #include "references/gemm_reference.hpp"
@@ -155,7 +156,7 @@ Case attention_case(const AttentionOptions& o) {
 
 Values inputs(const Case& c, Case* filled) {
   Case f = c;
-  const Values v = logical_values(f, fill_inputs(f));
+  const Values v = logical_values(f, case_inputs(f));
   if (filled) *filled = std::move(f);
   return v;
 }

@@ -9,6 +9,7 @@
 #include "core/error.hpp"
 #include "distributions/fill.hpp"
 #include "check/check.hpp"
+#include "check/ops/op.hpp"
 #include "check/runner.hpp"
 #include "kernels/device.hpp"
 
@@ -37,7 +38,10 @@ double case_flops(const Case& c) {
   double pairs = 0;
   for (std::int64_t b = 0; b < a.batch; ++b)
     for (std::int64_t i = 0; i < a.seq_q; ++i) pairs += static_cast<double>(attention_visible_count(c, b, i));
-  return 2.0 * static_cast<double>(a.head_dim + a.eff_head_dim_v()) * static_cast<double>(a.heads) * pairs;
+  const double forward = 2.0 * static_cast<double>(a.head_dim + a.eff_head_dim_v()) * static_cast<double>(a.heads) * pairs;
+  // The backward as FlashAttention counts it: 2.5 times the forward (five matrix products,
+  // S and dP recomputed, dV, dQ and dK, against the forward's two).
+  return c.op == Op::AttentionBackward ? 2.5 * forward : forward;
 }
 
 BenchRow bench_kernel(Kernel& k, Case c, const BenchOptions& options) {
@@ -49,11 +53,11 @@ BenchRow bench_kernel(Kernel& k, Case c, const BenchOptions& options) {
     row.status = "not supported: " + *why;
     return row;
   }
-  const Inputs inputs = fill_inputs(c);  // may set scales and kv_lengths
+  const Inputs inputs = case_inputs(c);  // may set scales and kv_lengths
   row.c = c;
   row.flops = case_flops(c);
-  const std::string out_name = c.op == Op::Gemm ? "D" : "O";
-  Tensor output = make_output(c, out_name);
+  std::map<std::string, Tensor> outputs;  // every output the kernel writes (backward: dQ, dK, dV)
+  for (const std::string& name : outputs_of(c)) outputs.emplace(name, make_output(c, name));
   const bool device = k.traits().memory == Memory::Device;
   std::vector<double> ms;
   try {
@@ -65,8 +69,11 @@ BenchRow bench_kernel(Kernel& k, Case c, const BenchOptions& options) {
         in_dev.emplace(name, to_device(t, stream));
         io.in[name] = in_dev.at(name).get();
       }
-      DeviceBuffer out_dev = to_device(output, stream);
-      io.out[out_name] = out_dev.get();
+      std::map<std::string, DeviceBuffer> out_dev;
+      for (const auto& [name, t] : outputs) {
+        out_dev.emplace(name, to_device(t, stream));
+        io.out[name] = out_dev.at(name).get();
+      }
       io.stream = stream;
       constexpr std::size_t kFlush = std::size_t{256} << 20;
       DeviceBuffer flush(options.flush_l2 ? kFlush : 0, stream);
@@ -80,12 +87,12 @@ BenchRow bench_kernel(Kernel& k, Case c, const BenchOptions& options) {
         ms.push_back(timer.elapsed_ms());
       }
       device_synchronize(stream);
-      to_host(output, out_dev, stream);
+      for (auto& [name, t] : outputs) to_host(t, out_dev.at(name), stream);
       row.timer = "cuda events";
     } else {
       KernelIo io;
       for (const auto& [name, t] : inputs) io.in[name] = t.data();
-      io.out[out_name] = output.data();
+      for (auto& [name, t] : outputs) io.out[name] = t.data();
       for (int i = 0; i < options.warmup; ++i) k.run(c, io, row.notes);
       for (int i = 0; i < options.reps; ++i) {
         const auto t0 = std::chrono::steady_clock::now();
@@ -112,10 +119,16 @@ BenchRow bench_kernel(Kernel& k, Case c, const BenchOptions& options) {
     row.passed = ev.verdict.passed;
     row.verdict = ev.verdict.passed ? "pass" : ev.verdict.reasons.front();
     if (!ev.metrics.empty()) row.max_normalised = ev.metrics.front().max_normalised;
-    const auto it = ev.run.outputs.find(out_name);
-    row.same_bits = it != ev.run.outputs.end() && it->second.size_bytes() == output.size_bytes() &&
-                    std::equal(static_cast<const char*>(output.data()), static_cast<const char*>(output.data()) + output.size_bytes(),
-                               static_cast<const char*>(it->second.data()));
+    // The timed run's outputs are the checked run's, but for an atomically summed dQ.
+    row.same_bits = true;
+    for (const auto& [name, output] : outputs) {
+      if (name == "dQ" && k.traits().atomic_dq) continue;
+      const auto it = ev.run.outputs.find(name);
+      row.same_bits = row.same_bits && it != ev.run.outputs.end() && it->second.size_bytes() == output.size_bytes() &&
+                      std::equal(static_cast<const char*>(output.data()),
+                                 static_cast<const char*>(output.data()) + output.size_bytes(),
+                                 static_cast<const char*>(it->second.data()));
+    }
   }
   return row;
 }

@@ -39,7 +39,7 @@ std::string failed_exchange(const std::string& error) {
 }
 
 std::string target_name(const FuzzTarget& t) {
-  return fmt::format("{} {} {}", t.kernel, t.dtype, t.op == Op::Gemm ? "gemm" : "attention");
+  return fmt::format("{} {} {}", t.kernel, t.dtype, name(t.op));
 }
 
 std::vector<FuzzTarget> all_targets(Registry& registry, const std::vector<std::string>& kernels) {

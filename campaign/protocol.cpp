@@ -233,7 +233,7 @@ EvaluationOptions options_from_json(const json& j) {
 }
 
 json draw_to_json(const DrawSpec& d) {
-  return {{"op", d.op == Op::Gemm ? "gemm" : "attention"}, {"dtype", d.dtype}, {"target_seed", d.target_seed},
+  return {{"op", name(d.op)}, {"dtype", d.dtype}, {"target_seed", d.target_seed},
           {"index", d.index}, {"max_reduction", d.limits.max_reduction}, {"gelu", d.limits.gelu},
           {"large", d.limits.large}, {"large_kind", d.limits.large_kind}, {"mapping", d.limits.mapping}};
 }
@@ -244,9 +244,9 @@ DrawSpec draw_from_json(const json& j) {
   if (!j.is_object()) throw bad();
   DrawSpec d;
   try {
-    const std::string op = j.at("op").get<std::string>();
-    if (op != "gemm" && op != "attention") throw bad();
-    d.op = op == "gemm" ? Op::Gemm : Op::Attention;
+    const std::optional<Op> op = parse_op(j.at("op").get<std::string>());
+    if (!op) throw bad();
+    d.op = *op;
     d.dtype = j.at("dtype").get<std::string>();
     d.target_seed = j.at("target_seed").get<std::uint64_t>();
     d.index = j.at("index").get<std::uint64_t>();

@@ -7,6 +7,7 @@
 
 #include <fmt/format.h>
 
+#include "check/runner.hpp"
 #include "distributions/fill.hpp"
 #include "core/error.hpp"
 #include "core/parallel.hpp"
@@ -104,6 +105,12 @@ SweepOutcome run_sweep(const SweepOptions& options, const PointChecker& check,
   if (gemm && (options.base.alpha != 1.0 || options.base.beta != 0.0 || options.base.epilogue != Epilogue::None))
     throw InputError("sweep: the calibrated precision estimate needs alpha = 1, beta = 0 and no epilogue");
   metric_value(ErrorMetrics{}, options.metric);  // validates the name up front
+  const std::vector<std::string> outputs = outputs_of(options.base);
+  const auto swept = options.output.empty() ? outputs.begin() : std::find(outputs.begin(), outputs.end(), options.output);
+  if (swept == outputs.end())
+    throw InputError(fmt::format("sweep: --output {}: {} cases have {}", options.output, name(options.base.op),
+                                 fmt::join(outputs, ", ")));
+  const auto out_index = static_cast<std::size_t>(swept - outputs.begin());
   const EvaluationOptions eo = sweep_evaluation(options);
   SweepOutcome out;
   SweepSeries& s = out.series;
@@ -116,10 +123,10 @@ SweepOutcome run_sweep(const SweepOptions& options, const PointChecker& check,
   s.metric = options.metric;
   for (std::size_t p = 0; p < options.values.size(); ++p) {
     CaseResult r = check(sweep_point(options, p), eo);
-    if (r.status == Disposition::Ok && !r.metrics.empty()) {
+    if (r.status == Disposition::Ok && r.metrics.size() > out_index) {
       point_case.push_back(out.cases.size());
       s.x.push_back(static_cast<double>(options.values[p]));
-      s.y.push_back(metric_value(r.metrics.front(), options.metric));
+      s.y.push_back(metric_value(r.metrics[out_index], options.metric));
       const auto bits = r.notes.find("effective_bits");
       out.effective_bits_per_point.push_back(bits == r.notes.end() ? NAN : std::strtod(bits->second.c_str(), nullptr));
     }

@@ -35,6 +35,9 @@ struct SweepOptions {
   std::string parameter = "K";       ///< "K" (GEMM) or "seq_kv" (attention)
   std::vector<std::int64_t> values;
   std::string metric = "mean_normalised";
+  /// The output whose metric is swept (attention backward: "dQ", "dK" or "dV"); empty: the
+  /// main one (D, O, dQ).
+  std::string output;
   EvaluationOptions evaluation;      ///< effective_bits is set, relations cleared, per point
 };
 

@@ -44,6 +44,7 @@ Code alternate_poison_code(Format f) {
 
 std::vector<std::string> outputs_of(const Case& c) {
   if (c.op == Op::Gemm) return {"D"};
+  if (c.op == Op::AttentionBackward) return {"dQ", "dK", "dV"};
   if (c.types.count("LSE")) return {"O", "LSE"};
   return {"O"};
 }

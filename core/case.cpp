@@ -23,7 +23,7 @@ std::optional<E> parse_enum(std::string_view t, const E (&all)[N]) {
   return std::nullopt;
 }
 
-constexpr Op kOps[] = {Op::Gemm, Op::Attention};
+constexpr Op kOps[] = {Op::Gemm, Op::Attention, Op::AttentionBackward};
 constexpr Layout kLayouts[] = {Layout::RowMajor, Layout::ColMajor};
 constexpr AttentionLayout kAttnLayouts[] = {AttentionLayout::BHSD, AttentionLayout::BSHD};
 constexpr Epilogue kEpilogues[] = {Epilogue::None,     Epilogue::Bias,     Epilogue::Relu,
@@ -118,6 +118,7 @@ class ObjectReader {
 
 std::vector<std::string> operands_of(Op op) {
   if (op == Op::Gemm) return {"A", "B", "C", "D", "bias"};
+  if (op == Op::AttentionBackward) return {"Q", "K", "V", "O", "LSE", "dO", "dQ", "dK", "dV"};
   return {"Q", "K", "V", "O", "LSE"};
 }
 
@@ -154,7 +155,15 @@ bool contains(const std::vector<std::string>& v, const std::string& s) {
 
 }  // namespace
 
-std::string_view name(Op o) { return o == Op::Gemm ? "gemm" : "attention"; }
+std::string_view name(Op o) {
+  switch (o) {
+    case Op::Gemm: return "gemm";
+    case Op::Attention: return "attention";
+    case Op::AttentionBackward: return "attention_backward";
+  }
+  return "?";
+}
+std::optional<Op> parse_op(std::string_view t) { return parse_enum(t, kOps); }
 std::string_view name(Layout l) { return l == Layout::RowMajor ? "row" : "col"; }
 std::string_view name(AttentionLayout l) { return l == AttentionLayout::BHSD ? "bhsd" : "bshd"; }
 std::string_view name(Epilogue e) {
@@ -181,10 +190,16 @@ bool has_gelu(Epilogue e) {
 
 std::vector<std::string> Case::inputs() const {
   if (op == Op::Attention) return {"Q", "K", "V"};
+  if (op == Op::AttentionBackward) return {"Q", "K", "V", "dO"};
   std::vector<std::string> in{"A", "B"};
   if (beta != 0.0) in.push_back("C");
   if (has_bias(epilogue)) in.push_back("bias");
   return in;
+}
+
+std::vector<std::string> Case::derived_inputs() const {
+  if (op == Op::AttentionBackward) return {"O", "LSE"};
+  return {};
 }
 
 MatrixView gemm_view(const Case& c, std::string_view operand) {
@@ -211,6 +226,10 @@ MatrixView gemm_view(const Case& c, std::string_view operand) {
 AttentionView attention_view(const Case& c, std::string_view operand) {
   const auto& a = c.attention;
   AttentionView v{a.batch, a.heads, 0, a.head_dim, a.layout};
+  const bool gradient = operand.size() == 2 && operand[0] == 'd';
+  if (gradient && c.op != Op::AttentionBackward)
+    throw InputError(fmt::format("{} has no operand '{}' (attention_backward has)", name(c.op), operand));
+  if (gradient) operand.remove_prefix(1);  // dQ, dK, dV, dO: laid out as Q, K, V, O
   if (operand == "Q") {
     v.seq = a.seq_q;
   } else if (operand == "K") {
@@ -292,7 +311,7 @@ void validate(const Case& c) {
                        a.kv_heads));
     check_sizes("case.attention.", {{"batch", a.batch}, {"heads", a.heads}, {"seq_q", a.seq_q}, {"seq_kv", a.seq_kv},
                                     {"head_dim", a.head_dim}, {"head_dim_v", a.head_dim_v}});
-    for (const char* op : {"Q", "K", "V", "O"}) {
+    for (const char* op : {"Q", "K", "V", "O"}) {  // the gradients are laid out as these
       const AttentionView v = attention_view(c, op);
       check_buffer("case.attention", op, {{"batch", v.batch}, {(op[0] == 'K' || op[0] == 'V') && a.kv_heads ? "kv_heads" : "heads", v.heads},
                                           {op[0] == 'Q' || op[0] == 'O' ? "seq_q" : "seq_kv", v.seq},
@@ -314,20 +333,22 @@ void validate(const Case& c) {
     if (op != "compute" && !contains(ops, op))
       fail("case.types." + op, fmt::format("unknown operand for {}", name(c.op)));
   std::vector<std::string> required =
-      c.op == Op::Gemm ? std::vector<std::string>{"A", "B", "D", "compute"}
-                       : std::vector<std::string>{"Q", "K", "V", "O", "compute"};
+      c.op == Op::Gemm                ? std::vector<std::string>{"A", "B", "D", "compute"}
+      : c.op == Op::AttentionBackward ? std::vector<std::string>{"Q", "K", "V", "O", "LSE", "dO", "dQ", "dK", "dV", "compute"}
+                                      : std::vector<std::string>{"Q", "K", "V", "O", "compute"};
   if (c.op == Op::Gemm && c.beta != 0.0) required.push_back("C");
   if (c.op == Op::Gemm && has_bias(c.epilogue)) required.push_back("bias");
   for (const auto& op : required)
     if (!c.types.count(op))
       fail("case.types." + op, op == "C"      ? "missing (required when beta != 0)"
                                : op == "bias" ? "missing (required by the bias epilogue)"
+                               : op == "LSE" && c.op == Op::AttentionBackward ? "missing (the backward pass reads the forward's LSE, fp32)"
                                               : "missing");
   if (const auto lse = c.types.find("LSE"); lse != c.types.end() && lse->second != Format::FP32)
     fail("case.types.LSE", fmt::format("the log-sum-exp output is fp32, got {}", name(lse->second)));
   if (!std::isfinite(c.alpha)) fail("case.alpha", "must be finite");
   if (!std::isfinite(c.beta)) fail("case.beta", "must be finite");
-  if (c.op == Op::Attention && c.epilogue != Epilogue::None)
+  if (is_attention(c.op) && c.epilogue != Epilogue::None)
     fail("case.epilogue", "attention takes no epilogue");
   for (const auto& [op, s] : c.scales) {
     if (c.op != Op::Gemm || !(op == "A" || op == "B" || op == "C" || op == "D"))
@@ -398,7 +419,7 @@ Case case_from_json(const json& j) {
     if (!k->is_string()) fail("case.kernel", "must be a string, got " + shown(*k));
     c.kernel = k->get<std::string>();
   }
-  const char* other = c.op == Op::Gemm ? "attention" : "gemm";
+  const char* other = c.op == Op::Gemm ? "attention" : "gemm";  // backward cases use "attention" too
   if (r.find(other)) fail(std::string("case.") + other, fmt::format("not allowed when op is {}", name(c.op)));
   if (c.op == Op::Gemm) {
     ObjectReader g(r.need("gemm"), "case.gemm");

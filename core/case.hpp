@@ -20,7 +20,7 @@
 
 namespace ulpgate {
 
-enum class Op : std::uint8_t { Gemm, Attention };
+enum class Op : std::uint8_t { Gemm, Attention, AttentionBackward };
 enum class Layout : std::uint8_t { RowMajor, ColMajor };
 enum class AttentionLayout : std::uint8_t { BHSD, BSHD };
 enum class Epilogue : std::uint8_t {
@@ -28,6 +28,10 @@ enum class Epilogue : std::uint8_t {
 };
 
 std::string_view name(Op);
+/// The op named "gemm", "attention" or "attention_backward"; nullopt for any other name.
+std::optional<Op> parse_op(std::string_view name);
+/// Attention forward or backward: the ops that share AttentionShape and attention_view.
+constexpr bool is_attention(Op o) { return o == Op::Attention || o == Op::AttentionBackward; }
 std::string_view name(Layout);
 std::string_view name(AttentionLayout);
 std::string_view name(Epilogue);
@@ -84,7 +88,9 @@ constexpr bool takes_scale(Format f) { return f == Format::E4M3 || f == Format::
 
 /// One reproducible run. Operand names: GEMM A, B, C, D, bias; attention Q, K, V, O and,
 /// when the case asks for it (types["LSE"] = fp32), LSE: ln sum_j exp(scale q_i . k_j) over
-/// the visible keys, -inf for a row that sees none.
+/// the visible keys, -inf for a row that sees none. Attention backward: Q, K, V, dO (drawn),
+/// O and LSE (the forward's, derived from them: derived_inputs), dQ, dK, dV (outputs; dK and
+/// dV per K/V head, summed over the query heads that read it).
 /// types also holds "compute" (the accumulation format).
 struct Case {
   Op op = Op::Gemm;
@@ -99,8 +105,11 @@ struct Case {
   std::uint64_t seed = 0;
   bool operator==(const Case&) const = default;
 
-  /// The input operands that get generated data (A, B[, C][, bias] or Q, K, V).
+  /// The input operands that get generated data (A, B[, C][, bias]; Q, K, V; Q, K, V, dO).
   std::vector<std::string> inputs() const;
+  /// Inputs computed from the generated ones (attention backward: O and LSE, the forward's
+  /// outputs; check/ops/attention_backward.hpp); empty for the other ops.
+  std::vector<std::string> derived_inputs() const;
 };
 
 /// Where each element of a GEMM operand lives in its buffer (the memory contract above).
@@ -134,8 +143,10 @@ inline std::int64_t op_b_offset(const Case& c, const MatrixView& bv, std::int64_
 }
 
 /// Where element [batch][head][position][dim] of attention operand "Q", "K", "V" or "O"
-/// lives (packed; layout bhsd or bshd); "LSE" is [batch][head][position] (dim 1, bhsd). heads is the operand's own: eff_kv_heads() for K
-/// and V, so their head index is AttentionShape::kv_head(h) of query head h.
+/// (backward: "dQ", "dK", "dV", "dO" as Q, K, V, O) lives (packed; layout bhsd or bshd);
+/// "LSE" is [batch][head][position] (dim 1, bhsd). heads is the operand's own:
+/// eff_kv_heads() for K and V, so their head index is AttentionShape::kv_head(h) of query
+/// head h.
 struct AttentionView {
   std::int64_t batch = 1, heads = 1, seq = 1, dim = 1;
   AttentionLayout layout = AttentionLayout::BHSD;
@@ -145,7 +156,8 @@ struct AttentionView {
                                            : ((b * seq + s) * heads + h) * dim + d;
   }
 };
-/// The view of attention operand "Q", "K", "V", "O" or "LSE"; throws InputError otherwise.
+/// The view of attention operand "Q", "K", "V", "O", "LSE", "dO", "dQ", "dK" or "dV"
+/// (backward cases only for the last four); throws InputError otherwise.
 AttentionView attention_view(const Case& c, std::string_view operand);
 /// Elements of an operand's buffer, padding included (gemm_view or attention_view by c.op).
 std::int64_t operand_elements(const Case& c, std::string_view operand);

@@ -489,6 +489,7 @@ std::uint32_t operand_stream(std::string_view op) {
   if (op == "Q") return kStreamQ;
   if (op == "K") return kStreamK;
   if (op == "V") return kStreamV;
+  if (op == "dO") return kStreamDO;
   throw InputError(fmt::format("no input operand \"{}\"", op));
 }
 

@@ -1,5 +1,6 @@
 #include "kernels/builtin.hpp"
 
+#include "kernels/emulated/attention_backward_models.hpp"
 #include "kernels/emulated/attention_models.hpp"
 #include "kernels/emulated/gemm_models.hpp"
 
@@ -15,6 +16,7 @@ Registry builtin_registry() {
   Registry r;
   for (const auto& m : default_models()) r.add(make_emulated_gemm(m));
   for (const auto& m : default_attention_models()) r.add(make_emulated_attention(m));
+  for (const auto& m : default_attention_backward_models()) r.add(make_emulated_attention_backward(m));
 #if ULPGATE_HAVE_CUDA
   if (cuda_device_available()) {
     for (auto& k : make_library_kernels()) r.add(std::move(k));

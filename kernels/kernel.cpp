@@ -1,6 +1,7 @@
 #include "kernels/kernel.hpp"
 
 #include "core/error.hpp"
+#include "kernels/emulated/attention_backward_models.hpp"
 #include "kernels/emulated/attention_models.hpp"
 #include "kernels/emulated/gemm_models.hpp"
 
@@ -31,6 +32,11 @@ Kernel* Registry::resolve(const std::string& name) {
   if (auto m = AttentionModel::parse(name)) {
     if (Kernel* k = find(m->name())) return k;
     add(make_emulated_attention(*m));
+    return kernels_.back().get();
+  }
+  if (auto m = AttentionBackwardModel::parse(name)) {
+    if (Kernel* k = find(m->name())) return k;
+    add(make_emulated_attention_backward(*m));
     return kernels_.back().get();
   }
   return nullptr;

@@ -55,6 +55,10 @@ struct KernelTraits {
   /// asks for it. false: such cases are not supported (the runner says so, and generators
   /// do not draw them for the kernel).
   bool writes_lse = false;
+  /// Attention backward: dQ is accumulated across key blocks with atomic adds, so its bits
+  /// may change from run to run. dK and dV must repeat bit for bit whatever the kernel
+  /// declares, and so must dQ of a kernel without this trait.
+  bool atomic_dq = false;
   /// unsupported() and run() may be called from several threads at once (the CPU models:
   /// pure functions of their inputs; cuBLAS and cuBLASLt: a handle per thread). A device
   /// kernel that says so must also do all its device work on KernelIo::stream (each

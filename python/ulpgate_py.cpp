@@ -100,10 +100,10 @@ py::tuple logical_view(const std::string& case_json, const std::string& operand)
   return py::make_tuple(shape, strides, operand_elements(c, operand), std::string(npy_dtype(c.types.at(operand))));
 }
 
-// fill_inputs: the case as filled (amax scales, kv_lengths) and its input buffers.
+// case_inputs: the case as filled (amax scales, kv_lengths) and its input buffers.
 py::tuple fill(const std::string& case_json) {
   Case c = parse_case(case_json);
-  const std::map<std::string, Tensor> inputs = fill_inputs(c);
+  const std::map<std::string, Tensor> inputs = case_inputs(c);
   py::dict arrays;
   for (const auto& [k, t] : inputs) arrays[py::str(k)] = to_array(t);
   return py::make_tuple(dump(to_json(c)), arrays);
@@ -273,8 +273,9 @@ std::string fuzz(py::object call, py::object supports, const FuzzArgs& a, const 
   Registry registry;
   registry.add(std::move(owned));
   FuzzOptions o;
-  const Op op = a.op == "gemm" ? Op::Gemm : a.op == "attention" ? Op::Attention
-                               : throw InputError(fmt::format("op '{}': expected gemm or attention", a.op));
+  const std::optional<Op> parsed = parse_op(a.op);
+  if (!parsed) throw InputError(fmt::format("op '{}': expected gemm, attention or attention_backward", a.op));
+  const Op op = *parsed;
   const auto dtypes = op_module(op).dtypes();
   if (std::find(dtypes.begin(), dtypes.end(), a.dtype) == dtypes.end())
     throw InputError(fmt::format("dtype '{}': {} takes {}", a.dtype, a.op, fmt::join(dtypes, ", ")));

@@ -610,6 +610,23 @@ struct ScaleAt {
 };
 
 // The value m (limit + delta) at precision p when its 128-bit window is decided.
+// A value known only to lie within err of t where |t| + err < 2^kNegligibleExponent, far
+// below FP64's smallest subnormal (2^-1074): every format rounds it to a zero, so its digits
+// are not needed (a gradient of weights e^-(10^6) cancelling against terms near 1 would need
+// millions of bits). Held as tiny() of t's sign where |t| > err proves it, else as +0 (the
+// checks compare +0 and -0 as equal).
+constexpr long kNegligibleExponent = -1100;
+std::optional<RefValue> below_every_subnormal(mpfr_srcptr t, mpfr_srcptr err) {
+  Mpfr top(64);
+  mpfr_abs(top, t, MPFR_RNDU);
+  mpfr_prec_round(top, 64, MPFR_RNDU);
+  mpfr_add(top, top, err, MPFR_RNDU);
+  if (mpfr_zero_p(top)) return RefValue::zero(false);
+  if (mpfr_get_exp(top) > kNegligibleExponent) return std::nullopt;
+  if (mpfr_cmpabs(t, err) > 0) return RefValue::tiny(mpfr_signbit(t) != 0);
+  return RefValue::zero(false);
+}
+
 std::optional<RefValue> decide_plain(const SumArray& sums, std::size_t e, double k, mpfr_prec_t p,
                                      const ScaleAt* scale) {
   if (sums.delta_zero(e) && sums.limit_zero(e)) return RefValue::zero(false);  // every term exactly 0
@@ -624,10 +641,10 @@ std::optional<RefValue> decide_plain(const SumArray& sums, std::size_t e, double
     err = err2;
     mpfr_swap(t, t2);
   }
-  if (mpfr_zero_p(t)) return std::nullopt;
   err.bound(bound);
+  if (mpfr_zero_p(t)) return below_every_subnormal(t, bound);
   const long bits = static_cast<long>(mpfr_get_exp(t)) - static_cast<long>(mpfr_get_exp(bound));
-  if (bits <= 0 || !mpfr_can_round(t, bits, MPFR_RNDN, MPFR_RNDZ, 128)) return std::nullopt;
+  if (bits <= 0 || !mpfr_can_round(t, bits, MPFR_RNDN, MPFR_RNDZ, 128)) return below_every_subnormal(t, bound);
   return certified(t);
 }
 
@@ -1349,7 +1366,7 @@ void Backward::throw_undecided() const {
 AttentionGradients attention_backward_reference(const Case& c, const std::map<std::string, Tensor>& inputs,
                                                 unsigned threads) {
   const ReferenceFpEnv env;  // whatever a kernel left set; parallel_for's threads inherit it
-  if (c.op != Op::Attention) throw InputError(fmt::format("{}: case.op is not attention", kWho));
+  if (!is_attention(c.op)) throw InputError(fmt::format("{}: case.op is not attention", kWho));
   const WideExponents wide;
   return Backward(c, inputs, threads, kFirstPrecision).run();
 }
@@ -1358,7 +1375,7 @@ namespace detail {
 AttentionGradients attention_backward_reference(const Case& c, const std::map<std::string, Tensor>& inputs,
                                                 unsigned threads, long first_precision) {
   const ReferenceFpEnv env;
-  if (c.op != Op::Attention) throw InputError(fmt::format("{}: case.op is not attention", kWho));
+  if (!is_attention(c.op)) throw InputError(fmt::format("{}: case.op is not attention", kWho));
   if (first_precision < 130) throw std::invalid_argument(fmt::format("{}: first precision below 130", kWho));
   const WideExponents wide;
   return Backward(c, inputs, threads, first_precision).run();

@@ -51,7 +51,7 @@ struct AttentionGradients {
   }
 };
 
-/// The gradients of an attention case (c.op == Op::Attention) from its inputs "Q", "K", "V"
+/// The gradients of an attention case (forward or backward: is_attention(c.op)) from its inputs "Q", "K", "V"
 /// (as attention_reference takes them) and "dO", laid out as O (attention_view(c, "O")) in
 /// the format c.types["dO"], or c.types["O"] where the case names no dO. Output formats:
 /// c.types "dQ", "dK", "dV" where named, else Q's, K's, V's. Throws InputError for a missing,

@@ -6,15 +6,30 @@
 #include <fmt/format.h>
 
 #include "core/parallel.hpp"
+#include "distributions/fill.hpp"
 #include "distributions/spec.hpp"
 #include "check/ops/attention.hpp"
+#include "check/ops/attention_backward.hpp"
 #include "check/ops/gemm.hpp"
 
 namespace ulpgate {
 
-const OpModule& op_module(Op op) { return op == Op::Gemm ? gemm_module() : attention_module(); }
+const OpModule& op_module(Op op) {
+  switch (op) {
+    case Op::Gemm: return gemm_module();
+    case Op::Attention: return attention_module();
+    case Op::AttentionBackward: return attention_backward_module();
+  }
+  throw std::logic_error("op_module: unknown op");
+}
 
-std::vector<const OpModule*> all_op_modules() { return {&gemm_module(), &attention_module()}; }
+std::vector<const OpModule*> all_op_modules() { return {&gemm_module(), &attention_module(), &attention_backward_module()}; }
+
+Inputs case_inputs(Case& c) {
+  Inputs in = fill_inputs(c);
+  op_module(c.op).derive_inputs(c, in);
+  return in;
+}
 
 std::vector<Case> OpModule::basic_cases(std::string_view dtype) const {
   std::vector<Case> out;
@@ -54,7 +69,7 @@ ToleranceModel precision_terms(const Case& c, const KernelTraits& traits) {
     case Format::TF32: t.accumulator_bits = 24, t.input_bits = 11; break;
     default: t.accumulator_bits = 24; break;
   }
-  const Format input = c.types.at(c.op == Op::Gemm ? "A" : "Q");
+  const Format input = c.types.at(c.op == Op::Gemm ? "A" : "Q");  // backward: Q too
   const bool declared = traits.accumulator_bits > 0;
   if (declared) t.accumulator_bits = traits.accumulator_bits;
   t.promote = traits.promote;

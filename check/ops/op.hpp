@@ -113,6 +113,9 @@ class OpModule {
   /// Generated cases of a dtype for kernel k, each choice kept only where k supports it
   /// (k nullptr: no filtering, every dtype when dtype is empty).
   virtual rc::Gen<Case> generate(std::string_view dtype, const Kernel* k, const GenLimits& limits) const = 0;
+  /// Adds the inputs the case derives from its generated ones (Case::derived_inputs():
+  /// attention backward's O and LSE); the other ops derive none.
+  virtual void derive_inputs(const Case&, Inputs&) const {}
   /// What the gate compares by, e.g. "gemm bf16->fp32 fp32 normal(0,1)".
   virtual std::string family(const Case& c) const = 0;
   /// The length of the reduction errors grow with (GEMM K, attention seq_kv).
@@ -163,6 +166,10 @@ inline constexpr int kFp8PromoteInterval = 128;
 
 /// "OP IN->OUT COMPUTE DIST", the gate family of a case: e.g. "gemm bf16->fp32 fp32 normal(0,1)".
 std::string op_family(const Case& c, const char* op, const char* in, const char* out);
+
+/// Every input of a case: its generated ones (fill_inputs, which may write derived case
+/// fields: amax scales, kv_lengths) and those its op derives from them (derive_inputs).
+Inputs case_inputs(Case& c);
 
 /// The module of an op.
 const OpModule& op_module(Op op);

@@ -14,6 +14,7 @@
 #include "campaign/bench.hpp"
 #include "check/check.hpp"
 #include "check/ops/attention.hpp"
+#include "check/ops/attention_backward.hpp"
 #include "check/ops/gemm.hpp"
 #include "cli/crash_guard.hpp"
 #include "cli/options.hpp"
@@ -32,7 +33,7 @@ namespace {
 struct BenchArgs {
   std::vector<std::string> kernels, gemm_shapes, attention_shapes;
   std::string baseline, shapes_preset, dtype, layout, json, md, html, seed = "1";
-  bool causal = false, no_flush = false, no_check = false;
+  bool causal = false, backward = false, no_flush = false, no_check = false;
   int reps = 20, warmup = 3;
 };
 
@@ -94,7 +95,7 @@ std::vector<Case> bench_cases(const BenchArgs& a, const std::string& dtype, std:
   }
   for (const std::string& s : a.attention_shapes) {
     const auto d = dims(s, 5, "--attention", "BxHxSqxSkvxD");
-    Case c = dtype_attention_case(dtype);
+    Case c = a.backward ? dtype_attention_backward_case(dtype) : dtype_attention_case(dtype);
     AttentionShape& at = c.attention;
     at.batch = d[0], at.heads = d[1], at.seq_q = d[2], at.seq_kv = d[3], at.head_dim = d[4];
     at.causal = a.causal;
@@ -148,6 +149,7 @@ Exit bench_command(const BenchArgs& a, const LocalRegistry& local) {
   const int shape_kinds = !a.gemm_shapes.empty() + !a.shapes_preset.empty() + !a.attention_shapes.empty();
   if (shape_kinds == 0) throw InputError("bench: give --gemm MxNxK, --shapes square|llm or --attention BxHxSqxSkvxD");
   if (!a.attention_shapes.empty() && shape_kinds > 1) throw InputError("bench: GEMM and attention shapes in one run");
+  if (a.backward && a.attention_shapes.empty()) throw InputError("bench: --backward times attention shapes (--attention BxHxSqxSkvxD)");
   if (a.reps < 1 || a.warmup < 0) throw InputError("bench: --reps must be >= 1 and --warmup >= 0");
   Registry registry = local();
   Kernel* baseline = nullptr;
@@ -199,6 +201,8 @@ Verb add_bench(CLI::App& app) {
       ->check(CLI::IsMember({"square", "llm"}));
   bench->add_option("--attention", a->attention_shapes, "Attention shape BxHxSqxSkvxD (repeatable)");
   bench->add_flag("--causal", a->causal, "Attention: causal mask (FLOPs count the visible pairs only)");
+  bench->add_flag("--backward", a->backward, "Attention: time the backward pass (dQ, dK, dV from Q, K, V, dO, O, LSE; "
+                                             "FLOPs 2.5 times the forward's)");
   bench->add_option("--layout", a->layout, "Attention layout: bhsd (default) or bshd");
   bench->add_option("--dtype", a->dtype, "Input type (default: implied by the first kernel's name)");
   bench->add_option("--reps", a->reps, "Timed runs per kernel and case (default 20)")->check(CLI::Range(1, 100000));

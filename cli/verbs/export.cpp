@@ -9,6 +9,7 @@
 
 #include <fmt/format.h>
 
+#include "check/ops/op.hpp"
 #include "check/runner.hpp"
 #include "cli/memory.hpp"
 #include "cli/options.hpp"
@@ -61,7 +62,7 @@ Exit export_command(const ExportArgs& a, const Context& ctx) {
                                  (out / "manifest.json").string()));
   std::map<std::string, Tensor> inputs;
   try {
-    inputs = fill_inputs(c);  // may set the amax scales and kv_lengths: the manifest's case has them
+    inputs = case_inputs(c);  // may set the amax scales and kv_lengths: the manifest's case has them
   } catch (const InputError& e) {
     throw InputError(case_path + ": " + e.what());
   }

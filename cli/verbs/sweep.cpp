@@ -19,6 +19,7 @@
 #include "campaign/isolate.hpp"
 #include "campaign/sweep.hpp"
 #include "check/ops/attention.hpp"
+#include "check/ops/attention_backward.hpp"
 #include "check/ops/op.hpp"
 #include "cli/memory.hpp"
 #include "cli/mpi.hpp"
@@ -41,6 +42,7 @@ struct SweepArgs {
   std::uint64_t seed = 1;
   std::string out_dir;
   std::int64_t seq_q = 16;  ///< attention sweeps: queries per case
+  std::string output;       ///< the output swept (attention backward: dQ, dK or dV); empty: the main one
   std::uint64_t max_memory = 0;  ///< bytes a point may need (--max-memory; 0: the default)
   std::vector<std::string> plugins;
   bool in_process = false;  ///< run the points in this process (default: a worker process)
@@ -103,19 +105,26 @@ Series plan_series(const SweepArgs& a, const SweepPlan& p, const std::optional<F
     o.base = dtype_gemm_case(dtype, a.mn, a.mn, vary.values.front(), out);
     o.base.dist = {{"A", dist}, {"B", dist}};
   } else {
-    o.base = dtype_attention_case(dtype);
+    // A kernel that takes backward cases and no forward ones sweeps the backward.
+    const bool backward = !op_module(Op::Attention).supported_output(*k, dtype) &&
+                          op_module(Op::AttentionBackward).supported_output(*k, dtype);
+    o.base = backward ? dtype_attention_backward_case(dtype) : dtype_attention_case(dtype);
     o.base.attention.seq_q = a.seq_q, o.base.attention.head_dim = 64, o.base.attention.seq_kv = vary.values.front();
-    if (out) o.base.types["O"] = *out;
+    if (out && !backward) o.base.types["O"] = *out;
+    if (out && backward)
+      for (const char* g : {"dQ", "dK", "dV"}) o.base.types[g] = *out;
     // A family of Q and K together (logits, sink, masked) draws K with Q.
     const auto fam = find_family(parse_dist(dist).family);
     o.base.dist = fam && fam->scope == Scope::AttnQK ? std::map<std::string, std::string>{{"Q", dist}, {"V", "normal(0,1)"}}
                                                      : std::map<std::string, std::string>{{"Q", dist}, {"K", dist}, {"V", dist}};
+    if (backward) o.base.dist["dO"] = "normal(0,1)";
   }
   o.base.seed = a.seed;
   o.base.kernel = k->name();
   o.parameter = vary.parameter;
   o.values = vary.values;
   o.metric = a.metric;
+  o.output = a.output;
   Case largest = o.base;
   (p.gemm ? largest.gemm.k : largest.attention.seq_kv) = vary.values.back();
   try {
@@ -351,6 +360,7 @@ Verb add_sweep(CLI::App& app) {
   sweep->add_option("--timeout", a.timeout, "Seconds per point before the worker is killed (default 600)");
   sweep->add_option("--dist", a.dists, "Input distribution of A and B (repeatable; default normal(0,1))");
   sweep->add_option("--metric", a.metric, "mean_normalised (default), max_normalised, mean_ulp, max_ulp, ...");
+  sweep->add_option("--output", a.output, "The output whose metric is swept: attention backward dQ (default), dK or dV");
   sweep->add_option("--mn", a.mn, "M = N of every case (default 64)")->check(CLI::Range(1, 1 << 20));
   sweep->add_option("--seed", f->seed, "Seed (default 1)");
   sweep->add_option("--out", a.out_dir, "Directory for the run record (sweep.json)");

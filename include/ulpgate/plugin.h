@@ -1,4 +1,4 @@
-/* ulpgate plugin C ABI, version 5 (versions 1 to 4 still load: see "Versions" below).
+/* ulpgate plugin C ABI, version 6 (versions 1 to 5 still load: see "Versions" below).
  *
  * A plugin is a shared library that exports one function,
  *
@@ -22,6 +22,11 @@
               Q and O have `heads` heads, K and V have ulpgate_problem.kv_heads heads
               (grouped-query attention; kv_heads == heads is multi-head, 1 multi-query):
               query head h reads K/V head h / (heads / kv_heads).
+ *   Attention backward (version 6): from Q, K, V, dO and the forward's O and LSE (inputs),
+ *              dV = P^T dO, dP = dO V^T, D = rowsum(dO o O), dS = P o (dP - D),
+ *              dQ = softmax_scale dS K, dK = softmax_scale dS^T Q, with P = exp(softmax_scale
+ *              Q K^T - LSE) over the visible keys; dK and dV of a K/V head sum over the query
+ *              heads of its group. dO, dQ, dK, dV are laid out as O, Q, K, V.
  * Element storage: FP64/FP32 as IEEE words, TF32 as FP32 words with the low 13 bits zero,
  * FP16/BF16 as 16-bit words, FP8 as bytes (OCP E4M3 "fn" / E5M2).
  * Pointers are host or device pointers as the kernel's `memory` says. Outputs are
@@ -47,15 +52,17 @@ extern "C" {
    log-sum-exp, and no such case is drawn for the others (ulpgate reads the kernel list of an
    older plugin with the shorter descriptor it was built with). 5 appended the arithmetic a
    kernel declares (ulpgate_kernel.accumulator_bits, promote, p_bits, input_rounding); a
-   kernel of an older version, or one that leaves them 0, is judged by the default rule. */
-#define ULPGATE_PLUGIN_ABI_VERSION 5u
+   kernel of an older version, or one that leaves them 0, is judged by the default rule.
+   6 added the attention backward op (ULPGATE_OP_ATTENTION_BACKWARD, ulpgate_problem.backward)
+   and appended ulpgate_kernel.atomic_dq; older plugins are never handed a backward case. */
+#define ULPGATE_PLUGIN_ABI_VERSION 6u
 
 typedef enum {
   ULPGATE_FP64 = 0, ULPGATE_FP32 = 1, ULPGATE_TF32 = 2, ULPGATE_FP16 = 3,
   ULPGATE_BF16 = 4, ULPGATE_E4M3 = 5, ULPGATE_E5M2 = 6
 } ulpgate_format;
 
-typedef enum { ULPGATE_OP_GEMM = 0, ULPGATE_OP_ATTENTION = 1 } ulpgate_op;
+typedef enum { ULPGATE_OP_GEMM = 0, ULPGATE_OP_ATTENTION = 1, ULPGATE_OP_ATTENTION_BACKWARD = 2 } ulpgate_op;
 typedef enum { ULPGATE_ROW_MAJOR = 0, ULPGATE_COL_MAJOR = 1 } ulpgate_layout;
 typedef enum { ULPGATE_BHSD = 0, ULPGATE_BSHD = 1 } ulpgate_attention_layout;
 typedef enum {
@@ -105,6 +112,18 @@ typedef struct {
   void* o;
 } ulpgate_attention_problem;
 
+/* Version 6: the gradients of an attention backward problem. The shape, Q, K, V and their
+   types are in ulpgate_problem.attention; attention.o holds the forward's output O (an
+   input here: read it, never write it) and ulpgate_problem.lse its log-sum-exp (FP32, [b][h][i],
+   natural log, +inf for a row that sees no key: exp(s - LSE) is then 0; an input too). */
+typedef struct {
+  int32_t type_do, type_dq, type_dk, type_dv;  /* ulpgate_format */
+  const void* d_o;            /* laid out as O */
+  void* dq;                   /* laid out as Q */
+  void* dk;                   /* laid out as K (kv_heads heads) */
+  void* dv;                   /* laid out as V (kv_heads heads) */
+} ulpgate_attention_backward_problem;
+
 typedef struct {
   uint32_t struct_size;       /* sizeof(ulpgate_problem) of the caller: check it */
   int32_t op;                 /* ulpgate_op: which member below is valid */
@@ -123,6 +142,9 @@ typedef struct {
      kernel's memory, as q, k, v, o. */
   int32_t want_lse;
   void* lse;
+  /* Version 6. Attention backward (op ULPGATE_OP_ATTENTION_BACKWARD): see above; want_lse
+     is 0 and lse is the forward's LSE, an input. Other ops: zeros. */
+  ulpgate_attention_backward_problem backward;
 } ulpgate_problem;
 
 typedef struct {
@@ -156,10 +178,14 @@ typedef struct {
   int32_t promote;
   int32_t p_bits;
   int32_t input_rounding;
+  /* Version 6. Attention backward: 1 if dQ is accumulated with atomic adds, so that its bits
+     may change from run to run (dK and dV must still repeat bit for bit); 0: every output
+     repeats. */
+  int32_t atomic_dq;
 } ulpgate_kernel;
 
 typedef struct {
-  uint32_t abi_version;       /* ULPGATE_PLUGIN_ABI_VERSION (1 to 4 are still accepted) */
+  uint32_t abi_version;       /* ULPGATE_PLUGIN_ABI_VERSION (1 to 5 are still accepted) */
   uint32_t kernel_count;
   const ulpgate_kernel* kernels;
 } ulpgate_plugin;

@@ -40,7 +40,7 @@ double scale_of(const Case& c, const char* op) {
 ulpgate_problem to_problem(const Case& c, const KernelIo* io) {
   ulpgate_problem p{};
   p.struct_size = sizeof(ulpgate_problem);
-  p.op = c.op == Op::Gemm ? ULPGATE_OP_GEMM : ULPGATE_OP_ATTENTION;
+  p.op = c.op == Op::Gemm ? ULPGATE_OP_GEMM : c.op == Op::Attention ? ULPGATE_OP_ATTENTION : ULPGATE_OP_ATTENTION_BACKWARD;
   auto in = [&](const char* op) -> const void* {
     if (!io) return nullptr;
     auto it = io->in.find(op);
@@ -74,10 +74,22 @@ ulpgate_problem to_problem(const Case& c, const KernelIo* io) {
     t.kv_lengths = nullptr;  // set by the caller, which owns the array
     t.type_q = abi_format(c, "Q"), t.type_k = abi_format(c, "K"), t.type_v = abi_format(c, "V");
     t.type_o = abi_format(c, "O"), t.type_compute = abi_format(c, "compute");
-    t.q = in("Q"), t.k = in("K"), t.v = in("V"), t.o = io ? out("O") : nullptr;
+    t.q = in("Q"), t.k = in("K"), t.v = in("V");
     p.kv_heads = s.eff_kv_heads();
-    p.want_lse = c.types.count("LSE") ? 1 : 0;
-    p.lse = p.want_lse && io ? out("LSE") : nullptr;
+    if (c.op == Op::AttentionBackward) {
+      // O and LSE are the forward's, inputs here (the ABI's o and lse are not const).
+      t.o = const_cast<void*>(in("O"));
+      p.lse = const_cast<void*>(in("LSE"));
+      auto& g = p.backward;
+      g.type_do = abi_format(c, "dO"), g.type_dq = abi_format(c, "dQ"), g.type_dk = abi_format(c, "dK");
+      g.type_dv = abi_format(c, "dV");
+      g.d_o = in("dO");
+      if (io) g.dq = out("dQ"), g.dk = out("dK"), g.dv = out("dV");
+    } else {
+      t.o = io ? out("O") : nullptr;
+      p.want_lse = c.types.count("LSE") ? 1 : 0;
+      p.lse = p.want_lse && io ? out("LSE") : nullptr;
+    }
   }
   p.stream = io ? io->stream : nullptr;
   return p;
@@ -99,12 +111,22 @@ struct KernelV4 {
   int32_t writes_lse;
 };
 static_assert(offsetof(ulpgate_kernel, accumulator_bits) == offsetof(KernelV4, writes_lse) + sizeof(int32_t));
+// Version 5 ends before atomic_dq (in the padding of a version-5 list: never read).
+static_assert(offsetof(ulpgate_kernel, atomic_dq) == offsetof(ulpgate_kernel, input_rounding) + sizeof(int32_t));
+static_assert(sizeof(ulpgate_kernel) == (offsetof(ulpgate_kernel, atomic_dq) + alignof(ulpgate_kernel) - 1) /
+                                            alignof(ulpgate_kernel) * alignof(ulpgate_kernel),
+              "a version-5 kernel list must keep its stride");
 
 // Kernel i of a plugin, read with the descriptor its version has (the fields it lacks 0:
 // nothing declared). A version-3 kernel is asked about every case with the log-sum-exp (its
 // supports() decides); versions 1 and 2 have no way to write it.
 ulpgate_kernel kernel_at(const ulpgate_plugin& p, uint32_t i) {
-  if (p.abi_version >= 5) return p.kernels[i];
+  if (p.abi_version >= 6) return p.kernels[i];
+  if (p.abi_version == 5) {
+    ulpgate_kernel k = p.kernels[i];  // the same stride (atomic_dq sits in its padding)
+    k.atomic_dq = 0;
+    return k;
+  }
   ulpgate_kernel out{};
   const KernelBeforeV4& k = p.abi_version == 4 ? reinterpret_cast<const KernelV4*>(p.kernels)[i].head
                                                : reinterpret_cast<const KernelBeforeV4*>(p.kernels)[i];
@@ -143,6 +165,7 @@ class PluginKernel final : public Kernel {
     t.accumulator_bits = k_.accumulator_bits;
     t.promote = k_.promote;
     t.p_bits = k_.p_bits;
+    t.atomic_dq = k_.atomic_dq != 0;
     if (k_.input_rounding == ULPGATE_INPUTS_TRUNCATE) t.input_rounding = Rounding::TowardZero;
     if (k_.input_rounding == ULPGATE_INPUTS_TIES_TO_EVEN) t.input_rounding = Rounding::NearestEven;
     return t;
@@ -184,10 +207,14 @@ class PluginKernel final : public Kernel {
   // A case the plugin's ABI version cannot describe (version 1 has no kv_heads, and its
   // kernels would read K and V as having `heads` heads), or an output the kernel does not write.
   std::optional<std::string> beyond_abi(const Case& c) const {
+    if (c.op == Op::AttentionBackward && abi_ < 6)
+      return fmt::format("built against plugin ABI version {}, which has no attention backward op; rebuild it against "
+                         "version {}", abi_, ULPGATE_PLUGIN_ABI_VERSION);
     if (abi_ < 2 && c.op == Op::Attention && c.attention.eff_kv_heads() != c.attention.heads)
       return fmt::format("built against plugin ABI version {}, which cannot describe grouped-query attention "
                          "(kv_heads {} of {} heads); rebuild it against version {}",
                          abi_, c.attention.eff_kv_heads(), c.attention.heads, ULPGATE_PLUGIN_ABI_VERSION);
+    if (c.op != Op::Attention) return std::nullopt;  // backward: LSE is an input
     if (abi_ < 3 && c.types.count("LSE"))
       return fmt::format("built against plugin ABI version {}, which has no log-sum-exp output; rebuild it against version {}",
                          abi_, ULPGATE_PLUGIN_ABI_VERSION);
@@ -196,7 +223,7 @@ class PluginKernel final : public Kernel {
     return std::nullopt;
   }
   static std::vector<std::int64_t> kv_lengths(const Case& c) {
-    if (c.op != Op::Attention) return {};
+    if (!is_attention(c.op)) return {};
     if (!c.attention.kv_lengths.empty()) return c.attention.kv_lengths;
     return std::vector<std::int64_t>(c.attention.batch, c.attention.seq_kv);
   }

@@ -126,7 +126,7 @@ TEST(Plugin, AbiVersion1IsNeverHandedGroupedQueryCases) {
     Case gqa = fp32_attention(kv_heads, k->name());
     EXPECT_EQ(k->unsupported(gqa),
               fmt::format("built against plugin ABI version 1, which cannot describe grouped-query attention "
-                          "(kv_heads {} of 4 heads); rebuild it against version 5",
+                          "(kv_heads {} of 4 heads); rebuild it against version 6",
                           kv_heads));
     const RunOutcome r = run_kernel(*k, gqa, fill_inputs(gqa));
     EXPECT_EQ(r.status, Disposition::NotSupported);
@@ -137,12 +137,43 @@ TEST(Plugin, AbiVersion1IsNeverHandedGroupedQueryCases) {
 TEST(Plugin, UnknownAbiVersionIsAnInputError) {
   Registry reg;
   try {
-    load_plugin(ATTENTION_PLUGIN_V6, reg);
-    FAIL() << "a version-6 plugin loaded";
+    load_plugin(ATTENTION_PLUGIN_V7, reg);
+    FAIL() << "a version-7 plugin loaded";
   } catch (const InputError& e) {
-    EXPECT_EQ(std::string(e.what()), fmt::format("--plugin {}: ABI version 6, this ulpgate speaks 1 to 5", ATTENTION_PLUGIN_V6));
+    EXPECT_EQ(std::string(e.what()), fmt::format("--plugin {}: ABI version 7, this ulpgate speaks 1 to 6", ATTENTION_PLUGIN_V7));
   }
-  EXPECT_EQ(reg.find("test.attention_v6"), nullptr);
+  EXPECT_EQ(reg.find("test.attention_v7"), nullptr);
+}
+
+// ABI version 6 hands over attention backward cases: the plugin's backward passes its
+// campaign (declaring atomic dQ), its no-D twin fails it, and a version-5 plugin is never
+// handed a backward case.
+TEST(Plugin, AbiVersion6RunsAttentionBackward) {
+  Registry reg;
+  load_plugin(ATTENTION_PLUGIN_V6, reg);
+  load_plugin(ATTENTION_PLUGIN_V5, reg);
+  Kernel* bwd = reg.find("test.attention_bwd_v6");
+  ASSERT_NE(bwd, nullptr);
+  EXPECT_TRUE(bwd->traits().atomic_dq);
+  EXPECT_EQ(bwd->traits().p_bits, 24);
+  EXPECT_FALSE(reg.find("test.attention_v5")->traits().atomic_dq);
+  Case c = op_module(Op::AttentionBackward).basic_case("fp32");
+  c.kernel = "test.attention_v5";
+  EXPECT_EQ(reg.find("test.attention_v5")->unsupported(c),
+            "built against plugin ABI version 5, which has no attention backward op; rebuild it against version 6");
+  for (const char* name : {"test.attention_bwd_v6", "test.attention_bwd_v6_no_d"}) {
+    FuzzOptions o;
+    o.targets = {{name, "fp32", Op::AttentionBackward}};
+    o.cases = 8, o.seed = 5, o.max_k = 128, o.sizes = SizeSchedule::Small;
+    const RunRecord r = run_fuzz(reg, o);
+    int failed = 0, ok = 0;
+    for (const CaseResult& cr : r.cases) failed += !cr.verdict.passed, ok += cr.status == Disposition::Ok;
+    EXPECT_GT(ok, 0) << name;
+    if (std::string(name) == "test.attention_bwd_v6")
+      EXPECT_EQ(failed, 0) << name;
+    else
+      EXPECT_GT(failed, 0) << name;
+  }
 }
 
 // ABI version 3 hands over the log-sum-exp output: the plugin writes it where a case asks
@@ -159,7 +190,7 @@ TEST(Plugin, AbiVersion3WritesTheLogSumExp) {
   c.types["LSE"] = Format::FP32;
   EXPECT_EQ(v3->unsupported(c), std::nullopt);
   EXPECT_EQ(v2->unsupported(c),
-            "built against plugin ABI version 2, which has no log-sum-exp output; rebuild it against version 5");
+            "built against plugin ABI version 2, which has no log-sum-exp output; rebuild it against version 6");
   const CaseResult r = check_case(*v3, c, EvaluationOptions{});
   EXPECT_TRUE(r.verdict.passed) << fmt::format("{}", fmt::join(r.verdict.reasons, "; "));
   ASSERT_EQ(r.metrics.size(), 2u);

@@ -11,7 +11,10 @@
 //                           before kv_heads existed, reads K/V head h
 //   ATTENTION_PLUGIN_ABI=5  "test.attention_v5": writes the LSE, declares the arithmetic of
 //                           cpu.attn_naive (P in FP32: p_bits 24)
-//   ATTENTION_PLUGIN_ABI=6  "test.attention_v6": a version this ulpgate does not know
+//   ATTENTION_PLUGIN_ABI=6  "test.attention_v6" as version 5; "test.attention_bwd_v6": the
+//                           backward (the arithmetic of cpu.attn_bwd_naive), declaring p_bits
+//                           24 and atomic_dq; "test.attention_bwd_v6_no_d": dS without D
+//   ATTENTION_PLUGIN_ABI=7  "test.attention_v7": a version this ulpgate does not know
 // Versions 1 to 4 lay their kernel list out as plugin.h did then (1 to 3: no writes_lse; 4:
 // no declared arithmetic). Written
 // against include/ulpgate/plugin.h only.
@@ -97,6 +100,83 @@ int run_attention(const ulpgate_problem* p, bool write_lse, bool drop_last_key) 
 
 int run(const ulpgate_problem* p, char*, size_t) { return run_attention(p, true, false); }
 
+#if ATTENTION_PLUGIN_ABI >= 6
+int supports_backward(const ulpgate_problem* p, char* why, size_t why_size) {
+  if (p->struct_size < sizeof(ulpgate_problem) || p->op != ULPGATE_OP_ATTENTION_BACKWARD) {
+    std::snprintf(why, why_size, "attention backward only");
+    return 0;
+  }
+  const ulpgate_attention_problem& a = p->attention;
+  const ulpgate_attention_backward_problem& g = p->backward;
+  for (int32_t t : {a.type_q, a.type_k, a.type_v, a.type_o, a.type_compute, g.type_do, g.type_dq, g.type_dk, g.type_dv})
+    if (t != ULPGATE_FP32) {
+      std::snprintf(why, why_size, "FP32 operands only");
+      return 0;
+    }
+  return 1;
+}
+
+// FP32 throughout, one query row at a time: P from the stored LSE, D from the stored O.
+int run_backward(const ulpgate_problem* p, bool with_d) {
+  const ulpgate_attention_problem& a = p->attention;
+  const ulpgate_attention_backward_problem& g = p->backward;
+  const int64_t kvh = p->kv_heads, hd = a.head_dim, dv = a.head_dim_v;
+  const auto* Q = static_cast<const float*>(a.q);
+  const auto* K = static_cast<const float*>(a.k);
+  const auto* V = static_cast<const float*>(a.v);
+  const auto* O = static_cast<const float*>(a.o);
+  const auto* L = static_cast<const float*>(p->lse);
+  const auto* dO = static_cast<const float*>(g.d_o);
+  auto* dQ = static_cast<float*>(g.dq);
+  auto* dK = static_cast<float*>(g.dk);
+  auto* dV = static_cast<float*>(g.dv);
+  const float scale = static_cast<float>(a.softmax_scale);
+  std::vector<float> dk(static_cast<size_t>(a.batch * kvh * a.seq_kv * hd), 0.0f);
+  std::vector<float> dvv(static_cast<size_t>(a.batch * kvh * a.seq_kv * dv), 0.0f);
+  for (int64_t b = 0; b < a.batch; ++b)
+    for (int64_t h = 0; h < a.heads; ++h)
+      for (int64_t i = 0; i < a.seq_q; ++i) {
+        const int64_t hk = h / (a.heads / kvh);
+        int64_t visible = a.kv_lengths[b];
+        if (a.causal) visible = visible < i + a.seq_kv - a.seq_q + 1 ? visible : i + a.seq_kv - a.seq_q + 1;
+        float d_sum = 0.0f;
+        for (int64_t d = 0; d < dv; ++d)
+          d_sum = std::fma(dO[at(a, a.heads, a.seq_q, dv, b, h, i, d)], O[at(a, a.heads, a.seq_q, dv, b, h, i, d)], d_sum);
+        std::vector<float> dq(static_cast<size_t>(hd), 0.0f);
+        for (int64_t j = 0; j < visible; ++j) {
+          float s = 0.0f, dp = 0.0f;
+          for (int64_t d = 0; d < hd; ++d)
+            s = std::fma(Q[at(a, a.heads, a.seq_q, hd, b, h, i, d)], K[at(a, kvh, a.seq_kv, hd, b, hk, j, d)], s);
+          const float pr = std::exp(scale * s - L[(b * a.heads + h) * a.seq_q + i]);
+          for (int64_t d = 0; d < dv; ++d) {
+            const float o = dO[at(a, a.heads, a.seq_q, dv, b, h, i, d)];
+            float& acc = dvv[static_cast<size_t>(((b * kvh + hk) * a.seq_kv + j) * dv + d)];
+            acc = std::fma(pr, o, acc);
+            dp = std::fma(o, V[at(a, kvh, a.seq_kv, dv, b, hk, j, d)], dp);
+          }
+          const float ds = with_d ? pr * (dp - d_sum) : pr * dp;
+          for (int64_t d = 0; d < hd; ++d) {
+            float& acc = dk[static_cast<size_t>(((b * kvh + hk) * a.seq_kv + j) * hd + d)];
+            acc = std::fma(ds, Q[at(a, a.heads, a.seq_q, hd, b, h, i, d)], acc);
+            dq[static_cast<size_t>(d)] = std::fma(ds, K[at(a, kvh, a.seq_kv, hd, b, hk, j, d)], dq[static_cast<size_t>(d)]);
+          }
+        }
+        for (int64_t d = 0; d < hd; ++d) dQ[at(a, a.heads, a.seq_q, hd, b, h, i, d)] = scale * dq[static_cast<size_t>(d)];
+      }
+  for (int64_t b = 0; b < a.batch; ++b)
+    for (int64_t hk = 0; hk < kvh; ++hk)
+      for (int64_t j = 0; j < a.seq_kv; ++j) {
+        for (int64_t d = 0; d < hd; ++d)
+          dK[at(a, kvh, a.seq_kv, hd, b, hk, j, d)] = scale * dk[static_cast<size_t>(((b * kvh + hk) * a.seq_kv + j) * hd + d)];
+        for (int64_t d = 0; d < dv; ++d)
+          dV[at(a, kvh, a.seq_kv, dv, b, hk, j, d)] = dvv[static_cast<size_t>(((b * kvh + hk) * a.seq_kv + j) * dv + d)];
+      }
+  return 0;
+}
+int run_bwd(const ulpgate_problem* p, char*, size_t) { return run_backward(p, true); }
+int run_bwd_no_d(const ulpgate_problem* p, char*, size_t) { return run_backward(p, false); }
+#endif
+
 // The kernel descriptor of plugin.h versions 1 to 3, and of version 4.
 struct KernelBeforeV4 {
   const char* name;
@@ -120,8 +200,19 @@ ulpgate_kernel declared() {
   k.supports = supports, k.run = run, k.writes_lse = 1, k.p_bits = 24;
   return k;
 }
+#if ATTENTION_PLUGIN_ABI >= 6
+ulpgate_kernel backward(const char* name, int (*fn)(const ulpgate_problem*, char*, size_t)) {
+  ulpgate_kernel k{};
+  k.name = name, k.description = "FP32 attention backward (as cpu.attn_bwd_naive)", k.memory = ULPGATE_HOST_MEMORY;
+  k.deterministic = 1, k.supports = supports_backward, k.run = fn, k.p_bits = 24, k.atomic_dq = 1;
+  return k;
+}
+const ulpgate_kernel kKernels[] = {declared(), backward("test.attention_bwd_v6", run_bwd),
+                                   backward("test.attention_bwd_v6_no_d", run_bwd_no_d)};
+#else
 const ulpgate_kernel kKernels[] = {declared()};
-const ulpgate_plugin kPlugin = {ATTENTION_PLUGIN_ABI, 1, kKernels};
+#endif
+const ulpgate_plugin kPlugin = {ATTENTION_PLUGIN_ABI, sizeof kKernels / sizeof kKernels[0], kKernels};
 #elif ATTENTION_PLUGIN_ABI == 4
 int run_no_lse(const ulpgate_problem* p, char*, size_t) { return run_attention(p, false, false); }
 int run_wrong_o(const ulpgate_problem* p, char*, size_t) { return run_attention(p, false, true); }
