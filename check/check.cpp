@@ -308,7 +308,16 @@ CaseResult check_case(Kernel& k, const Case& c, const EvaluationOptions& options
 }
 
 CaseResult check_given_outputs(const Case& c, const std::map<std::string, Tensor>& outputs, const std::string& kernel,
-                               const KernelTraits& declared) {
+                               const KernelTraits& declared, const std::map<std::string, Tensor>& forward) {
+  const std::vector<std::string> derived = c.derived_inputs();
+  for (const auto& [op, t] : forward) {
+    if (std::find(derived.begin(), derived.end(), op) == derived.end())
+      throw InputError(fmt::format("forward output {} given, but {} cases derive {}", op, name(c.op),
+                                   derived.empty() ? std::string("none") : fmt::format("{}", fmt::join(derived, ", "))));
+    if (t.format() != c.types.at(op) || static_cast<std::int64_t>(t.size()) != operand_elements(c, op))
+      throw InputError(fmt::format("forward output {}: {} {} elements given, the case needs {} {}", op, t.size(),
+                                   name(t.format()), operand_elements(c, op), name(c.types.at(op))));
+  }
   const std::vector<std::string> names = outputs_of(c);
   for (const std::string& op : names) {
     const auto it = outputs.find(op);
@@ -321,7 +330,8 @@ CaseResult check_given_outputs(const Case& c, const std::map<std::string, Tensor
   if (outputs.size() != names.size()) throw InputError(fmt::format("values given for outputs other than {}", fmt::join(names, ", ")));
   GivenOutputs k(kernel, outputs, declared);
   Case filled = c;  // as check_case: filling may add derived fields (amax scales, kv_lengths)
-  const Inputs inputs = case_inputs(filled);
+  Inputs inputs = case_inputs(filled);
+  for (const auto& [op, t] : forward) inputs.insert_or_assign(op, t);
   EvaluationOptions options;
   options.relations = false;
   return to_case_result(k, filled, evaluate_with_inputs(k, filled, inputs, options), case_family(c));

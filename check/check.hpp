@@ -72,8 +72,11 @@ Evaluation evaluate_with_inputs(Kernel& k, const Case& c, const Inputs& inputs, 
 /// when an output is missing or of another format or size.
 /// `declared`: the arithmetic the outputs' kernel is known to have (e.g. p_bits for an
 /// attention that rounds P, as FlashAttention does), for the tolerance model; default: none.
+/// `forward`: attention backward, the forward's outputs (O, and LSE where known) the
+/// backward was computed from, in place of the derived ones (the exact forward rounded
+/// once); the check measures how far they are from the exact forward and allows for it.
 CaseResult check_given_outputs(const Case& c, const std::map<std::string, Tensor>& outputs, const std::string& kernel,
-                               const KernelTraits& declared = {});
+                               const KernelTraits& declared = {}, const std::map<std::string, Tensor>& forward = {});
 
 /// The run-record entry of an evaluation (reproducer left empty for the caller to set);
 /// a relation that failed is named in notes["relation"]. A passing case's metrics carry no

@@ -5,6 +5,7 @@
 #include "kernels/emulated/gemm_models.hpp"
 
 #if ULPGATE_HAVE_CUDA
+#include "kernels/attention/attention_backward.hpp"
 #include "kernels/attention/cuda_attention.hpp"
 #include "kernels/gemm/ladder.hpp"
 #include "kernels/gemm/library.hpp"
@@ -22,6 +23,7 @@ Registry builtin_registry() {
     for (auto& k : make_library_kernels()) r.add(std::move(k));
     for (auto& k : make_ladder_kernels()) r.add(std::move(k));
     for (auto& k : make_attention_kernels()) r.add(std::move(k));
+    for (auto& k : make_attention_backward_kernels()) r.add(std::move(k));
   }
 #endif
   return r;

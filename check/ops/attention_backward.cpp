@@ -58,15 +58,23 @@ double scale_of(const Case& c) {
 // FP32 sums dV = P^T dO, dQ = scale dS K and dK = scale dS^T Q, in any order.
 class BackwardBound {
  public:
-  BackwardBound(const Case& c, const Inputs& in, const ToleranceModel& tol)
-      : c_(c), a_(c.attention), in_(in), tol_(tol),
+  /// forward: the exact forward of the case's Q, K, V, against which the stored O and LSE
+  /// (whatever gave them) are measured.
+  BackwardBound(const Case& c, const Inputs& in, const ToleranceModel& tol, const AttentionReference& forward)
+      : c_(c), a_(c.attention), in_(in), tol_(tol), forward_(forward),
         u_(std::ldexp(1.0, 1 - tol.accumulator_bits)),
         u_p_(tol.p_bits > 0 && tol.p_bits < 24 ? std::ldexp(1.0, 1 - tol.p_bits) : 0.0),
         eta_p_(tol.p_bits > 0 && tol.p_bits < 24 ? rounding_eta(tol.p_bits) : 0.0),
-        eta_(tol.accumulator_eta), sigma_(scale_of(c)) {}
+        eta_(tol.accumulator_eta), sigma_(scale_of(c)),
+        ds_max_(tol.p_bits > 0 && tol.p_bits < 24 && tol.p_bits == info(Format::FP16).precision()
+                    ? info(Format::FP16).max_finite() : INFINITY) {}
 
   struct Allowed {
     std::vector<double> dq, dk, dv;
+    /// Per dQ and dK element, 1 where some dS term may pass the largest finite value of the
+    /// format dS is rounded to (FP16: 65504): the admitted arithmetic then gives Inf or NaN
+    /// there, so the comparison takes any (OutputComparison::accumulated +Inf).
+    std::vector<char> dq_overflow, dk_overflow;
   };
 
   Allowed compute() const {
@@ -75,6 +83,8 @@ class BackwardBound {
     out.dq.assign(static_cast<std::size_t>(a_.batch * a_.heads * a_.seq_q * hd), 0.0);
     out.dk.assign(static_cast<std::size_t>(a_.batch * hk_n * a_.seq_kv * hd), 0.0);
     out.dv.assign(static_cast<std::size_t>(a_.batch * hk_n * a_.seq_kv * dv), 0.0);
+    out.dq_overflow.assign(out.dq.size(), 0);
+    out.dk_overflow.assign(out.dk.size(), 0);
     std::vector<double> dk_abs(out.dk.size(), 0.0), dv_abs(out.dv.size(), 0.0);
     std::vector<std::int64_t> terms(static_cast<std::size_t>(a_.batch * hk_n * a_.seq_kv), 0);
     for (std::int64_t b = 0; b < a_.batch; ++b)
@@ -105,25 +115,42 @@ class BackwardBound {
     return in_.at(op).value(attention_view(c_, op).offset(b, h, s, d));
   }
 
+  // An upper bound of |x - exact| (x finite): from the exact value's double-double, whose
+  // error is below 2^-104 of it.
+  static double distance(double x, const RefValue& exact) {
+    const DoubleDouble e = exact.double_double();
+    const double gap = std::fabs((x - e.hi) - e.lo);
+    return gap * (1 + 0x1p-50) + std::ldexp(std::fabs(e.hi), -100) + 0x1p-1074;
+  }
+
   // One query row: its dQ bound, and its terms of dK's and dV's (accumulated over rows).
   void row(std::int64_t b, std::int64_t h, std::int64_t i, Allowed& out, std::vector<double>& dk_abs,
            std::vector<double>& dv_abs, std::vector<std::int64_t>& terms) const {
     const std::int64_t hd = a_.head_dim, dv = a_.eff_head_dim_v(), hk = a_.kv_head(h);
     const std::int64_t n_i = attention_visible_count(c_, b, i);
     if (n_i == 0) return;  // no key: every gradient term of the row is exactly 0
-    const Format fo = c_.types.at("O");
-    const double u_o = std::ldexp(1.0, -info(fo).precision()), eta_o = info(fo).min_subnormal() / 2;
     std::vector<double> q(hd), dout(dv);
-    double dsum = 0, dsum_abs = 0, rho = 0;  // D from the stored O; rho bounds |D(stored O) - D(exact O)|
+    // D from the stored O; rho bounds |D(stored O) - D(exact O)|: the stored O's distance from
+    // the exact one, measured (a double-double's error, 2^-100 of it, and more, added).
+    double dsum = 0, dsum_abs = 0, rho = 0;
     for (std::int64_t d = 0; d < hd; ++d) q[d] = in("Q", b, h, i, d);
     for (std::int64_t d = 0; d < dv; ++d) {
       dout[d] = in("dO", b, h, i, d);
       const double o = in("O", b, h, i, d);
       dsum += dout[d] * o, dsum_abs += std::fabs(dout[d] * o);
-      rho += std::fabs(dout[d]) * (u_o * std::fabs(o) + eta_o);
+      rho += std::fabs(dout[d]) * distance(o, forward_.at(b, h, i, d));
     }
     const double lse = in_.at("LSE").value((b * a_.heads + h) * a_.seq_q + i);
-    const double lambda = std::ldexp(std::fabs(lse), -24) + 0x1p-149;  // the stored LSE's rounding
+    const double lambda = distance(lse, forward_.lse[static_cast<std::size_t>(forward_.row(b, h, i))]);
+    if (!std::isfinite(lse) || !std::isfinite(lambda)) {  // a row with keys given a non-finite LSE: no bound
+      for (std::int64_t d = 0; d < hd; ++d) out.dq[((b * a_.heads + h) * a_.seq_q + i) * hd + d] = INFINITY;
+      for (std::int64_t j = 0; j < n_i; ++j) {
+        const std::int64_t kj = (b * a_.eff_kv_heads() + hk) * a_.seq_kv + j;
+        for (std::int64_t d = 0; d < hd; ++d) out.dk[kj * hd + d] = INFINITY;
+        for (std::int64_t d = 0; d < dv; ++d) out.dv[kj * dv + d] = INFINITY;
+      }
+      return;
+    }
     const double e_d = tol_.gamma(dv) * dsum_abs + rho + static_cast<double>(dv) * eta_;
     const double s = std::fabs(sigma_);
     std::vector<double> dq_err(hd, 0.0), dq_abs(hd, 0.0);
@@ -151,11 +178,16 @@ class BackwardBound {
       const double ds_up32 = (p_up + e_p) * g_up * (1 + u_);
       const double e_ds = e_ds32 + u_p_ * ds_up32 + eta_p_;
       const double ds_up = ds_up32 * (1 + u_p_) + eta_p_;
+      const bool ds_overflows = ds_up32 >= ds_max_;
       const std::int64_t kj = (b * a_.eff_kv_heads() + hk) * a_.seq_kv + j;
       ++terms[static_cast<std::size_t>(kj)];
       for (std::int64_t d = 0; d < hd; ++d) {
         const double kd = std::fabs(in("K", b, hk, j, d));
         dq_err[d] += e_ds * kd, dq_abs[d] += ds_up * kd;
+        if (ds_overflows) {
+          out.dq_overflow[((b * a_.heads + h) * a_.seq_q + i) * hd + d] = 1;
+          out.dk_overflow[kj * hd + d] = 1;
+        }
         out.dk[kj * hd + d] += e_ds * std::fabs(q[d]);
         dk_abs[kj * hd + d] += ds_up * std::fabs(q[d]);
       }
@@ -173,8 +205,27 @@ class BackwardBound {
   const AttentionShape& a_;
   const Inputs& in_;
   const ToleranceModel& tol_;
+  const AttentionReference& forward_;
   const double u_, u_p_, eta_p_, eta_, sigma_;
+  const double ds_max_;  ///< the largest finite value of dS's 16-bit format (FP16 only; else +inf)
 };
+
+// The exact forward of a backward case's Q, K, V (checked finite, with dO).
+AttentionReference forward_reference(const Case& c, const Inputs& inputs) {
+  const Case f = forward_case(c);
+  Inputs qkv;
+  for (const char* op : {"Q", "K", "V", "dO"}) {
+    const Tensor& t = inputs.at(op);
+    const AttentionView v = attention_view(c, op);
+    for (std::int64_t e = 0; e < v.elements(); ++e)
+      if (!std::isfinite(t.value(static_cast<std::size_t>(e))))
+        throw InputError(fmt::format("attention backward: input {} holds {} (element {}); the gradients of a backward case "
+                                     "need finite inputs (case.dist.{}: {})", op, t.value(static_cast<std::size_t>(e)), e, op,
+                                     c.dist.count(op) ? c.dist.at(op) : std::string("default")));
+    if (op[0] != 'd') qkv.emplace(op, t);
+  }
+  return attention_reference(f, qkv);
+}
 
 class AttentionBackwardModule final : public OpModule {
  public:
@@ -283,11 +334,13 @@ class AttentionBackwardModule final : public OpModule {
   std::vector<OutputComparison> compare(const Case& c, const Inputs& inputs, const std::map<std::string, Tensor>& outputs,
                                         const ToleranceModel& tol) const override {
     const AttentionGradients ref = attention_backward_reference(c, inputs);
-    const BackwardBound::Allowed allowed = BackwardBound(c, inputs, tol).compute();
+    const AttentionReference forward = forward_reference(c, inputs);
+    const BackwardBound::Allowed allowed = BackwardBound(c, inputs, tol, forward).compute();
     const AttentionShape& a = c.attention;
     std::vector<OutputComparison> out;
     const auto add = [&](const char* name, std::vector<std::int64_t> shape, const std::vector<RefValue>& exact,
-                         const std::vector<double>& magnitude, const std::vector<double>& bound) {
+                         const std::vector<double>& magnitude, const std::vector<double>& bound,
+                         const std::vector<char>& overflow) {
       OutputComparison cmp;
       cmp.format = c.types.at(name);
       cmp.shape = std::move(shape);
@@ -297,15 +350,20 @@ class AttentionBackwardModule final : public OpModule {
       cmp.condition = magnitude;
       cmp.allowed = bound;
       cmp.accumulator_max = info(Format::FP32).max_finite();
+      if (std::find(overflow.begin(), overflow.end(), 1) != overflow.end()) {
+        cmp.accumulated = magnitude;
+        for (std::size_t e = 0; e < overflow.size(); ++e)
+          if (overflow[e]) cmp.accumulated[e] = INFINITY;
+      }
       cmp.tolerance_note = fmt::format("accumulator {} bits{}, n = {} keys, {} queries", tol.accumulator_bits,
                                        tol.p_bits > 0 && tol.p_bits < 24 ? fmt::format(", P and dS {} bits", tol.p_bits) : "",
                                        a.seq_kv, a.seq_q);
       out.push_back(std::move(cmp));
     };
     const std::int64_t hk = a.eff_kv_heads();
-    add("dQ", {a.batch, a.heads, a.seq_q, a.head_dim}, ref.dq, ref.dq_magnitude, allowed.dq);
-    add("dK", {a.batch, hk, a.seq_kv, a.head_dim}, ref.dk, ref.dk_magnitude, allowed.dk);
-    add("dV", {a.batch, hk, a.seq_kv, a.eff_head_dim_v()}, ref.dv, ref.dv_magnitude, allowed.dv);
+    add("dQ", {a.batch, a.heads, a.seq_q, a.head_dim}, ref.dq, ref.dq_magnitude, allowed.dq, allowed.dq_overflow);
+    add("dK", {a.batch, hk, a.seq_kv, a.head_dim}, ref.dk, ref.dk_magnitude, allowed.dk, allowed.dk_overflow);
+    add("dV", {a.batch, hk, a.seq_kv, a.eff_head_dim_v()}, ref.dv, ref.dv_magnitude, allowed.dv, {});
     return out;
   }
 
@@ -443,19 +501,7 @@ Case forward_case(const Case& backward) {
 }
 
 void add_forward_outputs(const Case& c, Inputs& inputs) {
-  const Case f = forward_case(c);
-  Inputs qkv;
-  for (const char* op : {"Q", "K", "V", "dO"}) {
-    const Tensor& t = inputs.at(op);
-    const AttentionView v = attention_view(c, op);
-    for (std::int64_t e = 0; e < v.elements(); ++e)
-      if (!std::isfinite(t.value(static_cast<std::size_t>(e))))
-        throw InputError(fmt::format("attention backward: input {} holds {} (element {}); the gradients of a backward case "
-                                     "need finite inputs (case.dist.{}: {})", op, t.value(static_cast<std::size_t>(e)), e, op,
-                                     c.dist.count(op) ? c.dist.at(op) : std::string("default")));
-    if (op[0] != 'd') qkv.emplace(op, t);
-  }
-  const AttentionReference ref = attention_reference(f, qkv);
+  const AttentionReference ref = forward_reference(c, inputs);
   const AttentionShape& a = c.attention;
   const Format fo = c.types.at("O");
   const AttentionView ov = attention_view(c, "O");

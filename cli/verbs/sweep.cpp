@@ -219,8 +219,9 @@ void print_gemm_fit(const SweepOutcome& s) {
 
 // One series' table, its failed points and its fit; returns how many points failed.
 std::int64_t print_series(const Series& series, const SweepOutcome& s, const SweepArgs& a, const SweepPlan& p) {
+  const std::string measured = a.output.empty() ? a.metric : a.output + " " + a.metric;
   std::printf("\n  %s  %s  %s  (%s)\n  %8s  %16s  %14s\n", series.kernel->name().c_str(), series.dtype.c_str(),
-              series.dist.c_str(), a.metric.c_str(), p.vary.parameter.c_str(), a.metric.c_str(), "effective bits");
+              series.dist.c_str(), measured.c_str(), p.vary.parameter.c_str(), a.metric.c_str(), "effective bits");
   for (std::size_t i = 0; i < s.series.x.size(); ++i)
     std::printf("  %8.0f  %16.4g  %14.2f\n", s.series.x[i], s.series.y[i], s.effective_bits_per_point[i]);
   std::int64_t failed_points = 0;

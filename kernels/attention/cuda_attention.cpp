@@ -10,31 +10,14 @@
 #if ULPGATE_HAVE_CUDNN
 #include "kernels/attention/cudnn_sdpa.hpp"
 #endif
+#include "kernels/attention/case_operands.hpp"
 #include "kernels/cuda_check.hpp"
 #include "kernels/device.hpp"
 
 namespace ulpgate {
 namespace {
 
-attn::FormatCode code(Format f) {
-  switch (f) {
-    case Format::TF32: return attn::kTf32;
-    case Format::FP16: return attn::kFp16;
-    case Format::BF16: return attn::kBf16;
-    case Format::E4M3: return attn::kE4m3;
-    case Format::E5M2: return attn::kE5m2;
-    default: return attn::kFp32;
-  }
-}
-
-attn::Operand operand(const Case& c, const std::string& name) {
-  const AttentionView v = attention_view(c, name);
-  attn::Operand o;
-  o.format = code(c.types.at(name));
-  o.batch = v.batch, o.heads = v.heads, o.seq = v.seq, o.dim = v.dim;
-  o.bshd = v.layout == AttentionLayout::BSHD;
-  return o;
-}
+using attn::operand;
 
 enum class Variant { Naive, NaiveNoMax, Online, OnlineNoRescale, FlashFp16, FlashBf16, FlashNoRescale, CudnnFp16, CudnnBf16 };
 

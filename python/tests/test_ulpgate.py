@@ -280,3 +280,27 @@ def test_the_readme_walkthrough_runs_as_written(tmp_path, monkeypatch, capsys):
     said = [line.split("# ", 1)[1].split(";")[0] for line in code.splitlines() if line.startswith("print(")]
     assert printed == said
     assert (tmp_path / "check.json").exists() and (tmp_path / "pyfuzz" / "report.md").exists()
+
+
+def numpy_attention_backward(x, case, with_d=True):
+    """dQ, dK, dV of plain attention in float64 from Q, K, V, dO and the stored O, rounded once."""
+    t = case.types
+    q, k, v, do, o = (values(x[n], t[n]) for n in ("Q", "K", "V", "dO", "O"))
+    scale = 1 / np.sqrt(q.shape[-1])
+    s = q @ np.swapaxes(k, -1, -2) * scale
+    p = np.exp(s - s.max(axis=-1, keepdims=True))
+    p /= p.sum(axis=-1, keepdims=True)
+    dp = do @ np.swapaxes(v, -1, -2)
+    ds = p * (dp - (do * o).sum(axis=-1, keepdims=True)) if with_d else p * dp
+    return {"dQ": ulpgate.encode(ds @ k * scale, t["dQ"]),
+            "dK": ulpgate.encode(np.swapaxes(ds, -1, -2) @ q * scale, t["dK"]),
+            "dV": ulpgate.encode(np.swapaxes(p, -1, -2) @ do, t["dV"])}
+
+
+def test_fuzz_attention_backward():
+    f = ulpgate.fuzz(numpy_attention_backward, op="attention_backward", dtype="bf16", cases=6, seed=4, max_k=64)
+    assert f.checked and not f.failures, f.summary()
+    assert f.results[0].case.outputs == ["dQ", "dK", "dV"]
+    g = ulpgate.fuzz(lambda x, c: numpy_attention_backward(x, c, with_d=False), op="attention_backward", dtype="bf16",
+                     cases=6, seed=4, max_k=64, metamorphic=False)
+    assert g.failures, g.summary()

@@ -158,6 +158,34 @@ TEST(AttentionBackwardOp, NegligibleGradientsAreDecided) {
   EXPECT_TRUE(r.verdict.passed) << reasons(r);
 }
 
+// FP16 dS overflows where |dS| passes 65504 (V and dO of a thousand): FlashAttention-2's
+// arithmetic then gives Inf or NaN in dQ and dK, which the default rule admits there, and
+// only there; the FP32 model stays finite and is judged by its values.
+TEST(AttentionBackwardOp, Fp16DsOverflowIsAdmittedWhereItCanHappen) {
+  Case c = backward_case("fp16", 8, 64, 64);
+  c.dist = {{"V", "normal(0,1000)"}, {"dO", "normal(0,1000)"}};
+  AttentionBackwardModel flash;
+  flash.block = 64, flash.p_format = Format::FP16;
+  auto k = make_emulated_attention_backward(flash);
+  const CaseResult r = check(*k, c);
+  EXPECT_TRUE(r.verdict.passed) << reasons(r);
+  Case filled = c;
+  filled.kernel = k->name();
+  const RunOutcome run = run_kernel(*k, filled, case_inputs(filled));
+  std::int64_t nonfinite = 0;
+  for (const char* g : {"dQ", "dK"})
+    for (std::size_t e = 0; e < run.outputs.at(g).size(); ++e) nonfinite += !std::isfinite(run.outputs.at(g).value(e));
+  EXPECT_GT(nonfinite, 0) << "the case should overflow dS in FP16";
+  auto naive = make_emulated_attention_backward(AttentionBackwardModel{});
+  EXPECT_TRUE(check(*naive, c).verdict.passed);
+  // The same Inf where dS stays small is a failure: dQ of a case of unit inputs.
+  Case small = backward_case("fp16", 8, 64, 64);
+  Planted inf("inf_dq", nullptr, [](const Case&, std::map<std::string, Tensor>& out) {
+    out.at("dQ").set_value(0, INFINITY);
+  });
+  EXPECT_TRUE(failed_check(check(inf, small), "dQ:unexpected_inf")) << reasons(check(inf, small));
+}
+
 TEST(AttentionBackwardOp, PlantedBugsFail) {
   const auto scale_output = [](const char* op, double by) {
     return [op, by](const Case&, std::map<std::string, Tensor>& out) {

@@ -77,7 +77,7 @@ def main():
     common = ["--backend", "numpy", "--quick", "--ulpgate", ulpgate, "--jobs", "2"]
     test_helpers()
 
-    for name in ("matmul", "sdpa", "triton"):
+    for name in ("matmul", "sdpa", "sdpa_backward", "triton"):
         rc = run([py, EXAMPLES / f"check_{name}.py", *common, "--out", out / name])
         assert rc == 0, f"check_{name}.py exited {rc}"
         doc, md = report(out / name, name)
@@ -102,6 +102,11 @@ def main():
     assert outcomes[("FLASH_ATTENTION", True)] == {"not supported"}, outcomes
     assert all(o == {"pass"} for (b, padded), o in outcomes.items() if not (b == "FLASH_ATTENTION" and padded))
     assert "growth (max)" in md and "## Not supported" in md
+
+    # The backward: every gradient of the float64 stand-in passes, flash refuses padding.
+    doc, md = report(out / "sdpa_backward", "sdpa_backward")
+    assert {r["outcome"] for r in doc["records"] if not (r["sdpa"] == "FLASH_ATTENTION" and r["padded"])} == {"pass"}
+    assert "dK max err/c" in md
 
     # P rounded to BF16 before P V: judged by `ulpgate check` as P in FP32 (--p-bits 24) it fails
     # at seq_kv 128 on normal inputs (README), and the script says so and exits 1; declared
