@@ -56,8 +56,12 @@ class Planted : public Kernel {
     }
     inner_->run(c, mine, notes);
     if (outputs_) outputs_(c, out);
+    if (with_inputs_) with_inputs_(c, in, out);
     for (const auto& [op, p] : io.out) std::memcpy(p, out.at(op).data(), out.at(op).size_bytes());
   }
+
+  /// An edit of the outputs that reads the inputs too.
+  std::function<void(const Case&, const std::map<std::string, Tensor>&, std::map<std::string, Tensor>&)> with_inputs_;
 
  private:
   std::string name_;
@@ -230,6 +234,26 @@ TEST(AttentionBackwardOp, PlantedBugsFail) {
     EXPECT_FALSE(r.verdict.passed) << k->name();
     EXPECT_TRUE(failed_check(r, token)) << k->name() << ": " << reasons(r);
   }
+}
+
+// cuDNN's padded-tile bug class: a kernel that computes exp(s) exp(-LSE) gets Inf, then NaN,
+// where a row's LSE is below -88.7 (exp(88.7) passes FP32's range). Ordinary inputs never
+// reach it; the low_lse relation does.
+TEST(AttentionBackwardOp, LowLseRelationFindsOverflowingExponentials) {
+  Planted overflow("exp_of_minus_lse", nullptr, nullptr);
+  overflow.with_inputs_ = [](const Case& c, const std::map<std::string, Tensor>& in, std::map<std::string, Tensor>& out) {
+    const AttentionShape& a = c.attention;
+    for (std::int64_t b = 0; b < a.batch; ++b)
+      for (std::int64_t h = 0; h < a.heads; ++h)
+        for (std::int64_t i = 0; i < a.seq_q; ++i) {
+          const double lse = in.at("LSE").value(static_cast<std::size_t>((b * a.heads + h) * a.seq_q + i));
+          if (std::isfinite(lse) && !std::isfinite(static_cast<float>(std::exp(-lse))))
+            for (std::int64_t d = 0; d < a.head_dim; ++d) out.at("dQ").set_value(attention_view(c, "dQ").offset(b, h, i, d), NAN);
+        }
+  };
+  const CaseResult r = check(overflow, backward_case("bf16", 8, 48, 32));
+  EXPECT_TRUE(failed_check(r, "relation:low_lse")) << reasons(r);
+  EXPECT_EQ(r.verdict.reasons.size(), 1u) << reasons(r);  // the first run, on ordinary inputs, passed
 }
 
 // dK and dV must repeat bit for bit always; dQ unless the kernel declares atomic dQ.
