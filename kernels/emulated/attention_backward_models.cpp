@@ -11,6 +11,7 @@
 #include "core/error.hpp"
 #include "core/parallel.hpp"
 #include "core/tensor.hpp"
+#include "kernels/emulated/model_name.hpp"
 
 namespace ulpgate {
 namespace {
@@ -173,40 +174,29 @@ std::string AttentionBackwardModel::name() const {
 }
 
 std::optional<AttentionBackwardModel> AttentionBackwardModel::parse(const std::string& text) {
-  const auto colon = text.find(':');
-  const std::string base = text.substr(0, colon);
+  const std::string base = model_name::base(text);
   AttentionBackwardModel m;
   if (base == "cpu.attn_bwd_flash") m.block = 64, m.p_format = Format::FP16;
   else if (base != "cpu.attn_bwd_naive") return std::nullopt;
   const bool flash = m.block != 0;
-  std::string params = colon == std::string::npos ? "" : text.substr(colon + 1);
-  while (!params.empty()) {
-    const auto comma = params.find(',');
-    const std::string kv = params.substr(0, comma);
-    params = comma == std::string::npos ? "" : params.substr(comma + 1);
-    const auto eq = kv.find('=');
-    const std::string key = kv.substr(0, eq), value = eq == std::string::npos ? "" : kv.substr(eq + 1);
-    if (key == "block" && flash) {
-      char* end = nullptr;
-      const long v = std::strtol(value.c_str(), &end, 10);
-      if (value.empty() || *end || v < 1 || v > 4096)
-        throw InputError(fmt::format("kernel '{}': block must be an integer in [1, 4096], got '{}'", text, value));
-      m.block = static_cast<int>(v);
-    } else if (key == "p" && flash) {
-      const auto f = parse_format(value);
+  for (const model_name::Param& p : model_name::params(text)) {
+    if (p.key == "block" && flash) {
+      m.block = model_name::integer(text, p, 1, 4096);
+    } else if (p.key == "p" && flash) {
+      const auto f = parse_format(p.value);
       if (!f || (*f != Format::FP16 && *f != Format::BF16))
-        throw InputError(fmt::format("kernel '{}': p must be fp16 or bf16, got '{}'", text, value));
+        throw InputError(fmt::format("kernel '{}': p must be fp16 or bf16, got '{}'", text, p.value));
       m.p_format = *f;
-    } else if (eq == std::string::npos && key == "exp2") {
+    } else if (p.flag && p.key == "exp2") {
       m.exp2 = true;
-    } else if (eq == std::string::npos && key == "ftz") {
+    } else if (p.flag && p.key == "ftz") {
       m.ftz = true;
-    } else if (eq == std::string::npos && key == "group_round") {
+    } else if (p.flag && p.key == "group_round") {
       m.group_round = true;
-    } else if (eq == std::string::npos && key == "no_d") {
+    } else if (p.flag && p.key == "no_d") {
       m.no_d = true;
     } else {
-      throw InputError(fmt::format("kernel '{}': unknown parameter '{}'", text, kv));
+      throw InputError(fmt::format("kernel '{}': unknown parameter '{}'", text, p.text));
     }
   }
   return m;

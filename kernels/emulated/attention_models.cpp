@@ -11,6 +11,7 @@
 #include "core/error.hpp"
 #include "core/parallel.hpp"
 #include "core/tensor.hpp"
+#include "kernels/emulated/model_name.hpp"
 
 namespace ulpgate {
 namespace {
@@ -150,40 +151,29 @@ std::string AttentionModel::name() const {
 }
 
 std::optional<AttentionModel> AttentionModel::parse(const std::string& text) {
-  const auto colon = text.find(':');
-  const std::string base = text.substr(0, colon);
+  const std::string base = model_name::base(text);
   AttentionModel m;
   if (base == "cpu.attn_naive") m.variant = Variant::Naive;
   else if (base == "cpu.attn_online") m.variant = Variant::Online;
   else if (base == "cpu.attn_flash") m.variant = Variant::Flash;
   else return std::nullopt;
-  std::string params = colon == std::string::npos ? "" : text.substr(colon + 1);
-  while (!params.empty()) {
-    const auto comma = params.find(',');
-    const std::string kv = params.substr(0, comma);
-    params = comma == std::string::npos ? "" : params.substr(comma + 1);
-    const auto eq = kv.find('=');
-    const std::string key = kv.substr(0, eq), value = eq == std::string::npos ? "" : kv.substr(eq + 1);
-    const bool blocked = m.variant != Variant::Naive;
-    if (key == "block" && blocked) {
-      char* end = nullptr;
-      const long v = std::strtol(value.c_str(), &end, 10);
-      if (value.empty() || *end || v < 1 || v > 4096)
-        throw InputError(fmt::format("kernel '{}': block must be an integer in [1, 4096], got '{}'", text, value));
-      m.block = static_cast<int>(v);
-    } else if (key == "p" && m.variant == Variant::Flash) {
-      const auto f = parse_format(value);
+  const bool blocked = m.variant != Variant::Naive;
+  for (const model_name::Param& p : model_name::params(text)) {
+    if (p.key == "block" && blocked) {
+      m.block = model_name::integer(text, p, 1, 4096);
+    } else if (p.key == "p" && m.variant == Variant::Flash) {
+      const auto f = parse_format(p.value);
       if (!f || (*f != Format::FP16 && *f != Format::BF16))
-        throw InputError(fmt::format("kernel '{}': p must be fp16 or bf16, got '{}'", text, value));
+        throw InputError(fmt::format("kernel '{}': p must be fp16 or bf16, got '{}'", text, p.value));
       m.p_format = *f;
-    } else if (key == "exp2" && blocked && value.empty() && kv == "exp2") {
+    } else if (p.key == "exp2" && blocked && p.flag) {
       m.exp2 = true;
-    } else if (key == "ftz" && value.empty() && kv == "ftz") {
+    } else if (p.key == "ftz" && p.flag) {
       m.ftz = true;
-    } else if (key == "rescale" && blocked && (value == "on" || value == "off")) {
-      m.rescale = value == "on";
+    } else if (p.key == "rescale" && blocked && (p.value == "on" || p.value == "off")) {
+      m.rescale = p.value == "on";
     } else {
-      throw InputError(fmt::format("kernel '{}': unknown parameter '{}'", text, kv));
+      throw InputError(fmt::format("kernel '{}': unknown parameter '{}'", text, p.text));
     }
   }
   return m;

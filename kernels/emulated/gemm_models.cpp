@@ -10,6 +10,7 @@
 #include "core/error.hpp"
 #include "core/parallel.hpp"
 #include "core/tensor.hpp"
+#include "kernels/emulated/model_name.hpp"
 
 namespace ulpgate {
 namespace {
@@ -213,8 +214,7 @@ std::string AccumulationModel::name() const {
 }
 
 std::optional<AccumulationModel> AccumulationModel::parse(const std::string& text) {
-  const auto colon = text.find(':');
-  const std::string base = text.substr(0, colon);
+  const std::string base = model_name::base(text);
   AccumulationModel m;
   if (base == "cpu.fp32_seq") {
     m.order = Order::SequentialFma;
@@ -227,20 +227,10 @@ std::optional<AccumulationModel> AccumulationModel::parse(const std::string& tex
   } else {
     return std::nullopt;
   }
-  std::string params = colon == std::string::npos ? "" : text.substr(colon + 1);
-  while (!params.empty()) {
-    const auto comma = params.find(',');
-    const std::string kv = params.substr(0, comma);
-    params = comma == std::string::npos ? "" : params.substr(comma + 1);
-    const auto eq = kv.find('=');
-    const std::string key = kv.substr(0, eq), value = eq == std::string::npos ? "" : kv.substr(eq + 1);
-    auto integer = [&](int lo, int hi) {
-      char* end = nullptr;
-      const long v = std::strtol(value.c_str(), &end, 10);
-      if (value.empty() || *end || v < lo || v > hi)
-        throw InputError(fmt::format("kernel '{}': {} must be an integer in [{}, {}], got '{}'", text, key, lo, hi, value));
-      return static_cast<int>(v);
-    };
+  for (const model_name::Param& p : model_name::params(text)) {
+    const std::string& key = p.key;
+    const std::string& value = p.value;
+    auto integer = [&](int lo, int hi) { return model_name::integer(text, p, lo, hi); };
     if (key == "round") {
       const auto r = parse_rounding(value);
       if (!r) throw InputError(fmt::format("kernel '{}': round must be rne, rna, rz, ru or rd, got '{}'", text, value));
