@@ -43,13 +43,7 @@ std::vector<std::int64_t> logical_offsets(const Case& c, const std::string& oper
                                         : v.offset(b, r, col));
     return at;
   }
-  const AttentionView v = attention_view(c, operand);
-  at.reserve(static_cast<std::size_t>(v.elements()));
-  for (std::int64_t b = 0; b < v.batch; ++b)
-    for (std::int64_t h = 0; h < v.heads; ++h)
-      for (std::int64_t s = 0; s < v.seq; ++s)
-        for (std::int64_t d = 0; d < v.dim; ++d) at.push_back(v.offset(b, h, s, d));
-  return at;
+  return attention_view(c, operand).logical_offsets();
 }
 
 Values logical_values(const Case& c, const std::map<std::string, Tensor>& buffers) {

@@ -246,6 +246,16 @@ AttentionView attention_view(const Case& c, std::string_view operand) {
   return v;
 }
 
+std::vector<std::int64_t> AttentionView::logical_offsets() const {
+  std::vector<std::int64_t> at;
+  at.reserve(static_cast<std::size_t>(elements()));
+  for (std::int64_t b = 0; b < batch; ++b)
+    for (std::int64_t h = 0; h < heads; ++h)
+      for (std::int64_t s = 0; s < seq; ++s)
+        for (std::int64_t d = 0; d < dim; ++d) at.push_back(offset(b, h, s, d));
+  return at;
+}
+
 std::int64_t operand_elements(const Case& c, std::string_view operand) {
   return c.op == Op::Gemm ? gemm_view(c, operand).elements() : attention_view(c, operand).elements();
 }

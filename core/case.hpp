@@ -6,6 +6,7 @@
 // docs/concepts/cases.md ("Memory interpretation").
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <map>
 #include <optional>
@@ -75,6 +76,8 @@ struct AttentionShape {
   std::optional<double> softmax_scale;   ///< nullopt: 1/sqrt(head_dim)
   std::vector<std::int64_t> kv_lengths;  ///< one per batch; empty: all seq_kv
   std::int64_t eff_head_dim_v() const { return head_dim_v ? head_dim_v : head_dim; }
+  /// The softmax scale: softmax_scale where given, else 1/sqrt(head_dim) (as a double).
+  double scale() const { return softmax_scale.value_or(1.0 / std::sqrt(static_cast<double>(head_dim))); }
   std::int64_t eff_kv_heads() const { return kv_heads ? kv_heads : heads; }
   /// The K/V head query head h reads.
   std::int64_t kv_head(std::int64_t h) const { return h / (heads / eff_kv_heads()); }
@@ -155,6 +158,8 @@ struct AttentionView {
     return layout == AttentionLayout::BHSD ? ((b * heads + h) * seq + s) * dim + d
                                            : ((b * seq + s) * heads + h) * dim + d;
   }
+  /// offset() of every element in logical (b, h, s, d) order.
+  std::vector<std::int64_t> logical_offsets() const;
 };
 /// The view of attention operand "Q", "K", "V", "O", "LSE", "dO", "dQ", "dK" or "dV"
 /// (backward cases only for the last four); throws InputError otherwise.

@@ -402,7 +402,7 @@ void fill_gendot(Case& c, const DistSpec& spec, std::map<std::string, Tensor>& o
 void fill_attention_qk(Case& c, const DistSpec& spec, std::map<std::string, Tensor>& out) {
   auto& a = c.attention;
   const double d = static_cast<double>(a.head_dim);
-  const double scale = a.softmax_scale ? *a.softmax_scale : 1.0 / std::sqrt(d);
+  const double scale = a.scale();
   if (scale == 0.0) fail("Q", fmt::format("{} needs a nonzero softmax_scale", spec.family));
   const double sigma = std::sqrt(spec["std"] / (std::fabs(scale) * std::sqrt(d)));
   Sampler normal;

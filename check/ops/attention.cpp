@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <numeric>
 
 #include <fmt/format.h>
 
@@ -90,9 +89,6 @@ namespace {
 // scores are then not finite, which the reference rejects (the case would test nothing).
 const std::vector<std::string> kExcludedFamilies = {"specials", "near_overflow", "gendot"};
 
-double scale_of(const Case& c) {
-  return c.attention.softmax_scale.value_or(1.0 / std::sqrt(static_cast<double>(c.attention.head_dim)));
-}
 
 /// Per query row: the visible keys, and S = max_j |scale| sum_d |q_id k_jd| over them.
 struct RowFacts {
@@ -105,7 +101,7 @@ RowFacts row_facts(const Case& c, const Inputs& in, std::int64_t b, std::int64_t
   const AttentionView qv = attention_view(c, "Q"), kv = attention_view(c, "K");
   const Tensor &q = in.at("Q"), &k = in.at("K");
   RowFacts f;
-  const double sigma = std::fabs(scale_of(c));
+  const double sigma = std::fabs(c.attention.scale());
   const std::int64_t hk = a.kv_head(h);
   for (std::int64_t j = 0; j < a.seq_kv; ++j) {
     if (!attention_visible(c, b, i, j)) continue;
@@ -236,7 +232,7 @@ class RowBound {
       for (std::int64_t j : f.keys) vmax = std::max(vmax, std::fabs(v_.value(vv_.offset(b, a_.kv_head(h), j, d))));
       o.allowed[e] = rel * o.condition[e] + static_cast<double>(nk) * (eta_p_ + eta) * vmax + 4 * eta;
       // The scores (before and after the scale) are what can overflow the accumulator.
-      o.accumulated[e] = std::max(f.s, f.s / std::max(std::fabs(scale_of(c_)), 0x1p-1000));
+      o.accumulated[e] = std::max(f.s, f.s / std::max(std::fabs(c_.attention.scale()), 0x1p-1000));
       if (poisoned(ref, b, h, i)) o.accumulated[e] = INFINITY;
     }
     if (lse) lse_row(ref, b, h, i, f, eps, o, *lse);
@@ -469,20 +465,7 @@ class AttentionModule final : public OpModule {
   }
 
   std::vector<std::int64_t> output_offsets(const Case& c, const std::string& output) const override {
-    const AttentionShape& a = c.attention;
-    if (output == "LSE") {  // packed [batch][heads][seq_q]: logical order is storage order
-      std::vector<std::int64_t> at(static_cast<std::size_t>(a.batch * a.heads * a.seq_q));
-      std::iota(at.begin(), at.end(), std::int64_t{0});
-      return at;
-    }
-    const AttentionView ov = attention_view(c, "O");
-    std::vector<std::int64_t> at;
-    at.reserve(static_cast<std::size_t>(ov.elements()));
-    for (std::int64_t b = 0; b < a.batch; ++b)
-      for (std::int64_t h = 0; h < a.heads; ++h)
-        for (std::int64_t i = 0; i < a.seq_q; ++i)
-          for (std::int64_t d = 0; d < a.eff_head_dim_v(); ++d) at.push_back(ov.offset(b, h, i, d));
-    return at;
+    return attention_view(c, output).logical_offsets();  // LSE: packed [batch][heads][seq_q]
   }
 
   std::vector<RelationFailure> relations(const RelationContext& ctx, const Case& c, const Inputs& inputs,
@@ -775,7 +758,7 @@ class AttentionModule final : public OpModule {
     const AttentionView qv = attention_view(c, "Q"), kv = attention_view(c, "K");
     Tensor& k = in.at("K");
     const Tensor& q = in.at("Q");
-    const double sigma = std::fabs(scale_of(c));
+    const double sigma = std::fabs(c.attention.scale());
     const std::int64_t group = a.heads / a.eff_kv_heads();  // query heads h with kv_head(h) == hk
     bool any = false;
     for (std::int64_t b = 0; b < a.batch; ++b)

@@ -47,10 +47,6 @@ double rounding_eta(int p_bits) {
   return std::ldexp(1.0, info(Format::FP32).emin() + 1 - p_bits);
 }
 
-double scale_of(const Case& c) {
-  return c.attention.softmax_scale.value_or(1.0 / std::sqrt(static_cast<double>(c.attention.head_dim)));
-}
-
 // The per-element bound of the admitted fused backward (docs/concepts/precision.md,
 // "Attention backward"): for every visible (query, key) pair, the error of the recomputed
 // P (scores, the stored LSE, exp, the rounding to p_bits), of dP = dO . v_j, of D from the
@@ -61,11 +57,12 @@ class BackwardBound {
   /// forward: the exact forward of the case's Q, K, V, against which the stored O and LSE
   /// (whatever gave them) are measured.
   BackwardBound(const Case& c, const Inputs& in, const ToleranceModel& tol, const AttentionReference& forward)
-      : c_(c), a_(c.attention), in_(in), tol_(tol), forward_(forward),
+      : c_(c), a_(c.attention), in_(in), tol_(tol), forward_(forward), q_(in, c, "Q"), k_(in, c, "K"), v_(in, c, "V"),
+        o_(in, c, "O"), do_(in, c, "dO"),
         u_(std::ldexp(1.0, 1 - tol.accumulator_bits)),
         u_p_(tol.p_bits > 0 && tol.p_bits < 24 ? std::ldexp(1.0, 1 - tol.p_bits) : 0.0),
         eta_p_(tol.p_bits > 0 && tol.p_bits < 24 ? rounding_eta(tol.p_bits) : 0.0),
-        eta_(tol.accumulator_eta), sigma_(scale_of(c)),
+        eta_(tol.accumulator_eta), sigma_(c.attention.scale()),
         ds_max_(tol.p_bits > 0 && tol.p_bits < 24 && tol.p_bits == info(Format::FP16).precision()
                     ? info(Format::FP16).max_finite() : INFINITY) {}
 
@@ -111,9 +108,13 @@ class BackwardBound {
   }
 
  private:
-  double in(const char* op, std::int64_t b, std::int64_t h, std::int64_t s, std::int64_t d) const {
-    return in_.at(op).value(attention_view(c_, op).offset(b, h, s, d));
-  }
+  // An input and its view, looked up once (the bound reads them per visible (query, key)).
+  struct Operand {
+    Operand(const Inputs& in, const Case& c, const char* name) : t(in.at(name)), v(attention_view(c, name)) {}
+    double at(std::int64_t b, std::int64_t h, std::int64_t s, std::int64_t d) const { return t.value(v.offset(b, h, s, d)); }
+    const Tensor& t;
+    AttentionView v;
+  };
 
   // An upper bound of |x - exact| (x finite): from the exact value's double-double, whose
   // error is below 2^-104 of it.
@@ -133,10 +134,10 @@ class BackwardBound {
     // D from the stored O; rho bounds |D(stored O) - D(exact O)|: the stored O's distance from
     // the exact one, measured (a double-double's error, 2^-100 of it, and more, added).
     double dsum = 0, dsum_abs = 0, rho = 0;
-    for (std::int64_t d = 0; d < hd; ++d) q[d] = in("Q", b, h, i, d);
+    for (std::int64_t d = 0; d < hd; ++d) q[d] = q_.at(b, h, i, d);
     for (std::int64_t d = 0; d < dv; ++d) {
-      dout[d] = in("dO", b, h, i, d);
-      const double o = in("O", b, h, i, d);
+      dout[d] = do_.at(b, h, i, d);
+      const double o = o_.at(b, h, i, d);
       dsum += dout[d] * o, dsum_abs += std::fabs(dout[d] * o);
       rho += std::fabs(dout[d]) * distance(o, forward_.at(b, h, i, d));
     }
@@ -157,11 +158,11 @@ class BackwardBound {
     for (std::int64_t j = 0; j < n_i; ++j) {
       double dot = 0, dot_abs = 0, dp = 0, dp_abs = 0;
       for (std::int64_t d = 0; d < hd; ++d) {
-        const double x = q[d] * in("K", b, hk, j, d);
+        const double x = q[d] * k_.at(b, hk, j, d);
         dot += x, dot_abs += std::fabs(x);
       }
       for (std::int64_t d = 0; d < dv; ++d) {
-        const double x = dout[d] * in("V", b, hk, j, d);
+        const double x = dout[d] * v_.at(b, hk, j, d);
         dp += x, dp_abs += std::fabs(x);
       }
       const double big = s * dot_abs;  // |score| bound
@@ -182,7 +183,7 @@ class BackwardBound {
       const std::int64_t kj = (b * a_.eff_kv_heads() + hk) * a_.seq_kv + j;
       ++terms[static_cast<std::size_t>(kj)];
       for (std::int64_t d = 0; d < hd; ++d) {
-        const double kd = std::fabs(in("K", b, hk, j, d));
+        const double kd = std::fabs(k_.at(b, hk, j, d));
         dq_err[d] += e_ds * kd, dq_abs[d] += ds_up * kd;
         if (ds_overflows) {
           out.dq_overflow[((b * a_.heads + h) * a_.seq_q + i) * hd + d] = 1;
@@ -206,6 +207,7 @@ class BackwardBound {
   const Inputs& in_;
   const ToleranceModel& tol_;
   const AttentionReference& forward_;
+  const Operand q_, k_, v_, o_, do_;
   const double u_, u_p_, eta_p_, eta_, sigma_;
   const double ds_max_;  ///< the largest finite value of dS's 16-bit format (FP16 only; else +inf)
 };
@@ -287,7 +289,7 @@ class AttentionBackwardModule final : public OpModule {
         // Every score near -T (T 100 or 130): LSE below -88.7 on every row, where exp(-LSE)
         // overflows FP32 (cuDNN's NaN dQ with padded key tiles). Q about m, K about -m.
         const double t = *gen::pick(std::vector<double>{130, 100});
-        const double m = std::sqrt(t / (std::fabs(scale_of(c)) * static_cast<double>(a.head_dim)));
+        const double m = std::sqrt(t / (std::fabs(c.attention.scale()) * static_cast<double>(a.head_dim)));
         c.dist["Q"] = fmt::format("normal({:.6g},{:.6g})", m, m / 16);
         c.dist["K"] = fmt::format("normal({:.6g},{:.6g})", -m, m / 16);
       }
@@ -376,14 +378,7 @@ class AttentionBackwardModule final : public OpModule {
   }
 
   std::vector<std::int64_t> output_offsets(const Case& c, const std::string& output) const override {
-    const AttentionView v = attention_view(c, output);
-    std::vector<std::int64_t> at;
-    at.reserve(static_cast<std::size_t>(v.elements()));
-    for (std::int64_t b = 0; b < v.batch; ++b)
-      for (std::int64_t h = 0; h < v.heads; ++h)
-        for (std::int64_t s = 0; s < v.seq; ++s)
-          for (std::int64_t d = 0; d < v.dim; ++d) at.push_back(v.offset(b, h, s, d));
-    return at;
+    return attention_view(c, output).logical_offsets();
   }
 
   std::vector<RelationFailure> relations(const RelationContext& ctx, const Case& c, const Inputs& inputs,
@@ -453,7 +448,7 @@ class AttentionBackwardModule final : public OpModule {
     const AttentionView qv = attention_view(c, "Q"), kv = attention_view(c, "K");
     Tensor& k = in.at("K");
     const Tensor& q = in.at("Q");
-    const double sigma = scale_of(c);
+    const double sigma = c.attention.scale();
     const std::int64_t group = a.heads / a.eff_kv_heads();
     bool any = false;
     for (std::int64_t b = 0; b < a.batch; ++b)

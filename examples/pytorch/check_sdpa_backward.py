@@ -195,13 +195,7 @@ def main():
 
 def check(u, case_path, files, run_path):
     """`ulpgate check` of the gradients with the backend's own O given: a summary per output."""
-    args = ["check", case_path]
-    for g in GRADS:
-        args += ["--outputs", f"{g}={files[g]}"]
-    args += ["--forward", f"O={files['O']}", "--out", run_path]
-    u._run(args, ok=(0, 1))
-    import json
-    record = json.loads(Path(run_path).read_text())
+    record = u.check_record(case_path, {g: files[g] for g in GRADS}, run_path, forward={"O": files["O"]})
     res = uc.summarize_run(record, run_path, "dQ")
     for g in GRADS:
         m = uc.summarize_run(record, None, g)

@@ -261,13 +261,21 @@ class Ulpgate:
     def check(self, case_path, outputs, run_path, p_bits=0):
         """`ulpgate check CASE --outputs O=FILE... [--p-bits N] --out RUN`: a summary of the
         record. p_bits: the attention kernel rounds P to that many bits before P V."""
+        record = self.check_record(case_path, outputs, run_path, p_bits)
+        return summarize_run(record, run_path, next(iter(outputs)))
+
+    def check_record(self, case_path, outputs, run_path, p_bits=0, forward=None):
+        """The same, the whole record. forward: attention backward, the forward outputs
+        ({"O": FILE}, and LSE where known) the gradients were computed from."""
         args = ["check", case_path]
         for op, f in outputs.items():
             args += ["--outputs", f"{op}={f}"]
+        for op, f in (forward or {}).items():
+            args += ["--forward", f"{op}={f}"]
         if p_bits:
             args += ["--p-bits", str(p_bits)]
         self._run(args + ["--out", run_path], ok=(0, 1))
-        return summarize_run(json.loads(Path(run_path).read_text()), run_path, next(iter(outputs)))
+        return json.loads(Path(run_path).read_text())
 
 
 def summarize_run(record, run_path=None, output=None):

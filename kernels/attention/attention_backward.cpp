@@ -94,7 +94,7 @@ class CudaAttentionBackward final : public Kernel {
     const AttentionShape& a = c.attention;
     const auto stream = static_cast<cudaStream_t>(io.stream);
     attn::Shape s{a.batch, a.heads, a.seq_q, a.seq_kv, a.head_dim, a.eff_head_dim_v(), a.heads / a.eff_kv_heads(), a.causal,
-                  static_cast<float>(a.softmax_scale.value_or(1.0 / std::sqrt(static_cast<double>(a.head_dim)))), nullptr};
+                  static_cast<float>(a.scale()), nullptr};
     attn::BackwardOperands ops;
     ops.q = operand(c, "Q"), ops.k = operand(c, "K"), ops.v = operand(c, "V"), ops.o = operand(c, "O");
     ops.dout = operand(c, "dO"), ops.dq = operand(c, "dQ"), ops.dk = operand(c, "dK"), ops.dv = operand(c, "dV");

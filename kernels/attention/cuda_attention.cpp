@@ -117,7 +117,7 @@ class CudaAttention final : public Kernel {
     const AttentionShape& a = c.attention;
     const auto stream = static_cast<cudaStream_t>(io.stream);
     attn::Shape s{a.batch, a.heads, a.seq_q, a.seq_kv, a.head_dim, a.eff_head_dim_v(), a.heads / a.eff_kv_heads(), a.causal,
-            static_cast<float>(a.softmax_scale.value_or(1.0 / std::sqrt(static_cast<double>(a.head_dim)))), nullptr};
+            static_cast<float>(a.scale()), nullptr};
     attn::Operand q = operand(c, "Q"), k = operand(c, "K"), v = operand(c, "V"), o = operand(c, "O");
     q.p = io.in.at("Q"), k.p = io.in.at("K"), v.p = io.in.at("V"), o.out = io.out.at("O");
     if (io.out.count("LSE")) s.lse = static_cast<float*>(io.out.at("LSE"));

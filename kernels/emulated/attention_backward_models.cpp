@@ -77,7 +77,7 @@ struct HeadPass {
     const AttentionShape& a = c.attention;
     const std::int64_t hd = a.head_dim, dv = a.eff_head_dim_v(), nq = a.seq_q, nk = a.seq_kv;
     const std::int64_t group = a.heads / a.eff_kv_heads(), h0 = hk * group;
-    const double scale_exact = a.softmax_scale.value_or(1.0 / std::sqrt(static_cast<double>(hd)));
+    const double scale_exact = a.scale();
     const float scale = static_cast<float>(scale_exact), log2_scale = static_cast<float>(scale_exact * 1.4426950408889634);
     const auto* lse_in = static_cast<const float*>(io.in.at("LSE"));
     std::vector<float> k(nk * hd), v(nk * dv), q(group * nq * hd), dout(group * nq * dv), dsum(group * nq), lse(group * nq);

@@ -62,7 +62,7 @@ class EmulatedAttention final : public Kernel {
                         ov = attention_view(c, "O");
     const Format fq = c.types.at("Q"), fk = c.types.at("K"), fv = c.types.at("V"), fo = c.types.at("O");
     const std::int64_t hd = a.head_dim, dv = a.eff_head_dim_v();
-    const double scale_exact = a.softmax_scale.value_or(1.0 / std::sqrt(static_cast<double>(hd)));
+    const double scale_exact = a.scale();
     const float scale = static_cast<float>(scale_exact);
     const float log2_scale = static_cast<float>(scale_exact * 1.4426950408889634);
     float* lse = io.out.count("LSE") ? static_cast<float*>(io.out.at("LSE")) : nullptr;  // [batch][heads][seq_q]

@@ -70,7 +70,7 @@ ulpgate_problem to_problem(const Case& c, const KernelIo* io) {
     t.head_dim = s.head_dim, t.head_dim_v = s.eff_head_dim_v();
     t.layout = s.layout == AttentionLayout::BHSD ? ULPGATE_BHSD : ULPGATE_BSHD;
     t.causal = s.causal;
-    t.softmax_scale = s.softmax_scale ? *s.softmax_scale : 1.0 / std::sqrt(static_cast<double>(s.head_dim));
+    t.softmax_scale = s.scale();
     t.kv_lengths = nullptr;  // set by the caller, which owns the array
     t.type_q = abi_format(c, "Q"), t.type_k = abi_format(c, "K"), t.type_v = abi_format(c, "V");
     t.type_o = abi_format(c, "O"), t.type_compute = abi_format(c, "compute");
