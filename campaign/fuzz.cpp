@@ -24,9 +24,10 @@ rc::Shrinkable<Case> draw_case(const rc::Gen<Case>& gen, std::uint64_t target_se
 }
 
 GenLimits case_limits(const FuzzOptions& o, std::int64_t index) {
-  if (!large_case(o.sizes, index)) return GenLimits{o.max_k, o.gelu, false, -1, index % 5 == 1 || index % 5 == 3};
   const std::int64_t nth = o.sizes == SizeSchedule::Large ? index : index / 5;
-  return GenLimits{o.max_k, o.gelu, true, static_cast<int>(nth % 5)};
+  const bool large = large_case(o.sizes, index);
+  return GenLimits{.max_reduction = o.max_k, .gelu = o.gelu, .large = large, .large_kind = large ? static_cast<int>(nth % 5) : -1,
+                   .mapping = !large && (index % 5 == 1 || index % 5 == 3), .forward_kernel = o.forward_kernel};
 }
 
 Case campaign_case(const FuzzOptions& o, const FuzzTarget& t, const Kernel& k, std::int64_t index) {
@@ -75,6 +76,7 @@ CampaignDefinition campaign_definition(const FuzzOptions& o, const std::vector<F
   c.tolerance = o.evaluation.tolerance ? tolerance_to_json(*o.evaluation.tolerance).dump() : "nominal per case";
   if (o.evaluation.baseline)
     c.baseline_rule = fmt::format("{} x {}", o.evaluation.baseline->model, o.evaluation.baseline->factor);
+  c.forward_kernel = o.forward_kernel;
   return c;
 }
 
@@ -83,6 +85,7 @@ std::string fuzz_reproducer(const FuzzOptions& o, const FuzzTarget& t, std::int6
   cmd += fmt::format(" fuzz --kernel {} --dtype {} --seed {} --cases {} --max-k {} --sizes {} --time 0",
                      shell_word(t.kernel), t.dtype, o.seed, index + 1, o.max_k, name(o.sizes));
   if (!o.metamorphic) cmd += " --no-metamorphic";
+  if (!o.forward_kernel.empty()) cmd += " --forward-kernel " + shell_word(o.forward_kernel);
   if (o.isolation) cmd += fmt::format(" --timeout {}", o.isolation->timeout_seconds);
   else cmd += " --in-process";
   return cmd;
@@ -147,6 +150,8 @@ RunRecord merge_shards(const std::vector<std::pair<std::string, RunRecord>>& sha
 CaseResult replay_case(Registry& registry, Case c, const EvaluationOptions& options) {
   Kernel* k = registry.resolve(c.kernel);
   if (!k) throw InputError(fmt::format("case.kernel: '{}' is not a kernel here (see ulpgate list)", c.kernel));
+  if (!c.forward_kernel.empty() && !registry.resolve(c.forward_kernel))
+    throw InputError(fmt::format("case.forward_kernel: '{}' is not a kernel here (see ulpgate list)", c.forward_kernel));
   return check_case(*k, c, options, &registry);
 }
 

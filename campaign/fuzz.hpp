@@ -85,6 +85,9 @@ struct FuzzOptions {
   std::vector<std::string> plugins;
   EvaluationOptions evaluation;
   bool metamorphic = true;
+  /// Attention backward targets: the forward kernel whose outputs every case's backward
+  /// takes (Case::forward_kernel, a chained check); "": the exact forward rounded once.
+  std::string forward_kernel;
   /// Draw GELU epilogues too (their certified reference costs up to seconds per case).
   bool gelu = true;
   /// Kernel calls in a worker process with a timeout (crashes and hangs become results);

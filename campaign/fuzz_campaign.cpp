@@ -173,10 +173,13 @@ const FuzzCampaign::TargetRun& FuzzCampaign::target_run(std::size_t target_index
   tr.t = &targets_[target_index];
   tr.k = registry_.resolve(tr.t->kernel);
   if (!tr.k) throw InputError(fmt::format("--kernel '{}': no such kernel here (see ulpgate list)", tr.t->kernel));
-  for (bool mapping : {false, true})
-    tr.gens.push_back(op_module(tr.t->op).generate(tr.t->dtype, tr.k, GenLimits{o_.max_k, o_.gelu, false, -1, mapping}));
-  for (int kind = 0; kind < 5; ++kind)
-    tr.gens.push_back(op_module(tr.t->op).generate(tr.t->dtype, tr.k, GenLimits{o_.max_k, o_.gelu, true, kind}));
+  const auto gen = [&](bool large, int kind, bool mapping) {
+    const GenLimits l{.max_reduction = o_.max_k, .gelu = o_.gelu, .large = large, .large_kind = kind, .mapping = mapping,
+                      .forward_kernel = o_.forward_kernel};
+    tr.gens.push_back(op_module(tr.t->op).generate(tr.t->dtype, tr.k, l));
+  };
+  for (bool mapping : {false, true}) gen(false, -1, mapping);
+  for (int kind = 0; kind < 5; ++kind) gen(true, kind, false);
   tr.seed = target_seed(o_.seed, *tr.t);
   return runs_.emplace(target_index, std::move(tr)).first->second;
 }

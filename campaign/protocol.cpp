@@ -138,6 +138,10 @@ ParsedCheck parse_check(Registry& registry, const json& request) {
   // only once resolved.
   if (p.options.baseline && !registry.resolve(p.options.baseline->model))
     throw InputError(fmt::format("baseline model '{}' is not a kernel here", p.options.baseline->model));
+  // Likewise a chained check's forward kernel.
+  const std::string& forward = p.draw ? p.draw->limits.forward_kernel : p.c.forward_kernel;
+  if (!forward.empty() && !registry.resolve(forward))
+    throw InputError(fmt::format("forward kernel '{}' is not a kernel here (see ulpgate list)", forward));
   return p;
 }
 
@@ -235,12 +239,13 @@ EvaluationOptions options_from_json(const json& j) {
 json draw_to_json(const DrawSpec& d) {
   return {{"op", name(d.op)}, {"dtype", d.dtype}, {"target_seed", d.target_seed},
           {"index", d.index}, {"max_reduction", d.limits.max_reduction}, {"gelu", d.limits.gelu},
-          {"large", d.limits.large}, {"large_kind", d.limits.large_kind}, {"mapping", d.limits.mapping}};
+          {"large", d.limits.large}, {"large_kind", d.limits.large_kind}, {"mapping", d.limits.mapping},
+          {"forward_kernel", d.limits.forward_kernel}};
 }
 
 DrawSpec draw_from_json(const json& j) {
   const auto bad = [] { return InputError("worker request: draw must be {\"op\", \"dtype\", \"target_seed\", \"index\", "
-                                          "\"max_reduction\", \"gelu\", \"large\", \"large_kind\", \"mapping\"}"); };
+                                          "\"max_reduction\", \"gelu\", \"large\", \"large_kind\", \"mapping\", \"forward_kernel\"}"); };
   if (!j.is_object()) throw bad();
   DrawSpec d;
   try {
@@ -255,6 +260,7 @@ DrawSpec draw_from_json(const json& j) {
     d.limits.large = j.at("large").get<bool>();
     d.limits.large_kind = j.at("large_kind").get<int>();
     d.limits.mapping = j.at("mapping").get<bool>();
+    d.limits.forward_kernel = j.at("forward_kernel").get<std::string>();
   } catch (const json::exception&) {
     throw bad();
   }

@@ -550,7 +550,7 @@ json campaign_to_json(const CampaignDefinition& c) {
           {"metamorphic", c.metamorphic}, {"gelu", c.gelu},
           {"targets", c.targets}, {"plugins", plugins},
           {"ulpgate_version", c.ulpgate_version}, {"tolerance", c.tolerance},
-          {"baseline_rule", c.baseline_rule}};
+          {"baseline_rule", c.baseline_rule}, {"forward_kernel", c.forward_kernel}};
 }
 
 CampaignDefinition campaign_from_json(const json& j, const std::string& path) {
@@ -579,6 +579,7 @@ CampaignDefinition campaign_from_json(const json& j, const std::string& path) {
   c.ulpgate_version = r.string("ulpgate_version");
   c.tolerance = r.string("tolerance");
   c.baseline_rule = r.string("baseline_rule");
+  if (r.has("forward_kernel")) c.forward_kernel = r.string("forward_kernel");  // absent in earlier records: ""
   r.finish();
   return c;
 }
@@ -698,6 +699,7 @@ std::vector<std::string> campaign_differences(const CampaignDefinition& a, const
   differ("ulpgate version", a.ulpgate_version, b.ulpgate_version);
   differ("tolerance", a.tolerance, b.tolerance);
   differ("baseline rule", a.baseline_rule, b.baseline_rule);
+  differ("forward kernel", a.forward_kernel, b.forward_kernel);
   return d;
 }
 

@@ -63,6 +63,7 @@ struct CampaignDefinition {
   std::string ulpgate_version;
   std::string tolerance;                  ///< "nominal per case" or the fixed model as JSON
   std::string baseline_rule;              ///< "" or "MODEL x FACTOR"
+  std::string forward_kernel;             ///< attention backward's chained forward ("": exact)
   bool operator==(const CampaignDefinition&) const = default;
 };
 

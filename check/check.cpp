@@ -10,6 +10,7 @@
 #include "core/error.hpp"
 #include "core/profile.hpp"
 #include "distributions/fill.hpp"
+#include "check/ops/attention_backward.hpp"
 #include "kernels/emulated/gemm_models.hpp"
 #include "references/fp_env.hpp"
 
@@ -249,12 +250,53 @@ Evaluation evaluate_with_inputs(Kernel& k, const Case& c, const Inputs& inputs, 
   return ev;
 }
 
+namespace {
+
+// A chained check's forward (Case::forward_kernel): the named kernel runs on the backward
+// case's Q, K and V and is judged by the forward's own rule (no relations); where it ran, its
+// O and LSE replace the exact forward's in `inputs`.
+Evaluation chained_forward(const Case& c, Inputs& inputs, const Registry* registry) {
+  Kernel* f = registry ? registry->find(c.forward_kernel) : nullptr;
+  if (!f) throw InputError(fmt::format("forward kernel '{}' is not a kernel here (see `ulpgate list`)", c.forward_kernel));
+  const Case fc = forward_case(c);
+  Inputs qkv;
+  for (const std::string& op : fc.inputs()) qkv.insert_or_assign(op, inputs.at(op));
+  EvaluationOptions options;
+  options.relations = false;
+  Evaluation fwd = evaluate_with_inputs(*f, fc, qkv, options, registry);
+  if (fwd.run.status == Disposition::Ok)
+    for (const std::string& op : c.derived_inputs()) inputs.insert_or_assign(op, fwd.run.outputs.at(op));
+  return fwd;
+}
+
+}  // namespace
+
 Evaluation evaluate(Kernel& k, Case& c, const EvaluationOptions& options, const Registry* registry) {
-  const auto inputs = [&] {
+  Inputs inputs = [&] {
     const Phase phase("inputs");
     return case_inputs(c);
   }();
-  return evaluate_with_inputs(k, c, inputs, options, registry);
+  if (c.forward_kernel.empty()) return evaluate_with_inputs(k, c, inputs, options, registry);
+  const Evaluation fwd = chained_forward(c, inputs, registry);
+  if (fwd.run.status != Disposition::Ok) {
+    // The backward cannot run without the forward's outputs: declined or failed as the forward.
+    Evaluation ev;
+    ev.run.status = fwd.run.status;
+    ev.run.message = fmt::format("forward kernel {}: {}", c.forward_kernel, fwd.run.message);
+    ev.verdict.passed = fwd.run.status == Disposition::NotSupported;
+    if (!ev.verdict.passed) ev.verdict.fail("forward", ev.run.message);
+    ev.seconds = fwd.seconds;
+    return ev;
+  }
+  Evaluation ev = evaluate_with_inputs(k, c, inputs, options, registry);
+  std::vector<std::string> summary;
+  for (const ErrorMetrics& m : fwd.metrics)
+    summary.push_back(fmt::format("{} max {:.3g} of its bound, {} ULP", m.output, m.max_normalised, m.max_ulp_distance));
+  ev.run.notes["forward"] = fmt::format("{} ({}): {}", c.forward_kernel, fwd.verdict.passed ? "passed" : "failed",
+                                        fmt::join(summary, "; "));
+  for (const std::string& why : fwd.verdict.reasons) ev.verdict.fail("forward", fmt::format("forward kernel {}: {}", c.forward_kernel, why));
+  ev.seconds += fwd.seconds;
+  return ev;
 }
 
 CaseResult to_case_result(const Kernel& k, const Case& c, const Evaluation& ev, std::string family) {

@@ -382,6 +382,12 @@ void validate(const Case& c) {
     if (spec.empty()) fail("case.dist." + op, "empty distribution spec");
     if (const std::string problem = control_character_problem(spec); !problem.empty()) fail("case.dist." + op, problem);
   }
+  if (!c.forward_kernel.empty()) {
+    if (c.op != Op::AttentionBackward)
+      fail("case.forward_kernel", fmt::format("only attention_backward cases take a forward kernel, this one is {}", name(c.op)));
+    if (const std::string problem = control_character_problem(c.forward_kernel); !problem.empty())
+      fail("case.forward_kernel", problem);
+  }
 }
 
 json to_json(const Case& c) {
@@ -413,6 +419,7 @@ json to_json(const Case& c) {
   j["scales"] = c.scales;
   j["dist"] = c.dist;
   j["seed"] = c.seed;
+  if (!c.forward_kernel.empty()) j["forward_kernel"] = c.forward_kernel;
   return j;
 }
 
@@ -501,6 +508,10 @@ Case case_from_json(const json& j) {
     } else {
       fail("case.seed", "must be an unsigned 64-bit integer, got " + shown(*s));
     }
+  }
+  if (const json* f = r.find("forward_kernel")) {
+    if (!f->is_string()) fail("case.forward_kernel", "must be a kernel name string, got " + shown(*f));
+    c.forward_kernel = f->get<std::string>();
   }
   r.finish();
   validate(c);

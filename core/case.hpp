@@ -106,6 +106,10 @@ struct Case {
   std::map<std::string, double> scales;     ///< per-tensor scales of FP8 A, B, C, D (takes_scale)
   std::map<std::string, std::string> dist;  ///< input operand -> distribution spec
   std::uint64_t seed = 0;
+  /// Attention backward only: the forward kernel whose O and LSE the backward takes (a
+  /// chained forward + backward check: the forward is judged by its own rule, then its
+  /// outputs are the backward's inputs); "" takes the exact forward rounded once.
+  std::string forward_kernel;
   bool operator==(const Case&) const = default;
 
   /// The input operands that get generated data (A, B[, C][, bias]; Q, K, V; Q, K, V, dO).

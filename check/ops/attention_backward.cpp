@@ -245,6 +245,7 @@ class AttentionBackwardModule final : public OpModule {
       const std::string dtype = dtype_in.empty() ? *gen::pick(kBackwardDtypes) : dtype_in;
       Case c = dtype_attention_backward_case(dtype);
       if (k) c.kernel = k->name();
+      c.forward_kernel = limits.forward_kernel;
       auto keep_if_supported = [&](auto apply, auto revert) {
         apply();
         if (k && k->unsupported(c)) revert();

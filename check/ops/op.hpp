@@ -40,6 +40,9 @@ struct GenLimits {
   /// two or three batches of unequal kv_lengths, seq_q != seq_kv, LSE). Campaigns set it
   /// on some cases of every target (campaign/fuzz.cpp case_limits), so each seed has them.
   bool mapping = false;
+  /// Attention backward: the forward kernel each case names (Case::forward_kernel; "": the
+  /// exact forward rounded once).
+  std::string forward_kernel{};
 };
 
 /// The large regime's longest reduction (GEMM K, attention seq_kv).

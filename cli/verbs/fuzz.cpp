@@ -54,6 +54,7 @@ struct FuzzArgs {
   std::vector<std::string> plugins;  ///< for the worker
   std::uint64_t max_memory = 0;  ///< bytes a corpus case may need (--max-memory; 0: the default)
   std::string shard;             ///< "INDEX/COUNT" (--shard; "": the whole campaign)
+  std::string forward_kernel;    ///< attention backward's chained forward (--forward-kernel)
 };
 
 // Ctrl-C (SIGINT) or SIGTERM during a campaign: the worker's process group is killed
@@ -254,6 +255,14 @@ void choose_targets(Campaign& c, const FuzzArgs& a) {
                                    refused_basic_cases(*k, a.dtypes)));
   }
   if (o.targets.empty()) throw InputError("fuzz: no kernel here supports the requested --dtype");
+  if (!a.forward_kernel.empty()) {
+    Kernel* f = c.registry.resolve(a.forward_kernel);
+    if (!f) throw InputError(fmt::format("--forward-kernel '{}': no such kernel here (see ulpgate list)", a.forward_kernel));
+    if (std::none_of(o.targets.begin(), o.targets.end(), [](const FuzzTarget& t) { return t.op == Op::AttentionBackward; }))
+      throw InputError(fmt::format("--forward-kernel {}: no attention_backward target in this campaign (name a backward kernel "
+                                   "with --kernel)", a.forward_kernel));
+    o.forward_kernel = f->name();
+  }
 }
 
 // Every flag, the output directory, the corpus and an earlier journal are checked before a
@@ -462,6 +471,9 @@ Verb add_fuzz(CLI::App& app) {
   fuzz->add_option("--out", a.out_dir, "Output directory (default ulpgate-out)");
   fuzz->add_option("--corpus", a.corpus_dir, "Corpus of saved failures, replayed first (default <out>/corpus)");
   fuzz->add_flag("--no-metamorphic", a.no_metamorphic, "Skip the repeatability, scaling and transpose checks");
+  fuzz->add_option("--forward-kernel", a.forward_kernel,
+                   "Attention backward: take O and LSE from this forward kernel, judged by its own rule (a chained "
+                   "check; default: the exact forward rounded once)");
   fuzz->add_flag("--in-process", a.in_process, "Run kernels in this process (default: a worker process)");
   fuzz->add_option("--timeout", a.timeout, "Seconds per case before the worker is killed (default 300)");
   fuzz->add_option("--jobs", a.jobs, "Cases checked at once, by threads of one worker process (default: one per "

@@ -302,3 +302,63 @@ TEST(AttentionBackwardOp, CampaignsFindTheMissingDTermOnly) {
   for (const CaseResult& cr : r.cases) failed += !cr.verdict.passed;
   EXPECT_GE(failed, 1);
 }
+
+// A chained check (Case::forward_kernel): the named forward kernel runs on the case's Q, K, V,
+// is judged by the forward's own rule, and its O and LSE are what the backward takes and is
+// judged with. A correct pair passes; a forward that loses its rescale fails the case as the
+// forward; a forward that declines the case declines it; an unknown one is an input error.
+TEST(AttentionBackwardOp, ChainedForwardKernel) {
+  Registry reg = builtin_registry();
+  Kernel& bwd = *reg.resolve("cpu.attn_bwd_flash:block=16,p=fp16");
+  Kernel& fwd = *reg.resolve("cpu.attn_flash:block=16,p=fp16");
+  Kernel& broken = *reg.resolve("cpu.attn_online:block=16,rescale=off");
+  Case c = backward_case("fp16", 40, 70, 32);
+  c.attention.batch = 2, c.attention.kv_lengths = {70, 0};
+  c.dist["Q"] = "normal(0,3)";  // scores spread wide: a forward that skips its rescale is far off
+  c.kernel = bwd.name();
+  c.forward_kernel = fwd.name();
+  EXPECT_EQ(case_from_json(to_json(c)), c);
+  const CaseResult r = check_case(bwd, c, EvaluationOptions{}, &reg);
+  EXPECT_TRUE(r.verdict.passed) << reasons(r);
+  ASSERT_TRUE(r.notes.count("forward"));
+  EXPECT_NE(r.notes.at("forward").find(fwd.name() + " (passed)"), std::string::npos) << r.notes.at("forward");
+
+  // The backward was judged with the forward kernel's outputs: the same metrics as a check
+  // given those outputs by hand.
+  Case filled = c;
+  Inputs in = case_inputs(filled);
+  const Case fc = forward_case(filled);
+  const RunOutcome f = run_kernel(fwd, fc, {{"Q", in.at("Q")}, {"K", in.at("K")}, {"V", in.at("V")}});
+  ASSERT_EQ(f.status, Disposition::Ok);
+  EXPECT_NE(std::memcmp(f.outputs.at("O").data(), in.at("O").data(), in.at("O").size_bytes()), 0)
+      << "the forward kernel's O should differ from the exact forward's somewhere";
+  in.insert_or_assign("O", f.outputs.at("O"));
+  in.insert_or_assign("LSE", f.outputs.at("LSE"));
+  EvaluationOptions plain;
+  const Evaluation by_hand = evaluate_with_inputs(bwd, filled, in, plain, &reg);
+  ASSERT_EQ(by_hand.metrics.size(), r.metrics.size());
+  for (std::size_t i = 0; i < r.metrics.size(); ++i) {
+    EXPECT_EQ(r.metrics[i].max_normalised, by_hand.metrics[i].max_normalised) << r.metrics[i].output;
+    EXPECT_EQ(r.metrics[i].exact_matches, by_hand.metrics[i].exact_matches) << r.metrics[i].output;
+  }
+
+  Case bad = c;
+  bad.forward_kernel = broken.name();
+  const CaseResult rb = check_case(bwd, bad, EvaluationOptions{}, &reg);
+  EXPECT_FALSE(rb.verdict.passed);
+  EXPECT_TRUE(failed_check(rb, "forward")) << reasons(rb);
+  EXPECT_NE(reasons(rb).find("forward kernel " + broken.name()), std::string::npos) << reasons(rb);
+
+  Case declined = c;
+  declined.forward_kernel = "cpu.fp32_seq";  // a GEMM kernel
+  const CaseResult rd = check_case(bwd, declined, EvaluationOptions{}, &reg);
+  EXPECT_EQ(rd.status, Disposition::NotSupported);
+  EXPECT_NE(rd.message.find("forward kernel cpu.fp32_seq"), std::string::npos) << rd.message;
+
+  Case unknown = c;
+  unknown.forward_kernel = "no.such_kernel";
+  EXPECT_THROW(check_case(bwd, unknown, EvaluationOptions{}, &reg), InputError);
+  Case gemm;
+  gemm.forward_kernel = fwd.name();
+  EXPECT_THROW(validate(gemm), InputError);
+}

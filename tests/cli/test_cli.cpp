@@ -651,6 +651,28 @@ TEST(CliBadInput, FlagsAreCheckedNotReinterpreted) {
   EXPECT_NE(slurp(dir + "/fuzz-here/fuzz.json").find("--plugin ./example_plugin.so"), std::string::npos);
 }
 
+// A chained forward + backward campaign: the forward kernel is named in every case, the
+// campaign and the reproducer; a forward kernel that does not exist, or a campaign without a
+// backward target, is refused before anything runs.
+TEST(CliBadInput, ForwardKernelIsChainedIntoBackwardCases) {
+  const std::string dir = tmp_dir("forward_kernel");
+  std::system(("rm -rf " + dir + " && mkdir -p " + dir).c_str());
+  const std::string fuzz = "fuzz --dtype fp16 --cases 2 --max-k 64 --sizes small --no-html --out " + dir + "/out ";
+  expect_input_error(run(fuzz + "--kernel cpu.attn_bwd_naive --forward-kernel no.such"),
+                     "--forward-kernel 'no.such': no such kernel here", "unknown");
+  expect_input_error(run(fuzz + "--kernel cpu.attn_naive --forward-kernel cpu.attn_naive"),
+                     "--forward-kernel cpu.attn_naive: no attention_backward target", "no backward target");
+  const Result r = run(fuzz + "--kernel cpu.attn_bwd_naive --forward-kernel cpu.attn_flash:block=16,p=fp16");
+  EXPECT_EQ(r.code, 0) << r.out << r.err;
+  const ulpgate::RunRecord rec = ulpgate::read_record_file(dir + "/out/fuzz.json");
+  EXPECT_EQ(rec.campaign.forward_kernel, "cpu.attn_flash:block=16,p=fp16");
+  ASSERT_FALSE(rec.cases.empty());
+  for (const ulpgate::CaseResult& c : rec.cases) {
+    EXPECT_EQ(c.spec.forward_kernel, "cpu.attn_flash:block=16,p=fp16");
+    EXPECT_TRUE(c.notes.count("forward")) << c.kernel;
+  }
+}
+
 // A gnuplot that fails (no svg terminal, a broken install) was an internal error with an
 // empty message (exit 3): it is this machine's gnuplot, named with what it printed.
 TEST(CliBadInput, FailingGnuplotIsNamedWithWhatItPrinted) {
