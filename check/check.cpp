@@ -256,6 +256,8 @@ namespace {
 // case's Q, K and V and is judged by the forward's own rule (no relations); where it ran, its
 // O and LSE replace the exact forward's in `inputs`.
 Evaluation chained_forward(const Case& c, Inputs& inputs, const Registry* registry) {
+  if (c.op != Op::AttentionBackward)
+    throw InputError(fmt::format("case.forward_kernel: only attention_backward cases take a forward kernel, this one is {}", name(c.op)));
   Kernel* f = registry ? registry->find(c.forward_kernel) : nullptr;
   if (!f) throw InputError(fmt::format("forward kernel '{}' is not a kernel here (see `ulpgate list`)", c.forward_kernel));
   const Case fc = forward_case(c);
