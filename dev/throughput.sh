@@ -18,6 +18,8 @@ set -uo pipefail
 build=$(cd "$1" && pwd); out=$2; shift 2
 mkdir -p "$out"; out=$(cd "$out" && pwd)
 parts=${*:-pytorch modes sweep reference breakdown}
+# bench_references and bench_check are not in the default build.
+cmake --build "$build" --target lab > "$out/build-lab.log" 2>&1 || { echo "building the lab programs failed: $out/build-lab.log" >&2; exit 1; }
 src=$(cd "$(dirname "$0")/.." && pwd)
 ulp=$build/ulpgate
 gpu=0; nvidia-smi -L > /dev/null 2>&1 && gpu=1
