@@ -17,7 +17,7 @@
 
 int main(int argc, char** argv) {
   using namespace ulpgate;
-  restart_with_huge_pages(argv);
+  restart_with_huge_pages(argc, argv);
   // Large cases allocate and free vectors of 10^7-10^8 elements at every step (reference,
   // comparison, analysis). glibc serves each from a fresh mmap, whose pages the kernel
   // zeroes on first touch: a quarter of a 4096^2 sweep point went to that. From the heap,
