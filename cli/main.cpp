@@ -17,7 +17,6 @@
 
 int main(int argc, char** argv) {
   using namespace ulpgate;
-  restart_with_huge_pages(argc, argv);
   // Large cases allocate and free vectors of 10^7-10^8 elements at every step (reference,
   // comparison, analysis). glibc serves each from a fresh mmap, whose pages the kernel
   // zeroes on first touch: a quarter of a 4096^2 sweep point went to that. From the heap,
@@ -44,8 +43,11 @@ int main(int argc, char** argv) {
                                    add_gate(app),   add_baseline(app), add_report(app)};
   if (const std::optional<Exit> done = parse_command_line(app, argc, argv)) return code(*done);
   try {
-    for (const Verb& verb : verbs)
-      if (verb.command->parsed()) return code(run_verb(verb, globals, argc, argv));
+    for (const Verb& verb : verbs) {
+      if (!verb.command->parsed()) continue;
+      if (verb.large_memory) restart_with_huge_pages(argv);
+      return code(run_verb(verb, globals, argc, argv));
+    }
   } catch (const InputError& e) {
     std::fprintf(stderr, "ulpgate: error: %s\n", e.what());
     return code(Exit::Usage);

@@ -37,6 +37,9 @@ struct Verb {
   std::function<Exit(const Context&)> run;
   /// false: run without applying --reference and --plugin (a verb that loads no kernels).
   bool uses_kernels = true;
+  /// false: the verb never touches more than a few hundred megabytes, so it skips the
+  /// restart with huge pages (cli/startup.hpp) and its second start of the process.
+  bool large_memory = true;
 };
 
 /// The options every verb takes (--plugin, --reference), as parsed.

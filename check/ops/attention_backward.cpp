@@ -242,8 +242,10 @@ std::shared_ptr<const AttentionReference> forward_reference(const Case& c, const
   if (!last.ref || !(last.f == f) || !std::all_of(qkv.begin(), qkv.end(), [&](const auto& kv) {
         const auto it = last.qkv.find(kv.first);
         return it != last.qkv.end() && same(it->second, kv.second);
-      }))
-    last = Last{f, qkv, std::make_shared<const AttentionReference>(attention_reference(f, qkv))};
+      })) {
+    auto ref = std::make_shared<const AttentionReference>(attention_reference(f, qkv));
+    last = Last{f, std::move(qkv), std::move(ref)};
+  }
   return last.ref;
 }
 

@@ -49,7 +49,7 @@ Verb add_baseline(CLI::App& app) {
   update->add_option("--slack", a->slack, "Allowed relative growth of each error (default 0.25)");
   update->add_option("--slack-ulp", a->slack_ulp, "Absolute floor of the allowed growth, in ULPs of the output (default 1)");
   // update is the only subcommand, and baseline requires one.
-  return {baseline, [a](const Context&) { return baseline_update_command(*a); }};
+  return {baseline, [a](const Context&) { return baseline_update_command(*a); }, /*uses_kernels=*/true, /*large_memory=*/false};
 }
 
 }  // namespace ulpgate

@@ -99,7 +99,7 @@ Verb add_export(CLI::App& app) {
   export_->add_option("--dir", a->dir, "Directory for <operand>.npy and manifest.json")->required();
   export_->add_flag("--force", a->force, "Replace an earlier export in --dir");
   export_->add_option("--max-memory", a->max_memory, kMaxMemoryHelp);
-  return {export_, [a](const Context& ctx) { return export_command(*a, ctx); }};
+  return {export_, [a](const Context& ctx) { return export_command(*a, ctx); }, /*uses_kernels=*/true, /*large_memory=*/false};
 }
 
 }  // namespace ulpgate

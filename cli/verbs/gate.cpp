@@ -43,7 +43,7 @@ Verb add_gate(CLI::App& app) {
                  "Baseline cases missing from the run, or not run in its time budget, do not fail the gate");
   gate->add_flag("--allow-different-campaign", a->options.allow_different_campaign,
                  "Compare a run of another campaign definition (seed, cases, kernels, ...) instead of refusing (exit 2)");
-  return {gate, [a](const Context&) { return gate_command(*a); }};
+  return {gate, [a](const Context&) { return gate_command(*a); }, /*uses_kernels=*/true, /*large_memory=*/false};
 }
 
 }  // namespace ulpgate

@@ -50,7 +50,8 @@ Verb add_list(CLI::App& app) {
             list_formats();
             std::fputs(describe_families().c_str(), stdout);
             return Exit::Ok;
-          }};
+          },
+          /*uses_kernels=*/true, /*large_memory=*/false};
 }
 
 }  // namespace ulpgate

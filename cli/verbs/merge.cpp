@@ -49,7 +49,8 @@ Verb add_merge(CLI::App& app) {
   merge->add_option("--out", a->out, "Output directory (default ulpgate-out)");
   merge->add_flag("--no-html", a->no_html, "Write no report.html (it needs gnuplot)");
   merge->add_flag("--allow-partial", a->allow_partial, "Exit 0 although a time budget cut a shard short");
-  return {merge, [a](const Context& ctx) { return merge_command(*a, ctx.command_line); }};
+  return {merge, [a](const Context& ctx) { return merge_command(*a, ctx.command_line); }, /*uses_kernels=*/true,
+          /*large_memory=*/false};
 }
 
 }  // namespace ulpgate

@@ -82,7 +82,7 @@ Verb add_report(CLI::App& app) {
   report->add_option("--html", a->html, "Write the HTML report (needs gnuplot) to this file");
   report->add_option("--md", a->md, "Write the Markdown summary to this file");
   report->add_option("--junit", a->junit, "Write JUnit XML to this file");
-  return {report, [a](const Context&) { return report_command(*a); }, /*uses_kernels=*/false};
+  return {report, [a](const Context&) { return report_command(*a); }, /*uses_kernels=*/false, /*large_memory=*/false};
 }
 
 }  // namespace ulpgate
