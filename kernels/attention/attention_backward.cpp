@@ -118,7 +118,7 @@ class CudaAttentionBackward final : public Kernel {
       device_synchronize(io.stream);  // the buffers above are freed on return
       notes["kernel"] = std::string("flash backward: 128-key blocks (8 warps x 16 keys) x 64-row query blocks, Q/dO "
                                     "double-buffered by cp.async, ldmatrix, mma.sync m16n8k16; dQ ") +
-                        (det() ? "per-key-block partials summed in order" : "by float2 atomics");
+                        (det() ? "per-key-block partials summed in order" : "by float4 atomics (lanes t, t ^ 1 trade pairs)");
       return;
     }
     DeviceBuffer P(static_cast<std::size_t>(rows * a.seq_kv) * sizeof(float), io.stream);

@@ -9,7 +9,7 @@
 // - log2(e) LSE), dP^T = V dO^T and dS^T = P^T (dP^T - D) in FP32, rounds P and dS to the
 // input type, accumulates dV += P^T dO and dK += dS^T Q in registers (FP32), writes dS to
 // shared memory and computes dQ = dS K for the block's 64 rows (warps split rows x columns),
-// added with atomics into an FP32 workspace (deterministic: stored as this key block's
+// added with float4 atomics into an FP32 workspace (deterministic: stored as this key block's
 // partial, summed in key-block order afterwards). Small kernels form D = rowsum(dO o O) from
 // the stored O beforehand and scale and convert dQ afterwards.
 #include "kernels/attention/launch.hpp"
@@ -157,12 +157,15 @@ __device__ __forceinline__ void store_pair(const Operand& o, long long at, float
   }
 }
 
-__device__ __forceinline__ void add_pair(float* p, float x0, float x1) {
+// Adds four consecutive floats at p (16-byte aligned): one vector atomic on sm_90.
+__device__ __forceinline__ void add_quad(float* p, float x0, float x1, float x2, float x3) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  atomicAdd(reinterpret_cast<float2*>(p), make_float2(x0, x1));
+  atomicAdd(reinterpret_cast<float4*>(p), make_float4(x0, x1, x2, x3));
 #else
   atomicAdd(p, x0);
   atomicAdd(p + 1, x1);
+  atomicAdd(p + 2, x2);
+  atomicAdd(p + 3, x3);
 #endif
 }
 
@@ -343,16 +346,30 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     if (k_steps > 0) {
       float* base = dq_acc + ((b * s.heads + h) * s.seq_q) * D;
-      if constexpr (Det) base += static_cast<long long>(blockIdx.x) * s.batch * s.heads * s.seq_q * D;
+      if constexpr (Det) {
+        base += static_cast<long long>(blockIdx.x) * s.batch * s.heads * s.seq_q * D;
 #pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int i = m0 + qr0 + g + 8 * half;
-        if (i >= seq_q) continue;
+        for (int half = 0; half < 2; ++half) {
+          const int i = m0 + qr0 + g + 8 * half;
+          if (i >= seq_q) continue;
+#pragma unroll
+          for (int nt = 0; nt < DT / 2; ++nt)
+            *reinterpret_cast<float2*>(base + static_cast<long long>(i) * D + dc0 + 8 * nt + 2 * t) =
+                make_float2(qacc[nt][2 * half], qacc[nt][2 * half + 1]);
+        }
+      } else {
+        // Lanes t and t ^ 1 trade pairs: the even lane adds columns 2t .. 2t + 3 of row g, the
+        // odd lane columns 2t - 2 .. 2t + 1 of row g + 8, each one float4 atomic per tile.
+        const bool odd = t & 1;
+        const int i = m0 + qr0 + g + (odd ? 8 : 0);
 #pragma unroll
         for (int nt = 0; nt < DT / 2; ++nt) {
-          float* p = base + static_cast<long long>(i) * D + dc0 + 8 * nt + 2 * t;
-          if constexpr (Det) *reinterpret_cast<float2*>(p) = make_float2(qacc[nt][2 * half], qacc[nt][2 * half + 1]);
-          else add_pair(p, qacc[nt][2 * half], qacc[nt][2 * half + 1]);
+          const float send0 = odd ? qacc[nt][0] : qacc[nt][2], send1 = odd ? qacc[nt][1] : qacc[nt][3];
+          const float r0 = __shfl_xor_sync(0xFFFFFFFFu, send0, 1), r1 = __shfl_xor_sync(0xFFFFFFFFu, send1, 1);
+          if (i >= seq_q) continue;
+          float* p = base + static_cast<long long>(i) * D + dc0 + 8 * nt + 2 * (t & ~1);
+          if (odd) add_quad(p, r0, r1, qacc[nt][2], qacc[nt][3]);
+          else add_quad(p, qacc[nt][0], qacc[nt][1], r0, r1);
         }
       }
     }
