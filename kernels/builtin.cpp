@@ -7,6 +7,7 @@
 #if ULPGATE_HAVE_CUDA
 #include "kernels/attention/attention_backward.hpp"
 #include "kernels/attention/cuda_attention.hpp"
+#include "kernels/attention/cudnn_backward_kernel.hpp"
 #include "kernels/gemm/ladder.hpp"
 #include "kernels/gemm/library.hpp"
 #endif
@@ -24,6 +25,9 @@ Registry builtin_registry() {
     for (auto& k : make_ladder_kernels()) r.add(std::move(k));
     for (auto& k : make_attention_kernels()) r.add(std::move(k));
     for (auto& k : make_attention_backward_kernels()) r.add(std::move(k));
+#if ULPGATE_HAVE_CUDNN
+    for (auto& k : make_cudnn_attention_backward_kernels()) r.add(std::move(k));
+#endif
   }
 #endif
   return r;

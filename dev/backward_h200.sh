@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# Attention backward on a GPU machine in one device call:
+#   dev/backward_h200.sh BUILD_DIR OUT_DIR [parts...]
+# parts (default all): tests speed campaign
+#   tests     the GPU tests of the attention kernels (ours and cuDNN's, forward and backward)
+#   speed     B=4 H=16 S=4096 D=128, FP16 and BF16, causal and not: `ulpgate bench --backward`
+#             with our flash backward and cuDNN's in the same run (outputs not checked: the
+#             exact backward at that size is out of the CPU's reach; `tests` checks them), then
+#             dev/bench_attention_backward (ours, .det too) and dev/bench_sdpa_backward.py
+#             (PyTorch's cuDNN and flash backends) when python3 has torch
+#   campaign  the default fuzz campaign of every GPU backward kernel (seeds 1-3), and chained
+#             forward + backward checks (our flash forward into our backward, cuDNN's into cuDNN's)
+# Raw outputs go to OUT_DIR; a summary to stdout.
+source "$(dirname "$0")/parts.sh" "dev/backward_h200.sh BUILD_DIR OUT_DIR [tests speed campaign]" \
+  "tests speed campaign" "$@"
+u=$build/ulpgate
+cudnn_bwd() { "$u" list 2>/dev/null | grep -o "cudnn\.sdpa_bwd\.$1[a-z.]*" | sort -u; }  # not grep -q: pipefail
+if has tests; then
+  t0=$(now)
+  ctest --test-dir "$build" -R 'attention_backward_gpu|attention_gpu' --output-on-failure > "$out/tests.log" 2>&1
+  echo "tests: rc $? in $(took "$t0")"; grep -E "tests passed|\[ *(cudnn|bwd|det)|Failed|FAILED" "$out/tests.log" | head -40
+  "$build"/tests/kernels/test_attention_backward_gpu --gtest_brief=0 > "$out/backward_gpu.log" 2>&1
+  grep -E "^\[ *(cudnn|bwd|det|OK|FAILED)" "$out/backward_gpu.log" | cut -c1-220 | head -60
+fi
+if has speed; then
+  for dt in fp16 bf16; do
+    for causal in "" --causal; do
+      t0=$(now); tag=bwd_${dt}${causal:+_causal}
+      kernels="--kernel cuda.attn_bwd_flash.$dt"
+      for k in $(cudnn_bwd $dt); do kernels="$kernels --kernel $k"; done
+      "$u" bench --backward $kernels --dtype $dt --attention 4x16x4096x4096x128 $causal --reps 25 --no-check \
+        --json "$out/$tag.json" --md "$out/$tag.md" > /dev/null 2> "$out/$tag.log"
+      echo "$tag: rc $? in $(took "$t0")"; grep -E "^\| (cuda|cudnn)" "$out/$tag.md" | cut -c1-220
+    done
+  done
+  t0=$(now)
+  "$build"/dev/bench_attention_backward --det --json "$out/ours.json" > "$out/ours.log" 2>&1
+  echo "bench_attention_backward: rc $? in $(took "$t0")"; cat "$out/ours.log"
+  if python3 -c "import torch" 2> /dev/null; then
+    t0=$(now)
+    python3 dev/bench_sdpa_backward.py --json "$out/torch.json" > "$out/torch.log" 2>&1
+    echo "bench_sdpa_backward.py: rc $? in $(took "$t0")"; cat "$out/torch.log"
+  fi
+fi
+if has campaign; then
+  t0=$(now)
+  for seed in 1 2 3; do
+    kernels="--kernel cuda.attn_bwd_naive"
+    for k in fp16 bf16 fp16.det bf16.det; do kernels="$kernels --kernel cuda.attn_bwd_flash.$k"; done
+    for k in $(cudnn_bwd fp16) $(cudnn_bwd bf16); do kernels="$kernels --kernel $k"; done
+    "$u" fuzz $kernels --seed $seed --no-html \
+      --out "$out/campaign_$seed" > "$out/campaign_$seed.log" 2>&1
+    echo "campaign seed $seed: rc $? in $(took "$t0")"; grep -iE "^(kernel|  ?[a-z]+\.)|cases|failed" "$out/campaign_$seed.log" | tail -14
+  done
+  for pair in "cuda.attn_bwd_flash.fp16 cuda.attn_flash.fp16" "cuda.attn_bwd_flash.bf16 cuda.attn_flash.bf16" \
+              "cudnn.sdpa_bwd.fp16 cudnn.sdpa.fp16" "cudnn.sdpa_bwd.bf16 cudnn.sdpa.bf16"; do
+    set -- $pair; t0=$(now)
+    "$u" list 2>/dev/null | grep "$1" > /dev/null || continue
+    "$u" fuzz --kernel "$1" --forward-kernel "$2" --seed 1 --no-html \
+      --out "$out/chained_$1" > "$out/chained_$1.log" 2>&1
+    echo "chained $2 -> $1: rc $? in $(took "$t0")"; grep -iE "cases|failed|declin" "$out/chained_$1.log" | tail -4
+  done
+  find "$out" -name cases -type d -prune -exec rm -rf {} +
+fi
