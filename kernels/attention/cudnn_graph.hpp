@@ -28,6 +28,12 @@ inline void check_cudnn(cudnnStatus_t s, const char* what) {
 }
 
 /// A backend descriptor, destroyed with its owner.
+// The strides of a logical {b, h, seq, d} tensor: BSHD stores [b, seq, h, d], BHSD
+// [b, h, seq, d].
+inline std::array<std::int64_t, 4> bhsd_strides(bool bshd, std::int64_t h, std::int64_t seq, std::int64_t d) {
+  return bshd ? std::array<std::int64_t, 4>{seq * h * d, d, h * d, 1} : std::array<std::int64_t, 4>{h * seq * d, seq * d, d, 1};
+}
+
 struct Desc {
   cudnnBackendDescriptor_t d = nullptr;
   explicit Desc(cudnnBackendDescriptorType_t type) { check_cudnn(cudnnBackendCreateDescriptor(type, &d), "create descriptor"); }

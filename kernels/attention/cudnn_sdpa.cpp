@@ -35,10 +35,7 @@ std::unique_ptr<Plan> build_plan(cudnnHandle_t handle, const attn::SdpaShape& s)
   Graph& g = p->g;
   const cudnnDataType_t io = s.bf16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_HALF, f = CUDNN_DATA_FLOAT;
   const std::int64_t b = s.batch, hq = s.heads, hk = s.kv_heads, sq = s.seq_q, skv = s.seq_kv, d = s.head_dim;
-  // Logical {b, h, s, d}; BSHD stores [b, s, h, d].
-  const auto strides = [&](std::int64_t h, std::int64_t seq) {
-    return s.bshd ? std::array<std::int64_t, 4>{seq * h * d, d, h * d, 1} : std::array<std::int64_t, 4>{h * seq * d, seq * d, d, 1};
-  };
+  const auto strides = [&](std::int64_t h, std::int64_t seq) { return bhsd_strides(s.bshd, h, seq, d); };
   std::int64_t uq, uk, uv, uo, uscale, uinf = 0, ulq = 0, ulkv = 0, ustats = 0;
   const Desc& q = g.tensor(io, {b, hq, sq, d}, strides(hq, sq), false, false, &uq);
   const auto ks = strides(hk, skv);

@@ -44,10 +44,7 @@ std::unique_ptr<Plan> build_plan(cudnnHandle_t handle, const attn::SdpaBackwardS
   Graph& g = p->g;
   const cudnnDataType_t io = s.bf16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_HALF, f = CUDNN_DATA_FLOAT;
   const std::int64_t b = s.batch, hq = s.heads, hk = s.kv_heads, sq = s.seq_q, skv = s.seq_kv, d = s.head_dim;
-  // Logical {b, h, s, d}; BSHD stores [b, s, h, d].
-  const auto strides = [&](std::int64_t h, std::int64_t seq) {
-    return s.bshd ? std::array<std::int64_t, 4>{seq * h * d, d, h * d, 1} : std::array<std::int64_t, 4>{h * seq * d, seq * d, d, 1};
-  };
+  const auto strides = [&](std::int64_t h, std::int64_t seq) { return bhsd_strides(s.bshd, h, seq, d); };
   const auto qs = strides(hq, sq), ks = strides(hk, skv);
   const std::array<std::int64_t, 4> kts{ks[0], ks[1], ks[3], ks[2]};  // K^T, V^T: K, V with the last two swapped, no copy
   const std::array<std::int64_t, 4> sdims{b, hq, sq, skv}, sstr{hq * sq * skv, sq * skv, skv, 1};
