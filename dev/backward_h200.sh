@@ -1,26 +1,27 @@
 #!/usr/bin/env bash
 # Attention backward on a GPU machine in one device call:
 #   dev/backward_h200.sh BUILD_DIR OUT_DIR [parts...]
-# parts (default all): tests speed campaign
+# parts (default all): tests speed lab campaign
 #   tests     the GPU tests of the attention kernels (ours and cuDNN's, forward and backward)
 #   speed     B=4 H=16 S=4096 D=128, FP16 and BF16, causal and not: `ulpgate bench --backward`
 #             with our flash backward and cuDNN's in the same run (outputs not checked: the
-#             exact backward at that size is out of the CPU's reach; `tests` checks them), then
-#             dev/bench_attention_backward (ours, .det too) and dev/bench_sdpa_backward.py
+#             exact backward at that size is out of the CPU's reach; `tests` checks them)
+#   lab       dev/bench_attention_backward (ours, .det too) and dev/bench_sdpa_backward.py
 #             (PyTorch's cuDNN and flash backends) when python3 has torch
 #   campaign  the default fuzz campaign of every GPU backward kernel (seeds 1-3), and chained
 #             forward + backward checks (our flash forward into our backward, cuDNN's into cuDNN's)
 # Raw outputs go to OUT_DIR; a summary to stdout.
-source "$(dirname "$0")/parts.sh" "dev/backward_h200.sh BUILD_DIR OUT_DIR [tests speed campaign]" \
-  "tests speed campaign" "$@"
+source "$(dirname "$0")/parts.sh" "dev/backward_h200.sh BUILD_DIR OUT_DIR [tests speed lab campaign]" \
+  "tests speed lab campaign" "$@"
 u=$build/ulpgate
 cudnn_bwd() { "$u" list 2>/dev/null | grep -o "cudnn\.sdpa_bwd\.$1[a-z.]*" | sort -u; }  # not grep -q: pipefail
 if has tests; then
-  t0=$(now)
-  ctest --test-dir "$build" -R 'attention_backward_gpu|attention_gpu' --output-on-failure > "$out/tests.log" 2>&1
-  echo "tests: rc $? in $(took "$t0")"; grep -E "tests passed|\[ *(cudnn|bwd|det)|Failed|FAILED" "$out/tests.log" | head -40
-  "$build"/tests/kernels/test_attention_backward_gpu --gtest_brief=0 > "$out/backward_gpu.log" 2>&1
-  grep -E "^\[ *(cudnn|bwd|det|OK|FAILED)" "$out/backward_gpu.log" | cut -c1-220 | head -60
+  for t in test_attention_backward_gpu test_attention_gpu; do
+    t0=$(now)
+    "$build"/tests/kernels/$t > "$out/$t.log" 2>&1
+    echo "$t: rc $? in $(took "$t0")"
+    grep -E "^\[ *(cudnn|bwd|det|OK|FAILED|PASSED|SKIPPED)|Failure" "$out/$t.log" | cut -c1-220 | head -60
+  done
 fi
 if has speed; then
   for dt in fp16 bf16; do
@@ -33,6 +34,8 @@ if has speed; then
       echo "$tag: rc $? in $(took "$t0")"; grep -E "^\| (cuda|cudnn)" "$out/$tag.md" | cut -c1-220
     done
   done
+fi
+if has lab; then
   t0=$(now)
   "$build"/dev/bench_attention_backward --det --json "$out/ours.json" > "$out/ours.log" 2>&1
   echo "bench_attention_backward: rc $? in $(took "$t0")"; cat "$out/ours.log"
