@@ -206,6 +206,7 @@ Result run(Kernel& k, const Case& c, const EvaluationOptions& options) { return 
 Result run(const HostFunction& f, const Case& c, const EvaluationOptions& options) {
   KernelTraits traits;
   traits.writes_lse = true;  // the function is given every output the case has
+  traits.attention_variants = kAllAttentionVariants;  // and the case itself, its variants included
   HostKernel k(f, "host", {}, traits);
   return run(k, c, options);
 }

@@ -275,6 +275,7 @@ json kernel_description(const Kernel& k) {
           {"arithmetic_source", t.arithmetic_source}, {"accumulation_model", t.accumulation_model},
           {"rounds_to_nearest", t.rounds_to_nearest}, {"flushes_subnormals", t.flushes_subnormals},
           {"activation_error", t.activation_error}, {"writes_lse", t.writes_lse},
+          {"attention_variants", t.attention_variants}, {"atomic_dq", t.atomic_dq},
           {"input_rounding", std::string(name(t.input_rounding))}};
 }
 
@@ -291,6 +292,8 @@ KernelTraits traits_from_description(const json& k) {
   t.flushes_subnormals = k.value("flushes_subnormals", false);
   t.activation_error = k.value("activation_error", 0.0);
   t.writes_lse = k.value("writes_lse", false);  // the generator draws LSE cases only for such kernels
+  t.attention_variants = k.value("attention_variants", 0u);  // and variants only for kernels that apply them
+  t.atomic_dq = k.value("atomic_dq", false);
   if (const auto r = parse_rounding(k.value("input_rounding", ""))) t.input_rounding = *r;
   return t;
 }

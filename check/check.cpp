@@ -109,6 +109,7 @@ class GivenOutputs final : public Kernel {
   GivenOutputs(std::string name, const std::map<std::string, Tensor>& outputs, KernelTraits traits)
       : name_(std::move(name)), outputs_(outputs), traits_(std::move(traits)) {
     traits_.writes_lse = true;  // whatever outputs were given (check_given_outputs wants them all)
+    traits_.attention_variants = kAllAttentionVariants;  // computed for the case as it is
     traits_.memory = Memory::Host;
   }
   std::string name() const override { return name_; }

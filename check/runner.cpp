@@ -143,6 +143,11 @@ RunOutcome run_poisoned(Kernel& k, const Case& c, const std::map<std::string, Te
     out.message = "the kernel does not write the log-sum-exp output (LSE)";
     return out;
   }
+  if (const unsigned lacking = attention_variants(c) & ~k.traits().attention_variants) {
+    out.status = Disposition::NotSupported;
+    out.message = "the kernel does not apply the case's " + attention_variant_names(lacking);
+    return out;
+  }
   for (const auto& op : c.inputs())
     if (!inputs.count(op)) throw InputError(fmt::format("run_kernel: input {} missing", op));
   for (const auto& op : outputs_of(c)) out.outputs[op] = make_output(c, op, alternate);

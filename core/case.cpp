@@ -260,15 +260,87 @@ std::int64_t operand_elements(const Case& c, std::string_view operand) {
   return c.op == Op::Gemm ? gemm_view(c, operand).elements() : attention_view(c, operand).elements();
 }
 
-std::int64_t attention_visible_count(const Case& c, std::int64_t b, std::int64_t i) {
+KeyRange attention_visible_keys(const Case& c, std::int64_t b, std::int64_t i) {
   const auto& a = c.attention;
-  std::int64_t n = a.kv_lengths.empty() ? a.seq_kv : a.kv_lengths[static_cast<std::size_t>(b)];
-  if (a.causal) n = std::min(n, i + (a.seq_kv - a.seq_q) + 1);
-  return std::max<std::int64_t>(n, 0);
+  const std::int64_t diag = i + (a.seq_kv - a.seq_q);  // the key on query i's diagonal
+  KeyRange r{0, a.kv_lengths.empty() ? a.seq_kv : a.kv_lengths[static_cast<std::size_t>(b)]};
+  if (a.causal) r.end = std::min(r.end, diag + 1);
+  if (a.window_right >= 0) r.end = std::min(r.end, diag + a.window_right + 1);
+  if (a.window_left >= 0) r.first = std::max<std::int64_t>(0, diag - a.window_left);
+  if (r.end <= r.first) r.first = r.end = 0;
+  return r;
+}
+
+std::int64_t attention_visible_count(const Case& c, std::int64_t b, std::int64_t i) {
+  return attention_visible_keys(c, b, i).size();
 }
 
 bool attention_visible(const Case& c, std::int64_t b, std::int64_t i, std::int64_t j) {
-  return j >= 0 && j < attention_visible_count(c, b, i);
+  return attention_visible_keys(c, b, i).contains(j);
+}
+
+unsigned attention_variants(const Case& c) {
+  if (c.op == Op::Gemm) return 0;
+  unsigned v = 0;
+  if (c.attention.windowed()) v |= kAttnWindow;
+  return v;
+}
+
+std::string attention_variant_names(unsigned variants) {
+  std::string out;
+  if (variants & kAttnWindow) out += "window";
+  return out;
+}
+
+std::pair<std::int64_t, std::int64_t> window_from_convention(const std::string& spec) {
+  const auto bad = [&](const std::string& why) -> std::pair<std::int64_t, std::int64_t> {
+    throw InputError(fmt::format("window '{}': {} (flash:LEFT,RIGHT, hf:W, flashinfer:LEFT or cudnn:LEFT_BOUND[,RIGHT_BOUND])",
+                                 spec, why));
+  };
+  const auto colon = spec.find(':');
+  if (colon == std::string::npos) return bad("no convention");
+  const std::string conv = spec.substr(0, colon);
+  std::vector<std::int64_t> v;
+  std::size_t at = colon + 1;
+  while (at <= spec.size()) {
+    const std::size_t comma = std::min(spec.find(',', at), spec.size());
+    const std::string part = spec.substr(at, comma - at);
+    std::size_t used = 0;
+    long long x = 0;
+    try {
+      x = std::stoll(part, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (part.empty() || used != part.size()) return bad(fmt::format("'{}' is not an integer", part));
+    v.push_back(x);
+    at = comma + 1;
+  }
+  const auto count = [&](std::size_t lo, std::size_t hi) {
+    if (v.size() < lo || v.size() > hi) bad(fmt::format("{} takes {} value{}", conv, lo == hi ? std::to_string(lo) : "1 or 2", hi > 1 ? "s" : ""));
+  };
+  if (conv == "flash") {
+    count(2, 2);
+    if (v[0] < -1 || v[1] < -1) return bad("each side is -1 (unbounded) or at least 0");
+    return {v[0], v[1]};
+  }
+  if (conv == "hf") {
+    count(1, 1);
+    if (v[0] < 1) return bad("sliding_window counts keys, self included: at least 1");
+    return {v[0] - 1, 0};
+  }
+  if (conv == "flashinfer") {
+    count(1, 1);
+    if (v[0] < -1) return bad("window_left is -1 (none) or at least 0");
+    return {v[0], -1};
+  }
+  if (conv == "cudnn") {
+    count(1, 2);
+    if (v[0] < 1) return bad("diagonal_band_left_bound is at least 1 (1 keeps the diagonal key only)");
+    if (v.size() == 2 && v[1] < 0) return bad("diagonal_band_right_bound is at least 0");
+    return {v[0] - 1, v.size() == 2 ? v[1] : -1};
+  }
+  return bad(fmt::format("unknown convention '{}'", conv));
 }
 
 std::string shape_text(const Case& c, bool with_order) {
@@ -278,9 +350,10 @@ std::string shape_text(const Case& c, bool with_order) {
     return fmt::format("{}{}x{}x{}{}", g.batch > 1 ? fmt::format("{} x ", g.batch) : "", g.m, g.n, g.k, order);
   }
   const AttentionShape& a = c.attention;
-  return fmt::format("B{} H{}{} Sq{} Skv{} D{}{}", a.batch, a.heads,
+  return fmt::format("B{} H{}{} Sq{} Skv{} D{}{}{}", a.batch, a.heads,
                      a.eff_kv_heads() != a.heads ? fmt::format("/{}", a.eff_kv_heads()) : "", a.seq_q, a.seq_kv, a.head_dim,
-                     a.eff_head_dim_v() != a.head_dim ? fmt::format("/{}", a.eff_head_dim_v()) : "");
+                     a.eff_head_dim_v() != a.head_dim ? fmt::format("/{}", a.eff_head_dim_v()) : "",
+                     a.windowed() ? fmt::format(" window({},{})", a.window_left, a.window_right) : "");
 }
 
 void validate(const Case& c) {
@@ -327,6 +400,12 @@ void validate(const Case& c) {
                                           {op[0] == 'Q' || op[0] == 'O' ? "seq_q" : "seq_kv", v.seq},
                                           {op[0] == 'V' || op[0] == 'O' ? "head_dim_v" : "head_dim", v.dim}});
     }
+    if (a.window_left < -1 || a.window_right < -1)
+      fail(a.window_left < -1 ? "case.attention.window_left" : "case.attention.window_right",
+           fmt::format("must be -1 (unbounded) or at least 0, got {}", std::min(a.window_left, a.window_right)));
+    if (a.window_left > kMaxCaseSize || a.window_right > kMaxCaseSize)
+      fail(a.window_left > kMaxCaseSize ? "case.attention.window_left" : "case.attention.window_right",
+           fmt::format("must be at most {}", kMaxCaseSize));
     if (a.softmax_scale && !std::isfinite(*a.softmax_scale))
       fail("case.attention.softmax_scale", "must be finite");
     if (!a.kv_lengths.empty()) {
@@ -408,7 +487,8 @@ json to_json(const Case& c) {
                       {"kv_heads", a.kv_heads},
                       {"layout", name(a.layout)}, {"causal", a.causal},
                       {"softmax_scale", a.softmax_scale ? json(*a.softmax_scale) : json(nullptr)},
-                      {"kv_lengths", a.kv_lengths}};
+                      {"kv_lengths", a.kv_lengths},
+                      {"window_left", a.window_left}, {"window_right", a.window_right}};
   }
   json types = json::object();
   for (const auto& [op, f] : c.types) types[op] = name(f);
@@ -465,6 +545,8 @@ Case case_from_json(const json& j) {
     s.kv_heads = a.integer("kv_heads", 0, 0);  // absent in files written before GQA: heads
     s.layout = a.enumeration("layout", AttentionLayout::BHSD, kAttnLayouts);
     s.causal = a.boolean("causal", false);
+    s.window_left = a.integer("window_left", -1, -1);  // absent in files written before windows: none
+    s.window_right = a.integer("window_right", -1, -1);
     if (const json* sc = a.find("softmax_scale"); sc && !sc->is_null())
       s.softmax_scale = ObjectReader::finite_number(*sc, "case.attention.softmax_scale");
     if (const json* kv = a.find("kv_lengths")) {

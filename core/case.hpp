@@ -75,6 +75,11 @@ struct AttentionShape {
   bool causal = false;
   std::optional<double> softmax_scale;   ///< nullopt: 1/sqrt(head_dim)
   std::vector<std::int64_t> kv_lengths;  ///< one per batch; empty: all seq_kv
+  /// Sliding window in FlashAttention's convention (docs/concepts/windows.md): query i sees key
+  /// j iff i + (seq_kv - seq_q) - window_left <= j <= i + (seq_kv - seq_q) + window_right;
+  /// -1 leaves that side unbounded. Causal is window_right = 0 (both may be given).
+  std::int64_t window_left = -1, window_right = -1;
+  bool windowed() const { return window_left >= 0 || window_right >= 0; }
   std::int64_t eff_head_dim_v() const { return head_dim_v ? head_dim_v : head_dim; }
   /// The softmax scale: softmax_scale where given, else 1/sqrt(head_dim) (as a double).
   double scale() const { return softmax_scale.value_or(1.0 / std::sqrt(static_cast<double>(head_dim))); }
@@ -83,6 +88,13 @@ struct AttentionShape {
   std::int64_t kv_head(std::int64_t h) const { return h / (heads / eff_kv_heads()); }
   bool operator==(const AttentionShape&) const = default;
 };
+
+/// Attention variants beyond causal masking, padding and grouped heads, as bits: a kernel
+/// declares those it applies (KernelTraits::attention_variants), a case uses some.
+enum AttentionVariant : unsigned {
+  kAttnWindow = 1u,  ///< AttentionShape::window_left / window_right
+};
+inline constexpr unsigned kAllAttentionVariants = kAttnWindow;
 
 /// Whether an operand of format f may carry a per-tensor scale in Case::scales: FP8 (E4M3,
 /// E5M2) only, as cuBLASLt's A/B/C/D scale pointers. A, B, C: stored x scale = value;
@@ -173,8 +185,30 @@ std::int64_t operand_elements(const Case& c, std::string_view operand);
 /// How many keys query i of batch b sees: keys 0 .. n-1, kv_lengths[b] of them and, causal
 /// (bottom-right aligned), at most i + seq_kv - seq_q + 1 (0 for the rows above the diagonal).
 std::int64_t attention_visible_count(const Case& c, std::int64_t b, std::int64_t i);
-/// Whether key j is visible to query i in batch b: j < attention_visible_count(c, b, i).
+/// The keys query i of batch b sees: first <= j < end (first == end: none). The batch's key
+/// length, the causal mask and the window each bound it; the range is contiguous.
+struct KeyRange {
+  std::int64_t first = 0, end = 0;
+  std::int64_t size() const { return end - first; }
+  bool contains(std::int64_t j) const { return j >= first && j < end; }
+};
+KeyRange attention_visible_keys(const Case& c, std::int64_t b, std::int64_t i);
+/// The attention variants case c uses (0 for GEMM).
+unsigned attention_variants(const Case& c);
+/// Their names, comma-separated ("window").
+std::string attention_variant_names(unsigned variants);
+/// Whether key j is visible to query i in batch b.
 bool attention_visible(const Case& c, std::int64_t b, std::int64_t i, std::int64_t j);
+
+/// A window given in another library's convention, as (window_left, window_right) of ours:
+///   flash:L,R         FlashAttention's (left, right), -1 unbounded: itself
+///   hf:W              Hugging Face sliding_window = W keys, self included (causal): (W - 1, 0)
+///   flashinfer:L      FlashInfer window_left = L (keys left of the diagonal): (L, -1)
+///   cudnn:B[,R]       cuDNN diagonal_band_left_bound = B (key j kept iff j > i' - B, i' the
+///                     bottom-right aligned row), diagonal_band_right_bound = R (j <= i' + R;
+///                     absent: unbounded): (B - 1, R)
+/// Throws InputError naming the spec for anything else.
+std::pair<std::int64_t, std::int64_t> window_from_convention(const std::string& spec);
 
 inline constexpr int kCaseSchemaVersion = 1;
 
@@ -187,7 +221,8 @@ inline constexpr std::int64_t kMaxBufferElements = std::int64_t{1} << 40;
 
 /// The case's extents: GEMM "16x24x40 (M x N x K)", "2 x 16x24x40 (batch x M x N x K)"
 /// when batched (without the order in parentheses unless with_order); attention "B2 H8 Sq4
-/// Skv8 D64", H as "H8/2" with 2 K/V heads, D as "D64/32" with head_dim_v 32.
+/// Skv8 D64", H as "H8/2" with 2 K/V heads, D as "D64/32" with head_dim_v 32, and
+/// " window(L,R)" after it for a sliding window.
 std::string shape_text(const Case& c, bool with_order = true);
 
 /// Serialises a case. Every field is written, defaults included.

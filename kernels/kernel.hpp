@@ -55,6 +55,10 @@ struct KernelTraits {
   /// asks for it. false: such cases are not supported (the runner says so, and generators
   /// do not draw them for the kernel).
   bool writes_lse = false;
+  /// Attention: the variants the kernel applies (bits of core/case.hpp AttentionVariant, e.g.
+  /// kAttnWindow). A case using one it lacks is not supported (the runner says so), and
+  /// generators do not draw it for the kernel.
+  unsigned attention_variants = 0;
   /// Attention backward: dQ is accumulated across key blocks with atomic adds, so its bits
   /// may change from run to run. dK and dV must repeat bit for bit whatever the kernel
   /// declares, and so must dQ of a kernel without this trait.

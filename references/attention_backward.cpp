@@ -320,12 +320,13 @@ struct Group {
   std::int64_t size() const { return static_cast<std::int64_t>(keys.size()); }
 };
 
-// Row (b, h, i) with its n visible keys 0 .. n-1: the exact scores s_j = q.k_j and
+// Row (b, h, i) with its n visible keys first .. first + n - 1 (per-key vectors are indexed from
+// the first visible key: entry j is key first + j): the exact scores s_j = q.k_j and
 // dP_j = dO.v_j, the groups of equal scores (groups[0] = T, the largest scale * s), and
 // e_j = n_T dP_j - sum_T dP. Then P_j -> [j in T] / n_T and dS_j -> [j in T] e_j / n_T^2 as the
 // other groups' weights go to 0: the rational "limit" parts.
 struct RowExact {
-  std::int64_t b = 0, h = 0, i = 0, n = 0;
+  std::int64_t b = 0, h = 0, i = 0, first = 0, n = 0;
   std::vector<double> q, d_o;
   std::vector<float> qf, d_of;
   MpfrArray q_mp, d_o_mp;
@@ -341,7 +342,8 @@ void row_exact(const Problem& pb, const BlockData& bd, std::int64_t b, std::int6
                Dots& dots) {
   const std::int64_t hd = pb.hd, dv = pb.dv;
   r.b = b, r.h = h, r.i = i;
-  r.n = attention_visible_count(pb.c, b, i);
+  const KeyRange keys = attention_visible_keys(pb.c, b, i);
+  r.first = keys.first, r.n = keys.size();
   r.q.resize(static_cast<std::size_t>(hd)), r.qf.resize(static_cast<std::size_t>(hd));
   r.d_o.resize(static_cast<std::size_t>(dv)), r.d_of.resize(static_cast<std::size_t>(dv));
   r.q_mp.reserve(static_cast<std::size_t>(hd), 53), r.d_o_mp.reserve(static_cast<std::size_t>(dv), 53);
@@ -362,10 +364,11 @@ void row_exact(const Problem& pb, const BlockData& bd, std::int64_t b, std::int6
   }
   r.group_of.resize(n);
   for (std::size_t j = 0; j < n; ++j) {
-    const std::span<const double> kj(bd.k.data() + j * hd, static_cast<std::size_t>(hd));
-    const std::span<const float> kfj(bd.kf.data() + j * hd, static_cast<std::size_t>(hd));
-    const std::span<const double> vj(bd.v.data() + j * dv, static_cast<std::size_t>(dv));
-    const std::span<const float> vfj(bd.vf.data() + j * dv, static_cast<std::size_t>(dv));
+    const auto key = static_cast<std::size_t>(r.first) + j;
+    const std::span<const double> kj(bd.k.data() + key * hd, static_cast<std::size_t>(hd));
+    const std::span<const float> kfj(bd.kf.data() + key * hd, static_cast<std::size_t>(hd));
+    const std::span<const double> vj(bd.v.data() + key * dv, static_cast<std::size_t>(dv));
+    const std::span<const float> vfj(bd.vf.data() + key * dv, static_cast<std::size_t>(dv));
     dots.dot(*r.score[j], r.q, r.qf, kj, kfj, pb.fast_scores);
     dots.dot(*r.dp[j], r.d_o, r.d_of, vj, vfj, pb.fast_dp);
   }
@@ -873,7 +876,7 @@ Verdict classify(std::vector<std::pair<ExpPoly, ExpPoly>>& classes, mpq_ptr valu
 Verdict classify_dq(const RowExact& r, const BlockData& bd, std::int64_t hd, std::int64_t d, mpq_ptr value) {
   std::vector<std::pair<ExpPoly, ExpPoly>> one(1);
   one[0].first = denominator(r, 2);
-  for (std::int64_t j = 0; j < r.n; ++j) add_ds_terms(r, j, bd.k[j * hd + d], one[0].second);
+  for (std::int64_t j = 0; j < r.n; ++j) add_ds_terms(r, j, bd.k[(r.first + j) * hd + d], one[0].second);
   return classify(one, value);
 }
 
@@ -944,7 +947,6 @@ class Backward {
   std::vector<char> open_q_, open_k_, open_v_;  // not yet decided
   std::vector<MpqBox> lim_q_, lim_k_, lim_v_;  // exact limits, once computed
   std::vector<BlockData> blocks_;
-  std::vector<std::int64_t> seen_;  // per batch: keys 0 .. seen_[b] - 1 are visible to some query
 };
 
 Backward::Backward(const Case& c, const std::map<std::string, Tensor>& inputs, unsigned threads, mpfr_prec_t first)
@@ -964,21 +966,26 @@ Backward::Backward(const Case& c, const std::map<std::string, Tensor>& inputs, u
   open_q_.assign(nq, 1), open_k_.assign(nk, 1), open_v_.assign(nv, 1);
   lim_q_.resize(nq), lim_k_.resize(nk), lim_v_.resize(nv);
   // Fully masked rows contribute nothing and their dQ is +0; keys no query sees get +0.
-  seen_.assign(static_cast<std::size_t>(a.batch), 0);
-  for (std::int64_t b = 0; b < a.batch; ++b)
+  for (std::int64_t b = 0; b < a.batch; ++b) {
+    std::vector<std::int64_t> cover(static_cast<std::size_t>(a.seq_kv) + 1, 0);  // +1 at first, -1 at end
     for (std::int64_t i = 0; i < a.seq_q; ++i) {
-      const std::int64_t n = attention_visible_count(c, b, i);
-      seen_[b] = std::max(seen_[b], n);
-      if (n == 0)
-        for (std::int64_t h = 0; h < a.heads; ++h)
-          std::fill_n(open_q_.begin() + out_.q_index(b, h, i, 0), pb_.hd, 0);
+      const KeyRange keys = attention_visible_keys(c, b, i);
+      if (keys.size() == 0) {
+        for (std::int64_t h = 0; h < a.heads; ++h) std::fill_n(open_q_.begin() + out_.q_index(b, h, i, 0), pb_.hd, 0);
+        continue;
+      }
+      ++cover[static_cast<std::size_t>(keys.first)], --cover[static_cast<std::size_t>(keys.end)];
     }
-  for (std::int64_t b = 0; b < a.batch; ++b)
-    for (std::int64_t hk = 0; hk < pb_.kvh; ++hk)
-      for (std::int64_t j = seen_[b]; j < a.seq_kv; ++j) {
+    std::int64_t seen = 0;
+    for (std::int64_t j = 0; j < a.seq_kv; ++j) {
+      seen += cover[static_cast<std::size_t>(j)];
+      if (seen > 0) continue;
+      for (std::int64_t hk = 0; hk < pb_.kvh; ++hk) {
         std::fill_n(open_k_.begin() + out_.k_index(b, hk, j, 0), pb_.hd, 0);
         std::fill_n(open_v_.begin() + out_.v_index(b, hk, j, 0), pb_.dv, 0);
       }
+    }
+  }
   blocks_.resize(static_cast<std::size_t>(a.batch * pb_.kvh));
   parallel_for(static_cast<std::int64_t>(blocks_.size()), [&](std::int64_t blk) {
     load_block(pb_, blk / pb_.kvh, blk % pb_.kvh, blocks_[static_cast<std::size_t>(blk)]);
@@ -1134,13 +1141,13 @@ void Backward::analyse(std::size_t blk) {
       for (std::size_t c = 0; c < first_of.size(); ++c) classes[c].first = (is_k ? f2[c] : f1[c]).clone();
       for (std::int64_t lr : order) {
         const RowExact& r = *exact[lr];
-        if (j >= r.n) continue;
+        if (j < r.first || j >= r.first + r.n) continue;
         ExpPoly& n = classes[class_of[lr]].second;
         if (is_k) {
-          add_ds_terms(r, j, r.q[d], n);
+          add_ds_terms(r, j - r.first, r.q[d], n);
         } else {
           mpfr_set_d(coeff, r.d_o[d - hd], MPFR_RNDN);
-          n.add(*r.groups[r.group_of[j]].a, coeff);
+          n.add(*r.groups[r.group_of[j - r.first]].a, coeff);
         }
       }
       if (classify(classes, alpha) != Verdict::Rational) continue;
@@ -1159,7 +1166,7 @@ void Backward::run_item(const Item& item, mpfr_prec_t p, Stage stage, Chunk& chu
   const std::int64_t seq_kv = pb_.a.seq_kv;
   const bool keys = keys_open(blk);
   std::vector<char> key_open(static_cast<std::size_t>(seq_kv), 0);
-  std::int64_t first_open_key = seq_kv;
+  std::vector<std::int64_t> next_open(static_cast<std::size_t>(seq_kv) + 1, seq_kv);  // the first open key >= j
   if (keys) {
     const auto nk = static_cast<std::size_t>(seq_kv * pb_.hd), nv = static_cast<std::size_t>(seq_kv * pb_.dv);
     chunk.dk.assign(nk, p), chunk.dv.assign(nv, p);
@@ -1168,16 +1175,16 @@ void Backward::run_item(const Item& item, mpfr_prec_t p, Stage stage, Chunk& chu
     for (std::int64_t j = seq_kv - 1; j >= 0; --j) {
       const auto kb = open_k_.begin() + k_base(blk) + j * pb_.hd, vb = open_v_.begin() + v_base(blk) + j * pb_.dv;
       key_open[j] = std::find(kb, kb + pb_.hd, 1) != kb + pb_.hd || std::find(vb, vb + pb_.dv, 1) != vb + pb_.dv;
-      if (key_open[j]) first_open_key = j;
+      next_open[j] = key_open[j] ? j : next_open[j + 1];
     }
   }
   for (std::int64_t lr = item.row_begin; lr < item.row_end; ++lr) {
     const std::int64_t h = hk * pb_.group + lr / pb_.a.seq_q, i = lr % pb_.a.seq_q;
-    const std::int64_t n = attention_visible_count(pb_.c, b, i);
-    if (n == 0) continue;
+    const KeyRange visible = attention_visible_keys(pb_.c, b, i);
+    if (visible.size() == 0) continue;
     const auto qb = open_q_.begin() + q_base(blk, lr);
     const bool q_open = std::find(qb, qb + pb_.hd, 1) != qb + pb_.hd;
-    const bool k_open = first_open_key < n;
+    const bool k_open = next_open[visible.first] < visible.end;
     if (!q_open && !k_open) continue;
     row_exact(pb_, blocks_[blk], b, h, i, scratch.row, scratch.dots);
     // A product that fell below MPFR's exponent range would be 0 with a mass of 0: an exact
@@ -1207,7 +1214,7 @@ void Backward::row_dq(std::size_t blk, std::int64_t lr, mpfr_prec_t p, Stage sta
     const bool top = r.group_of[j] == 0;
     for (std::int64_t d = 0; d < hd; ++d) {
       if (!open_q_[base + d]) continue;
-      const auto kd = static_cast<std::size_t>(j * hd + d);
+      const auto kd = static_cast<std::size_t>((r.first + j) * hd + d);
       s.add_delta(d, ra.ds[j], ra.ds_mass[j], bd.k_mp[kd], bd.k_ub[kd]);
       if (stage == Stage::First && top) s.add_limit(d, ra.sbar[j], ra.sbar_mass[j], bd.k_mp[kd], bd.k_ub[kd]);
     }
@@ -1219,7 +1226,7 @@ void Backward::row_dq(std::size_t blk, std::int64_t lr, mpfr_prec_t p, Stage sta
     const double scale = std::fabs(pb_.scale.given ? pb_.scale.value : 1.0 / std::sqrt(static_cast<double>(hd)));
     for (std::int64_t d = 0; d < hd; ++d) {
       double m = 0.0;
-      for (std::int64_t j = 0; j < r.n; ++j) m += ra.f[j] * std::fabs(bd.k[j * hd + d]);
+      for (std::int64_t j = 0; j < r.n; ++j) m += ra.f[j] * std::fabs(bd.k[(r.first + j) * hd + d]);
       out_.dq_magnitude[base + d] = scale * m;
     }
   }
@@ -1234,7 +1241,7 @@ void Backward::row_dq(std::size_t blk, std::int64_t lr, mpfr_prec_t p, Stage sta
         Mpq term, kd;
         for (std::int64_t j : r.groups[0].keys) {
           to_mpq(term, *r.e[j]);
-          mpq_set_d(kd, bd.k[j * hd + d]);
+          mpq_set_d(kd, bd.k[(r.first + j) * hd + d]);
           mpq_mul(term, term, kd);
           mpq_add(*lim_q_[e], *lim_q_[e], term);
         }
@@ -1261,7 +1268,8 @@ void Backward::row_keys(std::size_t blk, const std::vector<char>& key_open, Stag
   const auto n_top = static_cast<unsigned long>(r.n_top());
   Mpq ebar, term, coeff;
   for (std::int64_t j = 0; j < r.n; ++j) {
-    if (!key_open[j]) continue;
+    const std::int64_t key = r.first + j;
+    if (!key_open[key]) continue;
     const bool top = r.group_of[j] == 0;
     const bool limits = stage == Stage::Limits && top;
     if (limits) {
@@ -1270,7 +1278,7 @@ void Backward::row_keys(std::size_t blk, const std::vector<char>& key_open, Stag
       mpq_mul(ebar, ebar, coeff);
     }
     for (std::int64_t d = 0; d < hd; ++d) {
-      const auto e = static_cast<std::size_t>(j * hd + d);
+      const auto e = static_cast<std::size_t>(key * hd + d);
       if (!open_k_[kb + e]) continue;
       chunk.dk.add_delta(e, ra.ds[j], ra.ds_mass[j], r.q_mp[d], r.q_ub[d]);
       if (stage == Stage::First) {
@@ -1285,7 +1293,7 @@ void Backward::row_keys(std::size_t blk, const std::vector<char>& key_open, Stag
       }
     }
     for (std::int64_t d = 0; d < dv; ++d) {
-      const auto e = static_cast<std::size_t>(j * dv + d);
+      const auto e = static_cast<std::size_t>(key * dv + d);
       if (!open_v_[vb + e]) continue;
       chunk.dv.add_delta(e, ra.tau[j], ra.tau_mass[j], r.d_o_mp[d], r.d_o_ub[d]);
       if (stage == Stage::First) {

@@ -382,6 +382,7 @@ class AttentionModule final : public OpModule {
       // The log-sum-exp output in one case of three, drawn after everything else.
       if ((limits.mapping || *gen::pick(std::vector<int>{0, 0, 1})) && (!k || k->traits().writes_lse))
         keep_if_supported([&] { c.types["LSE"] = Format::FP32; }, [&] { c.types.erase("LSE"); });
+      draw_window(c, k);  // last: kernels without windows draw the stream they drew before
       validate(c);
       return c;
     });
@@ -484,7 +485,7 @@ class AttentionModule final : public OpModule {
           out.push_back({"key_shift", "the same vector added to every key (scores up by about 100) fails: " + why});
       }
     }
-    if (!a.causal && a.seq_kv > 1) {  // key permutation within each batch's visible keys
+    if (!a.causal && !a.windowed() && a.seq_kv > 1) {  // key permutation within each batch's visible keys
       Inputs perm = inputs;
       permute_keys(c, perm);
       const RunOutcome r = ctx.run(c, perm);
@@ -810,6 +811,25 @@ class AttentionModule final : public OpModule {
 };
 
 }  // namespace
+
+void draw_window(Case& c, const Kernel* k) {
+  if (!k || !(k->traits().attention_variants & kAttnWindow) || *gen::pick(std::vector<int>{0, 0, 1}) == 0) return;
+  AttentionShape& a = c.attention;
+  const std::int64_t base = *gen::pick(std::vector<std::int64_t>{1, 2, 16, 63, 64, 65, 127, 128, 129, a.seq_kv / 2, a.seq_kv - 1, a.seq_kv});
+  const std::int64_t w = std::max<std::int64_t>(1, base + *gen::pick(std::vector<std::int64_t>{-1, 0, 1}));
+  const int convention = *gen::pick(std::vector<int>{0, 1, 2, 3});
+  std::string spec;
+  switch (convention) {
+    case 0: spec = fmt::format("flash:{},{}", w, *gen::pick(std::vector<std::int64_t>{-1, 0, 0, w})); break;
+    case 1: spec = fmt::format("hf:{}", w); break;
+    case 2: spec = fmt::format("flashinfer:{}", w); break;
+    default: spec = *gen::pick(std::vector<bool>{false, true}) ? fmt::format("cudnn:{},0", w) : fmt::format("cudnn:{}", w);
+  }
+  const auto [left, right] = window_from_convention(spec);
+  const std::int64_t left0 = a.window_left, right0 = a.window_right;
+  a.window_left = left, a.window_right = right;
+  if (k->unsupported(c)) a.window_left = left0, a.window_right = right0;
+}
 
 Case dtype_attention_case(std::string_view dtype, std::optional<Format> out) {
   const auto f = parse_format(dtype);

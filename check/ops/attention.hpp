@@ -23,4 +23,11 @@ Case dtype_attention_case(std::string_view dtype, std::optional<Format> out = st
 /// other outputs are judged only for NaN or Inf (OutputComparison::unreferenced).
 std::vector<std::int64_t> referenced_queries(const Case& c);
 
+/// Inside a generator (rc::gen::exec): in one case of three where kernel k applies sliding
+/// windows (KernelTraits::attention_variants), a window near an edge: a size of 1, 2, 16, 63,
+/// 64, 65, 127, 128, 129, seq_kv / 2, seq_kv - 1 or seq_kv, minus 1, plus 0 or plus 1, written
+/// in one of the conventions window_from_convention() reads (each library's off-by-one lands
+/// on drawn cases), causal or not as already drawn; kept where k supports the case.
+void draw_window(Case& c, const Kernel* k);
+
 }  // namespace ulpgate

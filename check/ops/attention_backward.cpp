@@ -7,6 +7,7 @@
 
 #include <fmt/format.h>
 
+#include "check/ops/attention.hpp"
 #include "core/error.hpp"
 #include "distributions/case_gen.hpp"
 #include "references/attention_backward.hpp"
@@ -130,7 +131,8 @@ class BackwardBound {
   void row(std::int64_t b, std::int64_t h, std::int64_t i, Allowed& out, std::vector<double>& dk_abs,
            std::vector<double>& dv_abs, std::vector<std::int64_t>& terms) const {
     const std::int64_t hd = a_.head_dim, dv = a_.eff_head_dim_v(), hk = a_.kv_head(h);
-    const std::int64_t n_i = attention_visible_count(c_, b, i);
+    const KeyRange keys = attention_visible_keys(c_, b, i);
+    const std::int64_t n_i = keys.size();
     if (n_i == 0) return;  // no key: every gradient term of the row is exactly 0
     std::vector<double> q(hd), dout(dv);
     // D from the stored O; rho bounds |D(stored O) - D(exact O)|: the stored O's distance from
@@ -147,7 +149,7 @@ class BackwardBound {
     const double lambda = distance(lse, forward_.lse[static_cast<std::size_t>(forward_.row(b, h, i))]);
     if (!std::isfinite(lse) || !std::isfinite(lambda)) {  // a row with keys given a non-finite LSE: no bound
       for (std::int64_t d = 0; d < hd; ++d) out.dq[((b * a_.heads + h) * a_.seq_q + i) * hd + d] = INFINITY;
-      for (std::int64_t j = 0; j < n_i; ++j) {
+      for (std::int64_t j = keys.first; j < keys.end; ++j) {
         const std::int64_t kj = (b * a_.eff_kv_heads() + hk) * a_.seq_kv + j;
         for (std::int64_t d = 0; d < hd; ++d) out.dk[kj * hd + d] = INFINITY;
         for (std::int64_t d = 0; d < dv; ++d) out.dv[kj * dv + d] = INFINITY;
@@ -157,7 +159,7 @@ class BackwardBound {
     const double e_d = tol_.gamma(dv) * dsum_abs + rho + static_cast<double>(dv) * eta_;
     const double s = std::fabs(sigma_);
     std::vector<double> dq_err(hd, 0.0), dq_abs(hd, 0.0);
-    for (std::int64_t j = 0; j < n_i; ++j) {
+    for (std::int64_t j = keys.first; j < keys.end; ++j) {
       double dot = 0, dot_abs = 0, dp = 0, dp_abs = 0;
       for (std::int64_t d = 0; d < hd; ++d) {
         const double x = q[d] * k_.at(b, hk, j, d);
@@ -322,6 +324,7 @@ class AttentionBackwardModule final : public OpModule {
         const std::int64_t kv_heads = *gen::pick(kv);
         keep_if_supported([&] { a.kv_heads = kv_heads; }, [&] { a.kv_heads = 0; });
       }
+      draw_window(c, k);  // last: kernels without windows draw the stream they drew before
       validate(c);
       return c;
     });

@@ -7,6 +7,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <fmt/format.h>
@@ -32,7 +33,7 @@ namespace {
 /// shape, one input type.
 struct BenchArgs {
   std::vector<std::string> kernels, gemm_shapes, attention_shapes;
-  std::string baseline, shapes_preset, dtype, layout, json, md, html, seed = "1";
+  std::string baseline, shapes_preset, dtype, layout, window, json, md, html, seed = "1";
   bool causal = false, backward = false, no_flush = false, no_check = false;
   int reps = 20, warmup = 3;
 };
@@ -99,6 +100,7 @@ std::vector<Case> bench_cases(const BenchArgs& a, const std::string& dtype, std:
     AttentionShape& at = c.attention;
     at.batch = d[0], at.heads = d[1], at.seq_q = d[2], at.seq_kv = d[3], at.head_dim = d[4];
     at.causal = a.causal;
+    if (!a.window.empty()) std::tie(at.window_left, at.window_right) = window_from_convention(a.window);
     if (a.layout == "bshd") at.layout = AttentionLayout::BSHD;
     else if (!a.layout.empty() && a.layout != "bhsd") throw InputError(fmt::format("--layout '{}': bhsd or bshd", a.layout));
     c.seed = seed;
@@ -149,6 +151,7 @@ Exit bench_command(const BenchArgs& a, const LocalRegistry& local) {
   const int shape_kinds = !a.gemm_shapes.empty() + !a.shapes_preset.empty() + !a.attention_shapes.empty();
   if (shape_kinds == 0) throw InputError("bench: give --gemm MxNxK, --shapes square|llm or --attention BxHxSqxSkvxD");
   if (!a.attention_shapes.empty() && shape_kinds > 1) throw InputError("bench: GEMM and attention shapes in one run");
+  if (!a.window.empty() && a.attention_shapes.empty()) throw InputError("bench: --window applies to attention shapes (--attention BxHxSqxSkvxD)");
   if (a.backward && a.attention_shapes.empty()) throw InputError("bench: --backward times attention shapes (--attention BxHxSqxSkvxD)");
   if (a.reps < 1 || a.warmup < 0) throw InputError("bench: --reps must be >= 1 and --warmup >= 0");
   Registry registry = local();
@@ -201,6 +204,7 @@ Verb add_bench(CLI::App& app) {
       ->check(CLI::IsMember({"square", "llm"}));
   bench->add_option("--attention", a->attention_shapes, "Attention shape BxHxSqxSkvxD (repeatable)");
   bench->add_flag("--causal", a->causal, "Attention: causal mask (FLOPs count the visible pairs only)");
+  bench->add_option("--window", a->window, "Attention: sliding window, e.g. hf:4096, flash:4095,0, flashinfer:4095 or cudnn:4096,0 (FLOPs: the visible pairs)");
   bench->add_flag("--backward", a->backward, "Attention: time the backward pass (dQ, dK, dV from Q, K, V, dO, O, LSE; "
                                              "FLOPs 2.5 times the forward's)");
   bench->add_option("--layout", a->layout, "Attention layout: bhsd (default) or bshd");

@@ -32,6 +32,7 @@ class EmulatedAttentionBackward final : public Kernel {
   KernelTraits traits() const override {
     KernelTraits t;
     t.thread_safe = true;
+    t.attention_variants = kAttnWindow;  // the keys are attention_visible()'s
     t.p_bits = info(m_.p_format).precision();
     t.flushes_subnormals = m_.ftz;
     return t;

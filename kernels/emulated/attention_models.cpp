@@ -43,6 +43,7 @@ class EmulatedAttention final : public Kernel {
     KernelTraits t;
     t.thread_safe = true;
     t.writes_lse = true;
+    t.attention_variants = kAttnWindow;  // the keys are attention_visible()'s
     t.p_bits = info(m_.variant == AttentionModel::Variant::Flash ? m_.p_format : Format::FP32).precision();
     t.flushes_subnormals = m_.ftz;
     return t;

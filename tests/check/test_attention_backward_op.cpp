@@ -236,6 +236,49 @@ TEST(AttentionBackwardOp, PlantedBugsFail) {
   }
 }
 
+// A sliding window: the model passes; the same model reading the window with one key more on
+// the left (the diagonal key counted out of the bound, as xformers against Hugging Face)
+// fails, and so does one that leaves the window out. A kernel that does not declare windows is
+// not handed the case.
+TEST(AttentionBackwardOp, WindowsAreAppliedAndTheirOffByOneFails) {
+  class Rewindowed final : public Kernel {
+   public:
+    Rewindowed(std::string name, std::int64_t extra_left, bool declared) : name_(std::move(name)), extra_(extra_left), declared_(declared) {}
+    std::string name() const override { return name_; }
+    std::string description() const override { return name_; }
+    KernelTraits traits() const override {
+      KernelTraits t = inner_->traits();
+      if (!declared_) t.attention_variants = 0;
+      return t;
+    }
+    std::optional<std::string> unsupported(const Case& c) const override { return inner_->unsupported(c); }
+    void run(const Case& c, const KernelIo& io, RunNotes& notes) override {
+      Case wide = c;
+      wide.attention.window_left = extra_ < 0 ? -1 : c.attention.window_left + extra_;
+      inner_->run(wide, io, notes);
+    }
+
+   private:
+    std::string name_;
+    std::int64_t extra_;
+    bool declared_;
+    std::unique_ptr<Kernel> inner_ = make_emulated_attention_backward(AttentionBackwardModel{});
+  };
+  Case c = backward_case("bf16", 24, 70, 32);
+  c.attention.causal = true, c.attention.window_left = 16, c.attention.window_right = 0;
+  Rewindowed right("window_as_given", 0, true), one_more("window_one_key_more", 1, true), none("window_left_out", -1, true),
+      undeclared("window_undeclared", 0, false);
+  const CaseResult ok = check(right, c);
+  EXPECT_TRUE(ok.verdict.passed) << reasons(ok);
+  for (Kernel* k : std::vector<Kernel*>{&one_more, &none}) {
+    const CaseResult r = check(*k, c);
+    EXPECT_FALSE(r.verdict.passed) << k->name();
+  }
+  const CaseResult skipped = check(undeclared, c);
+  EXPECT_EQ(skipped.status, Disposition::NotSupported);
+  EXPECT_NE(skipped.message.find("window"), std::string::npos) << skipped.message;
+}
+
 // cuDNN's padded-tile bug class: a kernel that computes exp(s) exp(-LSE) gets Inf, then NaN,
 // where a row's LSE is below -88.7 (exp(88.7) passes FP32's range). Ordinary inputs never
 // reach it; the low_lse relation does.

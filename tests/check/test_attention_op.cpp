@@ -367,7 +367,13 @@ TEST(AttentionOp, NonDeterministicKernelPassesTheRelations) {
 namespace {
 
 // A plain FP32 attention kernel with one planted bug of a class real kernels have.
-enum class Bug { None, TopLeftCausal, IgnoresKvLengths, ScaleOverD, MaskedRowNaN, LastBlockDropped, LseWithoutMax, LseInLog2 };
+// The window bugs: the left bound counted with the diagonal key in it (one key too few, as
+// xformers against Hugging Face), a window declared but not applied, a window measured from the
+// top-left diagonal.
+enum class Bug {
+  None, TopLeftCausal, IgnoresKvLengths, ScaleOverD, MaskedRowNaN, LastBlockDropped, LseWithoutMax, LseInLog2,
+  WindowLeftInclusive, WindowIgnored, WindowTopLeft
+};
 
 class BuggyAttention final : public Kernel {
  public:
@@ -377,6 +383,7 @@ class BuggyAttention final : public Kernel {
   KernelTraits traits() const override {
     KernelTraits t;
     t.writes_lse = true;
+    if (bug_ == Bug::None || bug_ >= Bug::WindowLeftInclusive) t.attention_variants = kAttnWindow;
     return t;
   }
   std::optional<std::string> unsupported(const Case& c) const override {
@@ -402,7 +409,11 @@ class BuggyAttention final : public Kernel {
           const std::int64_t end = bug_ == Bug::LastBlockDropped && len > 64 ? len / 64 * 64 : len;
           for (std::int64_t j = 0; j < end; ++j) {
             const bool causal_ok = !a.causal || (bug_ == Bug::TopLeftCausal ? j <= i : j - (a.seq_kv - a.seq_q) <= i);
-            if (causal_ok) keys.push_back(j);
+            const std::int64_t diag = bug_ == Bug::WindowTopLeft ? i : i + a.seq_kv - a.seq_q;
+            const std::int64_t low = diag - a.window_left + (bug_ == Bug::WindowLeftInclusive ? 1 : 0);
+            const bool window_ok = bug_ == Bug::WindowIgnored ||
+                                   ((a.window_left < 0 || j >= low) && (a.window_right < 0 || j <= diag + a.window_right));
+            if (causal_ok && window_ok) keys.push_back(j);
           }
           std::vector<float> s(keys.size());
           float m = -INFINITY, l = 0;
@@ -435,7 +446,8 @@ class BuggyAttention final : public Kernel {
 // the campaign finds every one, and passes the same kernel without a bug.
 TEST(AttentionOp, FuzzFindsPlantedBugClasses) {
   for (Bug bug : {Bug::None, Bug::TopLeftCausal, Bug::IgnoresKvLengths, Bug::ScaleOverD, Bug::MaskedRowNaN,
-                  Bug::LastBlockDropped, Bug::LseWithoutMax, Bug::LseInLog2}) {
+                  Bug::LastBlockDropped, Bug::LseWithoutMax, Bug::LseInLog2, Bug::WindowLeftInclusive, Bug::WindowIgnored,
+                  Bug::WindowTopLeft}) {
     Registry reg;
     reg.add(std::make_unique<BuggyAttention>(bug));
     FuzzOptions o;

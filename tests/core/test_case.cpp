@@ -77,6 +77,8 @@ rc::Gen<Case> any_valid_case() {
       if (*rc::gen::arbitrary<bool>())
         for (std::int64_t b = 0; b < a.batch; ++b)
           a.kv_lengths.push_back(*rc::gen::inRange<std::int64_t>(0, a.seq_kv + 1));
+      if (*rc::gen::arbitrary<bool>())
+        a.window_left = *rc::gen::inRange<std::int64_t>(-1, 300), a.window_right = *rc::gen::inRange<std::int64_t>(-1, 300);
       for (const char* op : {"Q", "K", "V", "O"}) c.types[op] = *any_format();
     }
     c.types["compute"] = *any_format();
@@ -334,4 +336,65 @@ TEST(Case, MemoryViews) {
   EXPECT_FALSE(attention_visible(t, 0, 0, 3));
   EXPECT_TRUE(attention_visible(t, 0, 3, 5));
   EXPECT_FALSE(attention_visible(t, 1, 3, 3));  // beyond kv_lengths[1] = 3
+}
+
+// Sliding windows (FlashAttention's convention): query i sees key j iff
+// diag - left <= j <= diag + right, diag = i + seq_kv - seq_q, each side -1 for unbounded.
+TEST(Case, WindowBoundsTheVisibleKeys) {
+  Case c = case_from_json(json::parse(R"({"ulpgate_case": 1, "op": "attention",
+    "attention": {"batch": 1, "heads": 1, "seq_q": 4, "seq_kv": 10, "head_dim": 8,
+                  "window_left": 2, "window_right": 1},
+    "types": {"Q": "fp16", "K": "fp16", "V": "fp16", "O": "fp16", "compute": "fp32"}})"));
+  EXPECT_EQ(attention_variants(c), kAttnWindow);
+  EXPECT_EQ(attention_variant_names(attention_variants(c)), "window");
+  // query 0: diag 6, keys 4..7; query 3: diag 9, keys 7..9 (the last key bounds the right)
+  EXPECT_EQ(attention_visible_keys(c, 0, 0).first, 4);
+  EXPECT_EQ(attention_visible_keys(c, 0, 0).end, 8);
+  EXPECT_EQ(attention_visible_keys(c, 0, 3).first, 7);
+  EXPECT_EQ(attention_visible_keys(c, 0, 3).end, 10);
+  EXPECT_EQ(attention_visible_count(c, 0, 3), 3);
+  // causal caps the right side at the diagonal whatever window_right says
+  c.attention.causal = true;
+  EXPECT_EQ(attention_visible_keys(c, 0, 0).end, 7);
+  // window (unbounded, 0) is causal
+  Case w = c, causal = c;
+  w.attention.causal = false, w.attention.window_left = -1, w.attention.window_right = 0;
+  causal.attention.window_left = causal.attention.window_right = -1;
+  for (std::int64_t i = 0; i < 4; ++i)
+    for (std::int64_t j = 0; j < 10; ++j) EXPECT_EQ(attention_visible(w, 0, i, j), attention_visible(causal, 0, i, j)) << i << " " << j;
+  // a window left of every key the batch has: no key, an empty range at 0
+  c.attention.causal = false, c.attention.window_left = 0, c.attention.window_right = 0, c.attention.kv_lengths = {5};
+  EXPECT_EQ(attention_visible_keys(c, 0, 0).size(), 0);  // diag 6 is beyond the 5 keys
+  EXPECT_EQ(attention_visible_keys(c, 0, 0).first, 0);
+  // the JSON round trip keeps the window; files without it have none
+  EXPECT_EQ(case_from_json(to_json(c)).attention.window_left, 0);
+  c.attention.window_left = -2;
+  EXPECT_THROW(validate(c), InputError);
+  json j = to_json(w);
+  j["attention"].erase("window_left"), j["attention"].erase("window_right");
+  EXPECT_FALSE(case_from_json(j).attention.windowed());
+  j["attention"]["window_right"] = -3;
+  EXPECT_NE(error_of(j).find("case.attention.window_right"), std::string::npos) << error_of(j);
+}
+
+// The conventions of other libraries, converted: each names the same window of 4 keys
+// left of the diagonal, self included (HF sliding_window = 4 keys; FlashAttention left 3).
+TEST(Case, WindowConventions) {
+  using W = std::pair<std::int64_t, std::int64_t>;
+  EXPECT_EQ(window_from_convention("flash:3,0"), W(3, 0));
+  EXPECT_EQ(window_from_convention("flash:-1,-1"), W(-1, -1));
+  EXPECT_EQ(window_from_convention("hf:4"), W(3, 0));
+  EXPECT_EQ(window_from_convention("flashinfer:3"), W(3, -1));
+  EXPECT_EQ(window_from_convention("cudnn:4"), W(3, -1));
+  EXPECT_EQ(window_from_convention("cudnn:4,0"), W(3, 0));
+  EXPECT_EQ(window_from_convention("cudnn:1,2"), W(0, 2));
+  for (const char* bad : {"4", "hf:0", "hf:4,1", "flash:3", "flash:-2,0", "cudnn:0", "cudnn:4,-1", "flashinfer:x",
+                          "flashinfer:3,", "xformers:4", "hf:"}) {
+    try {
+      window_from_convention(bad);
+      ADD_FAILURE() << bad << " accepted";
+    } catch (const InputError& e) {
+      EXPECT_NE(std::string(e.what()).find(bad), std::string::npos) << e.what();
+    }
+  }
 }

@@ -38,7 +38,9 @@ std::int64_t kv_of(const AttentionShape& a, std::int64_t h) { return h / (a.head
 std::int64_t dim_v(const AttentionShape& a) { return a.head_dim_v ? a.head_dim_v : a.head_dim; }
 bool visible(const AttentionShape& a, std::int64_t b, std::int64_t i, std::int64_t j) {
   const std::int64_t len = a.kv_lengths.empty() ? a.seq_kv : a.kv_lengths[b];
-  return j < len && (!a.causal || j - (a.seq_kv - a.seq_q) <= i);
+  const std::int64_t diag = i + a.seq_kv - a.seq_q;  // FlashAttention's window, written out here
+  return j < len && (!a.causal || j <= diag) && (a.window_left < 0 || j >= diag - a.window_left) &&
+         (a.window_right < 0 || j <= diag + a.window_right);
 }
 
 struct BwdCase {
@@ -97,6 +99,7 @@ BwdCase random_case(std::uint64_t seed) {
   a.causal = bits.chance(0.5);
   if (bits.chance(0.4))
     for (std::int64_t b = 0; b < a.batch; ++b) a.kv_lengths.push_back(bits.in(0, a.seq_kv));
+  if (bits.chance(0.3)) a.window_left = bits.in(-1, 4), a.window_right = bits.in(-1, 3);
   const double scales[] = {0.125, -0.5, 0.0, 1.0 / 3.0, 1.0, 2.0, 0.25};
   if (bits.chance(0.5)) a.softmax_scale = scales[bits.in(0, 6)];
   const Family family = kFamilies[bits.in(0, 7)];
@@ -574,6 +577,49 @@ TEST(AttentionBackwardReference, MaskedRowsAndUnseenKeysGivePlusZero) {
   }
 }
 
+// A window of one key, the query's own (window (0, 0), seq_q = seq_kv): P = 1 and dS = 0 on
+// every row, so dQ = dK = +0 and dV_j is dO of row j summed over the group's heads. With
+// window (1, 0) and 3 of 5 keys in batch 1, key 0 is seen by rows 0 and 1 and the last two
+// keys by nobody (+0); every row still sees a key.
+TEST(AttentionBackwardReference, WindowsSelectEachRowsKeys) {
+  {
+    Builder t(2, 4, 2, 5, 5, 3, 3, Format::BF16, AttentionLayout::BSHD);
+    t.shape().window_left = 0, t.shape().window_right = 0;
+    Bits bits(12, 95, 0);
+    for (const char* op : {"Q", "K", "V", "dO"}) t.random(op, bits);
+    const AttentionGradients g = t.run();
+    EXPECT_TRUE(all_plus_zero(g.dq));
+    EXPECT_TRUE(all_plus_zero(g.dk));
+    for (std::int64_t b = 0; b < 2; ++b)
+      for (std::int64_t hk = 0; hk < 2; ++hk)
+        for (std::int64_t j = 0; j < 5; ++j)
+          for (std::int64_t d = 0; d < 3; ++d) {
+            Mpfr sum(4000);
+            mpfr_set_zero(sum, 1);
+            for (std::int64_t h = 2 * hk; h < 2 * hk + 2; ++h) mpfr_add_d(sum, sum, t.get("dO", b, h, j, d), MPFR_RNDN);
+            EXPECT_EQ(g.dv[g.v_index(b, hk, j, d)], RefValue::from_exact(sum)) << b << hk << j << d;
+          }
+  }
+  {
+    Builder t(2, 1, 0, 5, 5, 4, 4);
+    t.shape().window_left = 1, t.shape().window_right = 0, t.shape().kv_lengths = {5, 3};
+    Bits bits(13, 95, 0);
+    for (const char* op : {"Q", "K", "V", "dO"}) t.random(op, bits);
+    const AttentionGradients g = t.run();
+    for (std::int64_t j = 0; j < 5; ++j)
+      for (std::int64_t d = 0; d < 4; ++d) {
+        EXPECT_NE(g.dv[g.v_index(0, 0, j, d)].kind, RefValue::Kind::Zero) << j;
+        EXPECT_EQ(g.dv[g.v_index(1, 0, j, d)] == RefValue::zero(false), j >= 3) << j;
+        EXPECT_EQ(g.dk[g.k_index(1, 0, j, d)] == RefValue::zero(false), j >= 3) << j;
+      }
+    for (std::int64_t i = 0; i < 5; ++i)  // row 0 sees key 0 alone (dQ = 0); rows 3, 4 of batch 1 see key 2 alone
+      for (std::int64_t d = 0; d < 4; ++d) {
+        EXPECT_EQ(g.dq[g.q_index(0, 0, i, d)] == RefValue::zero(false), i == 0) << i;
+        EXPECT_EQ(g.dq[g.q_index(1, 0, i, d)] == RefValue::zero(false), i == 0 || i >= 3) << i;
+      }
+  }
+}
+
 // One query (q = 1, head_dim 1), two keys k0, k1, values v0, v1, dO = g: the scores are k, so
 // P0 = sigmoid(k0 - k1) = 1 - P1, dP_j = g v_j, dS0 = -dS1 = P0 P1 g (v0 - v1), and
 // dQ = P0 P1 g (v0 - v1)(k0 - k1), dK0 = -dK1 = P0 P1 g (v0 - v1), dV_j = P_j g.
@@ -727,7 +773,8 @@ double loss(const Builder& t, const std::map<std::string, std::vector<double>>& 
     for (std::int64_t h = 0; h < a.heads; ++h)
       for (std::int64_t i = 0; i < a.seq_q; ++i) {
         std::vector<double> s;
-        for (std::int64_t j = 0; j < a.seq_kv && visible(a, b, i, j); ++j) {
+        for (std::int64_t j = 0; j < a.seq_kv; ++j) {
+          if (!visible(a, b, i, j)) continue;
           double dot = 0.0;
           for (std::int64_t d = 0; d < hd; ++d)
             dot += val("Q", a.heads, a.seq_q, hd, b, h, i, d) * val("K", kvh, a.seq_kv, hd, b, kv_of(a, h), j, d);

@@ -35,7 +35,9 @@ std::int64_t kv_of(const AttentionShape& a, std::int64_t h) { return h * kv_coun
 
 bool visible(const AttentionShape& a, std::int64_t b, std::int64_t i, std::int64_t j) {
   const std::int64_t len = a.kv_lengths.empty() ? a.seq_kv : a.kv_lengths[b];
-  return j < len && (!a.causal || j - (a.seq_kv - a.seq_q) <= i);
+  const std::int64_t diag = i + a.seq_kv - a.seq_q;  // FlashAttention's window, written out here
+  return j < len && (!a.causal || j <= diag) && (a.window_left < 0 || j >= diag - a.window_left) &&
+         (a.window_right < 0 || j <= diag + a.window_right);
 }
 
 struct AttnCase {
@@ -68,6 +70,7 @@ AttnCase random_case(std::uint64_t seed) {
   a.causal = bits.chance(0.5);
   if (bits.chance(0.5))
     for (std::int64_t b = 0; b < a.batch; ++b) a.kv_lengths.push_back(bits.in(0, a.seq_kv));
+  if (bits.chance(0.3)) a.window_left = bits.in(-1, 4), a.window_right = bits.in(-1, 3);
   const double scales[] = {0.125, -0.5, 0.0, 1.0 / 3.0, 1.0};
   if (bits.chance(0.5)) a.softmax_scale = scales[bits.in(0, 4)];
   c.types = {{"Q", kInputFormats[bits.in(0, 5)]}, {"K", kInputFormats[bits.in(0, 5)]},
