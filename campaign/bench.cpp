@@ -10,6 +10,7 @@
 #include "distributions/fill.hpp"
 #include "check/check.hpp"
 #include "check/ops/op.hpp"
+#include "check/ops/attention_backward.hpp"
 #include "check/runner.hpp"
 #include "kernels/device.hpp"
 
@@ -44,7 +45,28 @@ double case_flops(const Case& c) {
   return c.op == Op::AttentionBackward ? 2.5 * forward : forward;
 }
 
-BenchRow bench_kernel(Kernel& k, Case c, const BenchOptions& options) {
+namespace {
+
+// The case's inputs: filled, and the backward's O and LSE from `forward` run on Q, K and V
+// where given, else derived (the exact forward rounded once). Where the forward kernel did not
+// run, no inputs and the row's status saying why.
+std::pair<Inputs, std::string> bench_inputs(Case& c, Kernel* forward) {
+  if (!forward || c.op != Op::AttentionBackward) return {case_inputs(c), ""};
+  Inputs inputs = fill_inputs(c);
+  const Case fc = forward_case(c);
+  Inputs qkv;
+  for (const std::string& op : fc.inputs()) qkv.insert_or_assign(op, inputs.at(op));
+  const RunOutcome f = run_kernel(*forward, fc, qkv);
+  if (f.status != Disposition::Ok)
+    return {{}, fmt::format("{}: forward kernel {}: {}", f.status == Disposition::NotSupported ? "not supported" : "failed",
+                            forward->name(), f.message)};
+  for (const std::string& op : c.derived_inputs()) inputs.insert_or_assign(op, f.outputs.at(op));
+  return {std::move(inputs), ""};
+}
+
+}  // namespace
+
+BenchRow bench_kernel(Kernel& k, Case c, const BenchOptions& options, Kernel* forward) {
   validate(c);
   BenchRow row;
   row.kernel = k.name();
@@ -53,8 +75,13 @@ BenchRow bench_kernel(Kernel& k, Case c, const BenchOptions& options) {
     row.status = "not supported: " + *why;
     return row;
   }
-  const Inputs inputs = case_inputs(c);  // may set scales and kv_lengths
+  const auto [inputs, forward_failed] = bench_inputs(c, forward);  // may set scales and kv_lengths
   row.c = c;
+  if (!forward_failed.empty()) {
+    row.status = forward_failed;
+    return row;
+  }
+  if (forward && c.op == Op::AttentionBackward) row.notes["forward"] = forward->name() + " (O and LSE, not judged)";
   row.flops = case_flops(c);
   std::map<std::string, Tensor> outputs;  // every output the kernel writes (backward: dQ, dK, dV)
   for (const std::string& name : outputs_of(c)) outputs.emplace(name, make_output(c, name));
@@ -149,6 +176,8 @@ std::string bench_markdown(const BenchReport& r) {
                               "per kernel, {}; TFLOP/s from the median.\n\n",
                               r.device, r.clock_before_mhz, r.clock_after_mhz, r.options.warmup, r.options.reps,
                               r.options.flush_l2 ? "device kernels: L2 evicted before each timed run (256 MiB memset), timed by CUDA events; host kernels by the steady clock" : "L2 not flushed");
+  if (!r.options.forward_kernel.empty())
+    s += fmt::format("Backward cases take O and LSE from {} on the same Q, K and V (not judged).\n\n", r.options.forward_kernel);
   s += fmt::format("| kernel | case | median ms | p10 - p90 ms | TFLOP/s | % of {} | check | max normalised | effective bits "
                    "| notes |\n",
                    r.baseline.empty() ? "baseline" : r.baseline);
@@ -194,6 +223,7 @@ nlohmann::json bench_json(const BenchReport& r) {
           {"warmup", r.options.warmup},
           {"reps", r.options.reps},
           {"l2_flushed", r.options.flush_l2},
+          {"forward_kernel", r.options.forward_kernel},
           {"baseline", r.baseline},
           {"rows", rows}};
 }
@@ -209,6 +239,7 @@ BenchReport bench_from_json(const nlohmann::json& j) {
     r.clock_after_mhz = j.at("sm_clock_mhz").at("after").get<std::int64_t>();
     r.options.warmup = j.at("warmup").get<int>(), r.options.reps = j.at("reps").get<int>();
     r.options.flush_l2 = j.at("l2_flushed").get<bool>();
+    r.options.forward_kernel = j.value("forward_kernel", "");  // absent in reports without one
     r.baseline = j.at("baseline").get<std::string>();
     for (std::size_t i = 0; i < j.at("rows").size(); ++i) {
       at = fmt::format("rows[{}]", i);

@@ -22,6 +22,10 @@ struct BenchOptions {
   int warmup = 3;       ///< untimed runs first
   bool flush_l2 = true; ///< evict L2 before each timed run (device kernels)
   bool check = true;    ///< judge the output against the exact reference
+  /// Attention backward: O and LSE from this forward kernel run on the case's Q, K, V (not
+  /// judged), instead of the exact forward rounded once, which costs minutes at training
+  /// sizes. Empty: the exact forward.
+  std::string forward_kernel;
 };
 
 /// Order statistics of the timed runs, in milliseconds.
@@ -63,8 +67,9 @@ struct BenchReport {
 
 /// Times kernel k on case c (filled from its distributions and seed). Throws InputError
 /// for a case that fails validation; a kernel that does not take the case or fails gives a
-/// row with that status.
-BenchRow bench_kernel(Kernel& k, Case c, const BenchOptions& options);
+/// row with that status. forward: the kernel named by options.forward_kernel (backward cases
+/// take their O and LSE from it; nullptr: from the exact forward).
+BenchRow bench_kernel(Kernel& k, Case c, const BenchOptions& options, Kernel* forward = nullptr);
 
 /// The shapes of a preset: "square" (M = N = K = 1024, 2048, 4096, 8192) or "llm"
 /// (4096 x 4096 x 11008, 4096 x 11008 x 4096, 8192 x 8192 x 8192, 16 x 4096 x 4096).

@@ -4,7 +4,7 @@
 # parts (default all): tests speed lab campaign
 #   tests     the GPU tests of the attention kernels (ours and cuDNN's, forward and backward)
 #   speed     B=4 H=16 S=4096 D=128, FP16 and BF16, causal and not: `ulpgate bench --backward`
-#             with our flash backward and cuDNN's in the same run (outputs not checked: the
+#             with our flash backward and cuDNN's in the same run, O and LSE from our flash forward (outputs not checked: the
 #             exact backward at that size is out of the CPU's reach; `tests` checks them)
 #   lab       dev/bench_attention_backward (ours, .det too) and dev/bench_sdpa_backward.py
 #             (PyTorch's cuDNN and flash backends) when python3 has torch
@@ -29,7 +29,7 @@ if has speed; then
       t0=$(now); tag=bwd_${dt}${causal:+_causal}
       kernels="--kernel cuda.attn_bwd_flash.$dt"
       for k in $(cudnn_bwd $dt); do kernels="$kernels --kernel $k"; done
-      "$u" bench --backward $kernels --dtype $dt --attention 4x16x4096x4096x128 $causal --reps 25 --no-check \
+      "$u" bench --backward $kernels --forward-kernel cuda.attn_flash.$dt --dtype $dt --attention 4x16x4096x4096x128 $causal --reps 25 --no-check \
         --json "$out/$tag.json" --md "$out/$tag.md" > /dev/null 2> "$out/$tag.log"
       echo "$tag: rc $? in $(took "$t0")"; grep -E "^\| (cuda|cudnn)" "$out/$tag.md" | cut -c1-220
     done

@@ -33,7 +33,7 @@ namespace {
 /// shape, one input type.
 struct BenchArgs {
   std::vector<std::string> kernels, gemm_shapes, attention_shapes;
-  std::string baseline, shapes_preset, dtype, layout, window, json, md, html, seed = "1";
+  std::string baseline, shapes_preset, dtype, layout, window, forward_kernel, json, md, html, seed = "1";
   bool causal = false, backward = false, no_flush = false, no_check = false;
   int reps = 20, warmup = 3;
 };
@@ -113,7 +113,7 @@ std::vector<Case> bench_cases(const BenchArgs& a, const std::string& dtype, std:
 // Times every kernel on every case (the baseline first on each), a progress line per row
 // on stderr; returns how many rows failed.
 int time_kernels(BenchReport& report, const std::vector<Case>& cases, const std::vector<Kernel*>& kernels, Kernel* baseline,
-                 const BenchOptions& options) {
+                 const BenchOptions& options, Kernel* forward) {
   int failed = 0, done = 0;
   const int total = static_cast<int>(cases.size() * (kernels.size() + (baseline ? 1 : 0)));
   for (const Case& c : cases) {
@@ -126,7 +126,7 @@ int time_kernels(BenchReport& report, const std::vector<Case>& cases, const std:
       if (baseline && i > 0 && k == baseline) continue;  // timed once, as the baseline
       BenchRow row = [&] {
         const KernelCrashGuard guard("bench", k->name());
-        return bench_kernel(*k, case_for(*k, c), options);
+        return bench_kernel(*k, case_for(*k, c), options, forward);
       }();
       if (baseline && i == 0 && row.status == "ok") base_tflops = row.tflops;
       else if (base_tflops > 0 && row.status == "ok") row.percent_of_baseline = 100.0 * row.tflops / base_tflops;
@@ -161,19 +161,26 @@ Exit bench_command(const BenchArgs& a, const LocalRegistry& local) {
     if (!baseline) throw InputError(fmt::format("unknown baseline kernel '{}' (see ulpgate list)", a.baseline));
   }
   const std::vector<Kernel*> kernels = bench_kernels(a, registry);
+  Kernel* forward = nullptr;
+  if (!a.forward_kernel.empty()) {
+    if (!a.backward) throw InputError("bench: --forward-kernel gives the backward its O and LSE; it needs --backward");
+    forward = registry.resolve(a.forward_kernel);
+    if (!forward) throw InputError(fmt::format("--forward-kernel '{}': not a kernel here (see ulpgate list)", a.forward_kernel));
+  }
   const std::string dtype = a.dtype.empty() ? default_dtype(kernels.front()->name()) : a.dtype;
   const std::vector<Case> cases = bench_cases(a, dtype, parse_seed(a.seed));
   if (!a.html.empty()) report::check_gnuplot();  // before the work, not after it
 
   BenchOptions options;
   options.reps = a.reps, options.warmup = a.warmup, options.flush_l2 = !a.no_flush, options.check = !a.no_check;
+  options.forward_kernel = forward ? forward->name() : "";
   BenchReport report;
   report.options = options;
   report.baseline = baseline ? baseline->name() : "";
   const DeviceInfo info = device_info();
   report.device = info.description;
   report.clock_before_mhz = info.sm_clock_mhz;
-  const int failed = time_kernels(report, cases, kernels, baseline, options);
+  const int failed = time_kernels(report, cases, kernels, baseline, options, forward);
   report.clock_after_mhz = device_info().sm_clock_mhz;
   const std::string md = bench_markdown(report);
   std::fputs(md.c_str(), stdout);
@@ -204,6 +211,9 @@ Verb add_bench(CLI::App& app) {
       ->check(CLI::IsMember({"square", "llm"}));
   bench->add_option("--attention", a->attention_shapes, "Attention shape BxHxSqxSkvxD (repeatable)");
   bench->add_flag("--causal", a->causal, "Attention: causal mask (FLOPs count the visible pairs only)");
+  bench->add_option("--forward-kernel", a->forward_kernel,
+                    "Attention --backward: O and LSE from this forward kernel on the same Q, K, V (not judged; default: the exact "
+                    "forward, minutes at training sizes)");
   bench->add_option("--window", a->window, "Attention: sliding window, e.g. hf:4096, flash:4095,0, flashinfer:4095 or cudnn:4096,0 (FLOPs: the visible pairs)");
   bench->add_flag("--backward", a->backward, "Attention: time the backward pass (dQ, dK, dV from Q, K, V, dO, O, LSE; "
                                              "FLOPs 2.5 times the forward's)");

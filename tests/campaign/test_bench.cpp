@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include "campaign/bench.hpp"
+#include "check/ops/attention_backward.hpp"
+#include "kernels/builtin.hpp"
 
 using namespace ulpgate;
 
@@ -47,4 +49,34 @@ TEST(Bench, FlopsOfGemmAndAttention) {
   const double full = case_flops(big);
   big.attention.causal = true;
   EXPECT_NEAR(case_flops(big) / full, 4097.0 / 8192.0, 1e-12);
+}
+
+// A backward timed with its O and LSE from a forward kernel: the row says which, the checked
+// output passes as with the exact forward's; a forward kernel that does not take the case
+// leaves the row not supported, with the reason. Windows count only the visible pairs.
+TEST(Bench, BackwardTakesItsForwardFromAKernel) {
+  Registry reg = builtin_registry();
+  Kernel* backward = reg.resolve("cpu.attn_bwd_naive");
+  Kernel* forward = reg.resolve("cpu.attn_naive");
+  ASSERT_TRUE(backward && forward);
+  Case c = dtype_attention_backward_case("bf16");
+  c.attention.seq_q = 24, c.attention.seq_kv = 40, c.attention.head_dim = 16;
+  c.dist = {{"Q", "normal(0,1)"}, {"K", "normal(0,1)"}, {"V", "normal(0,1)"}, {"dO", "normal(0,1)"}};
+  c.seed = 3;
+  BenchOptions o;
+  o.reps = 1, o.warmup = 0;
+  const BenchRow row = bench_kernel(*backward, c, o, forward);
+  ASSERT_EQ(row.status, "ok");
+  EXPECT_TRUE(row.checked && row.passed) << row.verdict;
+  EXPECT_NE(row.notes.at("forward").find("cpu.attn_naive"), std::string::npos);
+  const BenchRow exact = bench_kernel(*backward, c, o);
+  EXPECT_EQ(exact.notes.count("forward"), 0u);
+  EXPECT_TRUE(exact.checked && exact.passed) << exact.verdict;
+  const BenchRow refused = bench_kernel(*backward, c, o, reg.resolve("cpu.fp32_seq"));
+  EXPECT_EQ(refused.status.rfind("not supported: forward kernel cpu.fp32_seq", 0), 0u) << refused.status;
+
+  Case w = c;
+  w.op = Op::Attention;
+  w.attention.window_left = 3, w.attention.window_right = 0;  // 4 keys per query: 24 x 4 pairs
+  EXPECT_EQ(case_flops(w), 2.0 * (16 + 16) * 24 * 4);
 }
