@@ -25,7 +25,8 @@ if has tests; then
 fi
 if has speed; then
   for dt in fp16 bf16; do
-    for causal in "" --causal; do
+    for mask in ${BWD_MASKS:-plain causal}; do  # BWD_MASKS=plain: non-causal only
+      causal=""; [ "$mask" = causal ] && causal=--causal
       t0=$(now); tag=bwd_${dt}${causal:+_causal}
       kernels="--kernel cuda.attn_bwd_flash.$dt"
       for k in $(cudnn_bwd $dt); do kernels="$kernels --kernel $k"; done
