@@ -452,6 +452,16 @@ RC_GTEST_PROP(AttentionBackwardReference, MatchesNaiveMpfrAtTheBoundsEdge, ()) {
   for (std::uint64_t seed = base; seed < base + 2; ++seed) check_case(seed, *rc::gen::inRange(134, 161));
 }
 
+// dO summed exactly over query rows [first, end) of the two heads of K/V head hk, column d,
+// correctly rounded: the dV of a key those rows alone see, each with P = 1.
+RefValue group_sum_of_do(Builder& t, std::int64_t b, std::int64_t hk, std::int64_t first, std::int64_t end, std::int64_t d) {
+  Mpfr sum(4000);
+  mpfr_set_zero(sum, 1);
+  for (std::int64_t h = 2 * hk; h < 2 * hk + 2; ++h)
+    for (std::int64_t i = first; i < end; ++i) mpfr_add_d(sum, sum, t.get("dO", b, h, i, d), MPFR_RNDN);
+  return RefValue::from_exact(sum);
+}
+
 // One visible key: P = 1, dS = 0, so dQ = dK = +0 exactly and dV is the sum of dO over every
 // query row (of every head of the group) that sees it; bottom-right causal with seq_q > seq_kv
 // leaves only the last query row seeing it.
@@ -467,13 +477,8 @@ TEST(AttentionBackwardReference, SingleKeyGivesZeroDqDkAndDvTheGroupSumOfDo) {
       EXPECT_TRUE(all_plus_zero(g.dk));
       for (std::int64_t b = 0; b < 2; ++b)
         for (std::int64_t hk = 0; hk < 2; ++hk)
-          for (std::int64_t d = 0; d < 3; ++d) {
-            Mpfr sum(4000);
-            mpfr_set_zero(sum, 1);
-            for (std::int64_t h = 2 * hk; h < 2 * hk + 2; ++h)
-              for (std::int64_t i = causal ? 2 : 0; i < 3; ++i) mpfr_add_d(sum, sum, t.get("dO", b, h, i, d), MPFR_RNDN);
-            EXPECT_EQ(g.dv[g.v_index(b, hk, 0, d)], RefValue::from_exact(sum)) << b << hk << d;
-          }
+          for (std::int64_t d = 0; d < 3; ++d)
+            EXPECT_EQ(g.dv[g.v_index(b, hk, 0, d)], group_sum_of_do(t, b, hk, causal ? 2 : 0, 3, d)) << b << hk << d;
     }
 }
 
@@ -579,8 +584,8 @@ TEST(AttentionBackwardReference, MaskedRowsAndUnseenKeysGivePlusZero) {
 
 // A window of one key, the query's own (window (0, 0), seq_q = seq_kv): P = 1 and dS = 0 on
 // every row, so dQ = dK = +0 and dV_j is dO of row j summed over the group's heads. With
-// window (1, 0) and 3 of 5 keys in batch 1, key 0 is seen by rows 0 and 1 and the last two
-// keys by nobody (+0); every row still sees a key.
+// window (1, 0) and 3 of 5 keys in batch 1, key 0 is seen by rows 0 and 1, the last two keys
+// by nobody (+0), and row 4 of batch 1 sees no key at all.
 TEST(AttentionBackwardReference, WindowsSelectEachRowsKeys) {
   {
     Builder t(2, 4, 2, 5, 5, 3, 3, Format::BF16, AttentionLayout::BSHD);
@@ -593,12 +598,8 @@ TEST(AttentionBackwardReference, WindowsSelectEachRowsKeys) {
     for (std::int64_t b = 0; b < 2; ++b)
       for (std::int64_t hk = 0; hk < 2; ++hk)
         for (std::int64_t j = 0; j < 5; ++j)
-          for (std::int64_t d = 0; d < 3; ++d) {
-            Mpfr sum(4000);
-            mpfr_set_zero(sum, 1);
-            for (std::int64_t h = 2 * hk; h < 2 * hk + 2; ++h) mpfr_add_d(sum, sum, t.get("dO", b, h, j, d), MPFR_RNDN);
-            EXPECT_EQ(g.dv[g.v_index(b, hk, j, d)], RefValue::from_exact(sum)) << b << hk << j << d;
-          }
+          for (std::int64_t d = 0; d < 3; ++d)
+            EXPECT_EQ(g.dv[g.v_index(b, hk, j, d)], group_sum_of_do(t, b, hk, j, j + 1, d)) << b << hk << j << d;
   }
   {
     Builder t(2, 1, 0, 5, 5, 4, 4);
