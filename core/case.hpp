@@ -182,8 +182,7 @@ struct AttentionView {
 AttentionView attention_view(const Case& c, std::string_view operand);
 /// Elements of an operand's buffer, padding included (gemm_view or attention_view by c.op).
 std::int64_t operand_elements(const Case& c, std::string_view operand);
-/// How many keys query i of batch b sees: keys 0 .. n-1, kv_lengths[b] of them and, causal
-/// (bottom-right aligned), at most i + seq_kv - seq_q + 1 (0 for the rows above the diagonal).
+/// How many keys query i of batch b sees: attention_visible_keys(c, b, i).size().
 std::int64_t attention_visible_count(const Case& c, std::int64_t b, std::int64_t i);
 /// The keys query i of batch b sees: first <= j < end (first == end: none). The batch's key
 /// length, the causal mask and the window each bound it; the range is contiguous.

@@ -336,6 +336,8 @@ struct RowExact {
   std::vector<Group> groups;  // [0, g_count) in use
   std::size_t g_count = 0;
   std::int64_t n_top() const { return groups[0].size(); }
+  std::int64_t key(std::int64_t j) const { return first + j; }  ///< the key of per-key entry j
+  bool sees(std::int64_t key) const { return key >= first && key < first + n; }
 };
 
 void row_exact(const Problem& pb, const BlockData& bd, std::int64_t b, std::int64_t h, std::int64_t i, RowExact& r,
@@ -364,7 +366,7 @@ void row_exact(const Problem& pb, const BlockData& bd, std::int64_t b, std::int6
   }
   r.group_of.resize(n);
   for (std::size_t j = 0; j < n; ++j) {
-    const auto key = static_cast<std::size_t>(r.first) + j;
+    const auto key = static_cast<std::size_t>(r.key(static_cast<std::int64_t>(j)));
     const std::span<const double> kj(bd.k.data() + key * hd, static_cast<std::size_t>(hd));
     const std::span<const float> kfj(bd.kf.data() + key * hd, static_cast<std::size_t>(hd));
     const std::span<const double> vj(bd.v.data() + key * dv, static_cast<std::size_t>(dv));
@@ -876,7 +878,7 @@ Verdict classify(std::vector<std::pair<ExpPoly, ExpPoly>>& classes, mpq_ptr valu
 Verdict classify_dq(const RowExact& r, const BlockData& bd, std::int64_t hd, std::int64_t d, mpq_ptr value) {
   std::vector<std::pair<ExpPoly, ExpPoly>> one(1);
   one[0].first = denominator(r, 2);
-  for (std::int64_t j = 0; j < r.n; ++j) add_ds_terms(r, j, bd.k[(r.first + j) * hd + d], one[0].second);
+  for (std::int64_t j = 0; j < r.n; ++j) add_ds_terms(r, j, bd.k[r.key(j) * hd + d], one[0].second);
   return classify(one, value);
 }
 
@@ -1141,7 +1143,7 @@ void Backward::analyse(std::size_t blk) {
       for (std::size_t c = 0; c < first_of.size(); ++c) classes[c].first = (is_k ? f2[c] : f1[c]).clone();
       for (std::int64_t lr : order) {
         const RowExact& r = *exact[lr];
-        if (j < r.first || j >= r.first + r.n) continue;
+        if (!r.sees(j)) continue;
         ExpPoly& n = classes[class_of[lr]].second;
         if (is_k) {
           add_ds_terms(r, j - r.first, r.q[d], n);
@@ -1214,7 +1216,7 @@ void Backward::row_dq(std::size_t blk, std::int64_t lr, mpfr_prec_t p, Stage sta
     const bool top = r.group_of[j] == 0;
     for (std::int64_t d = 0; d < hd; ++d) {
       if (!open_q_[base + d]) continue;
-      const auto kd = static_cast<std::size_t>((r.first + j) * hd + d);
+      const auto kd = static_cast<std::size_t>(r.key(j) * hd + d);
       s.add_delta(d, ra.ds[j], ra.ds_mass[j], bd.k_mp[kd], bd.k_ub[kd]);
       if (stage == Stage::First && top) s.add_limit(d, ra.sbar[j], ra.sbar_mass[j], bd.k_mp[kd], bd.k_ub[kd]);
     }
@@ -1226,7 +1228,7 @@ void Backward::row_dq(std::size_t blk, std::int64_t lr, mpfr_prec_t p, Stage sta
     const double scale = std::fabs(pb_.scale.given ? pb_.scale.value : 1.0 / std::sqrt(static_cast<double>(hd)));
     for (std::int64_t d = 0; d < hd; ++d) {
       double m = 0.0;
-      for (std::int64_t j = 0; j < r.n; ++j) m += ra.f[j] * std::fabs(bd.k[(r.first + j) * hd + d]);
+      for (std::int64_t j = 0; j < r.n; ++j) m += ra.f[j] * std::fabs(bd.k[r.key(j) * hd + d]);
       out_.dq_magnitude[base + d] = scale * m;
     }
   }
@@ -1241,7 +1243,7 @@ void Backward::row_dq(std::size_t blk, std::int64_t lr, mpfr_prec_t p, Stage sta
         Mpq term, kd;
         for (std::int64_t j : r.groups[0].keys) {
           to_mpq(term, *r.e[j]);
-          mpq_set_d(kd, bd.k[(r.first + j) * hd + d]);
+          mpq_set_d(kd, bd.k[r.key(j) * hd + d]);
           mpq_mul(term, term, kd);
           mpq_add(*lim_q_[e], *lim_q_[e], term);
         }
@@ -1268,7 +1270,7 @@ void Backward::row_keys(std::size_t blk, const std::vector<char>& key_open, Stag
   const auto n_top = static_cast<unsigned long>(r.n_top());
   Mpq ebar, term, coeff;
   for (std::int64_t j = 0; j < r.n; ++j) {
-    const std::int64_t key = r.first + j;
+    const std::int64_t key = r.key(j);
     if (!key_open[key]) continue;
     const bool top = r.group_of[j] == 0;
     const bool limits = stage == Stage::Limits && top;

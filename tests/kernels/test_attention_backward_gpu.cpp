@@ -126,6 +126,19 @@ Case determinism_case(const std::string& dtype) {
   }, 77);
 }
 
+// Whether a generated case's failure is the arithmetic's, not the kernel's: the CPU model
+// `model_name` (the kernel's arithmetic) fails the same case too; printed under `tag` if so.
+bool fails_as_model_does(const CaseResult& c, const std::string& model_name, const char* tag) {
+  auto model = make_emulated_attention_backward(*AttentionBackwardModel::parse(model_name));
+  Case mc = c.spec;
+  mc.kernel = model->name();
+  const CaseResult m = check_case(*model, mc, {});
+  if (m.verdict.passed) return false;
+  std::printf("[ %s ] %s: %s fails, and so does %s: %s\n", tag, c.target.c_str(), shape_text(c.spec).c_str(),
+              model->name().c_str(), m.verdict.reasons.front().c_str());
+  return true;
+}
+
 }  // namespace
 
 TEST(AttentionBackwardGpu, GeneratedCasesPass) {
@@ -152,17 +165,10 @@ TEST(AttentionBackwardGpu, GeneratedCasesPass) {
       continue;
     }
     const std::string dtype = c.target.find(" fp16 ") != std::string::npos ? "fp16" : "bf16";
-    if (c.kernel != "cuda.attn_bwd_naive" && c.target.find(" fp32 ") == std::string::npos) {
-      auto model = make_emulated_attention_backward(*AttentionBackwardModel::parse("cpu.attn_bwd_flash:block=128,p=" + dtype + ",exp2"));
-      Case mc = c.spec;
-      mc.kernel = model->name();
-      const CaseResult m = check_case(*model, mc, {});
-      if (!m.verdict.passed) {
-        ++model_fails[c.target];
-        std::printf("[ attn_bwd ] %s: %s fails, and so does %s: %s\n", c.target.c_str(), shape_text(c.spec).c_str(),
-                    model->name().c_str(), m.verdict.reasons.front().c_str());
-        continue;
-      }
+    if (c.kernel != "cuda.attn_bwd_naive" && c.target.find(" fp32 ") == std::string::npos &&
+        fails_as_model_does(c, "cpu.attn_bwd_flash:block=128,p=" + dtype + ",exp2", "attn_bwd")) {
+      ++model_fails[c.target];
+      continue;
     }
     ADD_FAILURE() << c.target << ": " << c.family << " " << shape_text(c.spec) << ": " << c.verdict.reasons.front() << "\n  "
                   << to_json(c.spec).dump();
@@ -278,15 +284,8 @@ TEST(AttentionBackwardGpu, CudnnGeneratedCasesPass) {
       continue;
     }
     const std::string dtype = c.target.find(" fp16 ") != std::string::npos ? "fp16" : "bf16";
-    auto model =
-        make_emulated_attention_backward(*AttentionBackwardModel::parse("cpu.attn_bwd_flash:block=128,p=" + dtype + ",exp2,ftz,group_round"));
-    Case mc = c.spec;
-    mc.kernel = model->name();
-    const CaseResult m = check_case(*model, mc, {});
-    if (!m.verdict.passed) {
+    if (fails_as_model_does(c, "cpu.attn_bwd_flash:block=128,p=" + dtype + ",exp2,ftz,group_round", "cudnn_bwd")) {
       ++model_fails[c.target];
-      std::printf("[ cudnn_bwd ] %s: %s fails, and so does %s: %s\n", c.target.c_str(), shape_text(c.spec).c_str(),
-                  model->name().c_str(), m.verdict.reasons.front().c_str());
       continue;
     }
     ADD_FAILURE() << c.target << ": " << c.family << " " << shape_text(c.spec) << ": " << c.verdict.reasons.front() << "\n  "
