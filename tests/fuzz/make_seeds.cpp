@@ -113,7 +113,7 @@ int main(int argc, char** argv) {
   for (int i = 0; i < static_cast<int>(std::size(specs)); ++i) seed("spec", "text" + std::to_string(i), specs[i]);
 
   // Every format's words as export writes them (values 0, 1, -2, ... and a NaN), and the
-  // other versions and shapes the reader takes.
+  // other versions and shapes the reader takes, an array of no elements among them.
   for (const Format f : kAllFormats) {
     Tensor t(f, 6);
     for (std::size_t i = 0; i + 1 < t.size(); ++i) t.set_value(i, (i % 2 ? -1.0 : 1.0) * static_cast<double>(i));
@@ -123,6 +123,7 @@ int main(int argc, char** argv) {
   const std::string words(12, '\x3c');  // six FP16 words 0x3c3c
   seed("npy", "v2_fp16_2x3.npy", samples::npy_file(2, "{'descr': '<f2', 'fortran_order': False, 'shape': (2, 3), }", words));
   seed("npy", "v3_bf16_scalar.npy", samples::npy_file(3, "{\"shape\": (), \"descr\": \"<u2\", \"fortran_order\": False}", words.substr(0, 2)));
+  seed("npy", "empty_fp32.npy", npy_bytes(Tensor(Format::FP32, 0)));
   seed("npy", "fortran_order.npy", samples::npy_file(1, "{'descr': '<f4', 'fortran_order': True, 'shape': (3,), }", words));
 
   RunRecord record = small_record();
