@@ -26,6 +26,7 @@ std::optional<E> parse_enum(std::string_view t, const E (&all)[N]) {
 constexpr Op kOps[] = {Op::Gemm, Op::Attention, Op::AttentionBackward};
 constexpr Layout kLayouts[] = {Layout::RowMajor, Layout::ColMajor};
 constexpr AttentionLayout kAttnLayouts[] = {AttentionLayout::BHSD, AttentionLayout::BSHD};
+constexpr AlibiForm kAlibiForms[] = {AlibiForm::Flash, AlibiForm::FlashInfer};
 constexpr Epilogue kEpilogues[] = {Epilogue::None,     Epilogue::Bias,     Epilogue::Relu,
                                    Epilogue::Gelu,     Epilogue::GeluTanh, Epilogue::BiasRelu,
                                    Epilogue::BiasGelu, Epilogue::BiasGeluTanh};
@@ -166,6 +167,7 @@ std::string_view name(Op o) {
 std::optional<Op> parse_op(std::string_view t) { return parse_enum(t, kOps); }
 std::string_view name(Layout l) { return l == Layout::RowMajor ? "row" : "col"; }
 std::string_view name(AttentionLayout l) { return l == AttentionLayout::BHSD ? "bhsd" : "bshd"; }
+std::string_view name(AlibiForm f) { return f == AlibiForm::Flash ? "flash" : "flashinfer"; }
 std::string_view name(Epilogue e) {
   switch (e) {
     case Epilogue::None: return "none";
@@ -281,14 +283,37 @@ bool attention_visible(const Case& c, std::int64_t b, std::int64_t i, std::int64
 
 unsigned attention_variants(const Case& c) {
   if (c.op == Op::Gemm) return 0;
+  const AttentionShape& a = c.attention;
   unsigned v = 0;
-  if (c.attention.windowed()) v |= kAttnWindow;
+  if (a.windowed()) v |= kAttnWindow;
+  if (a.softcap != 0) v |= kAttnSoftcap;
+  if (!a.alibi_slopes.empty()) v |= kAttnAlibi;
+  if (!a.sinks.empty()) v |= kAttnSinks;
   return v;
 }
 
 std::string attention_variant_names(unsigned variants) {
   std::string out;
-  if (variants & kAttnWindow) out += "window";
+  for (const auto& [bit, what] : {std::pair{kAttnWindow, "window"}, std::pair{kAttnSoftcap, "soft cap"},
+                                  std::pair{kAttnAlibi, "ALiBi"}, std::pair{kAttnSinks, "sinks"}})
+    if (variants & bit) out += (out.empty() ? "" : ", ") + std::string(what);
+  return out;
+}
+
+std::int64_t alibi_distance(const AttentionShape& a, std::int64_t i, std::int64_t j) {
+  if (a.alibi_form == AlibiForm::FlashInfer) return j - i;
+  const std::int64_t d = i + a.seq_kv - a.seq_q - j;
+  return d < 0 ? d : -d;
+}
+
+std::vector<double> alibi_standard_slopes(std::int64_t heads) {
+  std::int64_t n = 1;
+  while (n * 2 <= heads) n *= 2;
+  std::vector<double> out;
+  for (std::int64_t k = 1; k <= n && k <= heads; ++k)
+    out.push_back(static_cast<float>(std::exp2(-8.0 * static_cast<double>(k) / static_cast<double>(n))));
+  for (std::int64_t k = 1; static_cast<std::int64_t>(out.size()) < heads; k += 2)
+    out.push_back(static_cast<float>(std::exp2(-4.0 * static_cast<double>(k) / static_cast<double>(n))));
   return out;
 }
 
@@ -353,7 +378,9 @@ std::string shape_text(const Case& c, bool with_order) {
   return fmt::format("B{} H{}{} Sq{} Skv{} D{}{}{}", a.batch, a.heads,
                      a.eff_kv_heads() != a.heads ? fmt::format("/{}", a.eff_kv_heads()) : "", a.seq_q, a.seq_kv, a.head_dim,
                      a.eff_head_dim_v() != a.head_dim ? fmt::format("/{}", a.eff_head_dim_v()) : "",
-                     a.windowed() ? fmt::format(" window({},{})", a.window_left, a.window_right) : "");
+                     a.windowed() ? fmt::format(" window({},{})", a.window_left, a.window_right) : "") +
+         (a.softcap != 0 ? fmt::format(" softcap({})", a.softcap) : "") +
+         (a.alibi_slopes.empty() ? "" : fmt::format(" alibi({})", name(a.alibi_form))) + (a.sinks.empty() ? "" : " sinks");
 }
 
 void validate(const Case& c) {
@@ -408,6 +435,22 @@ void validate(const Case& c) {
            fmt::format("must be at most {}", kMaxCaseSize));
     if (a.softmax_scale && !std::isfinite(*a.softmax_scale))
       fail("case.attention.softmax_scale", "must be finite");
+    const auto fp32 = [](double x) { return static_cast<double>(static_cast<float>(x)) == x; };
+    if (!std::isfinite(a.softcap) || a.softcap < 0 || !fp32(a.softcap))
+      fail("case.attention.softcap", fmt::format("must be 0 (none) or a positive finite FP32 value, got {}", a.softcap));
+    const auto per_head = [&](const std::vector<double>& v, const char* field, bool minus_inf) {
+      if (v.empty()) return;
+      if (static_cast<std::int64_t>(v.size()) != a.heads)
+        fail(fmt::format("case.attention.{}", field), fmt::format("must have one entry per query head ({}), got {}", a.heads, v.size()));
+      for (std::size_t h = 0; h < v.size(); ++h)
+        if (!(std::isfinite(v[h]) || (minus_inf && v[h] == -INFINITY)) || !fp32(v[h]))
+          fail(fmt::format("case.attention.{}[{}]", field, h),
+               fmt::format("must be a finite FP32 value{}, got {}", minus_inf ? " or -inf" : "", v[h]));
+    };
+    per_head(a.alibi_slopes, "alibi_slopes", false);
+    per_head(a.sinks, "sinks", true);
+    if (c.op == Op::AttentionBackward && (a.softcap != 0 || !a.alibi_slopes.empty() || !a.sinks.empty()))
+      fail("case.attention", "soft-capping, ALiBi and sinks are forward-only for now (the backward reference lacks them)");
     if (!a.kv_lengths.empty()) {
       if (static_cast<std::int64_t>(a.kv_lengths.size()) != a.batch)
         fail("case.attention.kv_lengths",
@@ -489,6 +532,14 @@ json to_json(const Case& c) {
                       {"softmax_scale", a.softmax_scale ? json(*a.softmax_scale) : json(nullptr)},
                       {"kv_lengths", a.kv_lengths},
                       {"window_left", a.window_left}, {"window_right", a.window_right}};
+    json& at = j["attention"];
+    if (a.softcap != 0) at["softcap"] = a.softcap;
+    if (!a.alibi_slopes.empty()) at["alibi_slopes"] = a.alibi_slopes, at["alibi_form"] = name(a.alibi_form);
+    if (!a.sinks.empty()) {
+      json sinks = json::array();  // -inf (no sink for that head) as the string "-inf"
+      for (double x : a.sinks) sinks.push_back(x == -INFINITY ? json("-inf") : json(x));
+      at["sinks"] = sinks;
+    }
   }
   json types = json::object();
   for (const auto& [op, f] : c.types) types[op] = name(f);
@@ -549,6 +600,21 @@ Case case_from_json(const json& j) {
     s.window_right = a.integer("window_right", -1, -1);
     if (const json* sc = a.find("softmax_scale"); sc && !sc->is_null())
       s.softmax_scale = ObjectReader::finite_number(*sc, "case.attention.softmax_scale");
+    s.softcap = a.number("softcap", 0.0);  // absent: none (as in files written before variants)
+    s.alibi_form = a.enumeration("alibi_form", AlibiForm::Flash, kAlibiForms);
+    const auto numbers = [&](const char* field, std::vector<double>& out) {
+      const json* v = a.find(field);
+      if (!v) return;
+      if (!v->is_array()) fail(fmt::format("case.attention.{}", field), "must be an array of numbers");
+      for (std::size_t i = 0; i < v->size(); ++i) {
+        const json& e = (*v)[i];
+        if (e.is_string() && e.get<std::string>() == "-inf") out.push_back(-INFINITY);
+        else if (e.is_number()) out.push_back(e.get<double>());
+        else fail(fmt::format("case.attention.{}[{}]", field, i), "must be a number or \"-inf\", got " + shown(e));
+      }
+    };
+    numbers("alibi_slopes", s.alibi_slopes);
+    numbers("sinks", s.sinks);
     if (const json* kv = a.find("kv_lengths")) {
       if (!kv->is_array()) fail("case.attention.kv_lengths", "must be an array of integers");
       for (std::size_t i = 0; i < kv->size(); ++i) {

@@ -24,6 +24,9 @@ namespace ulpgate {
 enum class Op : std::uint8_t { Gemm, Attention, AttentionBackward };
 enum class Layout : std::uint8_t { RowMajor, ColMajor };
 enum class AttentionLayout : std::uint8_t { BHSD, BSHD };
+/// ALiBi's two bias forms (docs/concepts/alibi.md), for query i, key j and a slope per head:
+/// Flash: -slope |i + seq_kv - seq_q - j| (FlashAttention); FlashInfer: slope (j - i).
+enum class AlibiForm : std::uint8_t { Flash, FlashInfer };
 enum class Epilogue : std::uint8_t {
   None, Bias, Relu, Gelu, GeluTanh, BiasRelu, BiasGelu, BiasGeluTanh
 };
@@ -35,6 +38,7 @@ std::optional<Op> parse_op(std::string_view name);
 constexpr bool is_attention(Op o) { return o == Op::Attention || o == Op::AttentionBackward; }
 std::string_view name(Layout);
 std::string_view name(AttentionLayout);
+std::string_view name(AlibiForm);
 std::string_view name(Epilogue);
 bool has_bias(Epilogue e);
 /// Whether the epilogue applies a GELU (erf or tanh form, with or without bias).
@@ -80,6 +84,16 @@ struct AttentionShape {
   /// -1 leaves that side unbounded. Causal is window_right = 0 (both may be given).
   std::int64_t window_left = -1, window_right = -1;
   bool windowed() const { return window_left >= 0 || window_right >= 0; }
+  /// Soft-capping (docs/concepts/softcap.md): each scaled score x becomes cap tanh(x / cap)
+  /// before masks and biases. 0: none.
+  double softcap = 0;
+  /// ALiBi (docs/concepts/alibi.md): slope_h times alibi_distance(i, j) added to the logit
+  /// after soft-capping, one slope per query head (FP32 values). Empty: none.
+  std::vector<double> alibi_slopes;
+  AlibiForm alibi_form = AlibiForm::Flash;
+  /// Attention sinks (docs/concepts/sinks.md): one logit per query head (FP32 values, -inf for
+  /// none) in the softmax's denominator only; it has no value row. Empty: none.
+  std::vector<double> sinks;
   std::int64_t eff_head_dim_v() const { return head_dim_v ? head_dim_v : head_dim; }
   /// The softmax scale: softmax_scale where given, else 1/sqrt(head_dim) (as a double).
   double scale() const { return softmax_scale.value_or(1.0 / std::sqrt(static_cast<double>(head_dim))); }
@@ -92,9 +106,12 @@ struct AttentionShape {
 /// Attention variants beyond causal masking, padding and grouped heads, as bits: a kernel
 /// declares those it applies (KernelTraits::attention_variants), a case uses some.
 enum AttentionVariant : unsigned {
-  kAttnWindow = 1u,  ///< AttentionShape::window_left / window_right
+  kAttnWindow = 1u,   ///< AttentionShape::window_left / window_right
+  kAttnSoftcap = 2u,  ///< AttentionShape::softcap
+  kAttnAlibi = 4u,    ///< AttentionShape::alibi_slopes, alibi_form
+  kAttnSinks = 8u,    ///< AttentionShape::sinks
 };
-inline constexpr unsigned kAllAttentionVariants = kAttnWindow;
+inline constexpr unsigned kAllAttentionVariants = kAttnWindow | kAttnSoftcap | kAttnAlibi | kAttnSinks;
 
 /// Whether an operand of format f may carry a per-tensor scale in Case::scales: FP8 (E4M3,
 /// E5M2) only, as cuBLASLt's A/B/C/D scale pointers. A, B, C: stored x scale = value;
@@ -196,6 +213,13 @@ KeyRange attention_visible_keys(const Case& c, std::int64_t b, std::int64_t i);
 unsigned attention_variants(const Case& c);
 /// Their names, comma-separated ("window").
 std::string attention_variant_names(unsigned variants);
+/// ALiBi's signed distance for query i and key j in a's form: -|i + seq_kv - seq_q - j|
+/// (Flash) or j - i (FlashInfer); the bias is slope times it.
+std::int64_t alibi_distance(const AttentionShape& a, std::int64_t i, std::int64_t j);
+/// The standard ALiBi slopes for `heads` heads, rounded to FP32 as the libraries keep them:
+/// with n the largest power of two <= heads, 2^(-8k/n) for k = 1..n, then for the heads
+/// beyond n the odd entries 2^(-4k/n), k = 1, 3, 5, ... of the table for 2n heads.
+std::vector<double> alibi_standard_slopes(std::int64_t heads);
 /// Whether key j is visible to query i in batch b.
 bool attention_visible(const Case& c, std::int64_t b, std::int64_t i, std::int64_t j);
 

@@ -30,15 +30,216 @@ bool exp_in_range(mpfr_ptr out, mpfr_srcptr t) {
   return !mpfr_underflow_p();
 }
 
-// P = sum_{g != ref} exp(sigma diff_g) c_g / D (D = 1 where denom is null), computed as
-// exp(sigma diff_top) S / D with top the group of the largest weight among those with c_g !=
-// 0 and S = sum_g exp(sigma (diff_g - diff_top)) c_g. S is of the size of c_top, so P's sign
-// is known whenever S's is, also where exp(sigma diff_top) lies below MPFR's exponent range:
+// A row's logits per group of keys with equal logits: L = G(s) + beta, s the exact score q.k,
+// beta the exact bias (ALiBi's slope times distance, or the sink's logit on a key of score 0),
+// G(s) = sigma s or, soft-capped, cap tanh(sigma s / cap).
+// Exact form (no soft cap, and sigma a given double or 1/root or no bias): L = u / den or
+// sigma u with u exact (sigma s + beta, s + root beta, or s); keys with equal u form a group
+// and differences of logits carry only their final roundings.
+// General form (a soft cap, or biases with sigma = 1/sqrt(head_dim) irrational): keys with
+// equal (s, beta) form a group (their logits differ otherwise: tanh is injective and
+// transcendental at rational points, sqrt(head_dim) irrational), and logits are computed at
+// each precision with a bound.
+// Errors are returned as e with |computed - exact| <= e 2^-p.
+class RowLogits {
+ public:
+  enum class Form { Given, Root, Irrational, General };
+
+  RowLogits(const Scale& scale, double cap, bool biased)
+      : scale_(scale), cap_(cap),
+        form_(cap != 0 && scale.sign() != 0 ? Form::General
+              : scale.given                 ? Form::Given
+              : scale.root                  ? Form::Root
+              : biased                      ? Form::General
+                                            : Form::Irrational) {}
+
+  Form form() const { return form_; }
+  bool exact_form() const { return form_ != Form::General; }
+
+  // Groups of keys (indices into score and bias) with equal logits, in increasing order in
+  // the exact form; the group of the largest logit is ref().
+  std::vector<std::vector<std::size_t>> group(const std::vector<MpfrBox>& score, const std::vector<MpfrBox>& bias) {
+    const std::size_t n = score.size();
+    std::vector<MpfrBox> key(n);
+    if (exact_form())
+      for (std::size_t j = 0; j < n; ++j) key[j] = exact_u(*score[j], bias[j] ? bias[j]->get() : nullptr);
+    std::vector<std::size_t> order(n);
+    std::iota(order.begin(), order.end(), 0);
+    const auto cmp = [&](std::size_t x, std::size_t y) {
+      if (exact_form()) return mpfr_cmp(*key[x], *key[y]);
+      const int c = mpfr_cmp(*score[x], *score[y]);
+      return c != 0 ? c : cmp_bias(bias[x] ? bias[x]->get() : nullptr, bias[y] ? bias[y]->get() : nullptr);
+    };
+    std::sort(order.begin(), order.end(), [&](std::size_t x, std::size_t y) { return cmp(x, y) < 0; });
+    std::vector<std::vector<std::size_t>> groups;
+    for (std::size_t j : order) {
+      if (groups.empty() || cmp(j, groups.back()[0]) != 0) groups.emplace_back();
+      groups.back().push_back(j);
+    }
+    const std::size_t count = groups.size();
+    u_.resize(count), s_.resize(count), beta_.resize(count), approx_.assign(count, 0.0);
+    for (std::size_t g = 0; g < count; ++g) {
+      const std::size_t j = groups[g][0];
+      s_[g] = score[j]->get();
+      beta_[g] = bias[j] ? bias[j]->get() : nullptr;
+      if (exact_form()) u_[g] = std::move(key[j]);
+    }
+    ref_ = count - 1;
+    if (!exact_form()) {  // the largest logit at 128 bits (any near-largest one would do)
+      Mpfr x(128);
+      for (std::size_t g = 0; g < count; ++g) {
+        value(x, g, 128);
+        approx_[g] = mpfr_get_d(x, MPFR_RNDN);
+        if (approx_[g] > approx_[ref_]) ref_ = g;
+      }
+    }
+    return groups;
+  }
+
+  std::size_t ref() const { return ref_; }
+
+  // Whether group g's logit is above group h's (the general form: approximately).
+  bool greater(std::size_t g, std::size_t h) const {
+    return exact_form() ? mpfr_cmp(*u_[g], *u_[h]) > 0 : approx_[g] > approx_[h];
+  }
+
+  // out = L_g - L_h at precision p.
+  double difference(mpfr_ptr out, std::size_t g, std::size_t h, mpfr_prec_t p) const {
+    mpfr_set_prec(out, p);
+    if (exact_form()) {
+      Mpfr x(2);
+      exact_difference(x, *u_[g], *u_[h]);
+      times_mult(out, x, p);
+      return 2 * abs_up(out);
+    }
+    if (cap_ == 0) {  // sigma (s_g - s_h) + (beta_g - beta_h)
+      Mpfr ds(2), db(2), sigma(p), t(p);
+      exact_difference(ds, s_[g], s_[h]);
+      scale_.set(sigma);
+      mpfr_mul(t, sigma, ds, MPFR_RNDN);
+      const double e = 2 * abs_up(t);
+      bias_difference(db, g, h);
+      mpfr_add(out, t, db, MPFR_RNDN);
+      return e + abs_up(out) + 1;
+    }
+    const mpfr_prec_t q = p + 10;
+    Mpfr gg(q), gh(q), dg(q), db(2);
+    const double e = capped(gg, s_[g], q) + capped(gh, s_[h], q);
+    mpfr_sub(dg, gg, gh, MPFR_RNDN);
+    bias_difference(db, g, h);
+    mpfr_add(out, dg, db, MPFR_RNDN);
+    return (e + abs_up(dg)) / 1024 + abs_up(out) + 1;
+  }
+
+  // out = L_g at precision p.
+  double value(mpfr_ptr out, std::size_t g, mpfr_prec_t p) const {
+    mpfr_set_prec(out, p);
+    if (exact_form()) {
+      times_mult(out, *u_[g], p);
+      return 2 * abs_up(out);
+    }
+    const mpfr_prec_t q = p + 10;
+    Mpfr gg(q);
+    double e = 0;
+    if (cap_ == 0) {
+      Mpfr sigma(q);
+      scale_.set(sigma);
+      mpfr_mul(gg, sigma, s_[g], MPFR_RNDN);
+      e = 2 * abs_up(gg);
+    } else {
+      e = capped(gg, s_[g], q);
+    }
+    if (beta_[g]) mpfr_add(out, gg, beta_[g], MPFR_RNDN);
+    else mpfr_set(out, gg, MPFR_RNDN);
+    return e / 1024 + abs_up(out) + 1;
+  }
+
+  // L_g = num / den exactly (the exact form with a rational sigma); false otherwise.
+  bool rational(std::size_t g, mpfr_ptr num, unsigned long& den) const {
+    if (form_ != Form::Given && form_ != Form::Root) return false;
+    mpfr_set_prec(num, mpfr_get_prec(*u_[g]));
+    mpfr_set(num, *u_[g], MPFR_RNDN);
+    den = form_ == Form::Root ? static_cast<unsigned long>(scale_.root) : 1;
+    return true;
+  }
+
+  // Group g's score is 0 (its logit then is its bias, exactly: G(0) = 0).
+  bool zero_score(std::size_t g) const { return mpfr_zero_p(s_[g]) != 0; }
+  mpfr_srcptr bias(std::size_t g) const { return beta_[g]; }
+
+ private:
+  static double abs_up(mpfr_srcptr x) { return std::fabs(mpfr_get_d(x, MPFR_RNDA)); }
+  static int cmp_bias(mpfr_srcptr x, mpfr_srcptr y) {
+    if (!x && !y) return 0;
+    if (!x) return -mpfr_sgn(y);
+    if (!y) return mpfr_sgn(x);
+    return mpfr_cmp(x, y);
+  }
+  void bias_difference(mpfr_ptr out, std::size_t g, std::size_t h) const {
+    Mpfr zero(2);
+    mpfr_set_zero(zero, 1);
+    exact_difference(out, beta_[g] ? beta_[g] : zero.get(), beta_[h] ? beta_[h] : zero.get());
+  }
+  // The exact u of a key: sigma s + beta (a given sigma), s + root beta (1/root), s (no bias).
+  MpfrBox exact_u(mpfr_srcptr s, mpfr_srcptr beta) const {
+    auto u = std::make_unique<Mpfr>(2);
+    Mpfr a(mpfr_get_prec(s) + 64), b(2);
+    if (form_ == Form::Given) mpfr_mul_d(a, s, scale_.value, MPFR_RNDN);  // exact
+    else mpfr_set(a, s, MPFR_RNDN);
+    if (beta) {
+      mpfr_set_prec(b, mpfr_get_prec(beta) + 64);
+      if (form_ == Form::Root) mpfr_mul_ui(b, beta, static_cast<unsigned long>(scale_.root), MPFR_RNDN);  // exact
+      else mpfr_set(b, beta, MPFR_RNDN);
+    } else {
+      mpfr_set_zero(b, 1);
+    }
+    exact_sum_of(*u, a, b);
+    return u;
+  }
+  // out = x times the exact form's multiplier (1, 1/root or sigma): at most two roundings.
+  void times_mult(mpfr_ptr out, mpfr_srcptr x, mpfr_prec_t p) const {
+    if (form_ == Form::Given) {
+      mpfr_set(out, x, MPFR_RNDN);
+    } else if (form_ == Form::Root) {
+      mpfr_div_ui(out, x, static_cast<unsigned long>(scale_.root), MPFR_RNDN);
+    } else {
+      Mpfr sigma(p);
+      scale_.set(sigma);
+      mpfr_mul(out, sigma, x, MPFR_RNDN);
+    }
+  }
+  // out = cap tanh(sigma s / cap) at precision q; returns e with |out - G(s)| <= e 2^-q:
+  // sigma s / cap carries three roundings (relative), tanh's slope is at most 1 and its own
+  // rounding and the product's are relative to |tanh| <= 1.
+  double capped(mpfr_ptr out, mpfr_srcptr s, mpfr_prec_t q) const {
+    Mpfr y(q), sigma(q);
+    scale_.set(sigma);
+    mpfr_mul(y, sigma, s, MPFR_RNDN);
+    const double x = abs_up(y);
+    mpfr_div_d(y, y, cap_, MPFR_RNDN);
+    mpfr_tanh(out, y, MPFR_RNDN);
+    mpfr_mul_d(out, out, cap_, MPFR_RNDN);
+    return 4 * x + 3 * cap_ + 1;
+  }
+
+  const Scale& scale_;
+  const double cap_;
+  const Form form_;
+  std::vector<MpfrBox> u_;             // exact form: per group
+  std::vector<mpfr_srcptr> s_, beta_;  // per group: its first key's score and bias (null: 0)
+  std::vector<double> approx_;         // general form: the logits at 128 bits
+  std::size_t ref_ = 0;
+};
+
+// P = sum_{g != ref} exp(L_g - L_ref) c_g / D (D = 1 where denom is null), computed as
+// exp(L_top - L_ref) S / D with top the group of the largest weight among those with c_g !=
+// 0 and S = sum_g exp(L_g - L_top) c_g. S is of the size of c_top, so P's sign
+// is known whenever S's is, also where exp(L_top - L_ref) lies below MPFR's exponent range:
 // P is then nonzero, of S's sign and below 2^-(2^30) ("infinitesimal"). Attention's
 // perturbation of O next to the dominant group's mean (c_g = n_ref V_g - n_g V_ref, D its
 // denominator times n_ref) and of the LSE next to the dominant score (c_g = n_g) are of this
-// form. Error bound: exp's argument carries sigma's and its product's rounding, exp its own
-// (2 |t| + 1) 2^-p relative; denom_slack bounds denom's as 2^(denom_slack - p).
+// form. Error bound: exp's argument carries RowLogits' bound e 2^-p, exp its own: (e + 1)
+// 2^-p relative; denom_slack bounds denom's as 2^(denom_slack - p).
 struct Perturbation {
   int sign = 0;  // 0: not decided at this precision (or every c_g is 0)
   bool infinitesimal = false;
@@ -46,41 +247,38 @@ struct Perturbation {
   Mpfr bound{64};  // |P~ - P| <= bound
 };
 
-// exp(sigma (diff_g - diff_top)) for every group at one precision, kept while the columns
-// share their top group (most do: the runner-up's V differs from the reference group's).
+// exp(L_g - L_top) for every group at one precision, kept while the columns share their top
+// group (most do: the runner-up's V differs from the reference group's).
 struct RelativeWeights {
   std::ptrdiff_t top = -1;
   mpfr_prec_t p = 0;
   std::vector<MpfrBox> u;     // null where below MPFR's range (|u| < 2^emin)
-  double t_max = 0.0;         // the largest |sigma (diff_g - diff_top)| computed
+  double e_max = 0.0;         // the largest error bound (RowLogits) of the L_g - L_top computed
 };
 
 
 // The group of the largest weight among those with c_g != 0; -1 where every c_g is 0.
-std::ptrdiff_t top_group(const std::vector<MpfrBox>& diff, const std::vector<mpfr_srcptr>& c, int sigma_sign) {
+std::ptrdiff_t top_group(const RowLogits& logits, const std::vector<mpfr_srcptr>& c) {
   std::ptrdiff_t top = -1;
   for (std::size_t g = 0; g < c.size(); ++g) {
     if (!c[g] || mpfr_zero_p(c[g])) continue;
-    const int order = mpfr_cmp(*diff[g], *diff[static_cast<std::size_t>(std::max<std::ptrdiff_t>(top, 0))]);
-    if (top < 0 || (sigma_sign > 0 ? order > 0 : order < 0)) top = static_cast<std::ptrdiff_t>(g);
+    if (top < 0 || logits.greater(g, static_cast<std::size_t>(top))) top = static_cast<std::ptrdiff_t>(g);
   }
   return top;
 }
 
 // rw for group `top` at precision p: recomputed only where either changed.
-void refresh_weights(RelativeWeights& rw, std::ptrdiff_t top, mpfr_srcptr sigma, const std::vector<MpfrBox>& diff,
+void refresh_weights(RelativeWeights& rw, std::ptrdiff_t top, const RowLogits& logits,
                      const std::vector<mpfr_srcptr>& c, mpfr_prec_t p) {
   if (rw.top == top && rw.p == p) return;
   const auto ut = static_cast<std::size_t>(top);
-  Mpfr x(2), t(p);
-  rw.top = top, rw.p = p, rw.t_max = 0.0;
+  Mpfr t(p);
+  rw.top = top, rw.p = p, rw.e_max = 0.0;
   rw.u.clear();
   rw.u.resize(c.size());
   for (std::size_t g = 0; g < c.size(); ++g) {
     if (!c[g]) continue;
-    exact_difference(x, *diff[g], *diff[ut]);
-    mpfr_mul(t, sigma, x, MPFR_RNDN);
-    rw.t_max = std::max(rw.t_max, std::fabs(mpfr_get_d(t, MPFR_RNDA)));
+    rw.e_max = std::max(rw.e_max, logits.difference(t, g, ut, p));
     auto u = std::make_unique<Mpfr>(p);
     if (exp_in_range(*u, t)) rw.u[g] = std::move(u);
   }
@@ -111,27 +309,25 @@ void relative_sum(mpfr_ptr s, mpfr_ptr s_err, const RelativeWeights& rw, const s
     mpfr_add(rel, rel, tmp, MPFR_RNDU);
   }
   mpfr_sum(s, ptrs.data(), ptrs.size(), MPFR_RNDN);
-  const long slack = 6 + static_cast<long>(std::ceil(std::log2(2.0 * rw.t_max + 2.0)));
+  const long slack = 6 + static_cast<long>(std::ceil(std::log2(rw.e_max + 2.0)));
   mpfr_mul_2si(s_err, rel, slack - p, MPFR_RNDU);
   mpfr_add(s_err, s_err, under, MPFR_RNDU);
 }
 
-void perturbation(Perturbation& out, RelativeWeights& rw, mpfr_srcptr sigma, int sigma_sign,
-                  const std::vector<MpfrBox>& diff, const std::vector<mpfr_srcptr>& c, mpfr_srcptr denom,
-                  long denom_slack, mpfr_prec_t p) {
+void perturbation(Perturbation& out, RelativeWeights& rw, const RowLogits& logits, const std::vector<mpfr_srcptr>& c,
+                  mpfr_srcptr denom, long denom_slack, mpfr_prec_t p) {
   out.sign = 0;
   out.infinitesimal = false;
-  const std::ptrdiff_t top = top_group(diff, c, sigma_sign);
+  const std::ptrdiff_t top = top_group(logits, c);
   if (top < 0) return;
-  refresh_weights(rw, top, sigma, diff, c, p);
+  refresh_weights(rw, top, logits, c, p);
   Mpfr t(p), s(p), u(p), s_err(64), s_abs(64), tmp(64);
   relative_sum(s, s_err, rw, c, p);
   mpfr_abs(s_abs, s, MPFR_RNDD);
   mpfr_mul_2ui(tmp, s_err, 2, MPFR_RNDU);
   if (mpfr_cmp(s_abs, tmp) <= 0) return;  // S's relative error above 1/4: undecided
   out.sign = mpfr_sgn(s.get());
-  mpfr_mul(t, sigma, *diff[static_cast<std::size_t>(top)], MPFR_RNDN);
-  const double t_top = std::fabs(mpfr_get_d(t, MPFR_RNDA));
+  const double e_top = logits.difference(t, static_cast<std::size_t>(top), logits.ref(), p);
   if (!exp_in_range(u, t)) {
     out.infinitesimal = true;
     mpfr_set_zero(out.value, 1), mpfr_set_zero(out.bound, 1);
@@ -140,13 +336,13 @@ void perturbation(Perturbation& out, RelativeWeights& rw, mpfr_srcptr sigma, int
   mpfr_set_prec(out.value, p);
   mpfr_mul(out.value, u, s, MPFR_RNDN);
   if (denom) mpfr_div(out.value, out.value, denom, MPFR_RNDN);
-  // Relative errors: S~ at most 4/3 s_err / |S~|, the top weight (2 |t| + 1) 2^-p, denom
+  // Relative errors: S~ at most 4/3 s_err / |S~|, the top weight (e_top + 1) 2^-p, denom
   // 2^(denom_slack - p), and three roundings: P~ = P (1 + delta), |delta| <= 2 r for r <=
   // 1/4, so |P~ - P| <= 2 r |P| <= 4 r |P~|.
   Mpfr r(64);
   mpfr_div(r, s_err, s_abs, MPFR_RNDU);
   mpfr_mul_d(r, r, 4.0 / 3.0, MPFR_RNDU);
-  mpfr_set_d(tmp, 2.0 * t_top + 4.0, MPFR_RNDU);
+  mpfr_set_d(tmp, e_top + 4.0, MPFR_RNDU);
   mpfr_mul_2si(tmp, tmp, -p, MPFR_RNDU);
   mpfr_add(r, r, tmp, MPFR_RNDU);
   if (denom) {
@@ -172,7 +368,8 @@ struct Inputs {
         kt(checked_input(inputs, "K", c.types.at("K"), kv.elements(), kWho)),
         vt(checked_input(inputs, "V", c.types.at("V"), vv.elements(), kWho)),
         hd(a.head_dim), dv(a.eff_head_dim_v()),
-        fast(qt.format() != Format::FP64 && kt.format() != Format::FP64), scale(scale_of(a)) {}
+        fast(qt.format() != Format::FP64 && kt.format() != Format::FP64), scale(scale_of(a)),
+        biased(!a.alibi_slopes.empty() || !a.sinks.empty()) {}
   const AttentionShape& a;
   const AttentionView qv, kv, vv;
   const Tensor& qt;
@@ -181,29 +378,32 @@ struct Inputs {
   const std::int64_t hd, dv;
   const bool fast;  // scores by the superaccumulator; FP64 Q or K take the MPFR oracle
   const Scale scale;
+  const bool biased;  // ALiBi or sinks: logits carry exact biases
 };
 
 // What one attempt of Ziv's loop computes once for all columns: at precision p, the
-// weights w_g = exp(sigma diff_g) and D = sum_g n_g w_g.
+// weights w_g = exp(L_g - L_ref) and D = sum_g n_g w_g.
 struct Weights {
-  explicit Weights(mpfr_prec_t precision) : p(precision), sigma(p), denom(p), num(p), o(p) {}
+  explicit Weights(mpfr_prec_t precision) : p(precision), denom(p), num(p), o(p) {}
   const mpfr_prec_t p;
-  Mpfr sigma, denom, num, o;
+  Mpfr denom, num, o;
   std::vector<MpfrBox> w, terms;  // terms: n_g w_g for D, then each column's w_g V_g
   std::vector<mpfr_ptr> ptrs;
-  double t_max = 0.0;
+  double e_max = 0.0;  // the largest error bound (RowLogits) of the L_g - L_ref
   long slack = 0;          // |O~ - O| <= 2^(slack - p) times O's magnitude
   bool dominated = false;  // the other groups' share of D below 2^-100
 };
 
-// One query row, visible keys given: its exact scores, their groups, and O and the LSE
-// decided exactly or by Ziv's loop. Writes the row's outputs through o, magnitude, lse.
+// One query row, visible keys given (-1: the head's sink, a key of score 0 and value 0 whose
+// logit is the sink): its exact scores and biases, their groups, and O and the LSE decided
+// exactly or by Ziv's loop. Writes the row's outputs through o, magnitude, lse.
 class QueryRow {
  public:
   QueryRow(const Inputs& in, std::int64_t b, std::int64_t h, std::int64_t i, std::vector<std::int64_t> keys,
            RefValue* o, double* magnitude, RefValue& lse)
       : in_(in), a_(in.a), scale_(in.scale), b_(b), h_(h), i_(i), hk_(in.a.kv_head(h)), dv_(in.dv),
-        keys_(std::move(keys)), n_(keys_.size()), o_(o), magnitude_(magnitude), lse_(lse) {}
+        keys_(std::move(keys)), n_(keys_.size()), o_(o), magnitude_(magnitude), lse_(lse),
+        logits_(in.scale, in.a.softcap, in.biased) {}
 
   void compute() {
     exact_scores();
@@ -222,7 +422,9 @@ class QueryRow {
   std::size_t gd(std::size_t g, std::int64_t d) const {
     return g * static_cast<std::size_t>(dv_) + static_cast<std::size_t>(d);
   }
-  double v_of(std::size_t s, std::int64_t d) const { return in_.vt.value(in_.vv.offset(b_, hk_, keys_[s], d)); }
+  double v_of(std::size_t s, std::int64_t d) const {
+    return keys_[s] < 0 ? 0.0 : in_.vt.value(in_.vv.offset(b_, hk_, keys_[s], d));
+  }
   void decide(std::int64_t d, const RefValue& v) {
     o_[d] = v;
     decided_[static_cast<std::size_t>(d)] = true;
@@ -257,10 +459,10 @@ class QueryRow {
   double* const magnitude_;
   RefValue& lse_;
 
-  std::vector<MpfrBox> score_;
+  RowLogits logits_;
+  std::vector<MpfrBox> score_, bias_;             // bias_: null where 0
   std::vector<std::vector<std::size_t>> groups_;  // indices into keys_ and score_
   std::size_t g_count_ = 0, ref_ = 0, n_ref_ = 0;
-  std::vector<MpfrBox> diff_;
   std::vector<double> v_single_, v_abs_;  // per (group, column); v_abs_: sum |v|
   std::vector<MpfrBox> v_sum_;
   std::vector<bool> decided_;
@@ -271,7 +473,8 @@ class QueryRow {
   std::vector<mpfr_srcptr> c_col_, group_sizes_;
   Perturbation delta_, eps_;
   RelativeWeights o_weights_, lse_weights_;
-  Mpfr n_denom_{2};
+  Mpfr n_denom_{2}, lse_num_{2};  // lse_num_ / lse_den_: L_ref where rational
+  unsigned long lse_den_ = 1;
 };
 
 void QueryRow::exact_scores() {
@@ -283,10 +486,21 @@ void QueryRow::exact_scores() {
     q64[d] = in_.qt.value(in_.qv.offset(b_, h_, i_, d)), q[d] = static_cast<float>(q64[d]);
   ExactAccumulator acc;
   MpfrOracle oracle;
+  bias_.resize(n_);
   for (std::size_t s = 0; s < n_; ++s) {
+    score_[s] = std::make_unique<Mpfr>(2);
+    if (keys_[s] < 0) {  // the sink
+      mpfr_set_zero(*score_[s], 1);
+      bias_[s] = std::make_unique<Mpfr>(53, a_.sinks[static_cast<std::size_t>(h_)]);
+      continue;
+    }
+    if (!a_.alibi_slopes.empty()) {  // slope (an FP32 value) times an integer below 2^32: exact
+      bias_[s] = std::make_unique<Mpfr>(24 + 64, a_.alibi_slopes[static_cast<std::size_t>(h_)]);
+      mpfr_mul_si(*bias_[s], *bias_[s], static_cast<long>(alibi_distance(a_, i_, keys_[s])), MPFR_RNDN);
+      if (mpfr_zero_p(*bias_[s])) bias_[s].reset();
+    }
     for (std::int64_t d = 0; d < in_.hd; ++d)
       k64[d] = in_.kt.value(in_.kv.offset(b_, hk_, keys_[s], d)), k[d] = static_cast<float>(k64[d]);
-    score_[s] = std::make_unique<Mpfr>(2);
     if (in_.fast) {
       acc.clear();
       acc.add_products(q, k);
@@ -299,30 +513,12 @@ void QueryRow::exact_scores() {
     if (!mpfr_number_p(*s)) throw InputError("attention reference: a score is NaN or infinite");
 }
 
-// Groups of equal scaled scores, the reference group holding the largest; diff_g = score_g -
-// score_ref exactly, so that t_g = sigma diff_g <= 0.
+// Groups of keys with equal logits (RowLogits), the reference group holding the largest.
 void QueryRow::group_scores() {
-  std::vector<std::size_t> order(n_);
-  std::iota(order.begin(), order.end(), 0);
-  std::sort(order.begin(), order.end(),
-            [&](std::size_t x, std::size_t y) { return mpfr_cmp(*score_[x], *score_[y]) < 0; });
-  for (std::size_t s : order) {
-    if (groups_.empty() || (scale_.sign() != 0 && !mpfr_equal_p(*score_[s], *score_[groups_.back()[0]])))
-      groups_.emplace_back();
-    groups_.back().push_back(s);
-  }
+  groups_ = logits_.group(score_, bias_);
   g_count_ = groups_.size();
-  ref_ = scale_.sign() < 0 ? 0 : g_count_ - 1;
+  ref_ = logits_.ref();
   n_ref_ = groups_[ref_].size();
-  diff_.resize(g_count_);
-  for (std::size_t g = 0; g < g_count_; ++g) {
-    mpfr_srcptr sg = *score_[groups_[g][0]], sr = *score_[groups_[ref_][0]];
-    const long hi = std::max<long>(log2_bound(sg), log2_bound(sr));
-    const long lo = std::min<long>(mpfr_zero_p(sg) ? hi : mpfr_get_exp(sg) - mpfr_get_prec(sg),
-                                   mpfr_zero_p(sr) ? hi : mpfr_get_exp(sr) - mpfr_get_prec(sr));
-    diff_[g] = std::make_unique<Mpfr>(static_cast<mpfr_prec_t>(std::max<long>(hi - lo + 2, 2)));
-    mpfr_sub(*diff_[g], sg, sr, MPFR_RNDN);  // exact
-  }
 }
 
 // V per group: the exact sum of the group's rows. A group of one key (the usual case) keeps
@@ -398,20 +594,21 @@ void QueryRow::decide_equal_means() {
   }
 }
 
-// The LSE of a single key is sigma * score: exact when sigma is a given double or 1/sqrt of
-// a perfect square; otherwise irrational (or 0) and left to Ziv's loop.
+// The LSE of a single key is its logit: exact where it is rational (the exact form with a
+// given sigma or 1/root) or the score is 0 (the logit then is the bias); otherwise irrational
+// and left to Ziv's loop.
 void QueryRow::decide_single_key_lse() {
   if (n_ != 1) return;
-  mpfr_srcptr s0 = *score_[0];
-  if (!scale_.given && !scale_.root && !mpfr_zero_p(s0)) return;
-  if (scale_.given) {
-    Mpfr p(mpfr_get_prec(s0) + 53);
-    mpfr_mul_d(p, s0, scale_.value, MPFR_RNDN);
-    lse_ = RefValue::from_exact(p);
-  } else if (mpfr_zero_p(s0)) {
-    lse_ = RefValue::from_exact(s0);
+  Mpfr num(2);
+  unsigned long den = 1;
+  if (logits_.rational(0, num, den)) {
+    lse_ = den == 1 ? RefValue::from_exact(num) : exact_quotient(num, den);
+  } else if (logits_.zero_score(0)) {
+    mpfr_set_prec(num, 64);
+    if (logits_.bias(0)) lse_ = RefValue::from_exact(logits_.bias(0));
+    else mpfr_set_zero(num, 1), lse_ = RefValue::from_exact(num);
   } else {
-    lse_ = exact_quotient(s0, static_cast<unsigned long>(scale_.root));
+    return;
   }
   if (lse_.kind == RefValue::Kind::Zero) lse_ = RefValue::zero(false);  // log 1 = +0
   lse_done_ = true;
@@ -454,16 +651,14 @@ void QueryRow::prepare_near(std::int64_t d) {
 void QueryRow::weigh(Weights& at) const {
   const mpfr_prec_t p = at.p;
   Mpfr t(p);
-  scale_.set(at.sigma);
   at.w.resize(g_count_);
   for (std::size_t g = 0; g < g_count_; ++g) {
     at.w[g] = std::make_unique<Mpfr>(p);
-    mpfr_mul(t, at.sigma, *diff_[g], MPFR_RNDN);
-    at.t_max = std::max(at.t_max, std::fabs(mpfr_get_d(t, MPFR_RNDU)));
+    at.e_max = std::max(at.e_max, logits_.difference(t, g, ref_, p));
     mpfr_exp(*at.w[g], t, MPFR_RNDN);
   }
-  // |w~ - w| <= (2|t| + 1) 2^-p w: exp's argument carries sigma's and the product's
-  // rounding, exp its own.
+  // |w~ - w| <= (e + 1) 2^-p w: exp's argument carries RowLogits' bound e, exp its own
+  // rounding.
   at.terms.resize(g_count_);
   at.ptrs.resize(g_count_);
   for (std::size_t g = 0; g < g_count_; ++g) {
@@ -482,7 +677,7 @@ void QueryRow::weigh(Weights& at) const {
     mpfr_sum(others_sum, others.data(), others.size(), MPFR_RNDU);
     at.dominated = mpfr_zero_p(others_sum) || mpfr_get_exp(others_sum) < -100;
   }
-  at.slack = 6 + static_cast<long>(std::ceil(std::log2(2.0 * at.t_max + 2.0)));
+  at.slack = 6 + static_cast<long>(std::ceil(std::log2(at.e_max + 2.0)));
 }
 
 // One attempt of Ziv's loop at precision p: true once every output of the row is decided.
@@ -492,7 +687,7 @@ bool QueryRow::attempt(mpfr_prec_t p) {
   weigh(at);
   bool all = true;
   for (std::int64_t d = 0; d < dv_; ++d) all = attempt_column(d, at) && all;
-  if (!lse_done_ && n_ref_ == 1 && g_count_ > 1 && (scale_.given || scale_.root)) lse_near(at);
+  if (!lse_done_ && n_ref_ == 1 && g_count_ > 1 && logits_.rational(ref_, lse_num_, lse_den_)) lse_near(at);
   if (!lse_done_) lse_plain(at);
   return all && lse_done_;
 }
@@ -524,7 +719,7 @@ void QueryRow::magnitude(std::int64_t d, const Weights& at, mpfr_ptr bound) cons
 bool QueryRow::decide_near(std::int64_t d, const Weights& at) {
   for (std::size_t g = 0; g < g_count_; ++g) c_col_[g] = g == ref_ ? nullptr : c_g_[gd(g, d)]->get();
   mpfr_mul_ui(n_denom_, at.denom, n_ref_, MPFR_RNDN);
-  perturbation(delta_, o_weights_, at.sigma, scale_.sign(), diff_, c_col_, n_denom_, at.slack + 1, at.p);
+  perturbation(delta_, o_weights_, logits_, c_col_, n_denom_, at.slack + 1, at.p);
   if (delta_.sign == 0) return false;
   if (!mpfr_zero_p(*v_ref_[d])) {
     const bool negative = mpfr_sgn(v_ref_[d]->get()) < 0;  // |O| = |mu| + delta sgn(mu)
@@ -563,19 +758,16 @@ bool QueryRow::decide_plain(std::int64_t d, Weights& at, mpfr_srcptr bound) {
   return true;
 }
 
-// LSE = m + log1p(eps), m = sigma score_ref rational, eps = sum_{g != ref} n_g w_g: next to
-// m when one key dominates (as O next to mu).
+// LSE = m + log1p(eps), m = L_ref = lse_num_ / lse_den_ rational, eps = sum_{g != ref} n_g
+// w_g: next to m when one key dominates (as O next to mu).
 void QueryRow::lse_near(const Weights& at) {
   const mpfr_prec_t p = at.p;
-  mpfr_srcptr score_ref = *score_[groups_[ref_][0]];
-  Mpfr m_num(mpfr_get_prec(score_ref) + 53);
-  unsigned long m_den = 1;
-  if (scale_.given) mpfr_mul_d(m_num, score_ref, scale_.value, MPFR_RNDN);  // exact
-  else mpfr_set(m_num, score_ref, MPFR_RNDN), m_den = static_cast<unsigned long>(scale_.root);
+  mpfr_srcptr m_num = lse_num_;
+  const unsigned long m_den = lse_den_;
   if (mpfr_zero_p(m_num)) return;
-  perturbation(eps_, lse_weights_, at.sigma, scale_.sign(), diff_, group_sizes_, nullptr, 0, p);  // eps > 0
+  perturbation(eps_, lse_weights_, logits_, group_sizes_, nullptr, 0, p);  // eps > 0
   if (eps_.sign <= 0) return;
-  const bool negative = mpfr_sgn(m_num.get()) < 0;  // |LSE| = |m| + log1p(eps) sgn(m)
+  const bool negative = mpfr_sgn(m_num) < 0;  // |LSE| = |m| + log1p(eps) sgn(m)
   Mpfr lo(p + 64), hi(p + 64);
   mpfr_set_zero(lo, 1), mpfr_set_zero(hi, 1);
   if (!eps_.infinitesimal) {
@@ -594,14 +786,15 @@ void QueryRow::lse_near(const Weights& at) {
   }
 }
 
-// LSE = sigma score_ref + log D: error below 2^(slack - p) (|m| + |log D| + |LSE| + 1)
+// LSE = L_ref + log D: error below 2^(slack - p) (|m| + |log D| + |LSE| + 1) plus m's own
+// bound e_m 2^-p.
 void QueryRow::lse_plain(const Weights& at) {
   const mpfr_prec_t p = at.p;
   Mpfr m(p), l(p), lse_v(p), bound(64), tmp(64);
-  mpfr_mul(m, at.sigma, *score_[groups_[ref_][0]], MPFR_RNDN);
+  const double e_m = logits_.value(m, ref_, p);
   mpfr_log(l, at.denom, MPFR_RNDN);
   mpfr_add(lse_v, m, l, MPFR_RNDN);
-  mpfr_set_ui(bound, 1, MPFR_RNDU);
+  mpfr_set_d(bound, e_m + 1, MPFR_RNDU);
   for (mpfr_srcptr x : {m.get(), l.get(), lse_v.get()}) {
     mpfr_abs(tmp, x, MPFR_RNDU);
     mpfr_add(bound, bound, tmp, MPFR_RNDU);
@@ -636,8 +829,9 @@ void reference_row(const Case& c, const Inputs& in, std::int64_t row, const std:
   }
   const std::int64_t i = row % a.seq_q, h = (row / a.seq_q) % a.heads, b = row / (a.seq_q * a.heads);
   std::vector<std::int64_t> keys;
-  for (std::int64_t j = 0; j < a.seq_kv; ++j)
-    if (attention_visible(c, b, i, j)) keys.push_back(j);
+  const KeyRange visible = attention_visible_keys(c, b, i);
+  for (std::int64_t j = visible.first; j < visible.end; ++j) keys.push_back(j);
+  if (!a.sinks.empty() && a.sinks[static_cast<std::size_t>(h)] != -INFINITY) keys.push_back(-1);
   RefValue* o = out.values.data() + row * dv;
   if (keys.empty()) {  // fully masked: the documented convention
     for (std::int64_t d = 0; d < dv; ++d) o[d] = RefValue::zero(false);

@@ -398,3 +398,43 @@ TEST(Case, WindowConventions) {
     }
   }
 }
+
+// Soft cap, ALiBi and sinks: fields, JSON round trip (a sink of -inf as "-inf"), refusals,
+// the two bias forms and the standard slope table.
+TEST(Case, SoftcapAlibiAndSinks) {
+  Case c = case_from_json(json::parse(R"({"ulpgate_case": 1, "op": "attention",
+    "attention": {"batch": 1, "heads": 2, "seq_q": 3, "seq_kv": 5, "head_dim": 8, "softcap": 30,
+                  "alibi_slopes": [0.5, 0.25], "alibi_form": "flashinfer", "sinks": [2.5, "-inf"]},
+    "types": {"Q": "fp16", "K": "fp16", "V": "fp16", "O": "fp16", "compute": "fp32"}})"));
+  EXPECT_EQ(attention_variants(c), kAttnSoftcap | kAttnAlibi | kAttnSinks);
+  EXPECT_EQ(attention_variant_names(attention_variants(c)), "soft cap, ALiBi, sinks");
+  EXPECT_EQ(c.attention.sinks[1], -INFINITY);
+  EXPECT_EQ(case_from_json(json::parse(to_json(c).dump())), c);
+  // FlashInfer: slope (j - i); Flash: -slope |i + seq_kv - seq_q - j| (diagonal at i + 2)
+  EXPECT_EQ(alibi_distance(c.attention, 1, 4), 3);
+  c.attention.alibi_form = AlibiForm::Flash;
+  EXPECT_EQ(alibi_distance(c.attention, 1, 4), -1);
+  EXPECT_EQ(alibi_distance(c.attention, 1, 0), -3);
+  EXPECT_EQ(alibi_distance(c.attention, 1, 3), 0);
+  // refusals: a slope per head, FP32 values, no +inf sink, a positive cap
+  for (const auto& [field, value] : {std::pair{"alibi_slopes", json::array({0.5})}, std::pair{"sinks", json::array({1, "inf"})},
+                                     std::pair{"softcap", json(-1)}, std::pair{"alibi_slopes", json::array({0.1, 0.5})},
+                                     std::pair{"alibi_form", json("xformers")}}) {
+    json j = to_json(c);
+    j["attention"][field] = value;
+    EXPECT_NE(error_of(j).find(std::string("case.attention.") + field), std::string::npos) << field << ": " << error_of(j);
+  }
+  // files without the fields: none of the three
+  json j = to_json(c);
+  for (const char* f : {"softcap", "alibi_slopes", "alibi_form", "sinks"}) j["attention"].erase(f);
+  EXPECT_EQ(attention_variants(case_from_json(j)), 0u);
+  // the standard slopes: 2^(-8k/n) for a power of two, then the odd entries of 2n's table
+  EXPECT_EQ(alibi_standard_slopes(8), (std::vector<double>{0.5, 0.25, 0.125, 0.0625, 0x1p-5, 0x1p-6, 0x1p-7, 0x1p-8}));
+  const std::vector<double> s12 = alibi_standard_slopes(12);
+  ASSERT_EQ(s12.size(), 12u);
+  EXPECT_EQ(s12[7], 0x1p-8);
+  EXPECT_EQ(s12[8], static_cast<float>(std::exp2(-0.5)));  // 2^(-4/8)
+  EXPECT_EQ(s12[11], static_cast<float>(std::exp2(-3.5)));
+  EXPECT_EQ(alibi_standard_slopes(1), std::vector<double>{0x1p-8});
+  EXPECT_EQ(alibi_standard_slopes(66).size(), 66u);
+}

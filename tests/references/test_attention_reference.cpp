@@ -1,5 +1,6 @@
 // The attention reference against a plain MPFR evaluation at 1000 bits, with its own
-// index arithmetic for the bhsd/bshd layouts and the mask rule written out again.
+// index arithmetic for the bhsd/bshd layouts and the mask rule, soft cap, ALiBi bias and sink
+// written out again.
 #include <gtest/gtest.h>
 #include <rapidcheck/gtest.h>
 
@@ -73,6 +74,19 @@ AttnCase random_case(std::uint64_t seed) {
   if (bits.chance(0.3)) a.window_left = bits.in(-1, 4), a.window_right = bits.in(-1, 3);
   const double scales[] = {0.125, -0.5, 0.0, 1.0 / 3.0, 1.0};
   if (bits.chance(0.5)) a.softmax_scale = scales[bits.in(0, 4)];
+  // Served variants: small dyadic slopes and sinks make ties with the scores (exact cases).
+  const double caps[] = {1.0, 2.5, 30.0, 0.125};
+  if (bits.chance(0.25)) a.softcap = caps[bits.in(0, 3)];
+  if (bits.chance(0.3)) {
+    a.alibi_form = bits.chance(0.5) ? AlibiForm::Flash : AlibiForm::FlashInfer;
+    const double slopes[] = {0.5, 0.25, 1.0, -0.0625, 0.0};
+    if (bits.chance(0.5)) a.alibi_slopes = alibi_standard_slopes(a.heads);
+    else for (std::int64_t h = 0; h < a.heads; ++h) a.alibi_slopes.push_back(slopes[bits.in(0, 4)]);
+  }
+  if (bits.chance(0.3)) {
+    const double sinks[] = {-INFINITY, 0.0, 1.5, -2.0, 20.0, 100.0};
+    for (std::int64_t h = 0; h < a.heads; ++h) a.sinks.push_back(sinks[bits.in(0, 5)]);
+  }
   c.types = {{"Q", kInputFormats[bits.in(0, 5)]}, {"K", kInputFormats[bits.in(0, 5)]},
              {"V", kInputFormats[bits.in(0, 5)]}, {"O", kAllFormats[bits.in(0, 6)]},
              {"compute", Format::FP32}};
@@ -117,7 +131,8 @@ void check_case(std::uint64_t seed) {
           if (visible(a, b, i, j)) keys.push_back(j);
         const std::string where = "seed " + std::to_string(seed) + " (" + std::to_string(b) + "," +
                                   std::to_string(h) + "," + std::to_string(i) + ")";
-        if (keys.empty()) {
+        const bool sink = !a.sinks.empty() && a.sinks[h] != -INFINITY;
+        if (keys.empty() && !sink) {
           RC_ASSERT(r.lse[r.row(b, h, i)] == RefValue::infinity(true));
           for (std::int64_t d = 0; d < dv; ++d) RC_ASSERT(r.at(b, h, i, d) == RefValue::zero(false));
           continue;
@@ -135,10 +150,28 @@ void check_case(std::uint64_t seed) {
             mpfr_add(*owned.back(), *owned.back(), x, MPFR_RNDN);
           }
           mpfr_mul(*owned.back(), *owned.back(), sigma, MPFR_RNDN);
+          if (a.softcap != 0) {  // cap tanh(x / cap), before the bias
+            mpfr_div_d(*owned.back(), *owned.back(), a.softcap, MPFR_RNDN);
+            mpfr_tanh(*owned.back(), *owned.back(), MPFR_RNDN);
+            mpfr_mul_d(*owned.back(), *owned.back(), a.softcap, MPFR_RNDN);
+          }
+          if (!a.alibi_slopes.empty()) {
+            const std::int64_t dist = a.alibi_form == AlibiForm::Flash ? -std::abs(i + a.seq_kv - a.seq_q - j) : j - i;
+            mpfr_set_d(x, a.alibi_slopes[h], MPFR_RNDN);
+            mpfr_mul_si(x, x, static_cast<long>(dist), MPFR_RNDN);
+            mpfr_add(*owned.back(), *owned.back(), x, MPFR_RNDN);
+          }
         }
-        mpfr_set(m, *owned[0], MPFR_RNDN);
+        mpfr_set_inf(m, -1);
+        if (sink) mpfr_set_d(m, a.sinks[h], MPFR_RNDN);
         for (auto& sc : owned) mpfr_max(m, m, *sc, MPFR_RNDN);
         mpfr_set_zero(denom, 1);
+        if (sink) {  // in the denominator only
+          mpfr_set_d(x, a.sinks[h], MPFR_RNDN);
+          mpfr_sub(x, x, m, MPFR_RNDN);
+          mpfr_exp(x, x, MPFR_RNDN);
+          mpfr_add(denom, denom, x, MPFR_RNDN);
+        }
         std::vector<std::unique_ptr<Mpfr>> w;
         for (auto& sc : owned) {
           w.push_back(std::make_unique<Mpfr>(kPrec));
@@ -225,6 +258,65 @@ TEST(AttentionReference, ExactCases) {
   // LSE = 1 + log 2 (scores 2 * 1/sqrt(4) = 1)
   EXPECT_EQ(r.lse[r.row(0, 0, 0)].to_double(), 1.0 + std::log(2.0));
   EXPECT_NEAR(r.magnitude[r.index(0, 0, 0, 0)], 1.5, 1e-15);
+}
+
+// Sinks: a batch with no visible key but a sink has O = 0 and LSE = the sink, exactly; a
+// sink of -inf is no sink, bit for bit; a sink equal to the only key's logit halves O.
+TEST(AttentionReference, SinksExactCases) {
+  Case c;
+  c.op = Op::Attention;
+  c.attention.batch = 2, c.attention.heads = 2, c.attention.seq_q = 1, c.attention.seq_kv = 1, c.attention.head_dim = 4;
+  c.attention.kv_lengths = {1, 0};
+  c.attention.softmax_scale = 0.5;
+  c.types = {{"Q", Format::FP16}, {"K", Format::FP16}, {"V", Format::FP16}, {"O", Format::FP32},
+             {"compute", Format::FP32}};
+  Tensor q(Format::FP16, 16), k(Format::FP16, 16), v(Format::FP16, 16);
+  for (int e = 0; e < 16; ++e) q.set_value(e, 1.0), k.set_value(e, 0.5), v.set_value(e, 3.0);
+  const std::map<std::string, Tensor> in{{"Q", q}, {"K", k}, {"V", v}};
+  const AttentionReference none = attention_reference(c, in, 1);
+  c.attention.sinks = {1.0, -INFINITY};  // head 0: the key's logit 0.5 * 2 = 1; head 1: none
+  validate(c);
+  const AttentionReference r = attention_reference(c, in, 1);
+  EXPECT_EQ(r.at(0, 0, 0, 0).to_double(), 1.5);  // 3 * e^1 / (e^1 + e^1)
+  EXPECT_FALSE(r.at(0, 0, 0, 0).inexact);
+  EXPECT_EQ(r.lse[r.row(0, 0, 0)].to_double(), 1.0 + std::log(2.0));
+  EXPECT_EQ(r.at(1, 0, 0, 0), RefValue::zero(false));  // no key, the sink only
+  EXPECT_EQ(r.lse[r.row(1, 0, 0)].to_double(), 1.0);
+  EXPECT_FALSE(r.lse[r.row(1, 0, 0)].inexact);
+  for (std::int64_t b = 0; b < 2; ++b) {  // head 1's sink of -inf: as without sinks
+    EXPECT_EQ(r.at(b, 1, 0, 0), none.at(b, 1, 0, 0));
+    EXPECT_EQ(r.lse[r.row(b, 1, 0)], none.lse[none.row(b, 1, 0)]);
+  }
+}
+
+// Soft cap and ALiBi on one key: the LSE is the logit, cap tanh(x / cap) + bias, correctly
+// rounded; a score of 0 leaves the bias alone, exactly.
+TEST(AttentionReference, SoftcapAndAlibiSingleKey) {
+  Case c;
+  c.op = Op::Attention;
+  c.attention.seq_q = 2, c.attention.seq_kv = 3, c.attention.head_dim = 1, c.attention.causal = true;
+  c.attention.window_left = 0;  // query i sees key i + 1 only
+  c.attention.softcap = 2.5;
+  c.attention.alibi_slopes = {0.25};
+  c.attention.alibi_form = AlibiForm::FlashInfer;  // slope (j - i) = 0.25
+  c.types = {{"Q", Format::FP32}, {"K", Format::FP32}, {"V", Format::FP32}, {"O", Format::FP32},
+             {"compute", Format::FP32}};
+  validate(c);
+  Tensor q(Format::FP32, 2), k(Format::FP32, 3), v(Format::FP32, 3);
+  q.set_value(0, 3.0), q.set_value(1, 3.0);
+  k.set_value(0, 9.0), k.set_value(1, 1.0), k.set_value(2, 0.0);  // scores 3 (query 0), 0 (query 1)
+  for (int e = 0; e < 3; ++e) v.set_value(e, 1.0);
+  const AttentionReference r = attention_reference(c, {{"Q", q}, {"K", k}, {"V", v}}, 1);
+  Mpfr want(200);
+  mpfr_set_ui(want, 3, MPFR_RNDN);  // x = scale 1/sqrt(1) times the score 3
+  mpfr_div_d(want, want, 2.5, MPFR_RNDN);
+  mpfr_tanh(want, want, MPFR_RNDN);
+  mpfr_mul_d(want, want, 2.5, MPFR_RNDN);
+  mpfr_add_d(want, want, 0.25, MPFR_RNDN);
+  EXPECT_EQ(r.lse[r.row(0, 0, 0)], RefValue::from_certified(want));
+  EXPECT_EQ(r.lse[r.row(0, 0, 1)].to_double(), 0.25);
+  EXPECT_FALSE(r.lse[r.row(0, 0, 1)].inexact);
+  EXPECT_EQ(r.at(0, 0, 0, 0).to_double(), 1.0);
 }
 
 TEST(AttentionReference, ThreadsDoNotChangeBits) {
