@@ -3,6 +3,7 @@
 #include <cctype>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <set>
 
 #include <fmt/format.h>
@@ -366,6 +367,62 @@ std::pair<std::int64_t, std::int64_t> window_from_convention(const std::string& 
     return {v[0] - 1, v.size() == 2 ? v[1] : -1};
   }
   return bad(fmt::format("unknown convention '{}'", conv));
+}
+
+namespace {
+
+// "x" or "x1,x2,...": numbers (strtod's, so "-inf" and "inf" too), each rounded to FP32.
+std::vector<double> fp32_list(const std::string& flag, const std::string& spec, const std::string& text) {
+  std::vector<double> out;
+  std::size_t at = 0;
+  while (at <= text.size()) {
+    const std::size_t comma = std::min(text.find(',', at), text.size());
+    const std::string part = text.substr(at, comma - at);
+    char* end = nullptr;
+    const double x = std::strtod(part.c_str(), &end);
+    if (part.empty() || *end || std::isnan(x))
+      throw InputError(fmt::format("{} '{}': '{}' is not a number", flag, spec, part));
+    out.push_back(static_cast<float>(x));
+    at = comma + 1;
+  }
+  return out;
+}
+
+// One value for every head, or one per head.
+std::vector<double> per_head_values(const std::string& flag, const std::string& spec, const std::string& text,
+                                    std::int64_t heads) {
+  std::vector<double> v = fp32_list(flag, spec, text);
+  if (v.size() == 1) v.assign(static_cast<std::size_t>(heads), v.front());
+  if (static_cast<std::int64_t>(v.size()) != heads)
+    throw InputError(fmt::format("{} '{}': one value or one per query head ({}), got {}", flag, spec, heads, v.size()));
+  return v;
+}
+
+}  // namespace
+
+void apply_served_variants(AttentionShape& a, const ServedVariantSpecs& specs) {
+  if (!specs.softcap.empty()) {
+    const std::vector<double> v = fp32_list("--softcap", specs.softcap, specs.softcap);
+    if (v.size() != 1 || !(v[0] > 0) || !std::isfinite(v[0]))
+      throw InputError(fmt::format("--softcap '{}': one positive finite cap", specs.softcap));
+    a.softcap = v[0];
+  }
+  if (!specs.alibi.empty()) {
+    const std::size_t colon = specs.alibi.find(':');
+    const std::string form = specs.alibi.substr(0, colon);
+    if (form == "flash") a.alibi_form = AlibiForm::Flash;
+    else if (form == "flashinfer") a.alibi_form = AlibiForm::FlashInfer;
+    else throw InputError(fmt::format("--alibi '{}': the form is flash or flashinfer, then :SLOPE or :S1,S2,... optionally", specs.alibi));
+    a.alibi_slopes = colon == std::string::npos ? alibi_standard_slopes(a.heads)
+                                                : per_head_values("--alibi", specs.alibi, specs.alibi.substr(colon + 1), a.heads);
+    for (double x : a.alibi_slopes)
+      if (!std::isfinite(x)) throw InputError(fmt::format("--alibi '{}': slopes are finite", specs.alibi));
+  }
+  if (!specs.sinks.empty()) {
+    a.sinks = per_head_values("--sinks", specs.sinks, specs.sinks, a.heads);
+    for (double x : a.sinks)
+      if (x == INFINITY) throw InputError(fmt::format("--sinks '{}': a sink is finite or -inf (none)", specs.sinks));
+  }
 }
 
 std::string shape_text(const Case& c, bool with_order) {

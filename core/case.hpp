@@ -233,6 +233,18 @@ bool attention_visible(const Case& c, std::int64_t b, std::int64_t i, std::int64
 /// Throws InputError naming the spec for anything else.
 std::pair<std::int64_t, std::int64_t> window_from_convention(const std::string& spec);
 
+/// The served variants as written on a command line (bench, sweep); "" leaves one out.
+///   softcap  "30": the cap, a positive number, rounded to FP32 as kernels keep it
+///   alibi    "flash" or "flashinfer" (the form), the standard slopes for the case's heads;
+///            "FORM:S" one slope for every head; "FORM:S1,S2,..." one per head (FP32-rounded)
+///   sinks    "S" for every head or "S1,S2,..." one per head; "-inf" is no sink (FP32-rounded)
+struct ServedVariantSpecs {
+  std::string softcap, alibi, sinks;
+};
+/// Sets a's soft cap, ALiBi and sinks from specs (a.heads must be set: slopes and sinks are
+/// per query head). Throws InputError naming the flag and the spec for anything malformed.
+void apply_served_variants(AttentionShape& a, const ServedVariantSpecs& specs);
+
 inline constexpr int kCaseSchemaVersion = 1;
 
 /// The largest size (M, N, K, batch, leading dimension, attention extent) a case may have:

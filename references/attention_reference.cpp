@@ -154,12 +154,86 @@ class RowLogits {
     return e / 1024 + abs_up(out) + 1;
   }
 
-  // L_g = num / den exactly (the exact form with a rational sigma); false otherwise.
+  // L_g = num / den exactly (the exact form with a rational sigma, or a score of 0, whose
+  // logit is its bias: a sink); false otherwise.
   bool rational(std::size_t g, mpfr_ptr num, unsigned long& den) const {
-    if (form_ != Form::Given && form_ != Form::Root) return false;
+    if (form_ != Form::Given && form_ != Form::Root) {
+      if (!mpfr_zero_p(s_[g])) return false;
+      mpfr_set_prec(num, beta_[g] ? mpfr_get_prec(beta_[g]) : 2);
+      if (beta_[g]) mpfr_set(num, beta_[g], MPFR_RNDN);
+      else mpfr_set_zero(num, 1);
+      den = 1;
+      return true;
+    }
     mpfr_set_prec(num, mpfr_get_prec(*u_[g]));
     mpfr_set(num, *u_[g], MPFR_RNDN);
     den = form_ == Form::Root ? static_cast<unsigned long>(scale_.root) : 1;
+    return true;
+  }
+
+  // Soft-capped logits with equal biases: L_g - L_h = cap (tanh y_g - tanh y_h) = cap
+  // sinh(y_g - y_h) / (cosh y_g cosh y_h), y = sigma s / cap, into out at precision p with
+  // |out - d| <= e 2^-p |out|: relative, so it keeps its digits where both tanh are within
+  // 2^-p of the same +-1 (scores far beyond the cap), where difference() only knows 0 +- e
+  // 2^-p. False without a cap, where the biases differ, or where cosh leaves MPFR's range.
+  bool relative_difference(mpfr_ptr out, double& e, std::size_t g, std::size_t h, mpfr_prec_t p) const {
+    if (cap_ == 0 || cmp_bias(beta_[g], beta_[h]) != 0) return false;
+    const mpfr_prec_t q = p + 16;
+    Mpfr sigma(q), ds(2), t(q), yg(q), yh(q);
+    scale_.set(sigma);
+    exact_difference(ds, s_[g], s_[h]);
+    mpfr_mul(t, sigma, ds, MPFR_RNDN);
+    mpfr_div_d(t, t, cap_, MPFR_RNDN);
+    mpfr_mul(yg, sigma, s_[g], MPFR_RNDN);
+    mpfr_div_d(yg, yg, cap_, MPFR_RNDN);
+    mpfr_mul(yh, sigma, s_[h], MPFR_RNDN);
+    mpfr_div_d(yh, yh, cap_, MPFR_RNDN);
+    // Relative errors in units of 2^-q: t, y_g, y_h carry three roundings each (sigma's,
+    // the product's, the quotient's); sinh(t) amplifies t's by at most 1 + |t| and cosh(y)
+    // y's by at most |y|; sinh, two cosh, a product and a quotient round once each.
+    const double at = abs_up(t), ag = abs_up(yg), ah = abs_up(yh);
+    mpfr_set_prec(out, q);
+    mpfr_sinh(out, t, MPFR_RNDN);
+    mpfr_cosh(yg, yg, MPFR_RNDN);
+    mpfr_cosh(yh, yh, MPFR_RNDN);
+    if (!mpfr_number_p(yg) || !mpfr_number_p(yh)) return false;
+    mpfr_mul(yg, yg, yh, MPFR_RNDN);
+    mpfr_div(out, out, yg, MPFR_RNDN);
+    mpfr_mul_d(out, out, cap_, MPFR_RNDN);
+    const double eq = 3 * (1 + at) + 3 * (ag + ah) + 8;
+    mpfr_prec_round(out, p, MPFR_RNDN);
+    e = 2 * eq / 65536 + 1;  // the q-bit errors (each at most doubled by the others), and the rounding to p
+    return true;
+  }
+
+  // Group g's soft-capped logit as r + delta with r = sgn(y) cap + beta, exact (into r), and
+  // delta = -sgn(y) 2 cap / (e^(2|y|) + 1), y = sigma s / cap, at precision p into delta with
+  // |delta~ - delta| <= e 2^-p |delta~|: the logit next to the rational it saturates to.
+  // False without a cap or for a score of 0.
+  bool saturated(mpfr_ptr r, mpfr_ptr delta, double& e, std::size_t g, mpfr_prec_t p) const {
+    if (cap_ == 0 || mpfr_zero_p(s_[g])) return false;
+    const mpfr_prec_t q = p + 16;
+    Mpfr y(q), sigma(q), c(64);
+    scale_.set(sigma);
+    mpfr_mul(y, sigma, s_[g], MPFR_RNDN);
+    mpfr_div_d(y, y, cap_, MPFR_RNDN);
+    const int sign = mpfr_sgn(y.get());
+    // 2|y| carries y's three roundings (relative), which exp turns into 3 |2y| 2^-q of its
+    // own; exp, +1, the quotient and the product round once each.
+    const double ay = abs_up(y);
+    mpfr_abs(y, y, MPFR_RNDN);
+    mpfr_mul_2ui(y, y, 1, MPFR_RNDN);
+    mpfr_set_prec(delta, q);
+    mpfr_exp(delta, y, MPFR_RNDN);
+    if (!mpfr_number_p(delta)) return false;
+    mpfr_add_ui(delta, delta, 1, MPFR_RNDN);
+    mpfr_d_div(delta, -2.0 * sign * cap_, delta, MPFR_RNDN);
+    mpfr_prec_round(delta, p, MPFR_RNDN);
+    e = 2 * (6 * ay + 8) / 65536 + 1;
+    mpfr_set_d(c, sign * cap_, MPFR_RNDN);  // an FP32 value: exact
+    Mpfr zero(2);
+    mpfr_set_zero(zero, 1);
+    exact_sum_of(r, c, beta_[g] ? beta_[g] : zero.get());
     return true;
   }
 
@@ -445,8 +519,10 @@ class QueryRow {
   void magnitude(std::int64_t d, const Weights& at, mpfr_ptr bound) const;
   bool decide_near(std::int64_t d, const Weights& at);
   bool decide_plain(std::int64_t d, Weights& at, mpfr_srcptr bound);
+  bool decide_saturated(std::int64_t d, mpfr_prec_t p);
   void lse_near(const Weights& at);
   void lse_plain(const Weights& at);
+  void lse_saturated(mpfr_prec_t p);
   [[noreturn]] void throw_undecided() const;
 
   const Inputs& in_;
@@ -689,6 +765,7 @@ bool QueryRow::attempt(mpfr_prec_t p) {
   for (std::int64_t d = 0; d < dv_; ++d) all = attempt_column(d, at) && all;
   if (!lse_done_ && n_ref_ == 1 && g_count_ > 1 && logits_.rational(ref_, lse_num_, lse_den_)) lse_near(at);
   if (!lse_done_) lse_plain(at);
+  if (!lse_done_ && p > 192) lse_saturated(p);
   return all && lse_done_;
 }
 
@@ -700,7 +777,7 @@ bool QueryRow::attempt_column(std::int64_t d, Weights& at) {
   if (decided_[static_cast<std::size_t>(d)]) return true;
   if ((at.p > 192 || at.dominated) && g_count_ > 1 && !v_ref_[d]) prepare_near(d);
   if (v_ref_[d] && decide_near(d, at)) return true;
-  return decide_plain(d, at, bound);
+  return decide_plain(d, at, bound) || decide_saturated(d, at.p);
 }
 
 // magnitude: sum_g w_g sum|v| / D, bounded above in 64 bits
@@ -758,15 +835,110 @@ bool QueryRow::decide_plain(std::int64_t d, Weights& at, mpfr_srcptr bound) {
   return true;
 }
 
+// A soft cap that every score is far beyond: all logits are cap tanh(y) within 2^-p of the
+// same +-cap, the weights w_g = 1 + e_g with e_g = expm1(L_g - L_ref) below 2^-32, and O lies
+// within that of the plain mean M = V / N of the row's values (V their exact sum, N the
+// keys), a rational the plain attempt cannot round past where it is a 128-bit number. Then
+// O - M = sum_g e_g c_g / (N D), c_g = N V_g - n_g V (exact), D = N + sum_g n_g e_g, and the
+// e_g come from RowLogits::relative_difference, relative to themselves: their sign and size
+// decide O next to M (window_near) as decide_near does next to one dominant group.
+bool QueryRow::decide_saturated(std::int64_t d, mpfr_prec_t p) {
+  if (a_.softcap == 0 || g_count_ < 2) return false;
+  const auto n = static_cast<unsigned long>(n_);
+  std::vector<MpfrBox> terms;
+  std::vector<mpfr_ptr> ptrs;
+  Mpfr diff(p), e(p), v(2), c(2), x(2), y(2), mag(64), nsum(64), tmp(64);
+  mpfr_set_zero(mag, 1), mpfr_set_zero(nsum, 1);
+  {
+    ExactAccumulator acc;
+    for (std::size_t s = 0; s < n_; ++s) acc.add(v_of(s, d));
+    acc.exact_value(v);
+  }
+  double e_max = 0;
+  for (std::size_t g = 0; g < g_count_; ++g) {
+    if (g == ref_) continue;
+    double eg = 0;
+    if (!logits_.relative_difference(diff, eg, g, ref_, p)) return false;
+    if (!mpfr_zero_p(diff) && mpfr_get_exp(diff) > -32) return false;  // not saturated: Ziv's plain loop decides
+    mpfr_expm1(e, diff, MPFR_RNDN);  // relative error (eg + 2) 2^-p: expm1's slope is about 1 here
+    e_max = std::max(e_max, eg + 2);
+    mpfr_abs(tmp, e, MPFR_RNDU);
+    mpfr_mul_ui(tmp, tmp, groups_[g].size(), MPFR_RNDU);
+    mpfr_add(nsum, nsum, tmp, MPFR_RNDU);  // sum n_g |e_g|
+    const MpfrBox vg = v_exact(g, d);
+    mpfr_set_prec(x, mpfr_get_prec(*vg) + 64), mpfr_set_prec(y, mpfr_get_prec(v) + 64);
+    mpfr_mul_ui(x, *vg, n, MPFR_RNDN);                   // exact
+    mpfr_mul_ui(y, v, groups_[g].size(), MPFR_RNDN);     // exact
+    mpfr_neg(y, y, MPFR_RNDN);
+    exact_sum_of(c, x, y);
+    if (mpfr_zero_p(c)) continue;
+    terms.push_back(std::make_unique<Mpfr>(p));
+    mpfr_mul(*terms.back(), e, c, MPFR_RNDN);
+    ptrs.push_back(*terms.back());
+    mpfr_abs(tmp, *terms.back(), MPFR_RNDU);
+    mpfr_add(mag, mag, tmp, MPFR_RNDU);
+  }
+  if (terms.empty()) return false;
+  Mpfr sum(p), err(64);
+  mpfr_sum(sum, ptrs.data(), ptrs.size(), MPFR_RNDN);
+  // |S~ - S| <= ((e_max + 2) sum |T_g| + |S~|) 2^-p: each term's factors and product, the sum.
+  mpfr_mul_d(err, mag, e_max + 2, MPFR_RNDU);
+  mpfr_abs(tmp, sum, MPFR_RNDU);
+  mpfr_add(err, err, tmp, MPFR_RNDU);
+  mpfr_mul_2si(err, err, -p, MPFR_RNDU);
+  mpfr_abs(tmp, sum, MPFR_RNDD);
+  if (mpfr_cmp(tmp, err) <= 0) return false;  // sign undecided at this precision
+  const int sign = mpfr_sgn(sum.get());
+  // Delta = S / (N D), D in [N - sum n_g |e_g|, N + sum n_g |e_g|]: |Delta| in [lo, hi].
+  Mpfr lo(p + 64), hi(p + 64), dlo(64), dhi(64);
+  mpfr_set_ui(dlo, n, MPFR_RNDN), mpfr_set_ui(dhi, n, MPFR_RNDN);
+  mpfr_sub(dlo, dlo, nsum, MPFR_RNDD), mpfr_add(dhi, dhi, nsum, MPFR_RNDU);
+  mpfr_mul_ui(dlo, dlo, n, MPFR_RNDD), mpfr_mul_ui(dhi, dhi, n, MPFR_RNDU);
+  mpfr_sub(lo, tmp, err, MPFR_RNDD);
+  mpfr_div(lo, lo, dhi, MPFR_RNDD);
+  mpfr_abs(hi, sum, MPFR_RNDU);
+  mpfr_add(hi, hi, err, MPFR_RNDU);
+  mpfr_div(hi, hi, dlo, MPFR_RNDU);
+  if (sign < 0) mpfr_swap(lo, hi), mpfr_neg(lo, lo, MPFR_RNDD), mpfr_neg(hi, hi, MPFR_RNDU);  // Delta's own range
+  if (mpfr_zero_p(v)) {  // M = 0: O = Delta
+    if (!mpfr_number_p(lo) || mpfr_zero_p(lo) || mpfr_zero_p(hi)) return false;
+    Mpfr a(128), b(128);
+    mpfr_set(a, lo, MPFR_RNDZ), mpfr_set(b, hi, MPFR_RNDZ);
+    if (!mpfr_equal_p(a, b) || mpfr_equal_p(a, lo) || mpfr_equal_p(b, hi)) return false;  // lo, hi in one 128-bit window
+    decide(d, RefValue::from_certified(lo));
+    return true;
+  }
+  const bool negative = mpfr_sgn(v.get()) < 0;  // |O| = |M| + Delta sgn(M)
+  if (negative) mpfr_swap(lo, hi), mpfr_neg(lo, lo, MPFR_RNDD), mpfr_neg(hi, hi, MPFR_RNDU);
+  const auto near = window_near(v, n, lo, hi, negative, negative ? -sign : sign);
+  if (near) decide(d, *near);
+  return near.has_value();
+}
+
 // LSE = m + log1p(eps), m = L_ref = lse_num_ / lse_den_ rational, eps = sum_{g != ref} n_g
 // w_g: next to m when one key dominates (as O next to mu).
 void QueryRow::lse_near(const Weights& at) {
   const mpfr_prec_t p = at.p;
   mpfr_srcptr m_num = lse_num_;
   const unsigned long m_den = lse_den_;
-  if (mpfr_zero_p(m_num)) return;
   perturbation(eps_, lse_weights_, logits_, group_sizes_, nullptr, 0, p);  // eps > 0
   if (eps_.sign <= 0) return;
+  if (mpfr_zero_p(m_num)) {  // LSE = log1p(eps), in (eps - eps^2 / 2, eps)
+    if (eps_.infinitesimal) {
+      lse_ = RefValue::tiny(false), lse_done_ = true;
+      return;
+    }
+    Mpfr lo(p + 64), hi(p + 64), sq(p + 64), a(128), b(128);
+    mpfr_add(hi, eps_.value, eps_.bound, MPFR_RNDU);  // above eps, so above log1p(eps)
+    mpfr_sqr(sq, hi, MPFR_RNDU);
+    mpfr_sub(lo, eps_.value, eps_.bound, MPFR_RNDD);
+    mpfr_sub(lo, lo, sq, MPFR_RNDD);                   // below eps - eps^2, so below log1p(eps)
+    if (mpfr_sgn(lo.get()) <= 0) return;
+    mpfr_set(a, lo, MPFR_RNDZ), mpfr_set(b, hi, MPFR_RNDZ);
+    if (!mpfr_equal_p(a, b) || mpfr_equal_p(a, lo) || mpfr_equal_p(b, hi)) return;
+    lse_ = RefValue::from_certified(lo), lse_done_ = true;
+    return;
+  }
   const bool negative = mpfr_sgn(m_num) < 0;  // |LSE| = |m| + log1p(eps) sgn(m)
   Mpfr lo(p + 64), hi(p + 64);
   mpfr_set_zero(lo, 1), mpfr_set_zero(hi, 1);
@@ -781,6 +953,38 @@ void QueryRow::lse_near(const Weights& at) {
     if (negative) mpfr_swap(lo, hi), mpfr_neg(lo, lo, MPFR_RNDD), mpfr_neg(hi, hi, MPFR_RNDU);
   }
   if (auto near = window_near(m_num, m_den, lo, hi, negative, negative ? -1 : 1)) {
+    lse_ = *near;
+    lse_done_ = true;
+  }
+}
+
+// One key under a soft cap it is far beyond: LSE = its logit = r + delta (RowLogits::
+// saturated), within e^-(2|y|) of the rational r (-cap, or cap, plus the bias), which Ziv's
+// loop cannot round past where r is a 128-bit number; delta, known relative to itself,
+// decides it next to r.
+void QueryRow::lse_saturated(mpfr_prec_t p) {
+  if (g_count_ != 1 || n_ref_ != 1) return;
+  Mpfr r(2), delta(p), lo(p + 64), hi(p + 64), err(64);
+  double e = 0;
+  if (!logits_.saturated(r, delta, e, ref_, p) || mpfr_zero_p(delta)) return;
+  mpfr_abs(err, delta, MPFR_RNDU);
+  mpfr_mul_d(err, err, e, MPFR_RNDU);
+  mpfr_mul_2si(err, err, -p, MPFR_RNDU);
+  mpfr_sub(lo, delta, err, MPFR_RNDD);
+  mpfr_add(hi, delta, err, MPFR_RNDU);
+  if (mpfr_sgn(lo.get()) != mpfr_sgn(hi.get())) return;
+  const int sign = mpfr_sgn(delta.get());
+  if (mpfr_zero_p(r)) {  // LSE = delta
+    Mpfr a(128), b(128);
+    mpfr_set(a, lo, MPFR_RNDZ), mpfr_set(b, hi, MPFR_RNDZ);
+    if (!mpfr_equal_p(a, b) || mpfr_equal_p(a, lo) || mpfr_equal_p(b, hi)) return;
+    lse_ = RefValue::from_certified(lo);
+    lse_done_ = true;
+    return;
+  }
+  const bool negative = mpfr_sgn(r.get()) < 0;  // |LSE| = |r| + delta sgn(r)
+  if (negative) mpfr_swap(lo, hi), mpfr_neg(lo, lo, MPFR_RNDD), mpfr_neg(hi, hi, MPFR_RNDU);
+  if (auto near = window_near(r, 1, lo, hi, negative, negative ? -sign : sign)) {
     lse_ = *near;
     lse_done_ = true;
   }

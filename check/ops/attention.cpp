@@ -90,11 +90,18 @@ namespace {
 const std::vector<std::string> kExcludedFamilies = {"specials", "near_overflow", "gendot"};
 
 
-/// Per query row: the visible keys, and S = max_j |scale| sum_d |q_id k_jd| over them.
+/// Per query row: the visible keys, S = max_j |scale| sum_d |q_id k_jd| over them, B = max_j
+/// |ALiBi bias|, whether the head has a sink, and L, a bound of every |logit| (the sink's
+/// included): min(S, cap) + B.
 struct RowFacts {
   std::vector<std::int64_t> keys;
-  double s = 0;
+  double s = 0, bias = 0, logit = 0;
+  bool sink = false;
 };
+
+// tanh's relative error admitted under soft-capping: tanh.approx.f32's (FlashAttention-2/3
+// cap with it), about 2^-11, rounded up.
+constexpr double kTanhError = 0x1p-10;
 
 RowFacts row_facts(const Case& c, const Inputs& in, std::int64_t b, std::int64_t h, std::int64_t i) {
   const AttentionShape& a = c.attention;
@@ -109,6 +116,13 @@ RowFacts row_facts(const Case& c, const Inputs& in, std::int64_t b, std::int64_t
     double sum = 0;
     for (std::int64_t d = 0; d < a.head_dim; ++d) sum += std::fabs(q.value(qv.offset(b, h, i, d)) * k.value(kv.offset(b, hk, j, d)));
     f.s = std::max(f.s, sigma * sum * (1 + 0x1p-40));  // the double sum's own rounding, and more
+    if (!a.alibi_slopes.empty())
+      f.bias = std::max(f.bias, std::fabs(a.alibi_slopes[static_cast<std::size_t>(h)] * static_cast<double>(alibi_distance(a, i, j))));
+  }
+  f.logit = (a.softcap != 0 ? std::min(f.s, a.softcap) : f.s) + f.bias;
+  if (!a.sinks.empty() && a.sinks[static_cast<std::size_t>(h)] != -INFINITY) {
+    f.sink = true;
+    f.logit = std::max(f.logit, std::fabs(a.sinks[static_cast<std::size_t>(h)]));
   }
   return f;
 }
@@ -211,7 +225,9 @@ class RowBound {
     const bool row_poisoned = poisoned(ref, b, h, i);
     if (lse)
       lse->accumulated[static_cast<std::size_t>(ref.row(b, h, i))] =
-          attention_visible_count(c_, b, i) == 0 || row_poisoned ? INFINITY : 0.0;
+          (attention_visible_count(c_, b, i) == 0 && (a_.sinks.empty() || a_.sinks[static_cast<std::size_t>(h)] == -INFINITY)) ||
+                  row_poisoned
+              ? INFINITY : 0.0;
     for (std::int64_t d = 0; d < dv_; ++d)
       o.accumulated[ref.index(b, h, i, d)] =
           row_poisoned || v_head_max_[static_cast<std::size_t>((b * a_.eff_kv_heads() + a_.kv_head(h)) * dv_ + d)] >= o_overflow_
@@ -221,10 +237,18 @@ class RowBound {
   void referenced_row(const AttentionReference& ref, std::int64_t b, std::int64_t h, std::int64_t i,
                       OutputComparison& o, OutputComparison* lse) const {
     const RowFacts f = row_facts(c_, inputs_, b, h, i);
-    const auto nk = static_cast<std::int64_t>(f.keys.size());
-    // eps: the scores' and exp's relative error.
-    const double eps = 2 * (2 * u_in_ + tol_.gamma(a_.head_dim + 2)) * f.s + 2 * u_ * (1 + 2 * f.s);
-    const double rel = (eps < 1 ? 2 * eps / (1 - eps) : INFINITY) + u_p + u_in_ + 3 * tol_.gamma(nk + 2);
+    // The sink is one more term of the sum, and one more rescale.
+    const auto nk = static_cast<std::int64_t>(f.keys.size()) + (f.sink ? 2 : 0);
+    // eps: the logits' and exp's relative error: the scores' (tanh's slope is at most 1), the
+    // exp of a difference of logits up to L, tanh's own error and the cap's product, and the
+    // ALiBi bias (its slope, distance, product and sum).
+    const double capped = a_.softcap != 0 ? std::min(f.s, a_.softcap) : 0.0;
+    const double eps = 2 * (2 * u_in_ + tol_.gamma(a_.head_dim + 2)) * f.s + 2 * u_ * (1 + 2 * std::max(f.s, f.logit)) +
+                       2 * (kTanhError + 2 * u_) * capped + 8 * u_ * f.bias;
+    // eps bounds each exponent's absolute error, so each weight is within a factor e^(+-eps)
+    // of its exact value: O moves by at most 2 (e^(2 eps) - e^eps) c, about 2 eps c when
+    // eps is small and finite however large (far-negative logits at 16-bit inputs).
+    const double rel = 2 * (std::exp(2 * eps) - std::exp(eps)) + u_p + u_in_ + 3 * tol_.gamma(nk + 2);
     const double eta = tol_.accumulator_eta;
     for (std::int64_t d = 0; d < dv_; ++d) {
       const std::int64_t e = ref.index(b, h, i, d);
@@ -232,7 +256,7 @@ class RowBound {
       for (std::int64_t j : f.keys) vmax = std::max(vmax, std::fabs(v_.value(vv_.offset(b, a_.kv_head(h), j, d))));
       o.allowed[e] = rel * o.condition[e] + static_cast<double>(nk) * (eta_p_ + eta) * vmax + 4 * eta;
       // The scores (before and after the scale) are what can overflow the accumulator.
-      o.accumulated[e] = std::max(f.s, f.s / std::max(std::fabs(c_.attention.scale()), 0x1p-1000));
+      o.accumulated[e] = std::max(f.s, f.s / std::max(std::fabs(c_.attention.scale()), 0x1p-1000)) + f.bias;
       if (poisoned(ref, b, h, i)) o.accumulated[e] = INFINITY;
     }
     if (lse) lse_row(ref, b, h, i, f, eps, o, *lse);
@@ -248,7 +272,7 @@ class RowBound {
   void lse_row(const AttentionReference& ref, std::int64_t b, std::int64_t h, std::int64_t i, const RowFacts& f,
                double eps, const OutputComparison& o, OutputComparison& lse) const {
     const auto r = static_cast<std::size_t>(ref.row(b, h, i));
-    const auto nk = static_cast<std::int64_t>(f.keys.size());
+    const auto nk = static_cast<std::int64_t>(f.keys.size()) + (f.sink ? 2 : 0);
     if (nk == 0) {
       // No visible key: ln 0 = -inf; +inf is FlashAttention's convention (its backward pass
       // then gets exp(s - lse) = 0) and is accepted too. Nothing finite is.
@@ -257,10 +281,10 @@ class RowBound {
     }
     // |LSE~ - LSE| <= max_j |ln p~_j - ln p_j| (eps) + the sum's relative error (at most
     // 2 gamma(nk + 2) after the log) + the final m + ln l and its unit conversions,
-    // 4 u (|m| + ln l + 1) with |m| <= S, l <= nk.
-    const double e_sum = 2 * tol_.gamma(nk + 2);
-    lse.allowed[r] = eps < 1 && e_sum < 1 ? eps + e_sum + 4 * u_ * (f.s + std::log(static_cast<double>(nk)) + 1) : INFINITY;
-    lse.condition[r] = 1 + f.s;
+    // 4 u (|m| + ln l + 1) with |m| <= max(S, L), l <= nk.
+    const double e_sum = 2 * tol_.gamma(nk + 2), m = std::max(f.s, f.logit);
+    lse.allowed[r] = e_sum < 1 ? eps + e_sum + 4 * u_ * (m + std::log(static_cast<double>(nk)) + 1) : INFINITY;
+    lse.condition[r] = 1 + m;
     lse.accumulated[r] = o.accumulated[ref.index(b, h, i, 0)];  // the scores' bound, or +Inf (poisoned)
   }
 
@@ -383,6 +407,8 @@ class AttentionModule final : public OpModule {
       if ((limits.mapping || *gen::pick(std::vector<int>{0, 0, 1})) && (!k || k->traits().writes_lse))
         keep_if_supported([&] { c.types["LSE"] = Format::FP32; }, [&] { c.types.erase("LSE"); });
       draw_window(c, k);  // last: kernels without windows draw the stream they drew before
+      draw_served_variants(c, k, limits);  // and without these variants, likewise
+      draw_far_negative_logits(c, k);
       validate(c);
       return c;
     });
@@ -420,6 +446,7 @@ class AttentionModule final : public OpModule {
       t.rule += fmt::format(", P rounded to {} bits before P V{}", t.p_bits, traits.p_bits ? "" : " (the inputs' 16-bit format)");
     else
       t.rule += ", P in FP32";
+    if (c.attention.softcap != 0) t.rule += ", tanh within 2^-10 relative (soft cap: tanh.approx.f32)";
     return t;
   }
 
@@ -485,7 +512,9 @@ class AttentionModule final : public OpModule {
           out.push_back({"key_shift", "the same vector added to every key (scores up by about 100) fails: " + why});
       }
     }
-    if (!a.causal && !a.windowed() && a.seq_kv > 1) {  // key permutation within each batch's visible keys
+    // Key permutation within each batch's visible keys (not where masks or ALiBi's biases
+    // tell the keys' positions apart).
+    if (!a.causal && !a.windowed() && a.alibi_slopes.empty() && a.seq_kv > 1) {
       Inputs perm = inputs;
       permute_keys(c, perm);
       const RunOutcome r = ctx.run(c, perm);
@@ -589,13 +618,74 @@ class AttentionModule final : public OpModule {
 
   // The small regime's budgets: the reference's exponentials and P V terms, and each
   // operand's elements. The longer sequence halves first, batch and heads shrink last.
+  // Soft cap, ALiBi and sinks, each in one case of three where kernel k applies it, at the
+  // edges their bugs live on (docs/concepts/softcap.md, alibi.md, sinks.md): caps from 0.5
+  // to 50 (small ones make tanh bend the drawn scores); ALiBi in either form with the
+  // standard slopes, in half of them for 12, 40 or 66 heads (not powers of two: the slope
+  // tables' second half), else a slope of 0.5 or 2^-3 for every head; sinks of 0, 20, 100,
+  // -inf (none), 2.25 or -1.5 per head. Each kept where k supports the case.
+  static void draw_served_variants(Case& c, const Kernel* k, const GenLimits& limits) {
+    if (!k) return;
+    const unsigned applies = k->traits().attention_variants;
+    AttentionShape& a = c.attention;
+    const auto one_in_three = [] { return *gen::pick(std::vector<int>{0, 0, 1}) == 1; };
+    if ((applies & kAttnSoftcap) && one_in_three()) {
+      a.softcap = *gen::pick(std::vector<double>{0.5, 1.0, 2.0, 5.0, 30.0, 50.0});
+      if (k->unsupported(c)) a.softcap = 0;
+    }
+    if ((applies & kAttnAlibi) && one_in_three()) {
+      const AttentionShape before = a;
+      a.alibi_form = *gen::pick(std::vector<AlibiForm>{AlibiForm::Flash, AlibiForm::FlashInfer});
+      const int slopes = *gen::pick(std::vector<int>{0, 0, 1, 2});
+      if (slopes == 0 && !limits.large && !limits.mapping) {
+        // Only heads and the batch change: the lengths, window and mask drawn stay valid.
+        const std::int64_t heads = *gen::pick(std::vector<std::int64_t>{12, 40, 66});
+        AttentionShape more = a;
+        more.heads = heads, more.batch = 1;
+        if (more.kv_heads && heads % more.kv_heads) more.kv_heads = 0;
+        more.kv_lengths.resize(std::min<std::size_t>(more.kv_lengths.size(), 1));
+        if (!over_small_budget(more)) a = more;
+      }
+      if (slopes <= 1) a.alibi_slopes = alibi_standard_slopes(a.heads);
+      else a.alibi_slopes.assign(static_cast<std::size_t>(a.heads), *gen::pick(std::vector<double>{0.5, 0.125}));
+      if (!a.sinks.empty()) a.sinks.resize(static_cast<std::size_t>(a.heads), 0.0);
+      if (k->unsupported(c)) a = before;
+    }
+    if ((applies & kAttnSinks) && one_in_three()) {
+      const std::vector<double> sinks{0.0, 20.0, 100.0, -INFINITY, 2.25, -1.5};
+      for (std::int64_t h = 0; h < a.heads; ++h) a.sinks.push_back(*gen::pick(sinks));
+      if (k->unsupported(c)) a.sinks.clear();
+    }
+  }
+
+  // Far-negative logits in one case of six (docs/concepts/cases.md): every score near -T, T
+  // of 6e4, 1.2e5 or 2.45e5, below the running-max sentinels kernels start from (-5e4, -1e5)
+  // and as low as a real model's logits went. Q about m and K about -m (std m / 16, so a
+  // row's scores spread by about T sqrt(2 / head_dim) / 16); not for FP8 Q or K, whose range
+  // m may leave. Such cases ask for the LSE where kernel k writes it: a row of zeros hides
+  // inside the bound wherever the scores' rounding at these magnitudes moves P by more than
+  // a third, and its LSE of -inf does not.
+  static void draw_far_negative_logits(Case& c, const Kernel* k) {
+    const bool draw = *gen::pick(std::vector<int>{0, 0, 0, 0, 0, 1}) == 1;
+    const double t = *gen::pick(std::vector<double>{6e4, 1.2e5, 2.45e5});
+    if (!draw || is_fp8(c.types.at("Q")) || is_fp8(c.types.at("K"))) return;
+    const double m = std::sqrt(t / (std::fabs(c.attention.scale()) * static_cast<double>(c.attention.head_dim)));
+    c.dist["Q"] = fmt::format("normal({:.6g},{:.6g})", m, m / 16);
+    c.dist["K"] = fmt::format("normal({:.6g},{:.6g})", -m, m / 16);
+    if (k && k->traits().writes_lse && !c.types.count("LSE")) {
+      c.types["LSE"] = Format::FP32;
+      if (k->unsupported(c)) c.types.erase("LSE");
+    }
+  }
+
+  static bool over_small_budget(const AttentionShape& a) {
+    return a.batch * a.heads * a.seq_q * a.seq_kv > kScoreBudget ||
+           a.batch * a.heads * a.seq_q * a.seq_kv * a.eff_head_dim_v() > kOutputTermBudget ||
+           a.batch * a.heads * std::max(a.seq_q, a.seq_kv) * std::max(a.head_dim, a.eff_head_dim_v()) > gen::kElementBudget;
+  }
+
   static void fit_small_budget(AttentionShape& a) {
-    const auto over = [&] {
-      return a.batch * a.heads * a.seq_q * a.seq_kv > kScoreBudget ||
-             a.batch * a.heads * a.seq_q * a.seq_kv * a.eff_head_dim_v() > kOutputTermBudget ||
-             a.batch * a.heads * std::max(a.seq_q, a.seq_kv) * std::max(a.head_dim, a.eff_head_dim_v()) > gen::kElementBudget;
-    };
-    while (over()) {
+    while (over_small_budget(a)) {
       if (a.seq_q > 1 && a.seq_q >= a.seq_kv) a.seq_q = (a.seq_q + 1) / 2;
       else if (a.seq_kv > 1) a.seq_kv = (a.seq_kv + 1) / 2;
       else if (a.heads > 1) --a.heads;
@@ -701,7 +791,7 @@ class AttentionModule final : public OpModule {
   }
 
   // V scaled by 2 must double O exactly where every product p_j v_jd and every sum is a
-  // normal FP32 number: nonzero |v| in [2^-20, max/4], scores within 64 of each other
+  // normal FP32 number: nonzero |v| in [2^-20, max/4], logits (the sink's too) within 64 of each other
   // (p_j >= e^-64 > 2^-93, so p v >= 2^-113), O normal and 2 O finite.
   static std::string v_scaling(const RelationContext& ctx, const Case& c, const Inputs& inputs, const Tensor& o) {
     const AttentionShape& a = c.attention;
@@ -714,7 +804,7 @@ class AttentionModule final : public OpModule {
     for (std::int64_t b = 0; b < a.batch; ++b)
       for (std::int64_t h = 0; h < a.heads; ++h)
         for (std::int64_t i = 0; i < a.seq_q; ++i)
-          if (2 * row_facts(c, inputs, b, h, i).s > 64) return "";
+          if (const RowFacts f = row_facts(c, inputs, b, h, i); 2 * std::max(f.s, f.logit) > 64) return "";
     Inputs scaled = inputs;
     Tensor& sv = scaled.at("V");
     for (std::size_t e = 0; e < sv.size(); ++e) sv.set_value(e, 2 * sv.value(e));

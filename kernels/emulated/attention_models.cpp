@@ -43,7 +43,7 @@ class EmulatedAttention final : public Kernel {
     KernelTraits t;
     t.thread_safe = true;
     t.writes_lse = true;
-    t.attention_variants = kAttnWindow;  // the keys are attention_visible()'s
+    t.attention_variants = kAllAttentionVariants;  // windows, soft cap, ALiBi and sinks
     t.p_bits = info(m_.variant == AttentionModel::Variant::Flash ? m_.p_format : Format::FP32).precision();
     t.flushes_subnormals = m_.ftz;
     return t;
@@ -65,7 +65,13 @@ class EmulatedAttention final : public Kernel {
     const std::int64_t hd = a.head_dim, dv = a.eff_head_dim_v();
     const double scale_exact = a.scale();
     const float scale = static_cast<float>(scale_exact);
-    const float log2_scale = static_cast<float>(scale_exact * 1.4426950408889634);
+    // Soft cap as FlashAttention computes it, cap tanh(q.k (scale / cap)); with exp2 the
+    // scores stay in tanh units and cap log2 e is the exponent's factor. unit: one score unit
+    // in logits (exp2: scale, or cap when capped; else 1), what ALiBi's slopes are divided by.
+    const float cap = static_cast<float>(a.softcap), scale_over_cap = cap != 0 ? static_cast<float>(scale_exact / a.softcap) : 0.0f;
+    const double unit_exact = !m_.exp2 ? 1.0 : cap != 0 ? a.softcap : scale_exact;
+    const float unit = static_cast<float>(unit_exact);
+    const float log2_scale = static_cast<float>(unit_exact * 1.4426950408889634);
     float* lse = io.out.count("LSE") ? static_cast<float*>(io.out.at("LSE")) : nullptr;  // [batch][heads][seq_q]
     // ftz: an FP32 result below the smallest normal becomes a zero of its sign; inputs are
     // kept (tensor cores take subnormal operands whatever the FP32 mode).
@@ -75,13 +81,18 @@ class EmulatedAttention final : public Kernel {
       const std::int64_t i = row % a.seq_q, h = (row / a.seq_q) % a.heads, b = row / (a.seq_q * a.heads);
       const std::int64_t hk = a.kv_head(h);  // grouped-query: the K/V head query head h reads
       std::vector<float> q(hd), acc(dv, 0.0f), s, vrow(dv);
+      const float slope = a.alibi_slopes.empty() ? 0.0f : static_cast<float>(a.alibi_slopes[static_cast<std::size_t>(h)] / unit_exact);
+      const float sink = a.sinks.empty() ? -INFINITY : static_cast<float>(a.sinks[static_cast<std::size_t>(h)]);
       for (std::int64_t d = 0; d < hd; ++d) q[d] = static_cast<float>(decode(fq, load_code(fq, io.in.at("Q"), qv.offset(b, h, i, d))));
       // exp2: scores stay unscaled (the scale is folded into the exponent, log2_scale).
       auto score = [&](std::int64_t j) {
         float dot = 0.0f;
         for (std::int64_t d = 0; d < hd; ++d)
           dot = fz(std::fma(q[d], static_cast<float>(decode(fk, load_code(fk, io.in.at("K"), kv.offset(b, hk, j, d)))), dot));
-        return m_.exp2 ? dot : fz(scale * dot);
+        float x = cap != 0 ? fz(std::tanh(fz(dot * scale_over_cap))) : dot;
+        if (cap != 0 && !m_.exp2) x = fz(cap * x);
+        else if (cap == 0 && !m_.exp2) x = fz(scale * x);
+        return slope != 0.0f ? fz(std::fma(slope, static_cast<float>(alibi_distance(a, i, j)), x)) : x;
       };
       // exp(s - m) in the model's way: expf of the scaled difference, or FlashAttention-2's
       // exp2f(fmaf(s, c, -m c)) on unscaled scores.
@@ -124,13 +135,22 @@ class EmulatedAttention final : public Kernel {
           }
         }
       }
+      // The sink: a logit in the denominator only, taken into the max at the end.
+      float m_logit = l > 0.0f ? (m_.exp2 ? m * unit : m) : -std::numeric_limits<float>::infinity();
+      if (sink != -INFINITY) {
+        const float top = std::max(m_logit, sink);
+        const float r = l > 0.0f ? fz(std::exp(fz(m_logit - top))) : 0.0f;
+        l = fz(fz(l * r) + fz(std::exp(fz(sink - top))));
+        for (float& x : acc) x = fz(x * r);
+        m_logit = top;
+      }
       for (std::int64_t d = 0; d < dv; ++d) {
         const float o = l > 0.0f ? fz(acc[d] / l) : 0.0f;
         store_code(fo, io.out.at("O"), ov.offset(b, h, i, d),
                    encode(fo, o, Rounding::NearestEven, is_fp8(fo) ? Overflow::Saturate : Overflow::NoSaturate));
       }
       // The log-sum-exp, m + ln l in FP32 (-inf for a row without a key), where asked for.
-      if (lse) lse[row] = l > 0.0f ? (m_.exp2 ? m * scale : m) + std::log(l) : -std::numeric_limits<float>::infinity();
+      if (lse) lse[row] = l > 0.0f ? m_logit + std::log(l) : -std::numeric_limits<float>::infinity();
     }, threads_for(static_cast<double>(a.batch) * a.heads * a.seq_q * a.seq_kv * static_cast<double>(hd + dv), 0x1p16));
     notes["model"] = name();
   }

@@ -369,10 +369,15 @@ namespace {
 // A plain FP32 attention kernel with one planted bug of a class real kernels have.
 // The window bugs: the left bound counted with the diagonal key in it (one key too few, as
 // xformers against Hugging Face), a window declared but not applied, a window measured from the
-// top-left diagonal.
+// top-left diagonal. The served variants' bugs: the soft cap applied after masking (masked
+// keys get logit -cap), accepted but not applied, written as x tanh(x / cap); ALiBi in the
+// other form, with slopes 2^(-8(h+1)/heads) of its own (wrong where heads is not a power of
+// two), or not applied; the sink left out of the running max, or not applied.
 enum class Bug {
   None, TopLeftCausal, IgnoresKvLengths, ScaleOverD, MaskedRowNaN, LastBlockDropped, LseWithoutMax, LseInLog2,
-  WindowLeftInclusive, WindowIgnored, WindowTopLeft
+  WindowLeftInclusive, WindowIgnored, WindowTopLeft,
+  SoftcapAfterMask, SoftcapIgnored, SoftcapXTanh, AlibiOtherForm, AlibiOwnSlopes, AlibiIgnored, SinkNotInMax, SinkIgnored,
+  MaxFromSentinel  // the running max starts at -5e4 instead of -inf
 };
 
 class BuggyAttention final : public Kernel {
@@ -383,7 +388,9 @@ class BuggyAttention final : public Kernel {
   KernelTraits traits() const override {
     KernelTraits t;
     t.writes_lse = true;
-    if (bug_ == Bug::None || bug_ >= Bug::WindowLeftInclusive) t.attention_variants = kAttnWindow;
+    if (bug_ == Bug::MaxFromSentinel) return t;  // a plain kernel: its far-negative cases keep every score
+    if (bug_ == Bug::None || bug_ >= Bug::SoftcapAfterMask) t.attention_variants = kAllAttentionVariants;
+    else if (bug_ >= Bug::WindowLeftInclusive) t.attention_variants = kAttnWindow;
     return t;
   }
   std::optional<std::string> unsupported(const Case& c) const override {
@@ -396,9 +403,13 @@ class BuggyAttention final : public Kernel {
     const AttentionShape& a = c.attention;
     const AttentionView qv = attention_view(c, "Q"), kv = attention_view(c, "K"), vv = attention_view(c, "V"),
                         ov = attention_view(c, "O");
-    const auto in = [&](const char* op, const AttentionView& v, std::int64_t b, std::int64_t h, std::int64_t s, std::int64_t d) {
-      return static_cast<const float*>(io.in.at(op))[v.offset(b, h, s, d)];
-    };
+    const auto* qp = static_cast<const float*>(io.in.at("Q"));
+    const auto* kp = static_cast<const float*>(io.in.at("K"));
+    const auto* vp = static_cast<const float*>(io.in.at("V"));
+    auto* op = static_cast<float*>(io.out.at("O"));
+    float* lsep = io.out.count("LSE") ? static_cast<float*>(io.out.at("LSE")) : nullptr;
+    AttentionShape form = a;
+    if (bug_ == Bug::AlibiOtherForm) form.alibi_form = a.alibi_form == AlibiForm::Flash ? AlibiForm::FlashInfer : AlibiForm::Flash;
     const double d = static_cast<double>(a.head_dim);
     const float scale = static_cast<float>(a.softmax_scale.value_or(bug_ == Bug::ScaleOverD ? 1.0 / d : 1.0 / std::sqrt(d)));
     for (std::int64_t b = 0; b < a.batch; ++b)
@@ -407,31 +418,45 @@ class BuggyAttention final : public Kernel {
           std::vector<std::int64_t> keys;
           const std::int64_t len = a.kv_lengths.empty() || bug_ == Bug::IgnoresKvLengths ? a.seq_kv : a.kv_lengths[b];
           const std::int64_t end = bug_ == Bug::LastBlockDropped && len > 64 ? len / 64 * 64 : len;
+          std::vector<char> masked;  // SoftcapAfterMask: keys the mask hides take part with logit -cap
           for (std::int64_t j = 0; j < end; ++j) {
             const bool causal_ok = !a.causal || (bug_ == Bug::TopLeftCausal ? j <= i : j - (a.seq_kv - a.seq_q) <= i);
             const std::int64_t diag = bug_ == Bug::WindowTopLeft ? i : i + a.seq_kv - a.seq_q;
             const std::int64_t low = diag - a.window_left + (bug_ == Bug::WindowLeftInclusive ? 1 : 0);
             const bool window_ok = bug_ == Bug::WindowIgnored ||
                                    ((a.window_left < 0 || j >= low) && (a.window_right < 0 || j <= diag + a.window_right));
-            if (causal_ok && window_ok) keys.push_back(j);
+            if ((causal_ok && window_ok) || (bug_ == Bug::SoftcapAfterMask && a.softcap != 0))
+              keys.push_back(j), masked.push_back(!(causal_ok && window_ok));
           }
           std::vector<float> s(keys.size());
-          float m = -INFINITY, l = 0;
+          float m = bug_ == Bug::MaxFromSentinel ? -5e4f : -INFINITY, l = 0;
+          const float cap = static_cast<float>(a.softcap);
+          float slope = a.alibi_slopes.empty() || bug_ == Bug::AlibiIgnored ? 0.0f : static_cast<float>(a.alibi_slopes[h]);
+          if (bug_ == Bug::AlibiOwnSlopes && slope != 0.0f)
+            slope = std::exp2(-8.0f * static_cast<float>(h + 1) / static_cast<float>(a.heads));
           for (std::size_t t = 0; t < keys.size(); ++t) {
             float dot = 0;
-            for (std::int64_t e = 0; e < a.head_dim; ++e) dot = std::fma(in("Q", qv, b, h, i, e), in("K", kv, b, a.kv_head(h), keys[t], e), dot);
-            m = std::max(m, s[t] = scale * dot);
+            for (std::int64_t e = 0; e < a.head_dim; ++e) dot = std::fma(qp[qv.offset(b, h, i, e)], kp[kv.offset(b, a.kv_head(h), keys[t], e)], dot);
+            float x = scale * dot;
+            if (cap != 0 && bug_ != Bug::SoftcapIgnored)
+              x = masked[t] ? -cap : bug_ == Bug::SoftcapXTanh ? x * std::tanh(x / cap) : cap * std::tanh(x / cap);
+            if (slope != 0.0f) x += slope * static_cast<float>(alibi_distance(form, i, keys[t]));
+            m = std::max(m, s[t] = x);
           }
+          const float sink = a.sinks.empty() || bug_ == Bug::SinkIgnored ? -INFINITY : static_cast<float>(a.sinks[h]);
+          const float m_keys = m;
+          if (bug_ != Bug::SinkNotInMax) m = std::max(m, sink);
           for (float& x : s) l += (x = std::exp(x - m));
+          if (sink != -INFINITY) l += std::exp(sink - (bug_ == Bug::SinkNotInMax ? m_keys : m));
           for (std::int64_t e = 0; e < a.eff_head_dim_v(); ++e) {
             float acc = 0;
-            for (std::size_t t = 0; t < keys.size(); ++t) acc = std::fma(s[t], in("V", vv, b, a.kv_head(h), keys[t], e), acc);
+            for (std::size_t t = 0; t < keys.size(); ++t) acc = std::fma(s[t], vp[vv.offset(b, a.kv_head(h), keys[t], e)], acc);
             float o = l > 0 ? acc / l : (bug_ == Bug::MaskedRowNaN ? NAN : 0.0f);
-            static_cast<float*>(io.out.at("O"))[ov.offset(b, h, i, e)] = o;
+            op[ov.offset(b, h, i, e)] = o;
           }
-          if (io.out.count("LSE")) {  // the log-sum-exp, m + ln l (-inf without a key)
+          if (lsep) {  // the log-sum-exp, m + ln l (-inf without a key)
             const float lse = bug_ == Bug::LseWithoutMax ? std::log(l) : bug_ == Bug::LseInLog2 ? m + std::log2(l) : m + std::log(l);
-            static_cast<float*>(io.out.at("LSE"))[(b * a.heads + h) * a.seq_q + i] = l > 0 ? lse : -INFINITY;
+            lsep[(b * a.heads + h) * a.seq_q + i] = l > 0 ? lse : -INFINITY;
           }
         }
   }
@@ -442,16 +467,13 @@ class BuggyAttention final : public Kernel {
 
 }  // namespace
 
-// Bug classes of real attention kernels, each planted in an otherwise correct FP32 kernel:
-// the campaign finds every one, and passes the same kernel without a bug.
-TEST(AttentionOp, FuzzFindsPlantedBugClasses) {
-  for (Bug bug : {Bug::None, Bug::TopLeftCausal, Bug::IgnoresKvLengths, Bug::ScaleOverD, Bug::MaskedRowNaN,
-                  Bug::LastBlockDropped, Bug::LseWithoutMax, Bug::LseInLog2, Bug::WindowLeftInclusive, Bug::WindowIgnored,
-                  Bug::WindowTopLeft}) {
+// Runs a 'cases'-case campaign of each planted bug: every bug is found, None passes every case.
+static void expect_fuzz_finds(std::initializer_list<Bug> bugs, std::int64_t cases, std::int64_t max_k) {
+  for (Bug bug : bugs) {
     Registry reg;
     reg.add(std::make_unique<BuggyAttention>(bug));
     FuzzOptions o;
-    o.cases = 25, o.seed = 3, o.max_k = 300;
+    o.cases = cases, o.seed = 3, o.max_k = max_k;
     o.targets = {{"planted.attention." + std::to_string(static_cast<int>(bug)), "fp32", Op::Attention}};
     const RunRecord r = run_fuzz(reg, o);
     const bool found = std::any_of(r.cases.begin(), r.cases.end(), [](const CaseResult& c) { return !c.verdict.passed; });
@@ -462,6 +484,28 @@ TEST(AttentionOp, FuzzFindsPlantedBugClasses) {
     }
   }
 }
+
+// Bug classes of real attention kernels, each planted in an otherwise correct FP32 kernel:
+// the campaign finds every one, and passes the same kernel without a bug.
+TEST(AttentionOp, FuzzFindsPlantedBugClasses) {
+  expect_fuzz_finds({Bug::None, Bug::TopLeftCausal, Bug::IgnoresKvLengths, Bug::ScaleOverD, Bug::MaskedRowNaN,
+                     Bug::LastBlockDropped, Bug::LseWithoutMax, Bug::LseInLog2, Bug::WindowLeftInclusive,
+                     Bug::WindowIgnored, Bug::WindowTopLeft},
+                    25, 300);
+}
+
+// The served variants' bug classes (soft cap after the mask or as x tanh(x / cap), ALiBi in
+// the other form or with other slopes, a sink left out of the running max, each ignored, and
+// a running max started from a sentinel of -5e4 that far-negative logits stay below),
+// found by the default generator in a few cases each, and no alarm on the correct model
+// with every variant declared.
+TEST(AttentionOp, FuzzFindsServedVariantBugs) {
+  expect_fuzz_finds({Bug::None, Bug::SoftcapAfterMask, Bug::SoftcapIgnored, Bug::SoftcapXTanh, Bug::AlibiOtherForm,
+                     Bug::AlibiOwnSlopes, Bug::AlibiIgnored, Bug::SinkNotInMax, Bug::SinkIgnored},
+                    20, 130);
+  expect_fuzz_finds({Bug::MaxFromSentinel}, 60, 130);  // far-negative rows: one case in six
+}
+
 
 // A long prefill: the kernel computes 1,100 queries, the reference a sample of them
 // (referenced_queries: the first two, the last four, the last tile boundaries, spread

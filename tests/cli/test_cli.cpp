@@ -1279,3 +1279,27 @@ TEST(Cli, FuzzSummaryCountsCampaignCasesNotShrunkOnes) {
   EXPECT_NE(slurp(dir + "/report.md").find("4 of 4 cases failed"), std::string::npos);
   EXPECT_NE(slurp(dir + "/report.md").find("- shape: "), std::string::npos);
 }
+
+// Soft cap, ALiBi and sinks on the command line: a benchmark of a CPU model with all three is
+// checked and passes, its case named with them; each malformed value is one line, exit 2.
+TEST(CliBadInput, ServedVariantFlags) {
+  const std::string dir = tmp_dir("served_variants");
+  std::system(("rm -rf " + dir + " && mkdir -p " + dir).c_str());
+  const std::string bench = "bench --kernel cpu.attn_naive --attention 1x12x16x64x32 --reps 1 --warmup 0 ";
+  const Result ok = run(bench + "--softcap 30 --alibi flash --sinks 20,-inf,0,1,2,3,4,5,6,7,8,100 --md " + dir + "/b.md");
+  EXPECT_EQ(ok.code, 0) << ok.out << ok.err;
+  const std::string md = slurp(dir + "/b.md");
+  EXPECT_NE(md.find("softcap(30) alibi(flash) sinks"), std::string::npos) << md;
+  EXPECT_NE(md.find("| pass |"), std::string::npos) << md;
+  expect_input_error(run(bench + "--softcap -1"), "--softcap '-1': one positive finite cap", "negative cap");
+  expect_input_error(run(bench + "--softcap abc"), "--softcap 'abc': 'abc' is not a number", "cap text");
+  expect_input_error(run(bench + "--alibi alibi"), "--alibi 'alibi': the form is flash or flashinfer", "form");
+  expect_input_error(run(bench + "--alibi flashinfer:1,2"), "one value or one per query head (12), got 2", "slopes");
+  expect_input_error(run(bench + "--sinks inf"), "--sinks 'inf': a sink is finite or -inf (none)", "sink inf");
+  expect_input_error(run("bench --kernel cpu.attn_naive --gemm 16x16x16 --softcap 3"),
+                     "--window, --softcap, --alibi and --sinks apply to attention shapes", "gemm");
+  expect_input_error(run("sweep --kernel cpu.fp32_seq --vary K=16:64 --out " + dir + "/s --alibi flash"),
+                     "--window, --softcap, --alibi and --sinks apply to attention sweeps", "gemm sweep");
+  expect_input_error(run("bench --backward --kernel cpu.attn_bwd_naive --attention 1x2x16x64x32 --sinks 1"),
+                     "forward-only for now", "backward");
+}

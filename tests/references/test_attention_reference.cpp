@@ -289,6 +289,32 @@ TEST(AttentionReference, SinksExactCases) {
   }
 }
 
+// A sink far above the only key, with an irrational scale (head_dim 2): the LSE is the sink
+// plus log1p(e^(L - sink)), e^-283000 beyond any working precision. Sink 0: a positive value
+// below every format's range; sink 2.25: just above 2.25. O is that tiny weight times v.
+TEST(AttentionReference, SinkFarAboveTheKeysDecidesTheLse) {
+  Case c;
+  c.op = Op::Attention;
+  c.attention.seq_kv = 1, c.attention.head_dim = 2;
+  c.types = {{"Q", Format::FP32}, {"K", Format::FP32}, {"V", Format::FP32}, {"O", Format::FP32},
+             {"LSE", Format::FP32}, {"compute", Format::FP32}};
+  Tensor q(Format::FP32, 2), k(Format::FP32, 2), v(Format::FP32, 2);
+  q.set_value(0, 1.0), q.set_value(1, 1.0), k.set_value(0, -2e5), k.set_value(1, -2e5), v.set_value(0, 3.0);
+  v.set_value(1, 3.0);
+  for (const double sink : {0.0, 2.25}) {
+    c.attention.sinks = {sink};
+    validate(c);
+    const AttentionReference r = attention_reference(c, {{"Q", q}, {"K", k}, {"V", v}}, 1);
+    const RefValue lse = r.lse[0];
+    EXPECT_TRUE(lse.inexact) << sink;
+    EXPECT_FALSE(lse.negative) << sink;
+    EXPECT_EQ(lse.to_double(), sink);
+    EXPECT_EQ(lse.to_double(Rounding::TowardZero), sink);
+    EXPECT_EQ(r.at(0, 0, 0, 0).to_double(), 0.0) << sink;  // 3 e^-283000 / (1 + ...)
+    EXPECT_EQ(r.at(0, 0, 0, 0).kind, RefValue::Kind::Finite) << sink;
+  }
+}
+
 // Soft cap and ALiBi on one key: the LSE is the logit, cap tanh(x / cap) + bias, correctly
 // rounded; a score of 0 leaves the bias alone, exactly.
 TEST(AttentionReference, SoftcapAndAlibiSingleKey) {
@@ -317,6 +343,50 @@ TEST(AttentionReference, SoftcapAndAlibiSingleKey) {
   EXPECT_EQ(r.lse[r.row(0, 0, 1)].to_double(), 0.25);
   EXPECT_FALSE(r.lse[r.row(0, 0, 1)].inexact);
   EXPECT_EQ(r.at(0, 0, 0, 0).to_double(), 1.0);
+}
+
+// Scores far beyond a soft cap of 1: every logit is -1 + 2 e^(-2|x|), within 2^-288000 of
+// -1 (beyond Ziv's 2^18 bits), so O lies that close to the plain mean of V, here exactly 2. The key of the least |x|
+// weighs most: O sits just below 2 when its value is the smallest (1, 2, 3), just above when
+// the largest (3, 2, 1). Both round to 2 to nearest; toward zero they part.
+TEST(AttentionReference, SaturatedSoftcapDecidesNextToTheMean) {
+  Case c;
+  c.op = Op::Attention;
+  c.attention.seq_kv = 3, c.attention.head_dim = 1, c.attention.softcap = 1.0, c.attention.softmax_scale = 1.0;
+  c.types = {{"Q", Format::FP32}, {"K", Format::FP32}, {"V", Format::FP32}, {"O", Format::FP32},
+             {"compute", Format::FP32}};
+  validate(c);
+  Tensor q(Format::FP32, 1), k(Format::FP32, 3);
+  q.set_value(0, 1.0);
+  k.set_value(0, -1e5), k.set_value(1, -1e5 - 1), k.set_value(2, -1e5 - 3);
+  for (const bool below : {true, false}) {
+    Tensor v(Format::FP32, 3);
+    for (int j = 0; j < 3; ++j) v.set_value(j, below ? 1.0 + j : 3.0 - j);
+    const RefValue o = attention_reference(c, {{"Q", q}, {"K", k}, {"V", v}}, 1).at(0, 0, 0, 0);
+    EXPECT_TRUE(o.inexact);
+    EXPECT_EQ(o.to_double(), 2.0);
+    EXPECT_EQ(o.to_double(Rounding::TowardZero), below ? std::nextafter(2.0, 0.0) : 2.0) << below;
+  }
+  // One key: the LSE is the logit, -1 + 2 / (e^200000 + 1), just above -1; with a score of
+  // +1e5 and an ALiBi bias of 0.5, 1.5 - 2 / (e^200000 + 1), just below 1.5.
+  c.attention.seq_kv = 1;
+  c.types["LSE"] = Format::FP32;
+  Tensor one(Format::FP32, 1), v(Format::FP32, 1);
+  one.set_value(0, -1e5), v.set_value(0, 1.0);
+  RefValue lse = attention_reference(c, {{"Q", q}, {"K", one}, {"V", v}}, 1).lse[0];
+  EXPECT_TRUE(lse.inexact);
+  EXPECT_EQ(lse.to_double(), -1.0);
+  EXPECT_EQ(lse.to_double(Rounding::TowardZero), std::nextafter(-1.0, 0.0));
+  c.attention.alibi_slopes = {0.5};
+  c.attention.alibi_form = AlibiForm::FlashInfer;
+  c.attention.seq_q = 1, c.attention.seq_kv = 2, c.attention.window_left = 0;  // query 0 sees key 1 only: j - i = 1
+  validate(c);
+  Tensor two(Format::FP32, 2), v2(Format::FP32, 2);
+  two.set_value(0, 0.0), two.set_value(1, 1e5), v2.set_value(0, 1.0), v2.set_value(1, 1.0);
+  lse = attention_reference(c, {{"Q", q}, {"K", two}, {"V", v2}}, 1).lse[0];
+  EXPECT_TRUE(lse.inexact);
+  EXPECT_EQ(lse.to_double(), 1.5);
+  EXPECT_EQ(lse.to_double(Rounding::TowardZero), std::nextafter(1.5, 0.0));
 }
 
 TEST(AttentionReference, ThreadsDoNotChangeBits) {
