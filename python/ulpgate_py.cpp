@@ -261,6 +261,7 @@ struct FuzzArgs {
   std::uint64_t seed = 1;
   double seconds = 0;
   bool metamorphic = true, gelu = true, deterministic = true, rounds_to_nearest = false, lse = false;
+  unsigned variants = 0;  ///< the attention variants the callable applies (core/case.hpp kAttn*)
 };
 
 std::string fuzz(py::object call, py::object supports, const FuzzArgs& a, const std::function<void(py::dict)>& progress) {
@@ -268,6 +269,8 @@ std::string fuzz(py::object call, py::object supports, const FuzzArgs& a, const 
   traits.deterministic = a.deterministic;
   traits.rounds_to_nearest = a.rounds_to_nearest;
   traits.writes_lse = a.lse;
+  if (a.variants & ~kAllAttentionVariants) throw InputError(fmt::format("variants {:#x}: unknown bits", a.variants));
+  traits.attention_variants = a.variants;
   auto owned = std::make_unique<PythonKernel>(a.name, std::move(call), std::move(supports), traits);
   PythonKernel* k = owned.get();
   Registry registry;
@@ -337,11 +340,12 @@ PYBIND11_MODULE(_ulpgate, m) {
   m.def("fuzz", [](py::object call, py::object supports, const std::string& name, const std::string& dtype,
                    const std::string& op, std::int64_t cases, std::uint64_t seed, std::int64_t max_k,
                    const std::string& sizes, double seconds, bool metamorphic, bool gelu, bool deterministic,
-                   bool rounds_to_nearest, bool lse, const std::string& out, const std::function<void(py::dict)>& progress) {
+                   bool rounds_to_nearest, bool lse, unsigned variants, const std::string& out,
+                   const std::function<void(py::dict)>& progress) {
     FuzzArgs a;
     a.name = name, a.dtype = dtype, a.op = op, a.cases = cases, a.seed = seed, a.max_k = max_k, a.sizes = sizes;
     a.seconds = seconds, a.metamorphic = metamorphic, a.gelu = gelu, a.deterministic = deterministic;
-    a.rounds_to_nearest = rounds_to_nearest, a.lse = lse, a.out = out;
+    a.rounds_to_nearest = rounds_to_nearest, a.lse = lse, a.variants = variants, a.out = out;
     return fuzz(std::move(call), std::move(supports), a, progress);
   });
 }

@@ -1,4 +1,4 @@
-/* ulpgate plugin C ABI, version 6 (versions 1 to 5 still load: see "Versions" below).
+/* ulpgate plugin C ABI, version 7 (versions 1 to 6 still load: see "Versions" below).
  *
  * A plugin is a shared library that exports one function,
  *
@@ -54,8 +54,11 @@ extern "C" {
    kernel declares (ulpgate_kernel.accumulator_bits, promote, p_bits, input_rounding); a
    kernel of an older version, or one that leaves them 0, is judged by the default rule.
    6 added the attention backward op (ULPGATE_OP_ATTENTION_BACKWARD, ulpgate_problem.backward)
-   and appended ulpgate_kernel.atomic_dq; older plugins are never handed a backward case. */
-#define ULPGATE_PLUGIN_ABI_VERSION 6u
+   and appended ulpgate_kernel.atomic_dq; older plugins are never handed a backward case.
+   7 appended the served attention variants (ulpgate_problem.window_left to sinks) and
+   ulpgate_kernel.attention_variants, the ones a kernel applies; a kernel is handed a case
+   with a variant only where it declares that variant, so older plugins never see one. */
+#define ULPGATE_PLUGIN_ABI_VERSION 7u
 
 typedef enum {
   ULPGATE_FP64 = 0, ULPGATE_FP32 = 1, ULPGATE_TF32 = 2, ULPGATE_FP16 = 3,
@@ -71,6 +74,16 @@ typedef enum {
   ULPGATE_EPI_BIAS_GELU_TANH = 7
 } ulpgate_epilogue;
 typedef enum { ULPGATE_HOST_MEMORY = 0, ULPGATE_DEVICE_MEMORY = 1 } ulpgate_memory;
+/* Version 7: ALiBi's distance for query i and key j (docs/concepts/alibi.md). */
+typedef enum {
+  ULPGATE_ALIBI_FLASH = 0,      /* -|i + seq_kv - seq_q - j| (FlashAttention) */
+  ULPGATE_ALIBI_FLASHINFER = 1  /* j - i (FlashInfer) */
+} ulpgate_alibi_form;
+/* Version 7: the attention variants a kernel applies (ulpgate_kernel.attention_variants). */
+#define ULPGATE_VARIANT_WINDOW 1u   /* window_left, window_right */
+#define ULPGATE_VARIANT_SOFTCAP 2u  /* softcap */
+#define ULPGATE_VARIANT_ALIBI 4u    /* alibi_slopes, alibi_form */
+#define ULPGATE_VARIANT_SINKS 8u    /* sinks */
 /* How a kernel rounds the inputs it narrows (TF32 compute: FP32 inputs to TF32). */
 typedef enum {
   ULPGATE_INPUTS_ROUND_TO_NEAREST = 0, /* cvt.rna: to nearest, ties away (the default) */
@@ -145,6 +158,24 @@ typedef struct {
   /* Version 6. Attention backward (op ULPGATE_OP_ATTENTION_BACKWARD): see above; want_lse
      is 0 and lse is the forward's LSE, an input. Other ops: zeros. */
   ulpgate_attention_backward_problem backward;
+  /* Version 7. Attention forward, the served variants; each is handed only to a kernel that
+     declares it, and is "none" otherwise:
+       window_left, window_right  key j visible to query i only if i' - window_left <= j <=
+                                  i' + window_right, i' = i + seq_kv - seq_q; -1: that side
+                                  unbounded (docs/concepts/windows.md)
+       softcap                    each scaled score x becomes softcap tanh(x / softcap),
+                                  before masks and biases; 0: none (softcap.md)
+       alibi_slopes, alibi_form   slope[h] times the distance (ulpgate_alibi_form) added to
+                                  the logit; heads entries, host memory; NULL: none (alibi.md)
+       sinks                      one logit per query head in the softmax's denominator only
+                                  (no value row), -inf: none for that head; heads entries,
+                                  host memory; NULL: none (sinks.md). The LSE includes it.
+     The log-sum-exp is of the logits: ln(sum_j exp(logit_ij) + exp(sink)). */
+  int64_t window_left, window_right;
+  double softcap;
+  const float* alibi_slopes;
+  int32_t alibi_form;
+  const float* sinks;
 } ulpgate_problem;
 
 typedef struct {
@@ -182,10 +213,13 @@ typedef struct {
      may change from run to run (dK and dV must still repeat bit for bit); 0: every output
      repeats. */
   int32_t atomic_dq;
+  /* Version 7. The attention variants run() applies, ULPGATE_VARIANT_* bits; 0: none, and
+     ulpgate never draws or hands the kernel a case with one. */
+  uint32_t attention_variants;
 } ulpgate_kernel;
 
 typedef struct {
-  uint32_t abi_version;       /* ULPGATE_PLUGIN_ABI_VERSION (1 to 5 are still accepted) */
+  uint32_t abi_version;       /* ULPGATE_PLUGIN_ABI_VERSION (1 to 6 are still accepted) */
   uint32_t kernel_count;
   const ulpgate_kernel* kernels;
 } ulpgate_plugin;

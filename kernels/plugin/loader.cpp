@@ -92,8 +92,28 @@ ulpgate_problem to_problem(const Case& c, const KernelIo* io) {
     }
   }
   p.stream = io ? io->stream : nullptr;
-  return p;
+  p.window_left = p.window_right = -1;
+  if (is_attention(c.op)) {
+    p.window_left = c.attention.window_left, p.window_right = c.attention.window_right;
+    p.softcap = c.attention.softcap;
+    p.alibi_form = c.attention.alibi_form == AlibiForm::Flash ? ULPGATE_ALIBI_FLASH : ULPGATE_ALIBI_FLASHINFER;
+  }
+  return p;  // alibi_slopes and sinks: set by the caller, which owns the arrays
 }
+
+// The per-head arrays of version 7 (FP32 values: validate() keeps them so), empty: none.
+struct HeadArrays {
+  std::vector<float> slopes, sinks;
+  explicit HeadArrays(const Case& c) {
+    if (!is_attention(c.op)) return;
+    slopes.assign(c.attention.alibi_slopes.begin(), c.attention.alibi_slopes.end());
+    sinks.assign(c.attention.sinks.begin(), c.attention.sinks.end());
+  }
+  void point(ulpgate_problem& p) const {
+    p.alibi_slopes = slopes.empty() ? nullptr : slopes.data();
+    p.sinks = sinks.empty() ? nullptr : sinks.data();
+  }
+};
 
 // The kernel descriptors of older ABI versions, whose kernel lists have these strides:
 // versions 1 to 3 end before writes_lse, version 4 before the declared arithmetic.
@@ -111,23 +131,30 @@ struct KernelV4 {
   int32_t writes_lse;
 };
 static_assert(offsetof(ulpgate_kernel, accumulator_bits) == offsetof(KernelV4, writes_lse) + sizeof(int32_t));
-// Version 5 ends before atomic_dq (in the padding of a version-5 list: never read).
-static_assert(offsetof(ulpgate_kernel, atomic_dq) == offsetof(ulpgate_kernel, input_rounding) + sizeof(int32_t));
-static_assert(sizeof(ulpgate_kernel) == (offsetof(ulpgate_kernel, atomic_dq) + alignof(ulpgate_kernel) - 1) /
-                                            alignof(ulpgate_kernel) * alignof(ulpgate_kernel),
-              "a version-5 kernel list must keep its stride");
+// Versions 5 and 6: the declared arithmetic, and atomic_dq (version 5 ends before it, in the
+// padding of its list: never read). Version 7 appended attention_variants, which makes the
+// stride longer.
+struct KernelV6 {
+  KernelBeforeV4 head;
+  int32_t writes_lse, accumulator_bits, promote, p_bits, input_rounding, atomic_dq;
+};
+static_assert(offsetof(ulpgate_kernel, atomic_dq) == offsetof(KernelV6, atomic_dq));
+static_assert(offsetof(ulpgate_kernel, attention_variants) == sizeof(KernelV6));
+static_assert(ULPGATE_VARIANT_WINDOW == kAttnWindow && ULPGATE_VARIANT_SOFTCAP == kAttnSoftcap &&
+              ULPGATE_VARIANT_ALIBI == kAttnAlibi && ULPGATE_VARIANT_SINKS == kAttnSinks);
 
 // Kernel i of a plugin, read with the descriptor its version has (the fields it lacks 0:
 // nothing declared). A version-3 kernel is asked about every case with the log-sum-exp (its
 // supports() decides); versions 1 and 2 have no way to write it.
 ulpgate_kernel kernel_at(const ulpgate_plugin& p, uint32_t i) {
-  if (p.abi_version >= 6) return p.kernels[i];
-  if (p.abi_version == 5) {
-    ulpgate_kernel k = p.kernels[i];  // the same stride (atomic_dq sits in its padding)
-    k.atomic_dq = 0;
-    return k;
-  }
+  if (p.abi_version >= 7) return p.kernels[i];
   ulpgate_kernel out{};
+  if (p.abi_version >= 5) {
+    const KernelV6& k = reinterpret_cast<const KernelV6*>(p.kernels)[i];
+    std::memcpy(&out, &k, offsetof(KernelV6, atomic_dq));
+    out.atomic_dq = p.abi_version == 6 ? k.atomic_dq : 0;
+    return out;
+  }
   const KernelBeforeV4& k = p.abi_version == 4 ? reinterpret_cast<const KernelV4*>(p.kernels)[i].head
                                                : reinterpret_cast<const KernelBeforeV4*>(p.kernels)[i];
   out.name = k.name, out.description = k.description, out.memory = k.memory, out.deterministic = k.deterministic;
@@ -148,6 +175,9 @@ std::optional<std::string> bad_declaration(const ulpgate_kernel& k) {
   if (k.input_rounding < ULPGATE_INPUTS_ROUND_TO_NEAREST || k.input_rounding > ULPGATE_INPUTS_TIES_TO_EVEN)
     return fmt::format("input_rounding {} (0: to nearest, ties away; 1: truncate; 2: to nearest, ties to even)",
                        k.input_rounding);
+  if (k.attention_variants & ~kAllAttentionVariants)
+    return fmt::format("attention_variants {:#x} (ULPGATE_VARIANT_* bits: at most {:#x})", k.attention_variants,
+                       kAllAttentionVariants);
   return std::nullopt;
 }
 
@@ -166,6 +196,7 @@ class PluginKernel final : public Kernel {
     t.promote = k_.promote;
     t.p_bits = k_.p_bits;
     t.atomic_dq = k_.atomic_dq != 0;
+    t.attention_variants = k_.attention_variants;
     if (k_.input_rounding == ULPGATE_INPUTS_TRUNCATE) t.input_rounding = Rounding::TowardZero;
     if (k_.input_rounding == ULPGATE_INPUTS_TIES_TO_EVEN) t.input_rounding = Rounding::NearestEven;
     return t;
@@ -178,6 +209,8 @@ class PluginKernel final : public Kernel {
     ulpgate_problem p = to_problem(c, nullptr);
     std::vector<std::int64_t> kv = kv_lengths(c);
     p.attention.kv_lengths = kv.data();
+    const HeadArrays heads(c);
+    heads.point(p);
     char why[512] = "";
     if (k_.supports(&p, why, sizeof why)) return std::nullopt;
     const std::string text = message(why, sizeof why);
@@ -189,6 +222,8 @@ class PluginKernel final : public Kernel {
     ulpgate_problem p = to_problem(c, &io);
     std::vector<std::int64_t> kv = kv_lengths(c);
     p.attention.kv_lengths = kv.data();
+    const HeadArrays heads(c);
+    heads.point(p);
     char err[1024] = "";
     if (const int rc = k_.run(&p, err, sizeof err); rc != 0) {
       const std::string text = message(err, sizeof err);

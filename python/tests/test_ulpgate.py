@@ -304,3 +304,38 @@ def test_fuzz_attention_backward():
     g = ulpgate.fuzz(lambda x, c: numpy_attention_backward(x, c, with_d=False), op="attention_backward", dtype="bf16",
                      cases=6, seed=4, max_k=64, metamorphic=False)
     assert g.failures, g.summary()
+
+
+def numpy_served_attention(x, case, ignore_sinks=False):
+    """numpy_attention with a soft cap and sinks, as the case gives them (docs/concepts/)."""
+    t, a = case.types, case.attention
+    q, k, v = (values(x[n], t[n]) for n in "QKV")
+    s = q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1])
+    if a.get("softcap", 0):
+        s = a["softcap"] * np.tanh(s / a["softcap"])
+    sink = np.full(q.shape[1], -np.inf)
+    if a.get("sinks") and not ignore_sinks:
+        sink = np.array([float(x) for x in a["sinks"]])
+    sink = sink[None, :, None, None]
+    m = np.maximum(s.max(axis=-1, keepdims=True), sink)
+    p = np.exp(s - m)
+    l = p.sum(axis=-1, keepdims=True) + np.exp(sink - m)
+    out = {"O": ulpgate.encode((p @ v) / l, t["O"])}
+    if "LSE" in case.outputs:
+        out["LSE"] = ulpgate.encode((m + np.log(l))[..., 0], "fp32")
+    return out
+
+
+def test_fuzz_served_variants():
+    # A kernel that applies soft caps and sinks, declared: cases draw them, and it passes; the
+    # same kernel ignoring the sinks fails where a case has one.
+    f = ulpgate.fuzz(numpy_served_attention, op="attention", dtype="fp16", cases=16, seed=2, max_k=64, lse=True,
+                     variants=["softcap", "sinks"])
+    assert f.checked and not f.failures, f.summary()
+    drawn = [r for r in f.results if r.case.attention.get("softcap") or r.case.attention.get("sinks")]
+    assert drawn, f.summary()
+    g = ulpgate.fuzz(lambda x, c: numpy_served_attention(x, c, ignore_sinks=True), op="attention", dtype="fp16",
+                     cases=16, seed=2, max_k=64, lse=True, variants=["softcap", "sinks"], metamorphic=False)
+    assert g.failures and all(r.case.attention.get("sinks") for r in g.failures), g.summary()
+    with pytest.raises(ValueError):
+        ulpgate.fuzz(numpy_served_attention, op="attention", variants=["paged"])

@@ -369,7 +369,7 @@ class FuzzResult:
 
 def fuzz(kernel, dtype="fp16", op="gemm", cases=20, seed=1, out=None, supports=plain, max_k=1024, sizes="small",
          time=0, metamorphic=True, gelu=False, deterministic=True, rounds_to_nearest=False, round_outputs=False,
-         lse=False, name=None, progress=None):
+         lse=False, variants=(), name=None, progress=None):
     """A fuzz campaign over a Python callable, with `ulpgate fuzz`'s generators, check path,
     metamorphic relations and shrinking (campaign/fuzz.hpp), in this process.
 
@@ -381,7 +381,9 @@ def fuzz(kernel, dtype="fp16", op="gemm", cases=20, seed=1, out=None, supports=p
     the limits. out: writes fuzz.json, report.md, junit.xml, cases/ (failing cases) and
     corpus/ (shrunk failures, replayed first next time) there. lse=True: attention cases may
     ask for the log-sum-exp too (case.outputs has "LSE"; return {"O": ..., "LSE": ...}, FP32
-    [batch][heads][seq_q])."""
+    [batch][heads][seq_q]). variants: the attention variants the kernel applies, any of "window",
+    "softcap", "alibi" and "sinks" (docs/concepts/): cases draw them only where named, and the
+    kernel reads them from the case (case.json["attention"])."""
     name = name or _kernel_name(kernel)
     out = "" if out is None else str(out)
 
@@ -391,8 +393,13 @@ def fuzz(kernel, dtype="fp16", op="gemm", cases=20, seed=1, out=None, supports=p
     def why_not(case_json):
         return supports(Case(case_json))
 
+    bits = {"window": 1, "softcap": 2, "alibi": 4, "sinks": 8}
+    unknown = [v for v in variants if v not in bits]
+    if unknown or isinstance(variants, str):
+        raise ValueError(f"variants {variants!r}: a list of window, softcap, alibi and sinks")
     rec = _u.fuzz(call, why_not, name, dtype, op, int(cases), int(seed), int(max_k), sizes, float(time),
-                  bool(metamorphic), bool(gelu), bool(deterministic), bool(rounds_to_nearest), bool(lse), out, progress)
+                  bool(metamorphic), bool(gelu), bool(deterministic), bool(rounds_to_nearest), bool(lse),
+                  sum(bits[v] for v in set(variants)), out, progress)
     d = json.loads(rec)
     args = f"dtype={dtype!r}, op={op!r}, seed={seed}, max_k={max_k}, sizes={sizes!r}"
     d["command"] = f"ulpgate.fuzz({name}, {args}, cases={cases})"

@@ -14,12 +14,16 @@
 //   ATTENTION_PLUGIN_ABI=6  "test.attention_v6" as version 5; "test.attention_bwd_v6": the
 //                           backward (the arithmetic of cpu.attn_bwd_naive), declaring p_bits
 //                           24 and atomic_dq; "test.attention_bwd_v6_no_d": dS without D
-//   ATTENTION_PLUGIN_ABI=7  "test.attention_v7": a version this ulpgate does not know
+//   ATTENTION_PLUGIN_ABI=7  "test.attention_v7" as version 5, and applies every served variant
+//                           (window, soft cap, ALiBi, sinks), declaring them;
+//                           "test.attention_v7_no_sink": declares them too, ignores the sinks
+//   ATTENTION_PLUGIN_ABI=8  "test.attention_v8": a version this ulpgate does not know
 // Versions 1 to 4 lay their kernel list out as plugin.h did then (1 to 3: no writes_lse; 4:
 // no declared arithmetic). Written
 // against include/ulpgate/plugin.h only.
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <vector>
 
 #include "ulpgate/plugin.h"
@@ -51,7 +55,7 @@ int64_t at(const ulpgate_attention_problem& a, int64_t heads, int64_t seq, int64
   return a.layout == ULPGATE_BHSD ? ((b * heads + h) * seq + s) * dim + d : ((b * seq + s) * heads + h) * dim + d;
 }
 
-int run_attention(const ulpgate_problem* p, bool write_lse, bool drop_last_key) {
+int run_attention(const ulpgate_problem* p, bool write_lse, bool drop_last_key, bool ignore_sinks = false) {
   const ulpgate_attention_problem& a = p->attention;
 #if ATTENTION_PLUGIN_ABI >= 2
   const int64_t kv_heads = p->kv_heads;
@@ -72,16 +76,36 @@ int run_attention(const ulpgate_problem* p, bool write_lse, bool drop_last_key) 
         int64_t visible = a.kv_lengths[b];
         if (a.causal) visible = visible < i + a.seq_kv - a.seq_q + 1 ? visible : i + a.seq_kv - a.seq_q + 1;
         if (drop_last_key) --visible;
-        for (int64_t j = 0; j < visible; ++j) {
+        int64_t first = 0;
+        float sink = -INFINITY;
+#if ATTENTION_PLUGIN_ABI >= 7
+        const int64_t diag = i + a.seq_kv - a.seq_q;
+        if (p->window_right >= 0 && diag + p->window_right + 1 < visible) visible = diag + p->window_right + 1;
+        if (p->window_left >= 0 && diag - p->window_left > 0) first = diag - p->window_left;
+        if (p->sinks && !ignore_sinks) sink = p->sinks[h];
+#else
+        (void)ignore_sinks;
+#endif
+        for (int64_t j = first; j < visible; ++j) {
           float dot = 0.0f;
           for (int64_t d = 0; d < a.head_dim; ++d)
             dot = std::fma(Q[at(a, a.heads, a.seq_q, a.head_dim, b, h, i, d)],
                            K[at(a, kv_heads, a.seq_kv, a.head_dim, b, hk, j, d)], dot);
-          keys.push_back(j), s.push_back(scale * dot);
+          float x = scale * dot;
+#if ATTENTION_PLUGIN_ABI >= 7
+          const float cap = static_cast<float>(p->softcap);
+          if (cap != 0.0f) x = cap * std::tanh(x / cap);
+          if (p->alibi_slopes) {
+            const int64_t dist = p->alibi_form == ULPGATE_ALIBI_FLASHINFER ? j - i : -std::llabs(diag - j);
+            x = std::fma(p->alibi_slopes[h], static_cast<float>(dist), x);
+          }
+#endif
+          keys.push_back(j), s.push_back(x);
         }
-        float m = -INFINITY, l = 0.0f;
+        float m = sink, l = 0.0f;
         for (float x : s) m = std::fmax(m, x);
         for (float& x : s) l += (x = std::exp(x - m));
+        if (sink != -INFINITY) l += std::exp(sink - m);
         for (int64_t d = 0; d < a.head_dim_v; ++d) {
           float acc = 0.0f;
           for (size_t t = 0; t < keys.size(); ++t)
@@ -100,7 +124,7 @@ int run_attention(const ulpgate_problem* p, bool write_lse, bool drop_last_key) 
 
 int run(const ulpgate_problem* p, char*, size_t) { return run_attention(p, true, false); }
 
-#if ATTENTION_PLUGIN_ABI >= 6
+#if ATTENTION_PLUGIN_ABI == 6
 int supports_backward(const ulpgate_problem* p, char* why, size_t why_size) {
   if (p->struct_size < sizeof(ulpgate_problem) || p->op != ULPGATE_OP_ATTENTION_BACKWARD) {
     std::snprintf(why, why_size, "attention backward only");
@@ -194,25 +218,44 @@ struct KernelV4 {
 #define DESCRIPTION "FP32 attention, three passes (as cpu.attn_naive)"
 
 #if ATTENTION_PLUGIN_ABI >= 5
+// The kernel descriptor of versions 5 and 6 (version 7 appended attention_variants).
+struct KernelV6 {
+  KernelBeforeV4 head;
+  int32_t writes_lse, accumulator_bits, promote, p_bits, input_rounding, atomic_dq;
+};
+[[maybe_unused]] KernelV6 as_v6(const ulpgate_kernel& k) {
+  return {{k.name, k.description, k.memory, k.deterministic, k.supports, k.run}, k.writes_lse, k.accumulator_bits,
+          k.promote, k.p_bits, k.input_rounding, k.atomic_dq};
+}
 ulpgate_kernel declared() {
   ulpgate_kernel k{};
   k.name = NAME, k.description = DESCRIPTION, k.memory = ULPGATE_HOST_MEMORY, k.deterministic = 1;
   k.supports = supports, k.run = run, k.writes_lse = 1, k.p_bits = 24;
   return k;
 }
-#if ATTENTION_PLUGIN_ABI >= 6
+#if ATTENTION_PLUGIN_ABI == 6
 ulpgate_kernel backward(const char* name, int (*fn)(const ulpgate_problem*, char*, size_t)) {
   ulpgate_kernel k{};
   k.name = name, k.description = "FP32 attention backward (as cpu.attn_bwd_naive)", k.memory = ULPGATE_HOST_MEMORY;
   k.deterministic = 1, k.supports = supports_backward, k.run = fn, k.p_bits = 24, k.atomic_dq = 1;
   return k;
 }
-const ulpgate_kernel kKernels[] = {declared(), backward("test.attention_bwd_v6", run_bwd),
-                                   backward("test.attention_bwd_v6_no_d", run_bwd_no_d)};
+const KernelV6 kKernels[] = {as_v6(declared()), as_v6(backward("test.attention_bwd_v6", run_bwd)),
+                             as_v6(backward("test.attention_bwd_v6_no_d", run_bwd_no_d))};
+#elif ATTENTION_PLUGIN_ABI >= 7
+int run_no_sink(const ulpgate_problem* p, char*, size_t) { return run_attention(p, true, false, true); }
+ulpgate_kernel with_variants(ulpgate_kernel k, const char* name, int (*fn)(const ulpgate_problem*, char*, size_t)) {
+  k.name = name, k.run = fn;
+  k.attention_variants = ULPGATE_VARIANT_WINDOW | ULPGATE_VARIANT_SOFTCAP | ULPGATE_VARIANT_ALIBI | ULPGATE_VARIANT_SINKS;
+  return k;
+}
+const ulpgate_kernel kKernels[] = {with_variants(declared(), NAME, run),
+                                   with_variants(declared(), "test.attention_v7_no_sink", run_no_sink)};
 #else
-const ulpgate_kernel kKernels[] = {declared()};
+const KernelV6 kKernels[] = {as_v6(declared())};
 #endif
-const ulpgate_plugin kPlugin = {ATTENTION_PLUGIN_ABI, sizeof kKernels / sizeof kKernels[0], kKernels};
+const ulpgate_plugin kPlugin = {ATTENTION_PLUGIN_ABI, sizeof kKernels / sizeof kKernels[0],
+                                reinterpret_cast<const ulpgate_kernel*>(kKernels)};
 #elif ATTENTION_PLUGIN_ABI == 4
 int run_no_lse(const ulpgate_problem* p, char*, size_t) { return run_attention(p, false, false); }
 int run_wrong_o(const ulpgate_problem* p, char*, size_t) { return run_attention(p, false, true); }
