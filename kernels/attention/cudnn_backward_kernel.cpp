@@ -54,6 +54,9 @@ class CudnnAttentionBackward final : public Kernel {
     if (a.seq_q == 1 && a.seq_kv == 1) return std::string("seq_q = seq_kv = 1: cuDNN's SDPA backward refuses it");
     if (a.causal && a.seq_q > a.seq_kv)
       return std::string("causal with seq_q > seq_kv: cuDNN's bottom-right causal mask needs seq_q <= seq_kv");
+    if (a.causal && std::any_of(a.kv_lengths.begin(), a.kv_lengths.end(), [&](std::int64_t n) { return n != a.seq_kv; }))
+      return std::string("causal with kv_lengths below seq_kv: cuDNN's backward aligns the causal diagonal to each batch's "
+                         "own length, the case to seq_kv");
     return std::nullopt;
   }
   void run(const Case& c, const KernelIo& io, RunNotes& notes) override {
@@ -74,6 +77,11 @@ class CudnnAttentionBackward final : public Kernel {
       copy_to_device(lkv.get(), ks.data(), ks.size() * sizeof(int), io.stream);
       sh.padded = true;
     }
+    // cuDNN writes no gradient of a key past its batch's length (a batch of length 0: none
+    // of dK, dV): zero them first, as a caller must.
+    if (sh.padded)
+      for (const char* g : {"dK", "dV"})
+        device_memset(io.out.at(g), 0, static_cast<std::size_t>(operand_elements(c, g)) * 2, io.stream);
     notes["engine"] = attn::cudnn_sdpa_backward(sh, io.in.at("Q"), io.in.at("K"), io.in.at("V"), io.in.at("O"), io.in.at("dO"),
                                                 static_cast<const float*>(io.in.at("LSE")), io.out.at("dQ"), io.out.at("dK"),
                                                 io.out.at("dV"), static_cast<const int*>(lq.get()), static_cast<const int*>(lkv.get()),
