@@ -512,6 +512,26 @@ class AttentionModule final : public OpModule {
           out.push_back({"key_shift", "the same vector added to every key (scores up by about 100) fails: " + why});
       }
     }
+    // Identities of the variants, for a kernel that applies them: the same case with a sink
+    // of -inf on every head (no sink), or with the causal mask written as the window (-1, 0),
+    // has the same exact output and must pass against the same reference.
+    const unsigned applies = ctx.kernel.traits().attention_variants;
+    const auto same_output = [&](const Case& twin, const char* relation, const char* what) {
+      const RunOutcome r = ctx.run(twin, inputs);
+      if (r.status == Disposition::NotSupported) return;
+      const std::string why = r.status == Disposition::Ok ? ctx.judge_same(r) : fmt::format("{}: {}", name(r.status), r.message);
+      if (!why.empty()) out.push_back({relation, fmt::format("{} fails: {}", what, why)});
+    };
+    if (a.sinks.empty() && (applies & kAttnSinks)) {
+      Case twin = c;
+      twin.attention.sinks.assign(static_cast<std::size_t>(a.heads), -INFINITY);
+      same_output(twin, "sink_none", "a sink of -inf (none) on every head");
+    }
+    if (a.causal && !a.windowed() && (applies & kAttnWindow)) {
+      Case twin = c;
+      twin.attention.causal = false, twin.attention.window_left = -1, twin.attention.window_right = 0;
+      same_output(twin, "window_causal", "the causal mask as the window (-1, 0)");
+    }
     // Key permutation within each batch's visible keys (not where masks or ALiBi's biases
     // tell the keys' positions apart).
     if (!a.causal && !a.windowed() && a.alibi_slopes.empty() && a.seq_kv > 1) {

@@ -377,7 +377,8 @@ enum class Bug {
   None, TopLeftCausal, IgnoresKvLengths, ScaleOverD, MaskedRowNaN, LastBlockDropped, LseWithoutMax, LseInLog2,
   WindowLeftInclusive, WindowIgnored, WindowTopLeft,
   SoftcapAfterMask, SoftcapIgnored, SoftcapXTanh, AlibiOtherForm, AlibiOwnSlopes, AlibiIgnored, SinkNotInMax, SinkIgnored,
-  MaxFromSentinel  // the running max starts at -5e4 instead of -inf
+  MaxFromSentinel,  // the running max starts at -5e4 instead of -inf
+  SinkNoneAsZero    // a sink of -inf taken as 0
 };
 
 class BuggyAttention final : public Kernel {
@@ -443,7 +444,8 @@ class BuggyAttention final : public Kernel {
             if (slope != 0.0f) x += slope * static_cast<float>(alibi_distance(form, i, keys[t]));
             m = std::max(m, s[t] = x);
           }
-          const float sink = a.sinks.empty() || bug_ == Bug::SinkIgnored ? -INFINITY : static_cast<float>(a.sinks[h]);
+          float sink = a.sinks.empty() || bug_ == Bug::SinkIgnored ? -INFINITY : static_cast<float>(a.sinks[h]);
+          if (bug_ == Bug::SinkNoneAsZero && !a.sinks.empty() && sink == -INFINITY) sink = 0.0f;
           const float m_keys = m;
           if (bug_ != Bug::SinkNotInMax) m = std::max(m, sink);
           for (float& x : s) l += (x = std::exp(x - m));
@@ -506,6 +508,26 @@ TEST(AttentionOp, FuzzFindsServedVariantBugs) {
   expect_fuzz_finds({Bug::MaxFromSentinel}, 60, 130);  // far-negative rows: one case in six
 }
 
+
+// The variants' identities as relations: a case without sinks run again with a sink of -inf
+// on every head, and a causal case run again with the window (-1, 0), must pass against the
+// same reference. A kernel that takes a -inf sink as 0, or that ignores windows, fails them
+// on cases that have no sink or window at all; the correct kernel passes.
+TEST(AttentionOp, VariantIdentitiesAreRelations) {
+  Case c = small_case(Format::FP32, 40, 16);
+  c.attention.seq_q = 40, c.attention.causal = true, c.attention.heads = 2;
+  c.dist = {{"Q", "normal(0,1)"}, {"K", "normal(0,1)"}, {"V", "normal(0,1)"}};
+  c.seed = 11;
+  validate(c);
+  const auto relations_failed = [&](Bug bug) {
+    BuggyAttention k(bug);
+    const Evaluation ev = check(k, c);
+    return ev.verdict.passed ? std::string() : failure_signature(ev.verdict);
+  };
+  EXPECT_EQ(relations_failed(Bug::None), "");
+  EXPECT_NE(relations_failed(Bug::SinkNoneAsZero).find("sink_none"), std::string::npos) << relations_failed(Bug::SinkNoneAsZero);
+  EXPECT_NE(relations_failed(Bug::WindowIgnored).find("window_causal"), std::string::npos) << relations_failed(Bug::WindowIgnored);
+}
 
 // A long prefill: the kernel computes 1,100 queries, the reference a sample of them
 // (referenced_queries: the first two, the last four, the last tile boundaries, spread
