@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <set>
+#include <tuple>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -401,6 +402,7 @@ std::vector<double> per_head_values(const std::string& flag, const std::string& 
 }  // namespace
 
 void apply_served_variants(AttentionShape& a, const ServedVariantSpecs& specs) {
+  if (!specs.window.empty()) std::tie(a.window_left, a.window_right) = window_from_convention(specs.window);
   if (!specs.softcap.empty()) {
     const std::vector<double> v = fp32_list("--softcap", specs.softcap, specs.softcap);
     if (v.size() != 1 || !(v[0] > 0) || !std::isfinite(v[0]))

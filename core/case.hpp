@@ -100,6 +100,8 @@ struct AttentionShape {
   std::int64_t eff_kv_heads() const { return kv_heads ? kv_heads : heads; }
   /// The K/V head query head h reads.
   std::int64_t kv_head(std::int64_t h) const { return h / (heads / eff_kv_heads()); }
+  /// Query head h's sink logit; -inf where it has none.
+  double sink(std::int64_t h) const { return sinks.empty() ? -INFINITY : sinks[static_cast<std::size_t>(h)]; }
   bool operator==(const AttentionShape&) const = default;
 };
 
@@ -234,14 +236,16 @@ bool attention_visible(const Case& c, std::int64_t b, std::int64_t i, std::int64
 std::pair<std::int64_t, std::int64_t> window_from_convention(const std::string& spec);
 
 /// The served variants as written on a command line (bench, sweep); "" leaves one out.
+///   window   in any convention window_from_convention reads
 ///   softcap  "30": the cap, a positive number, rounded to FP32 as kernels keep it
 ///   alibi    "flash" or "flashinfer" (the form), the standard slopes for the case's heads;
 ///            "FORM:S" one slope for every head; "FORM:S1,S2,..." one per head (FP32-rounded)
 ///   sinks    "S" for every head or "S1,S2,..." one per head; "-inf" is no sink (FP32-rounded)
 struct ServedVariantSpecs {
-  std::string softcap, alibi, sinks;
+  std::string window, softcap, alibi, sinks;
+  bool any() const { return !window.empty() || !softcap.empty() || !alibi.empty() || !sinks.empty(); }
 };
-/// Sets a's soft cap, ALiBi and sinks from specs (a.heads must be set: slopes and sinks are
+/// Sets a's window, soft cap, ALiBi and sinks from specs (a.heads must be set: slopes and sinks are
 /// per query head). Throws InputError naming the flag and the spec for anything malformed.
 void apply_served_variants(AttentionShape& a, const ServedVariantSpecs& specs);
 

@@ -567,7 +567,7 @@ void QueryRow::exact_scores() {
     score_[s] = std::make_unique<Mpfr>(2);
     if (keys_[s] < 0) {  // the sink
       mpfr_set_zero(*score_[s], 1);
-      bias_[s] = std::make_unique<Mpfr>(53, a_.sinks[static_cast<std::size_t>(h_)]);
+      bias_[s] = std::make_unique<Mpfr>(53, a_.sink(h_));
       continue;
     }
     if (!a_.alibi_slopes.empty()) {  // slope (an FP32 value) times an integer below 2^32: exact
@@ -1035,7 +1035,7 @@ void reference_row(const Case& c, const Inputs& in, std::int64_t row, const std:
   std::vector<std::int64_t> keys;
   const KeyRange visible = attention_visible_keys(c, b, i);
   for (std::int64_t j = visible.first; j < visible.end; ++j) keys.push_back(j);
-  if (!a.sinks.empty() && a.sinks[static_cast<std::size_t>(h)] != -INFINITY) keys.push_back(-1);
+  if (a.sink(h) != -INFINITY) keys.push_back(-1);
   RefValue* o = out.values.data() + row * dv;
   if (keys.empty()) {  // fully masked: the documented convention
     for (std::int64_t d = 0; d < dv; ++d) o[d] = RefValue::zero(false);

@@ -120,9 +120,9 @@ RowFacts row_facts(const Case& c, const Inputs& in, std::int64_t b, std::int64_t
       f.bias = std::max(f.bias, std::fabs(a.alibi_slopes[static_cast<std::size_t>(h)] * static_cast<double>(alibi_distance(a, i, j))));
   }
   f.logit = (a.softcap != 0 ? std::min(f.s, a.softcap) : f.s) + f.bias;
-  if (!a.sinks.empty() && a.sinks[static_cast<std::size_t>(h)] != -INFINITY) {
+  if (const double sink = a.sink(h); sink != -INFINITY) {
     f.sink = true;
-    f.logit = std::max(f.logit, std::fabs(a.sinks[static_cast<std::size_t>(h)]));
+    f.logit = std::max(f.logit, std::fabs(sink));
   }
   return f;
 }
@@ -225,9 +225,7 @@ class RowBound {
     const bool row_poisoned = poisoned(ref, b, h, i);
     if (lse)
       lse->accumulated[static_cast<std::size_t>(ref.row(b, h, i))] =
-          (attention_visible_count(c_, b, i) == 0 && (a_.sinks.empty() || a_.sinks[static_cast<std::size_t>(h)] == -INFINITY)) ||
-                  row_poisoned
-              ? INFINITY : 0.0;
+          (attention_visible_count(c_, b, i) == 0 && a_.sink(h) == -INFINITY) || row_poisoned ? INFINITY : 0.0;
     for (std::int64_t d = 0; d < dv_; ++d)
       o.accumulated[ref.index(b, h, i, d)] =
           row_poisoned || v_head_max_[static_cast<std::size_t>((b * a_.eff_kv_heads() + a_.kv_head(h)) * dv_ + d)] >= o_overflow_

@@ -43,8 +43,7 @@ struct SweepArgs {
   std::uint64_t seed = 1;
   std::string out_dir;
   std::int64_t seq_q = 16;  ///< attention sweeps: queries per case
-  std::string window;       ///< attention sweeps: a sliding window (core/case.hpp window_from_convention)
-  ServedVariantSpecs variants;  ///< attention sweeps: --softcap, --alibi, --sinks (core/case.hpp)
+  ServedVariantSpecs variants;  ///< attention sweeps: --window, --softcap, --alibi, --sinks (core/case.hpp)
   std::string output;       ///< the output swept (attention backward: dQ, dK or dV); empty: the main one
   std::uint64_t max_memory = 0;  ///< bytes a point may need (--max-memory; 0: the default)
   std::vector<std::string> plugins;
@@ -105,7 +104,7 @@ Series plan_series(const SweepArgs& a, const SweepPlan& p, const std::optional<F
   const SweepVary& vary = p.vary;
   SweepOptions o;
   if (p.gemm) {
-    if (!a.window.empty() || !a.variants.softcap.empty() || !a.variants.alibi.empty() || !a.variants.sinks.empty())
+    if (a.variants.any())
       throw InputError("sweep: --window, --softcap, --alibi and --sinks apply to attention sweeps (--vary seq_kv=...)");
     o.base = dtype_gemm_case(dtype, a.mn, a.mn, vary.values.front(), out);
     o.base.dist = {{"A", dist}, {"B", dist}};
@@ -115,8 +114,6 @@ Series plan_series(const SweepArgs& a, const SweepPlan& p, const std::optional<F
                           op_module(Op::AttentionBackward).supported_output(*k, dtype);
     o.base = backward ? dtype_attention_backward_case(dtype) : dtype_attention_case(dtype);
     o.base.attention.seq_q = a.seq_q, o.base.attention.head_dim = 64, o.base.attention.seq_kv = vary.values.front();
-    if (!a.window.empty())
-      std::tie(o.base.attention.window_left, o.base.attention.window_right) = window_from_convention(a.window);
     apply_served_variants(o.base.attention, a.variants);
     if (out && !backward) o.base.types["O"] = *out;
     if (out && backward)
@@ -368,7 +365,7 @@ Verb add_sweep(CLI::App& app) {
   sweep->add_option("--softcap", a.variants.softcap, "Attention: soft cap, each score x becomes cap tanh(x / cap)");
   sweep->add_option("--alibi", a.variants.alibi, "Attention: ALiBi, flash or flashinfer (the form) with the standard slopes, or FORM:SLOPE or FORM:S1,S2,... per head");
   sweep->add_option("--sinks", a.variants.sinks, "Attention: one sink logit for every head, or S1,S2,... per head (-inf: none)");
-  sweep->add_option("--window", a.window, "Attention: sliding window, e.g. hf:4096, flash:4095,0, flashinfer:4095 or cudnn:4096,0");
+  sweep->add_option("--window", a.variants.window, "Attention: sliding window, e.g. hf:4096, flash:4095,0, flashinfer:4095 or cudnn:4096,0");
   sweep->add_flag("--in-process", a.in_process, "Run the kernels in this process (default: a worker process)");
   sweep->add_option("--timeout", a.timeout, "Seconds per point before the worker is killed (default 600)");
   sweep->add_option("--dist", a.dists, "Input distribution of A and B (repeatable; default normal(0,1))");

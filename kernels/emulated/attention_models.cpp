@@ -82,7 +82,7 @@ class EmulatedAttention final : public Kernel {
       const std::int64_t hk = a.kv_head(h);  // grouped-query: the K/V head query head h reads
       std::vector<float> q(hd), acc(dv, 0.0f), s, vrow(dv);
       const float slope = a.alibi_slopes.empty() ? 0.0f : static_cast<float>(a.alibi_slopes[static_cast<std::size_t>(h)] / unit_exact);
-      const float sink = a.sinks.empty() ? -INFINITY : static_cast<float>(a.sinks[static_cast<std::size_t>(h)]);
+      const float sink = static_cast<float>(a.sink(h));
       for (std::int64_t d = 0; d < hd; ++d) q[d] = static_cast<float>(decode(fq, load_code(fq, io.in.at("Q"), qv.offset(b, h, i, d))));
       // exp2: scores stay unscaled (the scale is folded into the exponent, log2_scale).
       auto score = [&](std::int64_t j) {

@@ -71,7 +71,7 @@ ulpgate_problem to_problem(const Case& c, const KernelIo* io) {
     t.layout = s.layout == AttentionLayout::BHSD ? ULPGATE_BHSD : ULPGATE_BSHD;
     t.causal = s.causal;
     t.softmax_scale = s.scale();
-    t.kv_lengths = nullptr;  // set by the caller, which owns the array
+    t.kv_lengths = nullptr;  // ProblemArrays
     t.type_q = abi_format(c, "Q"), t.type_k = abi_format(c, "K"), t.type_v = abi_format(c, "V");
     t.type_o = abi_format(c, "O"), t.type_compute = abi_format(c, "compute");
     t.q = in("Q"), t.k = in("K"), t.v = in("V");
@@ -98,18 +98,24 @@ ulpgate_problem to_problem(const Case& c, const KernelIo* io) {
     p.softcap = c.attention.softcap;
     p.alibi_form = c.attention.alibi_form == AlibiForm::Flash ? ULPGATE_ALIBI_FLASH : ULPGATE_ALIBI_FLASHINFER;
   }
-  return p;  // alibi_slopes and sinks: set by the caller, which owns the arrays
+  return p;  // kv_lengths, alibi_slopes and sinks: ProblemArrays
 }
 
-// The per-head arrays of version 7 (FP32 values: validate() keeps them so), empty: none.
-struct HeadArrays {
+// The arrays a problem points to: kv_lengths (one per batch, seq_kv where the case gives
+// none) and version 7's per-head slopes and sinks (FP32 values: validate() keeps them so;
+// empty: NULL). Kept alive by the caller for the call.
+struct ProblemArrays {
+  std::vector<std::int64_t> kv;
   std::vector<float> slopes, sinks;
-  explicit HeadArrays(const Case& c) {
+  explicit ProblemArrays(const Case& c) {
     if (!is_attention(c.op)) return;
-    slopes.assign(c.attention.alibi_slopes.begin(), c.attention.alibi_slopes.end());
-    sinks.assign(c.attention.sinks.begin(), c.attention.sinks.end());
+    const AttentionShape& a = c.attention;
+    kv = a.kv_lengths.empty() ? std::vector<std::int64_t>(static_cast<std::size_t>(a.batch), a.seq_kv) : a.kv_lengths;
+    slopes.assign(a.alibi_slopes.begin(), a.alibi_slopes.end());
+    sinks.assign(a.sinks.begin(), a.sinks.end());
   }
   void point(ulpgate_problem& p) const {
+    p.attention.kv_lengths = kv.data();
     p.alibi_slopes = slopes.empty() ? nullptr : slopes.data();
     p.sinks = sinks.empty() ? nullptr : sinks.data();
   }
@@ -207,10 +213,8 @@ class PluginKernel final : public Kernel {
     if (k_.memory == ULPGATE_DEVICE_MEMORY && !cuda_device_available()) return std::string(kNeedsCudaDevice);
     if (auto why = beyond_abi(c)) return why;
     ulpgate_problem p = to_problem(c, nullptr);
-    std::vector<std::int64_t> kv = kv_lengths(c);
-    p.attention.kv_lengths = kv.data();
-    const HeadArrays heads(c);
-    heads.point(p);
+    const ProblemArrays arrays(c);
+    arrays.point(p);
     char why[512] = "";
     if (k_.supports(&p, why, sizeof why)) return std::nullopt;
     const std::string text = message(why, sizeof why);
@@ -220,10 +224,8 @@ class PluginKernel final : public Kernel {
     // The runner asks unsupported() first; a caller that did not must not get a misread run.
     if (auto why = beyond_abi(c)) throw std::logic_error(fmt::format("plugin kernel {}: {}", k_.name, *why));
     ulpgate_problem p = to_problem(c, &io);
-    std::vector<std::int64_t> kv = kv_lengths(c);
-    p.attention.kv_lengths = kv.data();
-    const HeadArrays heads(c);
-    heads.point(p);
+    const ProblemArrays arrays(c);
+    arrays.point(p);
     char err[1024] = "";
     if (const int rc = k_.run(&p, err, sizeof err); rc != 0) {
       const std::string text = message(err, sizeof err);
@@ -256,11 +258,6 @@ class PluginKernel final : public Kernel {
     if (!k_.writes_lse && c.types.count("LSE"))
       return std::string("does not write the log-sum-exp output (its ulpgate_kernel.writes_lse is 0)");
     return std::nullopt;
-  }
-  static std::vector<std::int64_t> kv_lengths(const Case& c) {
-    if (!is_attention(c.op)) return {};
-    if (!c.attention.kv_lengths.empty()) return c.attention.kv_lengths;
-    return std::vector<std::int64_t>(c.attention.batch, c.attention.seq_kv);
   }
   ulpgate_kernel k_;
   std::string library_;
