@@ -105,7 +105,7 @@ TEST(AttentionKernels, CudnnBackwardDeclaresItsArithmetic) {
 }
 
 // What the backward graph takes (grouped heads, BSHD, bottom-right causal with seq_q < seq_kv,
-// padded or not, batches without keys) and what it refuses before running, with the reason.
+// padding and batches without keys when not causal) and what it refuses before running, with the reason.
 TEST(AttentionKernels, CudnnBackwardRefusesWhatItsGraphCannotTake) {
   const auto ks = make_cudnn_attention_backward_kernels();
   if (ks.empty()) GTEST_SKIP() << "built without cuDNN";
@@ -124,9 +124,15 @@ TEST(AttentionKernels, CudnnBackwardRefusesWhatItsGraphCannotTake) {
   };
   EXPECT_EQ(with([](Case&) {}), "supported");
   EXPECT_EQ(with([](Case& c) { c.attention.causal = true; }), "supported");  // bottom-right, seq_q < seq_kv
-  EXPECT_EQ(with([](Case& c) { c.attention.causal = true, c.attention.kv_lengths = {128, 64}; }), "supported");
+  EXPECT_EQ(with([](Case& c) { c.attention.kv_lengths = {128, 64}; }), "supported");
+  EXPECT_EQ(with([](Case& c) { c.attention.seq_q = 128, c.attention.kv_lengths = {128, 0}; }), "supported");
+  const std::string padded_causal =
+      "causal with kv_lengths below seq_kv: cuDNN's backward aligns the causal diagonal to each batch's own length, "
+      "the case to seq_kv";
+  EXPECT_EQ(with([](Case& c) { c.attention.causal = true, c.attention.kv_lengths = {128, 64}; }), padded_causal);
   EXPECT_EQ(with([](Case& c) { c.attention.seq_q = 128, c.attention.causal = true, c.attention.kv_lengths = {128, 0}; }),
-            "supported");
+            padded_causal);
+  EXPECT_EQ(with([](Case& c) { c.attention.causal = true, c.attention.kv_lengths = {128, 128}; }), "supported");
   EXPECT_EQ(with([](Case& c) { c.attention.head_dim = 256; }), "supported");
   EXPECT_EQ(with([](Case& c) { c.attention.seq_q = 1; }), "supported");  // decode
   EXPECT_EQ(with([](Case& c) {
