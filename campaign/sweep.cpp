@@ -84,6 +84,7 @@ Case sweep_point(const SweepOptions& options, std::size_t p) {
   } else {
     c.attention.seq_kv = options.values.at(p);
     c.attention.kv_lengths.clear();
+    if (c.attention.paged()) page_kv(c.attention, c.attention.page_size, 0);  // pages for this seq_kv
   }
   validate(c);
   return c;

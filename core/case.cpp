@@ -2,6 +2,7 @@
 
 #include <cctype>
 #include <cmath>
+#include <numeric>
 #include <cstdio>
 #include <cstdlib>
 #include <set>
@@ -229,7 +230,8 @@ MatrixView gemm_view(const Case& c, std::string_view operand) {
 
 AttentionView attention_view(const Case& c, std::string_view operand) {
   const auto& a = c.attention;
-  AttentionView v{a.batch, a.heads, 0, a.head_dim, a.layout};
+  AttentionView v;
+  v.batch = a.batch, v.heads = a.heads, v.seq = 0, v.dim = a.head_dim, v.layout = a.layout;
   const bool gradient = operand.size() == 2 && operand[0] == 'd';
   if (gradient && c.op != Op::AttentionBackward)
     throw InputError(fmt::format("{} has no operand '{}' (attention_backward has)", name(c.op), operand));
@@ -246,6 +248,10 @@ AttentionView attention_view(const Case& c, std::string_view operand) {
     v.seq = a.seq_q, v.dim = 1, v.layout = AttentionLayout::BHSD;  // [batch][heads][seq_q] whatever the layout
   } else {
     throw InputError(fmt::format("attention has no operand '{}'", operand));
+  }
+  if (a.paged() && (operand == "K" || operand == "V") && !gradient) {
+    v.page_size = a.page_size, v.pages_per_seq = a.pages_per_seq(), v.num_pages = a.num_pages;
+    v.page_table = std::make_shared<const std::vector<std::int64_t>>(a.page_table);
   }
   return v;
 }
@@ -291,13 +297,57 @@ unsigned attention_variants(const Case& c) {
   if (a.softcap != 0) v |= kAttnSoftcap;
   if (!a.alibi_slopes.empty()) v |= kAttnAlibi;
   if (!a.sinks.empty()) v |= kAttnSinks;
+  if (a.paged()) v |= kAttnPaged;
   return v;
+}
+
+PageUse page_use(const AttentionShape& a) {
+  PageUse u;
+  u.slots.assign(static_cast<std::size_t>(a.num_pages), 0);
+  u.owner.assign(static_cast<std::size_t>(a.num_pages), -1);
+  const std::int64_t per = a.pages_per_seq();
+  for (std::int64_t b = 0; b < a.batch; ++b)
+    for (std::int64_t col = 0; col < a.pages_needed(); ++col) {
+      const std::int64_t entry = b * per + col;
+      const auto page = static_cast<std::size_t>(a.page_table[static_cast<std::size_t>(entry)]);
+      const std::int64_t n = std::min(a.page_size, a.seq_kv - col * a.page_size);
+      if (n > u.slots[page]) u.slots[page] = n, u.owner[page] = entry;
+    }
+  return u;
+}
+
+void page_kv(AttentionShape& a, std::int64_t page_size, std::uint64_t seed) {
+  a.page_size = page_size;
+  a.page_table.clear();
+  a.num_pages = 0;
+  if (page_size <= 0) return;
+  const std::int64_t need = a.pages_needed();
+  a.num_pages = a.batch * need + 1;
+  std::vector<std::int64_t> ids(static_cast<std::size_t>(a.num_pages));
+  std::iota(ids.begin(), ids.end(), 0);
+  std::uint64_t x = seed;
+  for (std::size_t i = ids.size(); i > 1; --i) {  // Fisher-Yates on splitmix64
+    std::uint64_t z = (x += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    std::swap(ids[i - 1], ids[static_cast<std::size_t>((z ^ (z >> 31)) % i)]);
+  }
+  a.page_table.assign(ids.begin(), ids.end() - 1);  // the last page: read by no row
+}
+
+Case unpaged(const Case& c) {
+  Case t = c;
+  AttentionShape& a = t.attention;
+  a.page_size = 0, a.num_pages = 0;
+  a.page_table.clear();
+  return t;
 }
 
 std::string attention_variant_names(unsigned variants) {
   std::string out;
   for (const auto& [bit, what] : {std::pair{kAttnWindow, "window"}, std::pair{kAttnSoftcap, "soft cap"},
-                                  std::pair{kAttnAlibi, "ALiBi"}, std::pair{kAttnSinks, "sinks"}})
+                                  std::pair{kAttnAlibi, "ALiBi"}, std::pair{kAttnSinks, "sinks"},
+                                  std::pair{kAttnPaged, "paged K/V"}})
     if (variants & bit) out += (out.empty() ? "" : ", ") + std::string(what);
   return out;
 }
@@ -425,6 +475,13 @@ void apply_served_variants(AttentionShape& a, const ServedVariantSpecs& specs) {
     for (double x : a.sinks)
       if (x == INFINITY) throw InputError(fmt::format("--sinks '{}': a sink is finite or -inf (none)", specs.sinks));
   }
+  if (!specs.pages.empty()) {
+    char* end = nullptr;
+    const long long p = std::strtoll(specs.pages.c_str(), &end, 10);
+    if (*end || p < 1 || p > kMaxCaseSize)
+      throw InputError(fmt::format("--page-size '{}': a page size of at least 1 key", specs.pages));
+    page_kv(a, p, 0);
+  }
 }
 
 std::string shape_text(const Case& c, bool with_order) {
@@ -439,7 +496,8 @@ std::string shape_text(const Case& c, bool with_order) {
                      a.eff_head_dim_v() != a.head_dim ? fmt::format("/{}", a.eff_head_dim_v()) : "",
                      a.windowed() ? fmt::format(" window({},{})", a.window_left, a.window_right) : "") +
          (a.softcap != 0 ? fmt::format(" softcap({})", a.softcap) : "") +
-         (a.alibi_slopes.empty() ? "" : fmt::format(" alibi({})", name(a.alibi_form))) + (a.sinks.empty() ? "" : " sinks");
+         (a.alibi_slopes.empty() ? "" : fmt::format(" alibi({})", name(a.alibi_form))) + (a.sinks.empty() ? "" : " sinks") +
+         (a.paged() ? fmt::format(" paged({}x{})", a.num_pages, a.page_size) : "");
 }
 
 void validate(const Case& c) {
@@ -479,12 +537,34 @@ void validate(const Case& c) {
            fmt::format("must be 0 (= heads) or a divisor of heads={} (grouped-query attention), got {}", a.heads,
                        a.kv_heads));
     check_sizes("case.attention.", {{"batch", a.batch}, {"heads", a.heads}, {"seq_q", a.seq_q}, {"seq_kv", a.seq_kv},
-                                    {"head_dim", a.head_dim}, {"head_dim_v", a.head_dim_v}});
+                                    {"head_dim", a.head_dim}, {"head_dim_v", a.head_dim_v},
+                                    {"page_size", a.page_size}, {"num_pages", a.num_pages}});
+    if (a.page_size < 0) fail("case.attention.page_size", fmt::format("must be 0 (contiguous K/V) or >= 1, got {}", a.page_size));
+    if (!a.paged() && (a.num_pages != 0 || !a.page_table.empty()))
+      fail(a.num_pages != 0 ? "case.attention.num_pages" : "case.attention.page_table",
+           "must be absent (0, empty) when page_size is 0 (contiguous K/V)");
+    if (a.paged()) {
+      if (c.op == Op::AttentionBackward) fail("case.attention.page_size", "paged K/V is forward-only (must be 0)");
+      if (a.num_pages < 1) fail("case.attention.num_pages", fmt::format("must be >= 1 with paged K/V, got {}", a.num_pages));
+      const auto rows = static_cast<std::int64_t>(a.page_table.size());
+      if (rows % a.batch != 0 || rows / a.batch < a.pages_needed())
+        fail("case.attention.page_table",
+             fmt::format("must have batch={} rows of at least ceil(seq_kv / page_size) = {} entries each, got {} entries",
+                         a.batch, a.pages_needed(), rows));
+      for (std::size_t e = 0; e < a.page_table.size(); ++e)
+        if (a.page_table[e] < 0 || a.page_table[e] >= a.num_pages)
+          fail(fmt::format("case.attention.page_table[{}]", e),
+               fmt::format("must be a page in [0, num_pages={}), got {}", a.num_pages, a.page_table[e]));
+    }
     for (const char* op : {"Q", "K", "V", "O"}) {  // the gradients are laid out as these
       const AttentionView v = attention_view(c, op);
       check_buffer("case.attention", op, {{"batch", v.batch}, {(op[0] == 'K' || op[0] == 'V') && a.kv_heads ? "kv_heads" : "heads", v.heads},
                                           {op[0] == 'Q' || op[0] == 'O' ? "seq_q" : "seq_kv", v.seq},
                                           {op[0] == 'V' || op[0] == 'O' ? "head_dim_v" : "head_dim", v.dim}});
+      if (v.paged())
+        check_buffer("case.attention", op, {{"num_pages", v.num_pages}, {"page_size", v.page_size},
+                                            {a.kv_heads ? "kv_heads" : "heads", v.heads},
+                                            {op[0] == 'V' ? "head_dim_v" : "head_dim", v.dim}});
     }
     if (a.window_left < -1 || a.window_right < -1)
       fail(a.window_left < -1 ? "case.attention.window_left" : "case.attention.window_right",
@@ -599,6 +679,7 @@ json to_json(const Case& c) {
       for (double x : a.sinks) sinks.push_back(x == -INFINITY ? json("-inf") : json(x));
       at["sinks"] = sinks;
     }
+    if (a.paged()) at["page_size"] = a.page_size, at["num_pages"] = a.num_pages, at["page_table"] = a.page_table;
   }
   json types = json::object();
   for (const auto& [op, f] : c.types) types[op] = name(f);
@@ -674,15 +755,21 @@ Case case_from_json(const json& j) {
     };
     numbers("alibi_slopes", s.alibi_slopes);
     numbers("sinks", s.sinks);
-    if (const json* kv = a.find("kv_lengths")) {
-      if (!kv->is_array()) fail("case.attention.kv_lengths", "must be an array of integers");
-      for (std::size_t i = 0; i < kv->size(); ++i) {
-        const json& e = (*kv)[i];
+    const auto integers = [&](const char* field, std::vector<std::int64_t>& out) {
+      const json* v = a.find(field);
+      if (!v) return;
+      if (!v->is_array()) fail(fmt::format("case.attention.{}", field), "must be an array of integers");
+      for (std::size_t i = 0; i < v->size(); ++i) {
+        const json& e = (*v)[i];
         if (!e.is_number_integer())
-          fail(fmt::format("case.attention.kv_lengths[{}]", i), "must be an integer, got " + shown(e));
-        s.kv_lengths.push_back(e.get<std::int64_t>());
+          fail(fmt::format("case.attention.{}[{}]", field, i), "must be an integer, got " + shown(e));
+        out.push_back(e.get<std::int64_t>());
       }
-    }
+    };
+    integers("kv_lengths", s.kv_lengths);
+    s.page_size = a.integer("page_size", 0, 0);  // absent: contiguous K/V
+    s.num_pages = a.integer("num_pages", 0, 0);
+    integers("page_table", s.page_table);
     a.finish();
   }
   {

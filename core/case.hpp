@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -94,6 +95,19 @@ struct AttentionShape {
   /// Attention sinks (docs/concepts/sinks.md): one logit per query head (FP32 values, -inf for
   /// none) in the softmax's denominator only; it has no value row. Empty: none.
   std::vector<double> sinks;
+  /// Paged K/V (docs/concepts/paged-kv.md): K and V live in a pool of num_pages pages of
+  /// page_size key positions each, laid out [page][kv head][slot][dim] for BHSD and
+  /// [page][slot][kv head][dim] for BSHD (the HND and NHD caches). Key s of batch b is slot
+  /// s % page_size of page page_table[b * pages_per_seq() + s / page_size]. A batch's row
+  /// may be longer than seq_kv needs (its extra entries are never read); pages may appear out
+  /// of order, be shared by several rows, or be in no row at all. page_size 0: contiguous.
+  std::int64_t page_size = 0, num_pages = 0;
+  std::vector<std::int64_t> page_table;
+  bool paged() const { return page_size > 0; }
+  /// Entries per batch in page_table (0 when not paged).
+  std::int64_t pages_per_seq() const { return paged() ? static_cast<std::int64_t>(page_table.size()) / batch : 0; }
+  /// The pages seq_kv keys take: ceil(seq_kv / page_size).
+  std::int64_t pages_needed() const { return paged() ? (seq_kv + page_size - 1) / page_size : 0; }
   std::int64_t eff_head_dim_v() const { return head_dim_v ? head_dim_v : head_dim; }
   /// The softmax scale: softmax_scale where given, else 1/sqrt(head_dim) (as a double).
   double scale() const { return softmax_scale.value_or(1.0 / std::sqrt(static_cast<double>(head_dim))); }
@@ -112,8 +126,9 @@ enum AttentionVariant : unsigned {
   kAttnSoftcap = 2u,  ///< AttentionShape::softcap
   kAttnAlibi = 4u,    ///< AttentionShape::alibi_slopes, alibi_form
   kAttnSinks = 8u,    ///< AttentionShape::sinks
+  kAttnPaged = 16u,   ///< AttentionShape::page_size, num_pages, page_table
 };
-inline constexpr unsigned kAllAttentionVariants = kAttnWindow | kAttnSoftcap | kAttnAlibi | kAttnSinks;
+inline constexpr unsigned kAllAttentionVariants = kAttnWindow | kAttnSoftcap | kAttnAlibi | kAttnSinks | kAttnPaged;
 
 /// Whether an operand of format f may carry a per-tensor scale in Case::scales: FP8 (E4M3,
 /// E5M2) only, as cuBLASLt's A/B/C/D scale pointers. A, B, C: stored x scale = value;
@@ -184,14 +199,29 @@ inline std::int64_t op_b_offset(const Case& c, const MatrixView& bv, std::int64_
 /// (backward: "dQ", "dK", "dV", "dO" as Q, K, V, O) lives (packed; layout bhsd or bshd);
 /// "LSE" is [batch][head][position] (dim 1, bhsd). heads is the operand's own:
 /// eff_kv_heads() for K and V, so their head index is AttentionShape::kv_head(h) of query
-/// head h.
+/// head h. K and V of a paged case live in its page pool (AttentionShape::page_size): the
+/// view holds a copy of the page table and elements() is the whole pool.
 struct AttentionView {
   std::int64_t batch = 1, heads = 1, seq = 1, dim = 1;
   AttentionLayout layout = AttentionLayout::BHSD;
-  std::int64_t elements() const { return batch * heads * seq * dim; }
+  std::int64_t page_size = 0, pages_per_seq = 0, num_pages = 0;  ///< page_size 0: packed
+  std::shared_ptr<const std::vector<std::int64_t>> page_table;
+  bool paged() const { return page_size > 0; }
+  std::int64_t elements() const { return (paged() ? num_pages * page_size : batch * seq) * heads * dim; }
   std::int64_t offset(std::int64_t b, std::int64_t h, std::int64_t s, std::int64_t d) const {
+    if (paged()) {
+      const std::int64_t page = (*page_table)[static_cast<std::size_t>(b * pages_per_seq + s / page_size)];
+      const std::int64_t slot = s % page_size;
+      return layout == AttentionLayout::BHSD ? ((page * heads + h) * page_size + slot) * dim + d
+                                             : ((page * page_size + slot) * heads + h) * dim + d;
+    }
     return layout == AttentionLayout::BHSD ? ((b * heads + h) * seq + s) * dim + d
                                            : ((b * seq + s) * heads + h) * dim + d;
+  }
+  /// Where slot `slot` of pool page `page` starts for head h (paged views only).
+  std::int64_t pool_offset(std::int64_t page, std::int64_t h, std::int64_t slot, std::int64_t d) const {
+    return layout == AttentionLayout::BHSD ? ((page * heads + h) * page_size + slot) * dim + d
+                                           : ((page * page_size + slot) * heads + h) * dim + d;
   }
   /// offset() of every element in logical (b, h, s, d) order.
   std::vector<std::int64_t> logical_offsets() const;
@@ -222,6 +252,22 @@ std::int64_t alibi_distance(const AttentionShape& a, std::int64_t i, std::int64_
 /// with n the largest power of two <= heads, 2^(-8k/n) for k = 1..n, then for the heads
 /// beyond n the odd entries 2^(-4k/n), k = 1, 3, 5, ... of the table for 2n heads.
 std::vector<double> alibi_standard_slopes(std::int64_t heads);
+/// Paged K/V: for each page of the pool, the slots [0, n) that hold keys (n = 0: a page no
+/// row reads) and the table entry b * pages_per_seq() + column whose keys are written there
+/// (the row reading the most slots of it, the first such): shared pages hold one batch's
+/// keys and the other rows read them.
+struct PageUse {
+  std::vector<std::int64_t> slots, owner;
+};
+PageUse page_use(const AttentionShape& a);
+/// Pages a's K/V (AttentionShape::page_size) for its batch and seq_kv: each row takes
+/// ceil(seq_kv / page_size) pages of a pool in an order shuffled by `seed`, and one more page
+/// no row reads. page_size 0 makes K/V contiguous again.
+void page_kv(AttentionShape& a, std::int64_t page_size, std::uint64_t seed);
+/// A contiguous twin of paged case c (K and V packed as the layout says, the rest equal);
+/// c itself when it is not paged.
+Case unpaged(const Case& c);
+
 /// Whether key j is visible to query i in batch b.
 bool attention_visible(const Case& c, std::int64_t b, std::int64_t i, std::int64_t j);
 
@@ -241,9 +287,10 @@ std::pair<std::int64_t, std::int64_t> window_from_convention(const std::string& 
 ///   alibi    "flash" or "flashinfer" (the form), the standard slopes for the case's heads;
 ///            "FORM:S" one slope for every head; "FORM:S1,S2,..." one per head (FP32-rounded)
 ///   sinks    "S" for every head or "S1,S2,..." one per head; "-inf" is no sink (FP32-rounded)
+///   pages    "P": paged K/V, pages of P keys (page_kv, seed 0)
 struct ServedVariantSpecs {
-  std::string window, softcap, alibi, sinks;
-  bool any() const { return !window.empty() || !softcap.empty() || !alibi.empty() || !sinks.empty(); }
+  std::string window, softcap, alibi, sinks, pages;
+  bool any() const { return !window.empty() || !softcap.empty() || !alibi.empty() || !sinks.empty() || !pages.empty(); }
 };
 /// Sets a's window, soft cap, ALiBi and sinks from specs (a.heads must be set: slopes and sinks are
 /// per query head). Throws InputError naming the flag and the spec for anything malformed.

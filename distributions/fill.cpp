@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <functional>
+#include <memory>
 #include <numeric>
 #include <optional>
 #include <string_view>
@@ -45,6 +46,11 @@ struct Operand {
   int reduction_axis, channel_axis;
   std::int64_t storage;            // buffer elements, padding included
   std::function<std::int64_t(const std::int64_t*)> offset;
+  // Paged K/V (AttentionShape::page_size): the pool's view and which slots hold keys. A line
+  // (b, h, s, :) is stored only by the table entry owning its page (a shared page holds one
+  // batch's keys); the rest of the pool is not padding of one kind (store_pool).
+  std::optional<AttentionView> pool;
+  std::shared_ptr<const PageUse> pages;
 
   std::int64_t count() const {
     std::int64_t n = 1;
@@ -119,8 +125,38 @@ Operand describe(const Case& c, const std::string& op) {
     o.channel_axis = 3;
     o.reduction_axis = op == "V" ? 2 : 3;
     o.offset = [v](const std::int64_t* x) { return v.offset(x[0], x[1], x[2], x[3]); };
+    if (v.paged()) o.pool = v, o.pages = std::make_shared<const PageUse>(page_use(c.attention));
   }
   return o;
+}
+
+// Finite values left in a pool page's slots past the keys it holds (a partial last page):
+// what a serving cache holds there, old keys. +-8, the sign alternating by slot, so that a
+// kernel reading them as keys changes its output whatever the sign of q . k.
+constexpr double kStaleSlotValue = 8.0;
+
+// The pool of a paged operand: unread pages get the padding poison, slots past a page's keys
+// stale finite values, and each key line is written by its page's owner alone.
+void store_pool(const Operand& o, const Values& vals, Tensor& t) {
+  const AttentionView& v = *o.pool;
+  const PageUse& use = *o.pages;
+  t.fill_code(padding_poison(o.format));
+  for (std::int64_t p = 0; p < v.num_pages; ++p) {
+    const std::int64_t used = use.slots[static_cast<std::size_t>(p)];
+    if (used == 0) continue;
+    for (std::int64_t slot = used; slot < v.page_size; ++slot)
+      for (std::int64_t h = 0; h < v.heads; ++h)
+        for (std::int64_t d = 0; d < v.dim; ++d)
+          t.set_value(static_cast<std::size_t>(v.pool_offset(p, h, slot, d)), slot % 2 ? -kStaleSlotValue : kStaleSlotValue);
+  }
+  const std::int64_t lines = v.batch * v.heads * v.seq;
+  parallel_for(lines, [&](std::int64_t l) {
+    const std::int64_t s = l % v.seq, b = l / (v.seq * v.heads), h = (l / v.seq) % v.heads;
+    const std::int64_t entry = b * v.pages_per_seq + s / v.page_size;
+    if (use.owner[static_cast<std::size_t>((*v.page_table)[static_cast<std::size_t>(entry)])] != entry) return;
+    for (std::int64_t d = 0; d < v.dim; ++d)
+      t.set_value(static_cast<std::size_t>(v.offset(b, h, s, d)), vals[static_cast<std::size_t>(l * v.dim + d)]);
+  }, threads_for(static_cast<double>(o.count()), kFillPerThread), std::max<std::int64_t>(1, kFillGrain / v.dim));
 }
 
 const DistSpec& core_of(const DistSpec& s) { return s.base ? core_of(*s.base) : s; }
@@ -194,6 +230,10 @@ Tensor store(const Operand& o, const Values& vals) {
   // Every logical element is written below, on the fill's threads; padding (storage beyond
   // them) gets the poison first.
   Tensor t(o.format, static_cast<std::size_t>(o.storage), Tensor::uninitialized);
+  if (o.pool) {
+    store_pool(o, vals, t);
+    return t;
+  }
   if (o.storage > o.count()) t.fill_code(padding_poison(o.format));
   const std::int64_t n = o.count(), line = o.dims.empty() ? 1 : std::max<std::int64_t>(1, o.dims.back());
   const std::int64_t lines = line ? n / line : 0;
@@ -257,7 +297,7 @@ bool gpu_fill_enabled() {
 // operand): each axis's storage step is the offset of its unit vector (the offset function
 // is affine), and sorted by step, each step is the extent below it.
 std::optional<detail::StorageOrder> storage_order(const Operand& o) {
-  if (o.storage != o.count() || o.dims.size() > detail::StorageOrder::kMaxAxes) return std::nullopt;
+  if (o.pool || o.storage != o.count() || o.dims.size() > detail::StorageOrder::kMaxAxes) return std::nullopt;
   std::int64_t x[kMaxDims] = {};
   if (o.offset(x) != 0) return std::nullopt;
   detail::StorageOrder order;

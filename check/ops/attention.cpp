@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <numeric>
 
 #include <fmt/format.h>
 
@@ -407,6 +408,7 @@ class AttentionModule final : public OpModule {
       draw_window(c, k);  // last: kernels without windows draw the stream they drew before
       draw_served_variants(c, k, limits);  // and without these variants, likewise
       draw_far_negative_logits(c, k);
+      if (!limits.large && !limits.mapping) draw_paged(c, k, limits);
       validate(c);
       return c;
     });
@@ -500,7 +502,11 @@ class AttentionModule final : public OpModule {
     const AttentionShape& a = c.attention;
     const Tensor& o = first.outputs.at("O");
     if (auto why = v_scaling(ctx, c, inputs, o); !why.empty()) out.push_back({"v_scaling", why});
-    {  // key shift: every score of query i grows by q_i . shift
+    // Paged K/V: the contiguous twin, K and V gathered from the pool, has the same exact output
+    // (bit for bit from a deterministic kernel). Key shifts and permutations change the keys
+    // of one batch at a time: not where a page is shared between rows.
+    if (a.paged()) paged_contiguous(ctx, c, inputs, first, out);
+    if (!shares_pages(a)) {  // key shift: every score of query i grows by q_i . shift
       Inputs shifted = inputs;
       if (shift_keys(c, shifted)) {
         const RunOutcome r = ctx.run(c, shifted);
@@ -532,7 +538,7 @@ class AttentionModule final : public OpModule {
     }
     // Key permutation within each batch's visible keys (not where masks or ALiBi's biases
     // tell the keys' positions apart).
-    if (!a.causal && !a.windowed() && a.alibi_slopes.empty() && a.seq_kv > 1) {
+    if (!a.causal && !a.windowed() && a.alibi_slopes.empty() && a.seq_kv > 1 && !shares_pages(a)) {
       Inputs perm = inputs;
       permute_keys(c, perm);
       const RunOutcome r = ctx.run(c, perm);
@@ -540,21 +546,15 @@ class AttentionModule final : public OpModule {
                                                           : fmt::format("{}: {}", name(r.status), r.message);
       if (!why.empty()) out.push_back({"key_permutation", "keys and values permuted together fail: " + why});
     }
-    if (a.batch > 1) {  // the last batch alone
-      Case one = c;
+    if (a.batch > 1) {  // the last batch alone, its K and V contiguous
+      Case one = unpaged(c);
       one.attention.batch = 1;
       if (!a.kv_lengths.empty()) one.attention.kv_lengths = {a.kv_lengths.back()};
       one.dist.clear();
       if (ctx.kernel.supports(one)) {
         Inputs slice;
         for (const char* op : {"Q", "K", "V"}) {
-          const AttentionView full = attention_view(c, op), part = attention_view(one, op);
-          Tensor t(inputs.at(op).format(), static_cast<std::size_t>(part.elements()));
-          for (std::int64_t h = 0; h < part.heads; ++h)
-            for (std::int64_t s = 0; s < part.seq; ++s)
-              for (std::int64_t d = 0; d < part.dim; ++d)
-                t.set_code(part.offset(0, h, s, d), inputs.at(op).code(full.offset(a.batch - 1, h, s, d)));
-          slice.emplace(op, std::move(t));
+          slice.emplace(op, gather(c, one, inputs.at(op), op, a.batch - 1));
         }
         const RunOutcome r = ctx.run(one, slice);
         const std::string why = r.status == Disposition::Ok ? ctx.judge(one, slice, r)
@@ -571,6 +571,55 @@ class AttentionModule final : public OpModule {
   }
 
  private:
+  // Operand op of case `to` (contiguous, batches [0, to.batch)) from its buffer `from` in case c,
+  // batch b of `to` being batch first + b of c (through c's page table where it has one).
+  static Tensor gather(const Case& c, const Case& to, const Tensor& from, const char* op, std::int64_t first) {
+    const AttentionView src = attention_view(c, op), dst = attention_view(to, op);
+    Tensor t(from.format(), static_cast<std::size_t>(dst.elements()));
+    for (std::int64_t b = 0; b < dst.batch; ++b)
+      for (std::int64_t h = 0; h < dst.heads; ++h)
+        for (std::int64_t s = 0; s < dst.seq; ++s)
+          for (std::int64_t d = 0; d < dst.dim; ++d)
+            t.set_code(static_cast<std::size_t>(dst.offset(b, h, s, d)),
+                       from.code(static_cast<std::size_t>(src.offset(first + b, h, s, d))));
+    return t;
+  }
+
+  // Whether two table entries that hold keys point at one page.
+  static bool shares_pages(const AttentionShape& a) {
+    if (!a.paged()) return false;
+    std::vector<char> seen(static_cast<std::size_t>(a.num_pages), 0);
+    for (std::int64_t b = 0; b < a.batch; ++b)
+      for (std::int64_t col = 0; col < a.pages_needed(); ++col) {
+        char& s = seen[static_cast<std::size_t>(a.page_table[static_cast<std::size_t>(b * a.pages_per_seq() + col)])];
+        if (s) return true;
+        s = 1;
+      }
+    return false;
+  }
+
+  static void paged_contiguous(const RelationContext& ctx, const Case& c, const Inputs& inputs, const RunOutcome& first,
+                               std::vector<RelationFailure>& out) {
+    const Case twin = unpaged(c);
+    Inputs packed = inputs;
+    for (const char* op : {"K", "V"}) packed.at(op) = gather(c, twin, inputs.at(op), op, 0);
+    const RunOutcome r = ctx.run(twin, packed);
+    if (r.status == Disposition::NotSupported) return;
+    std::string why = r.status == Disposition::Ok ? ctx.judge_same(r) : fmt::format("{}: {}", name(r.status), r.message);
+    if (why.empty() && ctx.kernel.traits().deterministic) {
+      std::int64_t differ = 0;
+      for (const auto& [op, t] : first.outputs) {
+        const auto it = r.outputs.find(op);
+        if (it == r.outputs.end()) continue;
+        for (const std::int64_t e : attention_view(c, op).logical_offsets())
+          differ += t.code(static_cast<std::size_t>(e)) != it->second.code(static_cast<std::size_t>(e));
+      }
+      if (differ)
+        why = fmt::format("{} output elements differ from the paged run's bits (the kernel is declared deterministic)", differ);
+    }
+    if (!why.empty()) out.push_back({"paged_contiguous", "the contiguous twin (K and V gathered from the pages) fails: " + why});
+  }
+
   // Rows reached by a non-finite Q, K or V value (empty when there is none; then
   // `sanitized` stays empty too, else it holds the inputs with those values set to 0).
   static std::vector<char> poisoned_rows(const Case& c, const Inputs& in, Inputs& sanitized) {
@@ -696,6 +745,46 @@ class AttentionModule final : public OpModule {
     }
   }
 
+  // Paged K/V in one case of two where kernel k reads it (docs/concepts/paged-kv.md): page
+  // sizes of 1, 3, 16, 64, 100, 128 and 256 (not dividing 64 or 128; above 128, a third of
+  // the draws, on 257 keys or the most --max-k allows where the drawn sequence fits in 128 slots), in half of
+  // them every batch's keys ending on a page boundary (kv_lengths a multiple of the page size:
+  // a kernel reading one page too far meets the next entry's keys); pages in a shuffled order,
+  // two or three of them in no row (holding the padding poison), rows one entry longer than
+  // needed in half (the extra entry pointing at an unused page), and in half of the batched
+  // cases every row sharing batch 0's first pages (a cached prefix).
+  static void draw_paged(Case& c, const Kernel* k, const GenLimits& limits) {
+    if (!k || !(k->traits().attention_variants & kAttnPaged) || *gen::pick(std::vector<int>{0, 1}) == 0) return;
+    const Case before = c;
+    AttentionShape& a = c.attention;
+    // Pages above 128 keys in a third of the cases, on sequences longer than 128 where there are.
+    a.page_size = *gen::pick(std::vector<std::int64_t>{1, 3, 16, 64, 100, 128, 256, 256, 256});
+    if (a.page_size == 256 && a.seq_kv <= 128) {  // keys beyond slot 127: a longer sequence where it fits
+      AttentionShape longer = a;
+      longer.seq_kv = std::min<std::int64_t>(257, limits.max_reduction);
+      if (longer.seq_kv > 128 && !over_small_budget(longer)) a.seq_kv = longer.seq_kv;
+    }
+    if (*gen::pick(std::vector<bool>{false, true}) && a.seq_kv >= a.page_size) {
+      a.kv_lengths.assign(static_cast<std::size_t>(a.batch), a.seq_kv / a.page_size * a.page_size);
+      if (a.batch > 1) a.kv_lengths.back() = a.page_size;  // one page exactly
+    }
+    const std::int64_t need = a.pages_needed(), per = need + *gen::pick(std::vector<std::int64_t>{0, 1});
+    const std::int64_t shared = a.batch > 1 && *gen::pick(std::vector<bool>{false, true}) ? std::max<std::int64_t>(1, need / 2) : 0;
+    const std::int64_t spare = *gen::pick(std::vector<std::int64_t>{2, 3});
+    a.num_pages = a.batch * need - (a.batch - 1) * shared + spare;
+    std::vector<std::int64_t> ids(static_cast<std::size_t>(a.num_pages));
+    std::iota(ids.begin(), ids.end(), 0);
+    for (std::size_t i = ids.size(); i > 1; --i)
+      std::swap(ids[i - 1], ids[static_cast<std::size_t>(*rc::gen::inRange<std::int64_t>(0, static_cast<std::int64_t>(i)))]);
+    a.page_table.assign(static_cast<std::size_t>(a.batch * per), ids.back());  // extra entries: an unused page
+    std::size_t next = 0;
+    for (std::int64_t b = 0; b < a.batch; ++b)
+      for (std::int64_t col = 0; col < need; ++col)
+        a.page_table[static_cast<std::size_t>(b * per + col)] =
+            b > 0 && col < shared ? a.page_table[static_cast<std::size_t>(col)] : ids[next++];
+    if (k->unsupported(c)) c = before;
+  }
+
   static bool over_small_budget(const AttentionShape& a) {
     return a.batch * a.heads * a.seq_q * a.seq_kv > kScoreBudget ||
            a.batch * a.heads * a.seq_q * a.seq_kv * a.eff_head_dim_v() > kOutputTermBudget ||
@@ -815,8 +904,8 @@ class AttentionModule final : public OpModule {
     const AttentionShape& a = c.attention;
     const Tensor& v = inputs.at("V");
     const double vmax = info(v.format()).max_finite();
-    for (std::size_t e = 0; e < v.size(); ++e) {
-      const double x = std::fabs(v.value(e));
+    for (const std::int64_t e : attention_view(c, "V").logical_offsets()) {  // a paged pool's unread pages aside
+      const double x = std::fabs(v.value(static_cast<std::size_t>(e)));
       if (!std::isfinite(x) || (x != 0 && (x < 0x1p-20 || 4 * x > vmax))) return "";
     }
     for (std::int64_t b = 0; b < a.batch; ++b)

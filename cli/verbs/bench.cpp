@@ -34,7 +34,7 @@ namespace {
 struct BenchArgs {
   std::vector<std::string> kernels, gemm_shapes, attention_shapes;
   std::string baseline, shapes_preset, dtype, layout, forward_kernel, json, md, html, seed = "1";
-  ServedVariantSpecs variants;  ///< --window, --softcap, --alibi, --sinks
+  ServedVariantSpecs variants;  ///< --window, --softcap, --alibi, --sinks, --page-size
   bool causal = false, backward = false, no_flush = false, no_check = false;
   int reps = 20, warmup = 3;
 };
@@ -153,7 +153,7 @@ Exit bench_command(const BenchArgs& a, const LocalRegistry& local) {
   if (shape_kinds == 0) throw InputError("bench: give --gemm MxNxK, --shapes square|llm or --attention BxHxSqxSkvxD");
   if (!a.attention_shapes.empty() && shape_kinds > 1) throw InputError("bench: GEMM and attention shapes in one run");
   if (a.variants.any() && a.attention_shapes.empty())
-    throw InputError("bench: --window, --softcap, --alibi and --sinks apply to attention shapes (--attention BxHxSqxSkvxD)");
+    throw InputError("bench: --window, --softcap, --alibi, --sinks and --page-size apply to attention shapes (--attention BxHxSqxSkvxD)");
   if (a.backward && a.attention_shapes.empty()) throw InputError("bench: --backward times attention shapes (--attention BxHxSqxSkvxD)");
   if (a.reps < 1 || a.warmup < 0) throw InputError("bench: --reps must be >= 1 and --warmup >= 0");
   Registry registry = local();
@@ -219,6 +219,7 @@ Verb add_bench(CLI::App& app) {
   bench->add_option("--softcap", a->variants.softcap, "Attention: soft cap, each score x becomes cap tanh(x / cap)");
   bench->add_option("--alibi", a->variants.alibi, "Attention: ALiBi, flash or flashinfer (the form) with the standard slopes, or FORM:SLOPE or FORM:S1,S2,... per head");
   bench->add_option("--sinks", a->variants.sinks, "Attention: one sink logit for every head, or S1,S2,... per head (-inf: none)");
+  bench->add_option("--page-size", a->variants.pages, "Attention: paged K/V, pages of this many keys in a shuffled order (docs/concepts/paged-kv.md)");
   bench->add_option("--window", a->variants.window, "Attention: sliding window, e.g. hf:4096, flash:4095,0, flashinfer:4095 or cudnn:4096,0 (FLOPs: the visible pairs)");
   bench->add_flag("--backward", a->backward, "Attention: time the backward pass (dQ, dK, dV from Q, K, V, dO, O, LSE; "
                                              "FLOPs 2.5 times the forward's)");

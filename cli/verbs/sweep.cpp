@@ -43,7 +43,7 @@ struct SweepArgs {
   std::uint64_t seed = 1;
   std::string out_dir;
   std::int64_t seq_q = 16;  ///< attention sweeps: queries per case
-  ServedVariantSpecs variants;  ///< attention sweeps: --window, --softcap, --alibi, --sinks (core/case.hpp)
+  ServedVariantSpecs variants;  ///< attention sweeps: --window, --softcap, --alibi, --sinks, --page-size (core/case.hpp)
   std::string output;       ///< the output swept (attention backward: dQ, dK or dV); empty: the main one
   std::uint64_t max_memory = 0;  ///< bytes a point may need (--max-memory; 0: the default)
   std::vector<std::string> plugins;
@@ -105,7 +105,7 @@ Series plan_series(const SweepArgs& a, const SweepPlan& p, const std::optional<F
   SweepOptions o;
   if (p.gemm) {
     if (a.variants.any())
-      throw InputError("sweep: --window, --softcap, --alibi and --sinks apply to attention sweeps (--vary seq_kv=...)");
+      throw InputError("sweep: --window, --softcap, --alibi, --sinks and --page-size apply to attention sweeps (--vary seq_kv=...)");
     o.base = dtype_gemm_case(dtype, a.mn, a.mn, vary.values.front(), out);
     o.base.dist = {{"A", dist}, {"B", dist}};
   } else {
@@ -131,9 +131,8 @@ Series plan_series(const SweepArgs& a, const SweepPlan& p, const std::optional<F
   o.metric = a.metric;
   o.output = a.output;
   Case largest = o.base;
-  (p.gemm ? largest.gemm.k : largest.attention.seq_kv) = vary.values.back();
   try {
-    validate(largest);
+    largest = sweep_point(o, o.values.size() - 1);
     check_memory_need(largest, max_memory);
   } catch (const InputError& e) {
     throw InputError(fmt::format("sweep point {} = {}: {}", vary.parameter, vary.values.back(), e.what()));
@@ -365,6 +364,7 @@ Verb add_sweep(CLI::App& app) {
   sweep->add_option("--softcap", a.variants.softcap, "Attention: soft cap, each score x becomes cap tanh(x / cap)");
   sweep->add_option("--alibi", a.variants.alibi, "Attention: ALiBi, flash or flashinfer (the form) with the standard slopes, or FORM:SLOPE or FORM:S1,S2,... per head");
   sweep->add_option("--sinks", a.variants.sinks, "Attention: one sink logit for every head, or S1,S2,... per head (-inf: none)");
+  sweep->add_option("--page-size", a.variants.pages, "Attention: paged K/V, pages of this many keys in a shuffled order (docs/concepts/paged-kv.md)");
   sweep->add_option("--window", a.variants.window, "Attention: sliding window, e.g. hf:4096, flash:4095,0, flashinfer:4095 or cudnn:4096,0");
   sweep->add_flag("--in-process", a.in_process, "Run the kernels in this process (default: a worker process)");
   sweep->add_option("--timeout", a.timeout, "Seconds per point before the worker is killed (default 600)");

@@ -57,8 +57,10 @@ extern "C" {
    and appended ulpgate_kernel.atomic_dq; older plugins are never handed a backward case.
    7 appended the served attention variants (ulpgate_problem.window_left to sinks) and
    ulpgate_kernel.attention_variants, the ones a kernel applies; a kernel is handed a case
-   with a variant only where it declares that variant, so older plugins never see one. */
-#define ULPGATE_PLUGIN_ABI_VERSION 7u
+   with a variant only where it declares that variant, so older plugins never see one.
+   8 appended paged K/V (ulpgate_problem.page_size to page_table, ULPGATE_VARIANT_PAGED);
+   only a version-8 kernel may declare it. */
+#define ULPGATE_PLUGIN_ABI_VERSION 8u
 
 typedef enum {
   ULPGATE_FP64 = 0, ULPGATE_FP32 = 1, ULPGATE_TF32 = 2, ULPGATE_FP16 = 3,
@@ -84,6 +86,7 @@ typedef enum {
 #define ULPGATE_VARIANT_SOFTCAP 2u  /* softcap */
 #define ULPGATE_VARIANT_ALIBI 4u    /* alibi_slopes, alibi_form */
 #define ULPGATE_VARIANT_SINKS 8u    /* sinks */
+#define ULPGATE_VARIANT_PAGED 16u   /* version 8: page_size, num_pages, pages_per_seq, page_table */
 /* How a kernel rounds the inputs it narrows (TF32 compute: FP32 inputs to TF32). */
 typedef enum {
   ULPGATE_INPUTS_ROUND_TO_NEAREST = 0, /* cvt.rna: to nearest, ties away (the default) */
@@ -176,6 +179,15 @@ typedef struct {
   const float* alibi_slopes;
   int32_t alibi_form;
   const float* sinks;
+  /* Version 8. Paged K/V (docs/concepts/paged-kv.md), handed only to a kernel that declares
+     ULPGATE_VARIANT_PAGED; page_size 0 otherwise (K and V contiguous). attention.k and .v are
+     then pools of num_pages pages of page_size keys, laid out [page][kv head][slot][dim] for
+     ULPGATE_BHSD and [page][slot][kv head][dim] for ULPGATE_BSHD; key s of batch b is slot
+     s % page_size of page page_table[b * pages_per_seq + s / page_size]. page_table: batch x
+     pages_per_seq entries, host memory; a row may hold more entries than seq_kv needs, pages
+     may be shared between rows, and pool slots that hold no key are not zero. */
+  int64_t page_size, num_pages, pages_per_seq;
+  const int64_t* page_table;
 } ulpgate_problem;
 
 typedef struct {

@@ -97,15 +97,16 @@ ulpgate_problem to_problem(const Case& c, const KernelIo* io) {
     p.window_left = c.attention.window_left, p.window_right = c.attention.window_right;
     p.softcap = c.attention.softcap;
     p.alibi_form = c.attention.alibi_form == AlibiForm::Flash ? ULPGATE_ALIBI_FLASH : ULPGATE_ALIBI_FLASHINFER;
+    p.page_size = c.attention.page_size, p.num_pages = c.attention.num_pages, p.pages_per_seq = c.attention.pages_per_seq();
   }
-  return p;  // kv_lengths, alibi_slopes and sinks: ProblemArrays
+  return p;  // kv_lengths, alibi_slopes, sinks and page_table: ProblemArrays
 }
 
 // The arrays a problem points to: kv_lengths (one per batch, seq_kv where the case gives
-// none) and version 7's per-head slopes and sinks (FP32 values: validate() keeps them so;
-// empty: NULL). Kept alive by the caller for the call.
+// none), version 7's per-head slopes and sinks (FP32 values: validate() keeps them so;
+// empty: NULL) and version 8's page table (empty: NULL). Kept alive by the caller for the call.
 struct ProblemArrays {
-  std::vector<std::int64_t> kv;
+  std::vector<std::int64_t> kv, pages;
   std::vector<float> slopes, sinks;
   explicit ProblemArrays(const Case& c) {
     if (!is_attention(c.op)) return;
@@ -113,11 +114,13 @@ struct ProblemArrays {
     kv = a.kv_lengths.empty() ? std::vector<std::int64_t>(static_cast<std::size_t>(a.batch), a.seq_kv) : a.kv_lengths;
     slopes.assign(a.alibi_slopes.begin(), a.alibi_slopes.end());
     sinks.assign(a.sinks.begin(), a.sinks.end());
+    pages = a.page_table;
   }
   void point(ulpgate_problem& p) const {
     p.attention.kv_lengths = kv.data();
     p.alibi_slopes = slopes.empty() ? nullptr : slopes.data();
     p.sinks = sinks.empty() ? nullptr : sinks.data();
+    p.page_table = pages.empty() ? nullptr : pages.data();
   }
 };
 
@@ -147,7 +150,8 @@ struct KernelV6 {
 static_assert(offsetof(ulpgate_kernel, atomic_dq) == offsetof(KernelV6, atomic_dq));
 static_assert(offsetof(ulpgate_kernel, attention_variants) == sizeof(KernelV6));
 static_assert(ULPGATE_VARIANT_WINDOW == kAttnWindow && ULPGATE_VARIANT_SOFTCAP == kAttnSoftcap &&
-              ULPGATE_VARIANT_ALIBI == kAttnAlibi && ULPGATE_VARIANT_SINKS == kAttnSinks);
+              ULPGATE_VARIANT_ALIBI == kAttnAlibi && ULPGATE_VARIANT_SINKS == kAttnSinks &&
+              ULPGATE_VARIANT_PAGED == kAttnPaged);
 
 // Kernel i of a plugin, read with the descriptor its version has (the fields it lacks 0:
 // nothing declared). A version-3 kernel is asked about every case with the log-sum-exp (its
@@ -170,8 +174,9 @@ ulpgate_kernel kernel_at(const ulpgate_plugin& p, uint32_t i) {
   return out;
 }
 
-// What is wrong with a kernel's declared arithmetic; nullopt when nothing is.
-std::optional<std::string> bad_declaration(const ulpgate_kernel& k) {
+// What is wrong with a kernel's declared arithmetic (a plugin of ABI version abi); nullopt
+// when nothing is.
+std::optional<std::string> bad_declaration(const ulpgate_kernel& k, unsigned abi) {
   if (k.accumulator_bits != 0 && (k.accumulator_bits < 2 || k.accumulator_bits > 53))
     return fmt::format("accumulator_bits {} (0, or 2 to 53 bits)", k.accumulator_bits);
   if (k.promote < 0) return fmt::format("promote {} (0, or a number of products)", k.promote);
@@ -181,9 +186,11 @@ std::optional<std::string> bad_declaration(const ulpgate_kernel& k) {
   if (k.input_rounding < ULPGATE_INPUTS_ROUND_TO_NEAREST || k.input_rounding > ULPGATE_INPUTS_TIES_TO_EVEN)
     return fmt::format("input_rounding {} (0: to nearest, ties away; 1: truncate; 2: to nearest, ties to even)",
                        k.input_rounding);
-  if (k.attention_variants & ~kAllAttentionVariants)
-    return fmt::format("attention_variants {:#x} (ULPGATE_VARIANT_* bits: at most {:#x})", k.attention_variants,
-                       kAllAttentionVariants);
+  // Paged K/V came with version 8: an older plugin has no page table to read.
+  const unsigned known = abi >= 8 ? kAllAttentionVariants : kAttnWindow | kAttnSoftcap | kAttnAlibi | kAttnSinks;
+  if (k.attention_variants & ~known)
+    return fmt::format("attention_variants {:#x} (ULPGATE_VARIANT_* bits of ABI version {}: at most {:#x})",
+                       k.attention_variants, abi, known);
   return std::nullopt;
 }
 
@@ -294,7 +301,7 @@ void load_plugin(const std::string& path, Registry& registry) {
       throw InputError(fmt::format("--plugin {}: kernel #{} lacks a name, supports() or run()", path, i));
     if (registry.find(k.name))
       throw InputError(fmt::format("--plugin {}: kernel '{}' already exists", path, k.name));
-    if (auto bad = bad_declaration(k))
+    if (auto bad = bad_declaration(k, p->abi_version))
       throw InputError(fmt::format("--plugin {}: kernel '{}' declares {}", path, k.name, *bad));
     registry.add(std::make_unique<PluginKernel>(k, path, p->abi_version));
   }

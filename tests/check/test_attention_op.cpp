@@ -378,7 +378,11 @@ enum class Bug {
   WindowLeftInclusive, WindowIgnored, WindowTopLeft,
   SoftcapAfterMask, SoftcapIgnored, SoftcapXTanh, AlibiOtherForm, AlibiOwnSlopes, AlibiIgnored, SinkNotInMax, SinkIgnored,
   MaxFromSentinel,  // the running max starts at -5e4 instead of -inf
-  SinkNoneAsZero    // a sink of -inf taken as 0
+  SinkNoneAsZero,   // a sink of -inf taken as 0
+  // Paged K/V: the table ignored (entry e read as page e), one page read past keys that end
+  // on a page boundary, slots taken modulo 128 (pages above 128 keys), whole pages read (the
+  // last page's slots past seq_kv as keys), keys summed in another order when paged.
+  PagedIgnoresTable, PagedOnePagePast, PagedSlotMod128, PagedWholeLastPage, PagedOtherOrder
 };
 
 class BuggyAttention final : public Kernel {
@@ -407,6 +411,15 @@ class BuggyAttention final : public Kernel {
     const auto* qp = static_cast<const float*>(io.in.at("Q"));
     const auto* kp = static_cast<const float*>(io.in.at("K"));
     const auto* vp = static_cast<const float*>(io.in.at("V"));
+    // Where key j of batch b is for K (view kv) or V (view vv), with the paged bugs.
+    const auto at = [&](const AttentionView& view, std::int64_t b, std::int64_t hk, std::int64_t j, std::int64_t e) {
+      if (!a.paged() || bug_ < Bug::PagedIgnoresTable || bug_ == Bug::PagedOtherOrder) return view.offset(b, hk, j, e);
+      const std::int64_t p = a.page_size, per = a.pages_per_seq();
+      const std::int64_t entry = std::min<std::int64_t>(b * per + j / p, static_cast<std::int64_t>(a.page_table.size()) - 1);
+      const std::int64_t page = bug_ == Bug::PagedIgnoresTable ? entry % a.num_pages : a.page_table[static_cast<std::size_t>(entry)];
+      const std::int64_t slot = bug_ == Bug::PagedSlotMod128 ? j % std::min<std::int64_t>(p, 128) : j % p;
+      return view.pool_offset(page, hk, slot, e);
+    };
     auto* op = static_cast<float*>(io.out.at("O"));
     float* lsep = io.out.count("LSE") ? static_cast<float*>(io.out.at("LSE")) : nullptr;
     AttentionShape form = a;
@@ -418,7 +431,9 @@ class BuggyAttention final : public Kernel {
         for (std::int64_t i = 0; i < a.seq_q; ++i) {
           std::vector<std::int64_t> keys;
           const std::int64_t len = a.kv_lengths.empty() || bug_ == Bug::IgnoresKvLengths ? a.seq_kv : a.kv_lengths[b];
-          const std::int64_t end = bug_ == Bug::LastBlockDropped && len > 64 ? len / 64 * 64 : len;
+          std::int64_t end = bug_ == Bug::LastBlockDropped && len > 64 ? len / 64 * 64 : len;
+          if (a.paged() && bug_ == Bug::PagedOnePagePast && len > 0 && len % a.page_size == 0) end = len + 1;
+          if (a.paged() && bug_ == Bug::PagedWholeLastPage) end = (len + a.page_size - 1) / a.page_size * a.page_size;
           std::vector<char> masked;  // SoftcapAfterMask: keys the mask hides take part with logit -cap
           for (std::int64_t j = 0; j < end; ++j) {
             const bool causal_ok = !a.causal || (bug_ == Bug::TopLeftCausal ? j <= i : j - (a.seq_kv - a.seq_q) <= i);
@@ -437,7 +452,7 @@ class BuggyAttention final : public Kernel {
             slope = std::exp2(-8.0f * static_cast<float>(h + 1) / static_cast<float>(a.heads));
           for (std::size_t t = 0; t < keys.size(); ++t) {
             float dot = 0;
-            for (std::int64_t e = 0; e < a.head_dim; ++e) dot = std::fma(qp[qv.offset(b, h, i, e)], kp[kv.offset(b, a.kv_head(h), keys[t], e)], dot);
+            for (std::int64_t e = 0; e < a.head_dim; ++e) dot = std::fma(qp[qv.offset(b, h, i, e)], kp[at(kv, b, a.kv_head(h), keys[t], e)], dot);
             float x = scale * dot;
             if (cap != 0 && bug_ != Bug::SoftcapIgnored)
               x = masked[t] ? -cap : bug_ == Bug::SoftcapXTanh ? x * std::tanh(x / cap) : cap * std::tanh(x / cap);
@@ -452,7 +467,10 @@ class BuggyAttention final : public Kernel {
           if (sink != -INFINITY) l += std::exp(sink - (bug_ == Bug::SinkNotInMax ? m_keys : m));
           for (std::int64_t e = 0; e < a.eff_head_dim_v(); ++e) {
             float acc = 0;
-            for (std::size_t t = 0; t < keys.size(); ++t) acc = std::fma(s[t], vp[vv.offset(b, a.kv_head(h), keys[t], e)], acc);
+            for (std::size_t t = 0; t < keys.size(); ++t) {
+              const std::size_t u = a.paged() && bug_ == Bug::PagedOtherOrder ? keys.size() - 1 - t : t;
+              acc = std::fma(s[u], vp[at(vv, b, a.kv_head(h), keys[u], e)], acc);
+            }
             float o = l > 0 ? acc / l : (bug_ == Bug::MaskedRowNaN ? NAN : 0.0f);
             op[ov.offset(b, h, i, e)] = o;
           }
@@ -508,6 +526,48 @@ TEST(AttentionOp, FuzzFindsServedVariantBugs) {
   expect_fuzz_finds({Bug::MaxFromSentinel}, 60, 130);  // far-negative rows: one case in six
 }
 
+// Paged K/V's bug classes (docs/concepts/paged-kv.md): the page table ignored, one page read
+// past keys ending on a page boundary, slots modulo 128, the last page read whole; each found
+// by the default generator, and the correct kernel passes every paged case.
+TEST(AttentionOp, FuzzFindsPagedKvBugs) {
+  expect_fuzz_finds({Bug::None, Bug::PagedOnePagePast, Bug::PagedSlotMod128}, 60, 130);
+  expect_fuzz_finds({Bug::PagedIgnoresTable, Bug::PagedWholeLastPage, Bug::PagedOtherOrder}, 20, 130);
+}
+
+// A paged case by hand: page size 3 (dividing neither 64 nor 128), pages out of order, batch 1
+// sharing batch 0's first page, a partial last page, an extra table entry pointing at an
+// unused (poisoned) page. The CPU models pass it and its relations (the contiguous twin bit for
+// bit among them); a kernel summing a paged case's keys in another order passes the
+// reference's bound but fails paged_contiguous, and the table's misreadings fail outright.
+TEST(AttentionOp, PagedCaseEqualsItsContiguousTwin) {
+  Case c = small_case(Format::FP32, 8, 16);
+  AttentionShape& a = c.attention;
+  a.batch = 2, a.heads = 2, a.kv_heads = 1, a.seq_q = 4;
+  a.page_size = 3, a.num_pages = 7;
+  a.page_table = {4, 0, 6, 2,   // batch 0: pages 4, 0, 6 (keys 6, 7 in page 6), an extra entry
+                  4, 5, 1, 2};  // batch 1: shares page 4 (keys 0-2), then 5 and 1
+  a.kv_lengths = {8, 6};        // batch 1 ends on a page boundary
+  c.dist = {{"Q", "normal(0,1)"}, {"K", "normal(0,1)"}, {"V", "normal(0,1)"}};
+  c.seed = 5;
+  validate(c);
+  for (auto model : {AttentionModel{}, AttentionModel{AttentionModel::Variant::Online, 4}}) {
+    auto k = make_emulated_attention(model);
+    c.kernel = k->name();
+    const Evaluation ev = check(*k, c);
+    EXPECT_TRUE(ev.verdict.passed) << k->name() << ": " << failure_signature(ev.verdict);
+  }
+  const auto signature = [&](Bug bug) {
+    BuggyAttention k(bug);
+    c.kernel = k.name();
+    const Evaluation ev = check(k, c);
+    return ev.verdict.passed ? std::string() : failure_signature(ev.verdict);
+  };
+  EXPECT_EQ(signature(Bug::None), "");
+  EXPECT_NE(signature(Bug::PagedOtherOrder).find("paged_contiguous"), std::string::npos) << signature(Bug::PagedOtherOrder);
+  EXPECT_NE(signature(Bug::PagedIgnoresTable), "");
+  EXPECT_NE(signature(Bug::PagedOnePagePast), "");  // batch 1 takes key 6, past its length
+  EXPECT_NE(signature(Bug::PagedWholeLastPage), "");  // batch 0 reads slot 2 of page 6 (stale)
+}
 
 // The variants' identities as relations: a case without sinks run again with a sink of -inf
 // on every head, and a causal case run again with the window (-1, 0), must pass against the

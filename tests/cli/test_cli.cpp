@@ -1280,8 +1280,9 @@ TEST(Cli, FuzzSummaryCountsCampaignCasesNotShrunkOnes) {
   EXPECT_NE(slurp(dir + "/report.md").find("- shape: "), std::string::npos);
 }
 
-// Soft cap, ALiBi and sinks on the command line: a benchmark of a CPU model with all three is
-// checked and passes, its case named with them; each malformed value is one line, exit 2.
+// Soft cap, ALiBi, sinks and pages on the command line: a benchmark of a CPU model with the
+// first three is checked and passes, its case named with them, and so do a paged benchmark and
+// a paged sweep; each malformed value is one line, exit 2.
 TEST(CliBadInput, ServedVariantFlags) {
   const std::string dir = tmp_dir("served_variants");
   std::system(("rm -rf " + dir + " && mkdir -p " + dir).c_str());
@@ -1297,9 +1298,19 @@ TEST(CliBadInput, ServedVariantFlags) {
   expect_input_error(run(bench + "--alibi flashinfer:1,2"), "one value or one per query head (12), got 2", "slopes");
   expect_input_error(run(bench + "--sinks inf"), "--sinks 'inf': a sink is finite or -inf (none)", "sink inf");
   expect_input_error(run("bench --kernel cpu.attn_naive --gemm 16x16x16 --softcap 3"),
-                     "--window, --softcap, --alibi and --sinks apply to attention shapes", "gemm");
+                     "--window, --softcap, --alibi, --sinks and --page-size apply to attention shapes", "gemm");
   expect_input_error(run("sweep --kernel cpu.fp32_seq --vary K=16:64 --out " + dir + "/s --alibi flash"),
-                     "--window, --softcap, --alibi and --sinks apply to attention sweeps", "gemm sweep");
+                     "--window, --softcap, --alibi, --sinks and --page-size apply to attention sweeps", "gemm sweep");
   expect_input_error(run("bench --backward --kernel cpu.attn_bwd_naive --attention 1x2x16x64x32 --sinks 1"),
                      "forward-only for now", "backward");
+  // paged K/V: pages of 100 keys (the last one partial), checked and passing; bad sizes exit 2
+  const Result paged = run(bench + "--page-size 100 --md " + dir + "/p.md");
+  EXPECT_EQ(paged.code, 0) << paged.out << paged.err;
+  EXPECT_NE(slurp(dir + "/p.md").find("paged(2x100)"), std::string::npos) << slurp(dir + "/p.md");
+  const Result swept = run("sweep --kernel cpu.attn_online --dtype fp16 --vary seq_kv=16:256:4 --page-size 7 --out " + dir + "/ps");
+  EXPECT_EQ(swept.code, 0) << swept.out << swept.err;
+  expect_input_error(run(bench + "--page-size 0"), "--page-size '0': a page size of at least 1 key", "page size 0");
+  expect_input_error(run(bench + "--page-size 16k"), "--page-size '16k': a page size of at least 1 key", "page size text");
+  expect_input_error(run("bench --backward --kernel cpu.attn_bwd_naive --attention 1x2x16x64x32 --page-size 16"),
+                     "paged K/V is forward-only", "paged backward");
 }

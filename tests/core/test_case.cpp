@@ -438,3 +438,53 @@ TEST(Case, SoftcapAlibiAndSinks) {
   EXPECT_EQ(alibi_standard_slopes(1), std::vector<double>{0x1p-8});
   EXPECT_EQ(alibi_standard_slopes(66).size(), 66u);
 }
+
+// Paged K/V: where each key lives in the pool for both page layouts, which pages and slots
+// hold keys, the JSON round trip, the contiguous twin, and the refusals.
+TEST(Case, PagedKvViews) {
+  Case c = case_from_json(json::parse(R"({"ulpgate_case": 1, "op": "attention",
+    "attention": {"batch": 2, "heads": 4, "kv_heads": 2, "seq_q": 3, "seq_kv": 5, "head_dim": 8,
+                  "page_size": 2, "num_pages": 6, "page_table": [4, 1, 3, 5,  4, 0, 2, 5]},
+    "types": {"Q": "fp16", "K": "fp16", "V": "fp16", "O": "fp16", "compute": "fp32"}})"));
+  const AttentionShape& a = c.attention;
+  EXPECT_EQ(a.pages_per_seq(), 4);
+  EXPECT_EQ(a.pages_needed(), 3);
+  EXPECT_EQ(attention_variants(c), kAttnPaged);
+  EXPECT_EQ(case_from_json(json::parse(to_json(c).dump())), c);
+  EXPECT_EQ(shape_text(c), "B2 H4/2 Sq3 Skv5 D8 paged(6x2)");
+  // BHSD pages: [page][kv head][slot][dim]; key 3 of batch 1 is slot 1 of page 0
+  const AttentionView k = attention_view(c, "K");
+  EXPECT_EQ(k.elements(), 6 * 2 * 2 * 8);
+  EXPECT_EQ(k.offset(1, 1, 3, 5), ((0 * 2 + 1) * 2 + 1) * 8 + 5);
+  EXPECT_EQ(k.offset(0, 0, 4, 0), ((3 * 2 + 0) * 2 + 0) * 8);  // key 4: page 3, slot 0
+  EXPECT_EQ(k.offset(1, 0, 0, 0), k.offset(0, 0, 0, 0));       // page 4 shared
+  Case nhd = c;
+  nhd.attention.layout = AttentionLayout::BSHD;  // [page][slot][kv head][dim]
+  EXPECT_EQ(attention_view(nhd, "V").offset(1, 1, 3, 5), ((0 * 2 + 1) * 2 + 1) * 8 + 5);
+  EXPECT_EQ(attention_view(nhd, "V").offset(1, 0, 3, 5), ((0 * 2 + 1) * 2 + 0) * 8 + 5);
+  EXPECT_FALSE(attention_view(c, "Q").paged());
+  // page use: page 4 holds batch 0's keys 0-1 (owner entry 0), page 3 one key, 1 and 5 none...
+  const PageUse u = page_use(a);
+  EXPECT_EQ(u.slots, (std::vector<std::int64_t>{2, 2, 1, 1, 2, 0}));
+  EXPECT_EQ(u.owner, (std::vector<std::int64_t>{5, 1, 6, 2, 0, -1}));
+  // the contiguous twin
+  const Case flat = unpaged(c);
+  EXPECT_EQ(attention_variants(flat), 0u);
+  EXPECT_EQ(attention_view(flat, "K").elements(), 2 * 2 * 5 * 8);
+  // refusals
+  for (const auto& [field, value] : {std::pair{"page_table", json::array({4, 1, 3, 4, 0})},  // rows of 2 < 3 entries
+                                     std::pair{"page_table", json::array({4, 1, 3, 5, 4, 0, 6, 5})},  // page 6 of 6
+                                     std::pair{"num_pages", json(0)}, std::pair{"page_size", json(-1)}}) {
+    json j = to_json(c);
+    j["attention"][field] = value;
+    EXPECT_NE(error_of(j).find(std::string("case.attention.") + field), std::string::npos) << field << ": " << error_of(j);
+  }
+  json j = to_json(c);
+  j["attention"]["page_size"] = 0;
+  EXPECT_NE(error_of(j).find("case.attention.num_pages"), std::string::npos) << error_of(j);
+  j = to_json(c);
+  j["op"] = "attention_backward";
+  j["types"]["dO"] = j["types"]["dQ"] = j["types"]["dK"] = j["types"]["dV"] = "fp16";
+  j["types"]["LSE"] = "fp32";
+  EXPECT_NE(error_of(j).find("forward-only"), std::string::npos) << error_of(j);
+}

@@ -401,3 +401,35 @@ TEST(Fill, FmaBuildOfTheSamplersGivesTheSameBits) {
     ++kind;
   }
 }
+
+// A paged pool: every key holds the value of its logical coordinates (as the contiguous case
+// has it) and a shared page its owner's keys; the slots past a page's keys hold the stale
+// +-8, pages no row reads the padding poison.
+TEST(Fill, PagedPoolHoldsTheLogicalKeys) {
+  Case c = attention_case(2, 2, 3, 5, 4, Format::BF16, "normal(0,1)");
+  AttentionShape& a = c.attention;
+  a.page_size = 2, a.num_pages = 6;
+  a.page_table = {4, 1, 3, 5, 4, 0, 2, 5};  // batch 1 shares page 4; page 5 is read by no row
+  validate(c);
+  Case flat = unpaged(c);
+  auto paged = fill_inputs(c);
+  auto packed = fill_inputs(flat);
+  for (const char* op : {"K", "V"}) {
+    const AttentionView pv = attention_view(c, op), fv = attention_view(flat, op);
+    const Tensor &p = paged.at(op), &f = packed.at(op);
+    for (std::int64_t b = 0; b < 2; ++b)
+      for (std::int64_t h = 0; h < pv.heads; ++h)
+        for (std::int64_t s = 0; s < 5; ++s)
+          for (std::int64_t d = 0; d < pv.dim; ++d) {
+            const std::int64_t from_b = b == 1 && s < 2 ? 0 : b;  // the shared page holds batch 0's keys
+            EXPECT_EQ(p.code(pv.offset(b, h, s, d)), f.code(fv.offset(from_b, h, s, d))) << op << b << h << s << d;
+          }
+    for (std::int64_t h = 0; h < pv.heads; ++h)
+      for (std::int64_t d = 0; d < pv.dim; ++d) {
+        EXPECT_EQ(p.value(pv.pool_offset(3, h, 1, d)), -8.0);  // key 4's page, slot 1
+        EXPECT_EQ(p.value(pv.pool_offset(2, h, 1, d)), -8.0);
+        for (std::int64_t slot = 0; slot < 2; ++slot)
+          EXPECT_EQ(p.code(pv.pool_offset(5, h, slot, d)), padding_poison(Format::BF16));
+      }
+  }
+}

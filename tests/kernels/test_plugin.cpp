@@ -146,12 +146,12 @@ RunRecord small_fp32_campaign(Registry& reg, const char* name, Op op, std::int64
 TEST(Plugin, UnknownAbiVersionIsAnInputError) {
   Registry reg;
   try {
-    load_plugin(ATTENTION_PLUGIN_V8, reg);
-    FAIL() << "a version-8 plugin loaded";
+    load_plugin(ATTENTION_PLUGIN_V9, reg);
+    FAIL() << "a version-9 plugin loaded";
   } catch (const InputError& e) {
-    EXPECT_EQ(std::string(e.what()), fmt::format("--plugin {}: ABI version 8, this ulpgate speaks 1 to 7", ATTENTION_PLUGIN_V8));
+    EXPECT_EQ(std::string(e.what()), fmt::format("--plugin {}: ABI version 9, this ulpgate speaks 1 to 8", ATTENTION_PLUGIN_V9));
   }
-  EXPECT_EQ(reg.find("test.attention_v8"), nullptr);
+  EXPECT_EQ(reg.find("test.attention_v9"), nullptr);
 }
 
 // ABI version 7 hands over the served variants: the plugin that applies them passes a
@@ -162,7 +162,7 @@ TEST(Plugin, AbiVersion7AppliesServedVariants) {
   load_plugin(ATTENTION_PLUGIN_V7, reg);
   load_plugin(ATTENTION_PLUGIN_V6, reg);
   ASSERT_NE(reg.find("test.attention_v7"), nullptr);
-  EXPECT_EQ(reg.find("test.attention_v7")->traits().attention_variants, kAllAttentionVariants);
+  EXPECT_EQ(reg.find("test.attention_v7")->traits().attention_variants, kAttnWindow | kAttnSoftcap | kAttnAlibi | kAttnSinks);
   EXPECT_EQ(reg.find("test.attention_v6")->traits().attention_variants, 0u);
   Case c = fp32_attention(2, "test.attention_v6");
   c.attention.sinks.assign(static_cast<std::size_t>(c.attention.heads), 1.0);
@@ -178,6 +178,30 @@ TEST(Plugin, AbiVersion7AppliesServedVariants) {
     }
     EXPECT_GT(served, 0) << name;
     if (std::string(name) == "test.attention_v7") EXPECT_EQ(failed, 0) << name;
+    else EXPECT_GT(failed, 0) << name;
+  }
+}
+
+// ABI version 8 hands over paged K/V: the plugin that follows the page table passes a
+// campaign whose cases draw pages, its twin that reads table entry e as page e fails it, and
+// the version-7 plugin (no page table in its ABI) is never handed a paged case.
+TEST(Plugin, AbiVersion8ReadsPagedKv) {
+  Registry reg;
+  load_plugin(ATTENTION_PLUGIN_V8, reg);
+  load_plugin(ATTENTION_PLUGIN_V7, reg);
+  ASSERT_NE(reg.find("test.attention_v8"), nullptr);
+  EXPECT_EQ(reg.find("test.attention_v8")->traits().attention_variants, kAllAttentionVariants);
+  Case c = fp32_attention(2, "test.attention_v7");
+  page_kv(c.attention, 3, 1);
+  const RunOutcome old = run_kernel(*reg.find("test.attention_v7"), c, fill_inputs(c));
+  EXPECT_EQ(old.status, Disposition::NotSupported);
+  EXPECT_NE(old.message.find("paged"), std::string::npos) << old.message;
+  for (const char* name : {"test.attention_v8", "test.attention_v8_no_table"}) {
+    const RunRecord r = small_fp32_campaign(reg, name, Op::Attention, 12, 2, 64);
+    int failed = 0, paged = 0;
+    for (const CaseResult& cr : r.cases) failed += !cr.verdict.passed, paged += cr.spec.attention.paged();
+    EXPECT_GT(paged, 0) << name;
+    if (std::string(name) == "test.attention_v8") EXPECT_EQ(failed, 0) << name;
     else EXPECT_GT(failed, 0) << name;
   }
 }

@@ -17,7 +17,9 @@
 //   ATTENTION_PLUGIN_ABI=7  "test.attention_v7" as version 5, and applies every served variant
 //                           (window, soft cap, ALiBi, sinks), declaring them;
 //                           "test.attention_v7_no_sink": declares them too, ignores the sinks
-//   ATTENTION_PLUGIN_ABI=8  "test.attention_v8": a version this ulpgate does not know
+//   ATTENTION_PLUGIN_ABI=8  "test.attention_v8" as version 7, and reads paged K/V, declaring it;
+//                           "test.attention_v8_no_table": declares it too, reads entry e as page e
+//   ATTENTION_PLUGIN_ABI=9  "test.attention_v9": a version this ulpgate does not know
 // Versions 1 to 4 lay their kernel list out as plugin.h did then (1 to 3: no writes_lse; 4:
 // no declared arithmetic). Written
 // against include/ulpgate/plugin.h only.
@@ -55,7 +57,26 @@ int64_t at(const ulpgate_attention_problem& a, int64_t heads, int64_t seq, int64
   return a.layout == ULPGATE_BHSD ? ((b * heads + h) * seq + s) * dim + d : ((b * seq + s) * heads + h) * dim + d;
 }
 
-int run_attention(const ulpgate_problem* p, bool write_lse, bool drop_last_key, bool ignore_sinks = false) {
+// Key s of batch b in K or V (kv_heads heads of dim elements): through the page table where
+// the problem is paged (version 8); no_table reads entry e as page e.
+int64_t key_at(const ulpgate_problem* p, int64_t kv_heads, int64_t dim, int64_t b, int64_t h, int64_t s, int64_t d,
+               bool no_table) {
+  const ulpgate_attention_problem& a = p->attention;
+#if ATTENTION_PLUGIN_ABI >= 8
+  if (p->page_size > 0) {
+    const int64_t entry = b * p->pages_per_seq + s / p->page_size, slot = s % p->page_size;
+    const int64_t page = no_table ? entry % p->num_pages : p->page_table[entry];
+    return a.layout == ULPGATE_BHSD ? ((page * kv_heads + h) * p->page_size + slot) * dim + d
+                                    : ((page * p->page_size + slot) * kv_heads + h) * dim + d;
+  }
+#else
+  (void)p, (void)no_table;
+#endif
+  return at(a, kv_heads, a.seq_kv, dim, b, h, s, d);
+}
+
+int run_attention(const ulpgate_problem* p, bool write_lse, bool drop_last_key, bool ignore_sinks = false,
+                  bool no_table = false) {
   const ulpgate_attention_problem& a = p->attention;
 #if ATTENTION_PLUGIN_ABI >= 2
   const int64_t kv_heads = p->kv_heads;
@@ -90,7 +111,7 @@ int run_attention(const ulpgate_problem* p, bool write_lse, bool drop_last_key, 
           float dot = 0.0f;
           for (int64_t d = 0; d < a.head_dim; ++d)
             dot = std::fma(Q[at(a, a.heads, a.seq_q, a.head_dim, b, h, i, d)],
-                           K[at(a, kv_heads, a.seq_kv, a.head_dim, b, hk, j, d)], dot);
+                           K[key_at(p, kv_heads, a.head_dim, b, hk, j, d, no_table)], dot);
           float x = scale * dot;
 #if ATTENTION_PLUGIN_ABI >= 7
           const float cap = static_cast<float>(p->softcap);
@@ -109,7 +130,7 @@ int run_attention(const ulpgate_problem* p, bool write_lse, bool drop_last_key, 
         for (int64_t d = 0; d < a.head_dim_v; ++d) {
           float acc = 0.0f;
           for (size_t t = 0; t < keys.size(); ++t)
-            acc = std::fma(s[t], V[at(a, kv_heads, a.seq_kv, a.head_dim_v, b, hk, keys[t], d)], acc);
+            acc = std::fma(s[t], V[key_at(p, kv_heads, a.head_dim_v, b, hk, keys[t], d, no_table)], acc);
           O[at(a, a.heads, a.seq_q, a.head_dim_v, b, h, i, d)] = l > 0.0f ? acc / l : 0.0f;
         }
 #if ATTENTION_PLUGIN_ABI >= 3
@@ -247,10 +268,19 @@ int run_no_sink(const ulpgate_problem* p, char*, size_t) { return run_attention(
 ulpgate_kernel with_variants(ulpgate_kernel k, const char* name, int (*fn)(const ulpgate_problem*, char*, size_t)) {
   k.name = name, k.run = fn;
   k.attention_variants = ULPGATE_VARIANT_WINDOW | ULPGATE_VARIANT_SOFTCAP | ULPGATE_VARIANT_ALIBI | ULPGATE_VARIANT_SINKS;
+#if ATTENTION_PLUGIN_ABI >= 8
+  k.attention_variants |= ULPGATE_VARIANT_PAGED;
+#endif
   return k;
 }
+#if ATTENTION_PLUGIN_ABI >= 8
+int run_no_table(const ulpgate_problem* p, char*, size_t) { return run_attention(p, true, false, false, true); }
+const ulpgate_kernel kKernels[] = {with_variants(declared(), NAME, run),
+                                   with_variants(declared(), "test.attention_v8_no_table", run_no_table)};
+#else
 const ulpgate_kernel kKernels[] = {with_variants(declared(), NAME, run),
                                    with_variants(declared(), "test.attention_v7_no_sink", run_no_sink)};
+#endif
 #else
 const KernelV6 kKernels[] = {as_v6(declared())};
 #endif
