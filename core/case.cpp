@@ -298,7 +298,13 @@ unsigned attention_variants(const Case& c) {
   if (!a.alibi_slopes.empty()) v |= kAttnAlibi;
   if (!a.sinks.empty()) v |= kAttnSinks;
   if (a.paged()) v |= kAttnPaged;
+  if (c.scales.count("K") || c.scales.count("V")) v |= kAttnKvScales;
   return v;
+}
+
+double input_scale(const Case& c, std::string_view operand) {
+  const auto it = c.scales.find(std::string(operand));
+  return it == c.scales.end() ? 1.0 : it->second;
 }
 
 PageUse page_use(const AttentionShape& a) {
@@ -347,7 +353,7 @@ std::string attention_variant_names(unsigned variants) {
   std::string out;
   for (const auto& [bit, what] : {std::pair{kAttnWindow, "window"}, std::pair{kAttnSoftcap, "soft cap"},
                                   std::pair{kAttnAlibi, "ALiBi"}, std::pair{kAttnSinks, "sinks"},
-                                  std::pair{kAttnPaged, "paged K/V"}})
+                                  std::pair{kAttnPaged, "paged K/V"}, std::pair{kAttnKvScales, "K/V scales"}})
     if (variants & bit) out += (out.empty() ? "" : ", ") + std::string(what);
   return out;
 }
@@ -622,8 +628,8 @@ void validate(const Case& c) {
   if (is_attention(c.op) && c.epilogue != Epilogue::None)
     fail("case.epilogue", "attention takes no epilogue");
   for (const auto& [op, s] : c.scales) {
-    if (c.op != Op::Gemm || !(op == "A" || op == "B" || op == "C" || op == "D"))
-      fail("case.scales." + op, "unknown scale (GEMM scales are A, B, C, D)");
+    if (!(c.op == Op::Gemm ? op == "A" || op == "B" || op == "C" || op == "D" : c.op == Op::Attention && (op == "K" || op == "V")))
+      fail("case.scales." + op, "unknown scale (GEMM scales are A, B, C, D; attention's K and V, an FP8 K/V cache)");
     if (!(std::isfinite(s) && s > 0)) fail("case.scales." + op, fmt::format("must be finite and > 0, got {}", s));
     // A kernel for a wider format has no scale to apply (cuBLASLt's scale pointers are
     // FP8-only, the plugin ABI passes 1): a scale there would make the reference and the

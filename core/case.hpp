@@ -127,12 +127,15 @@ enum AttentionVariant : unsigned {
   kAttnAlibi = 4u,    ///< AttentionShape::alibi_slopes, alibi_form
   kAttnSinks = 8u,    ///< AttentionShape::sinks
   kAttnPaged = 16u,   ///< AttentionShape::page_size, num_pages, page_table
+  kAttnKvScales = 32u,  ///< Case::scales of K and V: an FP8 K/V cache (docs/concepts/fp8-kv.md)
 };
-inline constexpr unsigned kAllAttentionVariants = kAttnWindow | kAttnSoftcap | kAttnAlibi | kAttnSinks | kAttnPaged;
+inline constexpr unsigned kAllAttentionVariants =
+    kAttnWindow | kAttnSoftcap | kAttnAlibi | kAttnSinks | kAttnPaged | kAttnKvScales;
 
 /// Whether an operand of format f may carry a per-tensor scale in Case::scales: FP8 (E4M3,
 /// E5M2) only, as cuBLASLt's A/B/C/D scale pointers. A, B, C: stored x scale = value;
-/// D: stored = scale x result (after the epilogue). validate() refuses any other scale.
+/// D: stored = scale x result (after the epilogue). Attention forward: K and V likewise
+/// (stored x scale = value, an FP8 K/V cache). validate() refuses any other scale.
 constexpr bool takes_scale(Format f) { return f == Format::E4M3 || f == Format::E5M2; }
 
 /// One reproducible run. Operand names: GEMM A, B, C, D, bias; attention Q, K, V, O and,
@@ -260,6 +263,8 @@ struct PageUse {
   std::vector<std::int64_t> slots, owner;
 };
 PageUse page_use(const AttentionShape& a);
+/// An attention input's value is its stored value times this: case.scales of K or V, else 1.
+double input_scale(const Case& c, std::string_view operand);
 /// Pages a's K/V (AttentionShape::page_size) for its batch and seq_kv: each row takes
 /// ceil(seq_kv / page_size) pages of a pool in an order shuffled by `seed`, and one more page
 /// no row reads. page_size 0 makes K/V contiguous again.

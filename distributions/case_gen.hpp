@@ -112,7 +112,7 @@ inline std::vector<std::string> families_for(const Case& c, const std::string& o
     switch (f.scope) {
       case Scope::Any: ok = true; break;
       case Scope::GemmAB: ok = joint_allowed && c.op == Op::Gemm && op == "A"; break;
-      case Scope::GemmABC: ok = c.op == Op::Gemm && (op == "A" || op == "B" || op == "C"); break;
+      case Scope::GemmABC: ok = c.op == Op::Gemm && (op == "A" || op == "B" || op == "C"); break;  // attention: draw_kv_scales
       case Scope::AttnQK: ok = joint_allowed && is_attention(c.op) && op == "Q"; break;
     }
     if (f.name == "gendot" && ok) {

@@ -216,8 +216,8 @@ void check_scope(const DistSpec& s, const Case& c, const std::string& op) {
       if (gemm && (op == "A" || op == "B")) return;
       fail(op, fmt::format("{} is only for GEMM A and B (it builds them together)", s.family));
     case Scope::GemmABC:
-      if (gemm && (op == "A" || op == "B" || op == "C")) return;
-      fail(op, fmt::format("{} is only for GEMM A, B and C (case.scales has no {} scale)", s.family, op));
+      if (gemm ? op == "A" || op == "B" || op == "C" : c.op == Op::Attention && (op == "K" || op == "V")) return;
+      fail(op, fmt::format("{} is only for GEMM A, B, C and attention K, V (case.scales has no {} scale)", s.family, op));
     case Scope::AttnQK:
       if (!gemm && (op == "Q" || op == "K")) return;
       fail(op, fmt::format("{} is only for attention Q and K (it builds them together)", s.family));

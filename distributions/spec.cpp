@@ -292,7 +292,7 @@ std::string describe_families() {
       params += fmt::format("{}{}={:g}", params.empty() ? "" : ", ", p.name, p.default_value);
     if (f.takes_base) params += std::string(params.empty() ? "" : ", ") + "base=normal(0,1)";
     const char* where = f.scope == Scope::GemmAB    ? " [GEMM A+B]"
-                        : f.scope == Scope::GemmABC ? " [GEMM A, B, C]"
+                        : f.scope == Scope::GemmABC ? " [GEMM A, B, C; attention K, V]"
                         : f.scope == Scope::AttnQK  ? " [attention Q+K]"
                                                     : "";
     out += fmt::format("  {}({})\n      {}{}\n", f.name, params, f.description, where);

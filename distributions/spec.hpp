@@ -24,7 +24,7 @@ struct ParamInfo {
 enum class Scope : unsigned char {
   Any,        ///< any input operand
   GemmAB,     ///< GEMM A and B only (gendot builds them together)
-  GemmABC,    ///< GEMM A, B, C (amax scaling writes case.scales, which has no Q/K/V/bias)
+  GemmABC,    ///< GEMM A, B, C and attention K, V (amax scaling writes case.scales, which has no Q/bias)
   AttnQK,     ///< attention Q and K (built together)
 };
 

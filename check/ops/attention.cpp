@@ -100,6 +100,16 @@ struct RowFacts {
   bool sink = false;
 };
 
+// An FP8 K/V cache with a scale: the relative error admitted where the kernel multiplies the
+// scale in. By default the dequantization to the query's format (vLLM's paged attention
+// converts the cache to Q's 16-bit format, scale applied, before the dot products), else one
+// FP32 rounding (the scale folded into the scores or the output). 0 without a scale.
+double kv_dequantization_unit(const Case& c, const char* op) {
+  if (!c.scales.count(op)) return 0.0;
+  const Format q = c.types.at("Q");
+  return std::ldexp(1.0, 1 - info(q == Format::FP16 || q == Format::BF16 ? q : Format::FP32).precision());
+}
+
 // tanh's relative error admitted under soft-capping: tanh.approx.f32's (FlashAttention-2/3
 // cap with it), about 2^-11, rounded up.
 constexpr double kTanhError = 0x1p-10;
@@ -109,7 +119,7 @@ RowFacts row_facts(const Case& c, const Inputs& in, std::int64_t b, std::int64_t
   const AttentionView qv = attention_view(c, "Q"), kv = attention_view(c, "K");
   const Tensor &q = in.at("Q"), &k = in.at("K");
   RowFacts f;
-  const double sigma = std::fabs(c.attention.scale());
+  const double sigma = std::fabs(c.attention.scale()) * input_scale(c, "K");
   const std::int64_t hk = a.kv_head(h);
   for (std::int64_t j = 0; j < a.seq_kv; ++j) {
     if (!attention_visible(c, b, i, j)) continue;
@@ -208,7 +218,8 @@ class RowBound {
   RowBound(const Case& c, const Inputs& inputs, const ToleranceModel& tol, const Sampling& sampling,
            const std::vector<char>& poisoned)
       : c_(c), a_(c.attention), tol_(tol), poisoned_(poisoned), v_(inputs.at("V")), vv_(attention_view(c, "V")),
-        inputs_(inputs), dv_(c.attention.eff_head_dim_v()),
+        inputs_(inputs), dv_(c.attention.eff_head_dim_v()), v_scale_(input_scale(c, "V")),
+        u_deq_k_(kv_dequantization_unit(c, "K")), u_deq_v_(kv_dequantization_unit(c, "V")),
         u_(std::ldexp(1.0, 1 - tol.accumulator_bits)),
         u_in_(tol.input_bits > 0 ? std::ldexp(1.0, 1 - tol.input_bits) : 0.0),
         eta_p_(tol.p_bits > 0 && tol.p_bits < 24 ? p_rounding_eta(tol.p_bits) : 0.0),
@@ -242,17 +253,17 @@ class RowBound {
     // exp of a difference of logits up to L, tanh's own error and the cap's product, and the
     // ALiBi bias (its slope, distance, product and sum).
     const double capped = a_.softcap != 0 ? std::min(f.s, a_.softcap) : 0.0;
-    const double eps = 2 * (2 * u_in_ + tol_.gamma(a_.head_dim + 2)) * f.s + 2 * u_ * (1 + 2 * std::max(f.s, f.logit)) +
-                       2 * (kTanhError + 2 * u_) * capped + 8 * u_ * f.bias;
+    const double eps = 2 * (2 * u_in_ + u_deq_k_ + tol_.gamma(a_.head_dim + 2)) * f.s +
+                       2 * u_ * (1 + 2 * std::max(f.s, f.logit)) + 2 * (kTanhError + 2 * u_) * capped + 8 * u_ * f.bias;
     // eps bounds each exponent's absolute error, so each weight is within a factor e^(+-eps)
     // of its exact value: O moves by at most 2 (e^(2 eps) - e^eps) c, about 2 eps c when
     // eps is small and finite however large (far-negative logits at 16-bit inputs).
-    const double rel = 2 * (std::exp(2 * eps) - std::exp(eps)) + u_p + u_in_ + 3 * tol_.gamma(nk + 2);
+    const double rel = 2 * (std::exp(2 * eps) - std::exp(eps)) + u_p + u_in_ + u_deq_v_ + 3 * tol_.gamma(nk + 2);
     const double eta = tol_.accumulator_eta;
     for (std::int64_t d = 0; d < dv_; ++d) {
       const std::int64_t e = ref.index(b, h, i, d);
       double vmax = 0;
-      for (std::int64_t j : f.keys) vmax = std::max(vmax, std::fabs(v_.value(vv_.offset(b, a_.kv_head(h), j, d))));
+      for (std::int64_t j : f.keys) vmax = std::max(vmax, std::fabs(v_.value(vv_.offset(b, a_.kv_head(h), j, d))) * v_scale_);
       o.allowed[e] = rel * o.condition[e] + static_cast<double>(nk) * (eta_p_ + eta) * vmax + 4 * eta;
       // The scores (before and after the scale) are what can overflow the accumulator.
       o.accumulated[e] = std::max(f.s, f.s / std::max(std::fabs(c_.attention.scale()), 0x1p-1000)) + f.bias;
@@ -296,7 +307,7 @@ class RowBound {
         for (std::int64_t j = 0; j < a_.seq_kv; ++j)
           for (std::int64_t d = 0; d < dv_; ++d) {
             double& x = m[static_cast<std::size_t>((b * a_.eff_kv_heads() + hk) * dv_ + d)];
-            x = std::max(x, std::fabs(v_.value(vv_.offset(b, hk, j, d))));
+            x = std::max(x, std::fabs(v_.value(vv_.offset(b, hk, j, d))) * v_scale_);
           }
     return m;
   }
@@ -309,6 +320,7 @@ class RowBound {
   const AttentionView vv_;
   const Inputs& inputs_;
   const std::int64_t dv_;
+  const double v_scale_, u_deq_k_, u_deq_v_;
   const double u_, u_in_, eta_p_;
   double o_overflow_ = 0;
   std::vector<double> v_head_max_;
@@ -407,6 +419,7 @@ class AttentionModule final : public OpModule {
         keep_if_supported([&] { c.types["LSE"] = Format::FP32; }, [&] { c.types.erase("LSE"); });
       draw_window(c, k);  // last: kernels without windows draw the stream they drew before
       draw_served_variants(c, k, limits);  // and without these variants, likewise
+      draw_kv_scales(c, k);  // before the far-negative logits, which FP8 K leaves out
       draw_far_negative_logits(c, k);
       if (!limits.large && !limits.mapping) draw_paged(c, k, limits);
       validate(c);
@@ -447,6 +460,9 @@ class AttentionModule final : public OpModule {
     else
       t.rule += ", P in FP32";
     if (c.attention.softcap != 0) t.rule += ", tanh within 2^-10 relative (soft cap: tanh.approx.f32)";
+    if (c.scales.count("K") || c.scales.count("V"))
+      t.rule += fmt::format(", K/V scaled and dequantized to {}", name(c.types.at("Q") == Format::FP16 || c.types.at("Q") == Format::BF16
+                                                                         ? c.types.at("Q") : Format::FP32));
     return t;
   }
 
@@ -782,6 +798,24 @@ class AttentionModule final : public OpModule {
       for (std::int64_t col = 0; col < need; ++col)
         a.page_table[static_cast<std::size_t>(b * per + col)] =
             b > 0 && col < shared ? a.page_table[static_cast<std::size_t>(col)] : ids[next++];
+    if (k->unsupported(c)) c = before;
+  }
+
+  // An FP8 K/V cache in one case of three where kernel k applies K/V scales (docs/concepts/
+  // fp8-kv.md): Q in FP32, FP16 or BF16 as drawn, K and V in E4M3 or E5M2, each drawn
+  // distribution scaled by amax to all, half or 1/64 of the format's range (scales on either
+  // side of 1). A K drawn jointly with Q (logits, sink, masked) is stored unscaled.
+  static void draw_kv_scales(Case& c, const Kernel* k) {
+    if (!k || !(k->traits().attention_variants & kAttnKvScales) || *gen::pick(std::vector<int>{0, 0, 1}) == 0) return;
+    if (is_fp8(c.types.at("Q")) || c.types.at("Q") == Format::FP64) return;
+    const Case before = c;
+    const Format f = *gen::pick(std::vector<Format>{Format::E4M3, Format::E5M2});
+    const double frac = *gen::pick(std::vector<double>{1.0, 0.5, 0.015625});
+    for (const char* op : {"K", "V"}) {
+      c.types[op] = f;
+      if (const auto it = c.dist.find(op); it != c.dist.end() && !it->second.empty())
+        it->second = fmt::format("amax(frac={},base={})", frac, it->second);
+    }
     if (k->unsupported(c)) c = before;
   }
 

@@ -58,8 +58,9 @@ extern "C" {
    7 appended the served attention variants (ulpgate_problem.window_left to sinks) and
    ulpgate_kernel.attention_variants, the ones a kernel applies; a kernel is handed a case
    with a variant only where it declares that variant, so older plugins never see one.
-   8 appended paged K/V (ulpgate_problem.page_size to page_table, ULPGATE_VARIANT_PAGED);
-   only a version-8 kernel may declare it. */
+   8 appended paged K/V (ulpgate_problem.page_size to page_table, ULPGATE_VARIANT_PAGED)
+   and an FP8 K/V cache's scales (scale_k, scale_v, ULPGATE_VARIANT_KV_SCALES); only a
+   version-8 kernel may declare them. */
 #define ULPGATE_PLUGIN_ABI_VERSION 8u
 
 typedef enum {
@@ -87,6 +88,7 @@ typedef enum {
 #define ULPGATE_VARIANT_ALIBI 4u    /* alibi_slopes, alibi_form */
 #define ULPGATE_VARIANT_SINKS 8u    /* sinks */
 #define ULPGATE_VARIANT_PAGED 16u   /* version 8: page_size, num_pages, pages_per_seq, page_table */
+#define ULPGATE_VARIANT_KV_SCALES 32u  /* version 8: scale_k, scale_v */
 /* How a kernel rounds the inputs it narrows (TF32 compute: FP32 inputs to TF32). */
 typedef enum {
   ULPGATE_INPUTS_ROUND_TO_NEAREST = 0, /* cvt.rna: to nearest, ties away (the default) */
@@ -188,6 +190,10 @@ typedef struct {
      may be shared between rows, and pool slots that hold no key are not zero. */
   int64_t page_size, num_pages, pages_per_seq;
   const int64_t* page_table;
+  /* Version 8. An FP8 K/V cache's per-tensor scales (docs/concepts/fp8-kv.md): the value of a
+     K or V element is its stored value times scale_k or scale_v. Handed only to a kernel that
+     declares ULPGATE_VARIANT_KV_SCALES; exactly 1 otherwise. */
+  double scale_k, scale_v;
 } ulpgate_problem;
 
 typedef struct {

@@ -43,7 +43,7 @@ class EmulatedAttention final : public Kernel {
     KernelTraits t;
     t.thread_safe = true;
     t.writes_lse = true;
-    t.attention_variants = kAllAttentionVariants;  // windows, soft cap, ALiBi and sinks
+    t.attention_variants = kAllAttentionVariants;  // windows, soft cap, ALiBi, sinks, pages, K/V scales
     t.p_bits = info(m_.variant == AttentionModel::Variant::Flash ? m_.p_format : Format::FP32).precision();
     t.flushes_subnormals = m_.ftz;
     return t;
@@ -64,6 +64,8 @@ class EmulatedAttention final : public Kernel {
     const Format fq = c.types.at("Q"), fk = c.types.at("K"), fv = c.types.at("V"), fo = c.types.at("O");
     const std::int64_t hd = a.head_dim, dv = a.eff_head_dim_v();
     const double scale_exact = a.scale();
+    // An FP8 K/V cache's scales: each value dequantized to FP32 (stored x scale, rounded once).
+    const double k_scale = input_scale(c, "K"), v_scale = input_scale(c, "V");
     const float scale = static_cast<float>(scale_exact);
     // Soft cap as FlashAttention computes it, cap tanh(q.k (scale / cap)); with exp2 the
     // scores stay in tanh units and cap log2 e is the exponent's factor. unit: one score unit
@@ -88,7 +90,7 @@ class EmulatedAttention final : public Kernel {
       auto score = [&](std::int64_t j) {
         float dot = 0.0f;
         for (std::int64_t d = 0; d < hd; ++d)
-          dot = fz(std::fma(q[d], static_cast<float>(decode(fk, load_code(fk, io.in.at("K"), kv.offset(b, hk, j, d)))), dot));
+          dot = fz(std::fma(q[d], static_cast<float>(k_scale * decode(fk, load_code(fk, io.in.at("K"), kv.offset(b, hk, j, d)))), dot));
         float x = cap != 0 ? fz(std::tanh(fz(dot * scale_over_cap))) : dot;
         if (cap != 0 && !m_.exp2) x = fz(cap * x);
         else if (cap == 0 && !m_.exp2) x = fz(scale * x);
@@ -100,7 +102,7 @@ class EmulatedAttention final : public Kernel {
         return fz(m_.exp2 ? std::exp2(fz(std::fma(s_j, log2_scale, -fz(m_j * log2_scale)))) : std::exp(fz(s_j - m_j)));
       };
       auto v_at = [&](std::int64_t j, std::int64_t d) {
-        return static_cast<float>(decode(fv, load_code(fv, io.in.at("V"), vv.offset(b, hk, j, d))));
+        return static_cast<float>(v_scale * decode(fv, load_code(fv, io.in.at("V"), vv.offset(b, hk, j, d))));
       };
       float l = 0.0f;
       float m = -std::numeric_limits<float>::infinity();

@@ -98,6 +98,7 @@ ulpgate_problem to_problem(const Case& c, const KernelIo* io) {
     p.softcap = c.attention.softcap;
     p.alibi_form = c.attention.alibi_form == AlibiForm::Flash ? ULPGATE_ALIBI_FLASH : ULPGATE_ALIBI_FLASHINFER;
     p.page_size = c.attention.page_size, p.num_pages = c.attention.num_pages, p.pages_per_seq = c.attention.pages_per_seq();
+    p.scale_k = input_scale(c, "K"), p.scale_v = input_scale(c, "V");
   }
   return p;  // kv_lengths, alibi_slopes, sinks and page_table: ProblemArrays
 }
@@ -151,7 +152,7 @@ static_assert(offsetof(ulpgate_kernel, atomic_dq) == offsetof(KernelV6, atomic_d
 static_assert(offsetof(ulpgate_kernel, attention_variants) == sizeof(KernelV6));
 static_assert(ULPGATE_VARIANT_WINDOW == kAttnWindow && ULPGATE_VARIANT_SOFTCAP == kAttnSoftcap &&
               ULPGATE_VARIANT_ALIBI == kAttnAlibi && ULPGATE_VARIANT_SINKS == kAttnSinks &&
-              ULPGATE_VARIANT_PAGED == kAttnPaged);
+              ULPGATE_VARIANT_PAGED == kAttnPaged && ULPGATE_VARIANT_KV_SCALES == kAttnKvScales);
 
 // Kernel i of a plugin, read with the descriptor its version has (the fields it lacks 0:
 // nothing declared). A version-3 kernel is asked about every case with the log-sum-exp (its
@@ -186,7 +187,7 @@ std::optional<std::string> bad_declaration(const ulpgate_kernel& k, unsigned abi
   if (k.input_rounding < ULPGATE_INPUTS_ROUND_TO_NEAREST || k.input_rounding > ULPGATE_INPUTS_TIES_TO_EVEN)
     return fmt::format("input_rounding {} (0: to nearest, ties away; 1: truncate; 2: to nearest, ties to even)",
                        k.input_rounding);
-  // Paged K/V came with version 8: an older plugin has no page table to read.
+  // Paged K/V and K/V scales came with version 8: an older plugin has no field to read them from.
   const unsigned known = abi >= 8 ? kAllAttentionVariants : kAttnWindow | kAttnSoftcap | kAttnAlibi | kAttnSinks;
   if (k.attention_variants & ~known)
     return fmt::format("attention_variants {:#x} (ULPGATE_VARIANT_* bits of ABI version {}: at most {:#x})",

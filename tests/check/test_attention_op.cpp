@@ -382,7 +382,11 @@ enum class Bug {
   // Paged K/V: the table ignored (entry e read as page e), one page read past keys that end
   // on a page boundary, slots taken modulo 128 (pages above 128 keys), whole pages read (the
   // last page's slots past seq_kv as keys), keys summed in another order when paged.
-  PagedIgnoresTable, PagedOnePagePast, PagedSlotMod128, PagedWholeLastPage, PagedOtherOrder
+  PagedIgnoresTable, PagedOnePagePast, PagedSlotMod128, PagedWholeLastPage, PagedOtherOrder,
+  // An FP8 K/V cache: scales ignored (left at 1), divided instead of multiplied, V's ignored,
+  // K and V dequantized to BF16 whatever Q's format; KvDequantToQ dequantizes to Q's own
+  // format, as vLLM does (admitted: no bug).
+  KvScalesIgnored, KvScaleInverted, VScaleIgnored, KvDequantBf16, KvDequantToQ
 };
 
 class BuggyAttention final : public Kernel {
@@ -400,17 +404,39 @@ class BuggyAttention final : public Kernel {
   }
   std::optional<std::string> unsupported(const Case& c) const override {
     if (c.op != Op::Attention) return "attention only";
-    for (const char* op : {"Q", "K", "V", "O"})
-      if (c.types.at(op) != Format::FP32) return "FP32 Q, K, V and O only";
+    for (const char* op : {"Q", "O"})
+      if (c.types.at(op) == Format::FP64 || is_fp8(c.types.at(op))) return "Q and O in FP32, FP16 or BF16";
+    for (const char* op : {"K", "V"})
+      if (c.types.at(op) == Format::FP64) return "K and V in FP32, FP16, BF16 or FP8";
+    if (c.types.at("compute") != Format::FP32) return "FP32 compute only";
     return std::nullopt;
   }
   void run(const Case& c, const KernelIo& io, RunNotes&) override {
     const AttentionShape& a = c.attention;
     const AttentionView qv = attention_view(c, "Q"), kv = attention_view(c, "K"), vv = attention_view(c, "V"),
                         ov = attention_view(c, "O");
-    const auto* qp = static_cast<const float*>(io.in.at("Q"));
-    const auto* kp = static_cast<const float*>(io.in.at("K"));
-    const auto* vp = static_cast<const float*>(io.in.at("V"));
+    // Every operand dequantized to FP32 values (K and V with their scales, and the bugs).
+    const Format fq = c.types.at("Q"), fo = c.types.at("O");
+    const auto dequantized = [&](const char* op, const AttentionView& view) {
+      const Format f = c.types.at(op);
+      double s = input_scale(c, op);
+      if (bug_ == Bug::KvScalesIgnored || (bug_ == Bug::VScaleIgnored && op[0] == 'V')) s = 1.0;
+      if (bug_ == Bug::KvScaleInverted) s = 1.0 / s;
+      const Format to = bug_ == Bug::KvDequantBf16 && s != 1.0 ? Format::BF16
+                        : bug_ == Bug::KvDequantToQ && s != 1.0 ? fq : Format::FP32;
+      std::vector<float> out(static_cast<std::size_t>(view.elements()));
+      for (std::size_t e = 0; e < out.size(); ++e)
+        out[e] = static_cast<float>(round_to(to, s * decode(f, load_code(f, io.in.at(op), static_cast<std::int64_t>(e)))));
+      return out;
+    };
+    std::vector<float> q_values(static_cast<std::size_t>(qv.elements()));
+    for (std::size_t e = 0; e < q_values.size(); ++e)
+      q_values[e] = static_cast<float>(decode(fq, load_code(fq, io.in.at("Q"), static_cast<std::int64_t>(e))));
+    const std::vector<float> k_values = dequantized("K", kv), v_values = dequantized("V", vv);
+    const float* qp = q_values.data();
+    const float* kp = k_values.data();
+    const float* vp = v_values.data();
+    std::vector<float> o_values(static_cast<std::size_t>(ov.elements()));
     // Where key j of batch b is for K (view kv) or V (view vv), with the paged bugs.
     const auto at = [&](const AttentionView& view, std::int64_t b, std::int64_t hk, std::int64_t j, std::int64_t e) {
       if (!a.paged() || bug_ < Bug::PagedIgnoresTable || bug_ == Bug::PagedOtherOrder) return view.offset(b, hk, j, e);
@@ -420,7 +446,7 @@ class BuggyAttention final : public Kernel {
       const std::int64_t slot = bug_ == Bug::PagedSlotMod128 ? j % std::min<std::int64_t>(p, 128) : j % p;
       return view.pool_offset(page, hk, slot, e);
     };
-    auto* op = static_cast<float*>(io.out.at("O"));
+    float* op = o_values.data();
     float* lsep = io.out.count("LSE") ? static_cast<float*>(io.out.at("LSE")) : nullptr;
     AttentionShape form = a;
     if (bug_ == Bug::AlibiOtherForm) form.alibi_form = a.alibi_form == AlibiForm::Flash ? AlibiForm::FlashInfer : AlibiForm::Flash;
@@ -479,6 +505,8 @@ class BuggyAttention final : public Kernel {
             lsep[(b * a.heads + h) * a.seq_q + i] = l > 0 ? lse : -INFINITY;
           }
         }
+    for (std::size_t e = 0; e < o_values.size(); ++e)
+      store_code(fo, io.out.at("O"), static_cast<std::int64_t>(e), encode(fo, o_values[e]));
   }
 
  private:
@@ -532,6 +560,47 @@ TEST(AttentionOp, FuzzFindsServedVariantBugs) {
 TEST(AttentionOp, FuzzFindsPagedKvBugs) {
   expect_fuzz_finds({Bug::None, Bug::PagedOnePagePast, Bug::PagedSlotMod128}, 60, 130);
   expect_fuzz_finds({Bug::PagedIgnoresTable, Bug::PagedWholeLastPage, Bug::PagedOtherOrder}, 20, 130);
+}
+
+// An FP8 K/V cache's bug classes (docs/concepts/fp8-kv.md): scales ignored, inverted, V's
+// ignored, K and V dequantized to BF16 under FP32 queries; each found by the default
+// generator, and the kernel dequantizing to FP32 passes every case.
+TEST(AttentionOp, FuzzFindsKvScaleBugs) {
+  expect_fuzz_finds({Bug::None, Bug::KvScalesIgnored, Bug::KvScaleInverted, Bug::VScaleIgnored, Bug::KvDequantBf16},
+                    24, 130);
+}
+
+// BF16 queries over an E4M3 cache with scales far from 1: the CPU models (dequantizing to
+// FP32) and a kernel dequantizing the cache to BF16 as vLLM does both pass; ignoring the
+// scales, or V's alone, fails. The fill wrote scales on either side of 1.
+TEST(AttentionOp, Fp8KvCacheWithScales) {
+  Case c = small_case(Format::BF16, 96, 64);
+  c.attention.heads = 2, c.attention.seq_q = 8;
+  c.types["K"] = c.types["V"] = Format::E4M3;
+  c.dist = {{"Q", "normal(0,1)"}, {"K", "amax(frac=0.5,base=normal(0,3))"}, {"V", "amax(frac=0.001953125,base=normal(2,1))"}};
+  c.seed = 9;
+  validate(c);
+  for (auto model : {AttentionModel{}, AttentionModel{AttentionModel::Variant::Flash, 64, Format::BF16}}) {
+    auto k = make_emulated_attention(model);
+    c.kernel = k->name();
+    const Evaluation ev = check(*k, c);
+    EXPECT_TRUE(ev.verdict.passed) << k->name() << ": " << failure_signature(ev.verdict);
+  }
+  Case filled = c;
+  fill_inputs(filled);
+  EXPECT_EQ(attention_variants(filled), kAttnKvScales);
+  EXPECT_GT(filled.scales.at("V"), 1.0);  // normal(2,1) stored up to 448/512
+  EXPECT_LT(filled.scales.at("K"), 0.1);
+  const auto signature = [&](Bug bug) {
+    BuggyAttention k(bug);
+    c.kernel = k.name();
+    const Evaluation ev = check(k, c);
+    return ev.verdict.passed ? std::string() : failure_signature(ev.verdict);
+  };
+  EXPECT_EQ(signature(Bug::None), "");
+  EXPECT_EQ(signature(Bug::KvDequantToQ), "");
+  EXPECT_NE(signature(Bug::KvScalesIgnored), "");
+  EXPECT_NE(signature(Bug::VScaleIgnored), "");
 }
 
 // A paged case by hand: page size 3 (dividing neither 64 nor 128), pages out of order, batch 1

@@ -190,7 +190,7 @@ TEST(Fill, AmaxPutsTheMaxAtTheFormatsMax) {
     }
   }
   Case attn = attention_case(1, 1, 4, 4, 8, Format::E4M3, "amax");
-  EXPECT_EQ(fill_error(attn), "case.dist.Q: amax is only for GEMM A, B and C (case.scales has no Q scale)");
+  EXPECT_EQ(fill_error(attn), "case.dist.Q: amax is only for GEMM A, B, C and attention K, V (case.scales has no Q scale)");
 }
 
 // amax is FP8's storage step: on any other operand it stores its base unchanged and writes

@@ -126,7 +126,7 @@ TEST(Plugin, AbiVersion1IsNeverHandedGroupedQueryCases) {
     Case gqa = fp32_attention(kv_heads, k->name());
     EXPECT_EQ(k->unsupported(gqa),
               fmt::format("built against plugin ABI version 1, which cannot describe grouped-query attention "
-                          "(kv_heads {} of 4 heads); rebuild it against version 7",
+                          "(kv_heads {} of 4 heads); rebuild it against version 8",
                           kv_heads));
     const RunOutcome r = run_kernel(*k, gqa, fill_inputs(gqa));
     EXPECT_EQ(r.status, Disposition::NotSupported);
@@ -190,7 +190,7 @@ TEST(Plugin, AbiVersion8ReadsPagedKv) {
   load_plugin(ATTENTION_PLUGIN_V8, reg);
   load_plugin(ATTENTION_PLUGIN_V7, reg);
   ASSERT_NE(reg.find("test.attention_v8"), nullptr);
-  EXPECT_EQ(reg.find("test.attention_v8")->traits().attention_variants, kAllAttentionVariants);
+  EXPECT_EQ(reg.find("test.attention_v8")->traits().attention_variants, kAllAttentionVariants & ~kAttnKvScales);
   Case c = fp32_attention(2, "test.attention_v7");
   page_kv(c.attention, 3, 1);
   const RunOutcome old = run_kernel(*reg.find("test.attention_v7"), c, fill_inputs(c));
@@ -221,7 +221,7 @@ TEST(Plugin, AbiVersion6RunsAttentionBackward) {
   Case c = op_module(Op::AttentionBackward).basic_case("fp32");
   c.kernel = "test.attention_v5";
   EXPECT_EQ(reg.find("test.attention_v5")->unsupported(c),
-            "built against plugin ABI version 5, which has no attention backward op; rebuild it against version 7");
+            "built against plugin ABI version 5, which has no attention backward op; rebuild it against version 8");
   for (const char* name : {"test.attention_bwd_v6", "test.attention_bwd_v6_no_d"}) {
     const RunRecord r = small_fp32_campaign(reg, name, Op::AttentionBackward, 8, 5, 128);
     int failed = 0, ok = 0;
@@ -248,7 +248,7 @@ TEST(Plugin, AbiVersion3WritesTheLogSumExp) {
   c.types["LSE"] = Format::FP32;
   EXPECT_EQ(v3->unsupported(c), std::nullopt);
   EXPECT_EQ(v2->unsupported(c),
-            "built against plugin ABI version 2, which has no log-sum-exp output; rebuild it against version 7");
+            "built against plugin ABI version 2, which has no log-sum-exp output; rebuild it against version 8");
   const CaseResult r = check_case(*v3, c, EvaluationOptions{});
   EXPECT_TRUE(r.verdict.passed) << fmt::format("{}", fmt::join(r.verdict.reasons, "; "));
   ASSERT_EQ(r.metrics.size(), 2u);

@@ -574,3 +574,48 @@ TEST(AttentionReference, WeightsBelowMpfrRangeDecidedBySign) {
     }
   }
 }
+
+// Every visible key's V equal in a column, at a midpoint of O's format (an FP8 cache's values
+// times a scale, or FP32 V and FP16 O), with distinct logits: O is that value exactly, and
+// its rounding a tie no precision decides from the weights. Decided as the exact mean: ties
+// to even, and the value itself in wider formats.
+TEST(AttentionReference, EqualValuesAtAMidpointAreExact) {
+  Case c;
+  c.op = Op::Attention;
+  c.attention.seq_kv = 3, c.attention.head_dim = 2;
+  c.types = {{"Q", Format::FP32}, {"K", Format::FP32}, {"V", Format::FP32}, {"O", Format::FP16}, {"compute", Format::FP32}};
+  validate(c);
+  Tensor q(Format::FP32, 2), k(Format::FP32, 6), v(Format::FP32, 6);
+  q.set_value(0, 1.0), q.set_value(1, 0.5);
+  const double mid = 1.0 + 0x1p-11;  // between FP16's 1 and 1 + 2^-10
+  for (int j = 0; j < 3; ++j) {
+    k.set_value(2 * j, 0.3 * j - 40.0 * (j == 2)), k.set_value(2 * j + 1, 0.7 + j);
+    v.set_value(2 * j, mid), v.set_value(2 * j + 1, j == 1 ? 2.0 : mid);
+  }
+  const AttentionReference r = attention_reference(c, {{"Q", q}, {"K", k}, {"V", v}}, 1);
+  EXPECT_FALSE(r.at(0, 0, 0, 0).inexact);
+  EXPECT_EQ(r.at(0, 0, 0, 0).to_double(), mid);
+  EXPECT_EQ(r.at(0, 0, 0, 0).round_to(Format::FP16), encode(Format::FP16, 1.0));
+  EXPECT_TRUE(r.at(0, 0, 0, 1).inexact);  // column 1 differs between keys
+}
+
+// The same under a saturated soft cap (every logit within e^-(10^5) of -cap): a column whose
+// keys all hold one value is that value exactly, a midpoint of FP16 or not.
+TEST(AttentionReference, SaturatedSoftcapEqualValuesAreExact) {
+  Case c;
+  c.op = Op::Attention;
+  c.attention.seq_kv = 3, c.attention.head_dim = 2, c.attention.softcap = 0.5;
+  c.types = {{"Q", Format::FP32}, {"K", Format::FP32}, {"V", Format::FP32}, {"O", Format::FP16}, {"compute", Format::FP32}};
+  validate(c);
+  Tensor q(Format::FP32, 2), k(Format::FP32, 6), v(Format::FP32, 6);
+  q.set_value(0, 300.0), q.set_value(1, 300.0);
+  const double mid = 1.0 + 0x1p-11;
+  for (int j = 0; j < 3; ++j) {
+    k.set_value(2 * j, -300.0 - j), k.set_value(2 * j + 1, -250.0 + 3 * j);
+    v.set_value(2 * j, mid), v.set_value(2 * j + 1, 3.0);
+  }
+  const AttentionReference r = attention_reference(c, {{"Q", q}, {"K", k}, {"V", v}}, 1);
+  EXPECT_EQ(r.at(0, 0, 0, 0).to_double(), mid);
+  EXPECT_FALSE(r.at(0, 0, 0, 0).inexact);
+  EXPECT_EQ(r.at(0, 0, 0, 1).to_double(), 3.0);
+}
