@@ -897,12 +897,14 @@ bool QueryRow::decide_saturated(std::int64_t d, mpfr_prec_t p) {
   mpfr_abs(tmp, sum, MPFR_RNDD);
   if (mpfr_cmp(tmp, err) <= 0) return false;  // sign undecided at this precision
   const int sign = mpfr_sgn(sum.get());
-  // Delta = S / (N D), D in [N - sum n_g |e_g|, N + sum n_g |e_g|]: |Delta| in [lo, hi].
-  Mpfr lo(p + 64), hi(p + 64), dlo(64), dhi(64);
+  // Delta = S / (N D), D in [N - sum n_g |e_g|, N + sum n_g |e_g|]: |Delta| in [lo, hi]. D's
+  // bounds carry p + 64 bits: where M = 0, O is Delta itself and needs them to 128 bits.
+  Mpfr lo(p + 64), hi(p + 64), dlo(p + 64), dhi(p + 64);
   mpfr_set_ui(dlo, n, MPFR_RNDN), mpfr_set_ui(dhi, n, MPFR_RNDN);
   mpfr_sub(dlo, dlo, nsum, MPFR_RNDD), mpfr_add(dhi, dhi, nsum, MPFR_RNDU);
   mpfr_mul_ui(dlo, dlo, n, MPFR_RNDD), mpfr_mul_ui(dhi, dhi, n, MPFR_RNDU);
-  mpfr_sub(lo, tmp, err, MPFR_RNDD);
+  mpfr_abs(lo, sum, MPFR_RNDD);  // exact: tmp holds |S~| to 64 bits only
+  mpfr_sub(lo, lo, err, MPFR_RNDD);
   mpfr_div(lo, lo, dhi, MPFR_RNDD);
   mpfr_abs(hi, sum, MPFR_RNDU);
   mpfr_add(hi, hi, err, MPFR_RNDU);

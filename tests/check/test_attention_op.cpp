@@ -513,6 +513,14 @@ class BuggyAttention final : public Kernel {
   Bug bug_;
 };
 
+// The planted kernel's first failure on case c ("" when it passes); c.kernel names it.
+std::string planted_signature(Bug bug, Case& c) {
+  BuggyAttention k(bug);
+  c.kernel = k.name();
+  const Evaluation ev = check(k, c);
+  return ev.verdict.passed ? std::string() : failure_signature(ev.verdict);
+}
+
 }  // namespace
 
 // Runs a 'cases'-case campaign of each planted bug: every bug is found, None passes every case.
@@ -591,12 +599,7 @@ TEST(AttentionOp, Fp8KvCacheWithScales) {
   EXPECT_EQ(attention_variants(filled), kAttnKvScales);
   EXPECT_GT(filled.scales.at("V"), 1.0);  // normal(2,1) stored up to 448/512
   EXPECT_LT(filled.scales.at("K"), 0.1);
-  const auto signature = [&](Bug bug) {
-    BuggyAttention k(bug);
-    c.kernel = k.name();
-    const Evaluation ev = check(k, c);
-    return ev.verdict.passed ? std::string() : failure_signature(ev.verdict);
-  };
+  const auto signature = [&](Bug bug) { return planted_signature(bug, c); };
   EXPECT_EQ(signature(Bug::None), "");
   EXPECT_EQ(signature(Bug::KvDequantToQ), "");
   EXPECT_NE(signature(Bug::KvScalesIgnored), "");
@@ -625,12 +628,7 @@ TEST(AttentionOp, PagedCaseEqualsItsContiguousTwin) {
     const Evaluation ev = check(*k, c);
     EXPECT_TRUE(ev.verdict.passed) << k->name() << ": " << failure_signature(ev.verdict);
   }
-  const auto signature = [&](Bug bug) {
-    BuggyAttention k(bug);
-    c.kernel = k.name();
-    const Evaluation ev = check(k, c);
-    return ev.verdict.passed ? std::string() : failure_signature(ev.verdict);
-  };
+  const auto signature = [&](Bug bug) { return planted_signature(bug, c); };
   EXPECT_EQ(signature(Bug::None), "");
   EXPECT_NE(signature(Bug::PagedOtherOrder).find("paged_contiguous"), std::string::npos) << signature(Bug::PagedOtherOrder);
   EXPECT_NE(signature(Bug::PagedIgnoresTable), "");
@@ -648,11 +646,7 @@ TEST(AttentionOp, VariantIdentitiesAreRelations) {
   c.dist = {{"Q", "normal(0,1)"}, {"K", "normal(0,1)"}, {"V", "normal(0,1)"}};
   c.seed = 11;
   validate(c);
-  const auto relations_failed = [&](Bug bug) {
-    BuggyAttention k(bug);
-    const Evaluation ev = check(k, c);
-    return ev.verdict.passed ? std::string() : failure_signature(ev.verdict);
-  };
+  const auto relations_failed = [&](Bug bug) { return planted_signature(bug, c); };
   EXPECT_EQ(relations_failed(Bug::None), "");
   EXPECT_NE(relations_failed(Bug::SinkNoneAsZero).find("sink_none"), std::string::npos) << relations_failed(Bug::SinkNoneAsZero);
   EXPECT_NE(relations_failed(Bug::WindowIgnored).find("window_causal"), std::string::npos) << relations_failed(Bug::WindowIgnored);

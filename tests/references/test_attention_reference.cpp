@@ -619,3 +619,27 @@ TEST(AttentionReference, SaturatedSoftcapEqualValuesAreExact) {
   EXPECT_FALSE(r.at(0, 0, 0, 0).inexact);
   EXPECT_EQ(r.at(0, 0, 0, 1).to_double(), 3.0);
 }
+
+// Under a saturated soft cap, two keys whose values in a column cancel (x and -x, as FP8
+// values often do): the mean M is 0 and O is the perturbation alone, e^-(10^5) small, whose
+// 128-bit window needs D's bounds at full precision. It rounds to a zero of its sign.
+TEST(AttentionReference, SaturatedSoftcapCancellingValuesDecideTheSign) {
+  Case c;
+  c.op = Op::Attention;
+  c.attention.seq_kv = 2, c.attention.head_dim = 2, c.attention.softcap = 0.5;
+  c.types = {{"Q", Format::FP32}, {"K", Format::FP32}, {"V", Format::FP32}, {"O", Format::FP16}, {"compute", Format::FP32}};
+  validate(c);
+  Tensor q(Format::FP32, 2), k(Format::FP32, 4), v(Format::FP32, 4);
+  q.set_value(0, 300.0), q.set_value(1, 300.0);
+  k.set_value(0, -300.0), k.set_value(1, -250.0);  // q.k = -165000
+  k.set_value(2, -301.0), k.set_value(3, -247.0);  // q.k = -164400: the larger logit
+  v.set_value(0, -0.375), v.set_value(2, 0.375);   // column 0 cancels
+  v.set_value(1, 1.0), v.set_value(3, 1.0);
+  const AttentionReference r = attention_reference(c, {{"Q", q}, {"K", k}, {"V", v}}, 1);
+  const RefValue o = r.at(0, 0, 0, 0);
+  EXPECT_EQ(o.kind, RefValue::Kind::Finite);
+  EXPECT_FALSE(o.negative);
+  EXPECT_EQ(o.round_to(Format::FP16), Code{0});
+  EXPECT_EQ(o.round_to(Format::FP16, Rounding::Up), Code{1});  // the smallest subnormal
+  EXPECT_EQ(r.at(0, 0, 0, 1).to_double(), 1.0);
+}
