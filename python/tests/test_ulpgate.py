@@ -306,10 +306,12 @@ def test_fuzz_attention_backward():
     assert g.failures, g.summary()
 
 
-def numpy_served_attention(x, case, ignore_sinks=False):
-    """numpy_attention with a soft cap and sinks, as the case gives them (docs/concepts/)."""
+def numpy_served_attention(x, case, ignore_sinks=False, ignore_scales=False):
+    """numpy_attention with a soft cap, sinks and K/V scales, as the case gives them (docs/concepts/)."""
     t, a = case.types, case.attention
     q, k, v = (values(x[n], t[n]) for n in "QKV")
+    if not ignore_scales:
+        k, v = k * case.scales.get("K", 1.0), v * case.scales.get("V", 1.0)
     s = q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1])
     if a.get("softcap", 0):
         s = a["softcap"] * np.tanh(s / a["softcap"])
@@ -339,3 +341,16 @@ def test_fuzz_served_variants():
     assert g.failures and all(r.case.attention.get("sinks") for r in g.failures), g.summary()
     with pytest.raises(ValueError):
         ulpgate.fuzz(numpy_served_attention, op="attention", variants=["paged"])
+
+
+def test_fuzz_kv_scales():
+    # An FP8 K/V cache with scales, declared: cases draw E4M3/E5M2 K and V with scales, and the
+    # kernel applying them passes; the same kernel leaving them at 1 fails those cases.
+    f = ulpgate.fuzz(numpy_served_attention, op="attention", dtype="bf16", cases=12, seed=3, max_k=64,
+                     variants=["kv_scales"])
+    assert f.checked and not f.failures, f.summary()
+    scaled = [r for r in f.results if r.case.scales]
+    assert scaled, f.summary()
+    g = ulpgate.fuzz(lambda x, c: numpy_served_attention(x, c, ignore_scales=True), op="attention", dtype="bf16",
+                     cases=12, seed=3, max_k=64, variants=["kv_scales"], metamorphic=False)
+    assert g.failures and all(r.case.scales for r in g.failures), g.summary()
