@@ -601,12 +601,19 @@ TEST(AttentionReference, EqualValuesAtAMidpointAreExact) {
 
 // The same under a saturated soft cap (every logit within e^-(10^5) of -cap): a column whose
 // keys all hold one value is that value exactly, a midpoint of FP16 or not.
-TEST(AttentionReference, SaturatedSoftcapEqualValuesAreExact) {
+// One query of (300, 300) over `keys` keys of head_dim 2, FP32 inputs, FP16 O, soft cap 0.5:
+// with keys near (-300, -250) every score is near -1.2e5, far beyond the cap.
+static Case saturated_case(std::int64_t keys) {
   Case c;
   c.op = Op::Attention;
-  c.attention.seq_kv = 3, c.attention.head_dim = 2, c.attention.softcap = 0.5;
+  c.attention.seq_kv = keys, c.attention.head_dim = 2, c.attention.softcap = 0.5;
   c.types = {{"Q", Format::FP32}, {"K", Format::FP32}, {"V", Format::FP32}, {"O", Format::FP16}, {"compute", Format::FP32}};
   validate(c);
+  return c;
+}
+
+TEST(AttentionReference, SaturatedSoftcapEqualValuesAreExact) {
+  const Case c = saturated_case(3);
   Tensor q(Format::FP32, 2), k(Format::FP32, 6), v(Format::FP32, 6);
   q.set_value(0, 300.0), q.set_value(1, 300.0);
   const double mid = 1.0 + 0x1p-11;
@@ -624,11 +631,7 @@ TEST(AttentionReference, SaturatedSoftcapEqualValuesAreExact) {
 // values often do): the mean M is 0 and O is the perturbation alone, e^-(10^5) small, whose
 // 128-bit window needs D's bounds at full precision. It rounds to a zero of its sign.
 TEST(AttentionReference, SaturatedSoftcapCancellingValuesDecideTheSign) {
-  Case c;
-  c.op = Op::Attention;
-  c.attention.seq_kv = 2, c.attention.head_dim = 2, c.attention.softcap = 0.5;
-  c.types = {{"Q", Format::FP32}, {"K", Format::FP32}, {"V", Format::FP32}, {"O", Format::FP16}, {"compute", Format::FP32}};
-  validate(c);
+  const Case c = saturated_case(2);
   Tensor q(Format::FP32, 2), k(Format::FP32, 4), v(Format::FP32, 4);
   q.set_value(0, 300.0), q.set_value(1, 300.0);
   k.set_value(0, -300.0), k.set_value(1, -250.0);  // q.k = -165000
