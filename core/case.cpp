@@ -490,6 +490,31 @@ void apply_served_variants(AttentionShape& a, const ServedVariantSpecs& specs) {
   }
 }
 
+void apply_kv_cache(Case& c, const std::string& spec, bool k_drawn_with_q) {
+  const auto bad = [&](const std::string& why) {
+    return InputError(fmt::format("--kv-cache '{}': {} (e4m3 or e5m2, optionally :FRAC with FRAC in (0, 1])", spec, why));
+  };
+  if (c.op != Op::Attention) throw bad("an FP8 K/V cache is for the attention forward");
+  const std::size_t colon = spec.find(':');
+  const std::string fmt_name = spec.substr(0, colon);
+  const auto f = parse_format(fmt_name);
+  if (!f || (*f != Format::E4M3 && *f != Format::E5M2)) throw bad(fmt::format("'{}' is not an FP8 format", fmt_name));
+  double frac = 1.0;
+  if (colon != std::string::npos) {
+    const std::string text = spec.substr(colon + 1);
+    char* end = nullptr;
+    frac = std::strtod(text.c_str(), &end);
+    if (text.empty() || *end || !(frac > 0 && frac <= 1)) throw bad(fmt::format("'{}' is not a fraction in (0, 1]", text));
+  }
+  for (const char* op : {"K", "V"}) {
+    c.types[op] = *f;
+    if (op[0] == 'K' && k_drawn_with_q) continue;
+    const auto it = c.dist.find(op);
+    const std::string base = it == c.dist.end() || it->second.empty() ? "normal(0,1)" : it->second;
+    c.dist[op] = fmt::format("amax(frac={},base={})", frac, base);
+  }
+}
+
 std::string shape_text(const Case& c, bool with_order) {
   if (c.op == Op::Gemm) {
     const GemmShape& g = c.gemm;

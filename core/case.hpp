@@ -297,6 +297,14 @@ struct ServedVariantSpecs {
   std::string window, softcap, alibi, sinks, pages;
   bool any() const { return !window.empty() || !softcap.empty() || !alibi.empty() || !sinks.empty() || !pages.empty(); }
 };
+/// An FP8 K/V cache as written on a command line (--kv-cache, docs/concepts/fp8-kv.md): "e4m3"
+/// or "e5m2", optionally ":FRAC" in (0, 1] (default 1). K and V of attention forward case c
+/// take the format, and their distributions (normal(0,1) where c has none) are wrapped in
+/// amax(frac=FRAC, ...), which writes their scales when the inputs are filled; K keeps its
+/// (absent) distribution where k_drawn_with_q (Q's family draws it: logits, sink, masked).
+/// Throws InputError naming the flag for anything else.
+void apply_kv_cache(Case& c, const std::string& spec, bool k_drawn_with_q = false);
+
 /// Sets a's window, soft cap, ALiBi and sinks from specs (a.heads must be set: slopes and sinks are
 /// per query head). Throws InputError naming the flag and the spec for anything malformed.
 void apply_served_variants(AttentionShape& a, const ServedVariantSpecs& specs);

@@ -35,6 +35,7 @@ struct BenchArgs {
   std::vector<std::string> kernels, gemm_shapes, attention_shapes;
   std::string baseline, shapes_preset, dtype, layout, forward_kernel, json, md, html, seed = "1";
   ServedVariantSpecs variants;  ///< --window, --softcap, --alibi, --sinks, --page-size
+  std::string kv_cache;         ///< --kv-cache FORMAT[:FRAC]
   bool causal = false, backward = false, no_flush = false, no_check = false;
   int reps = 20, warmup = 3;
 };
@@ -102,6 +103,7 @@ std::vector<Case> bench_cases(const BenchArgs& a, const std::string& dtype, std:
     at.batch = d[0], at.heads = d[1], at.seq_q = d[2], at.seq_kv = d[3], at.head_dim = d[4];
     at.causal = a.causal;
     apply_served_variants(at, a.variants);
+    if (!a.kv_cache.empty()) apply_kv_cache(c, a.kv_cache);
     if (a.layout == "bshd") at.layout = AttentionLayout::BSHD;
     else if (!a.layout.empty() && a.layout != "bhsd") throw InputError(fmt::format("--layout '{}': bhsd or bshd", a.layout));
     c.seed = seed;
@@ -152,6 +154,8 @@ Exit bench_command(const BenchArgs& a, const LocalRegistry& local) {
   const int shape_kinds = !a.gemm_shapes.empty() + !a.shapes_preset.empty() + !a.attention_shapes.empty();
   if (shape_kinds == 0) throw InputError("bench: give --gemm MxNxK, --shapes square|llm or --attention BxHxSqxSkvxD");
   if (!a.attention_shapes.empty() && shape_kinds > 1) throw InputError("bench: GEMM and attention shapes in one run");
+  if (!a.kv_cache.empty() && a.attention_shapes.empty())
+    throw InputError("bench: --kv-cache applies to attention shapes (--attention BxHxSqxSkvxD)");
   if (a.variants.any() && a.attention_shapes.empty())
     throw InputError("bench: --window, --softcap, --alibi, --sinks and --page-size apply to attention shapes (--attention BxHxSqxSkvxD)");
   if (a.backward && a.attention_shapes.empty()) throw InputError("bench: --backward times attention shapes (--attention BxHxSqxSkvxD)");
@@ -219,6 +223,7 @@ Verb add_bench(CLI::App& app) {
   bench->add_option("--softcap", a->variants.softcap, "Attention: soft cap, each score x becomes cap tanh(x / cap)");
   bench->add_option("--alibi", a->variants.alibi, "Attention: ALiBi, flash or flashinfer (the form) with the standard slopes, or FORM:SLOPE or FORM:S1,S2,... per head");
   bench->add_option("--sinks", a->variants.sinks, "Attention: one sink logit for every head, or S1,S2,... per head (-inf: none)");
+  bench->add_option("--kv-cache", a->kv_cache, "Attention: an FP8 K/V cache, e4m3 or e5m2 with amax scales, :FRAC of the range (default 1; docs/concepts/fp8-kv.md)");
   bench->add_option("--page-size", a->variants.pages, "Attention: paged K/V, pages of this many keys in a shuffled order (docs/concepts/paged-kv.md)");
   bench->add_option("--window", a->variants.window, "Attention: sliding window, e.g. hf:4096, flash:4095,0, flashinfer:4095 or cudnn:4096,0 (FLOPs: the visible pairs)");
   bench->add_flag("--backward", a->backward, "Attention: time the backward pass (dQ, dK, dV from Q, K, V, dO, O, LSE; "

@@ -1313,4 +1313,14 @@ TEST(CliBadInput, ServedVariantFlags) {
   expect_input_error(run(bench + "--page-size 16k"), "--page-size '16k': a page size of at least 1 key", "page size text");
   expect_input_error(run("bench --backward --kernel cpu.attn_bwd_naive --attention 1x2x16x64x32 --page-size 16"),
                      "paged K/V is forward-only", "paged backward");
+  // an FP8 K/V cache: a benchmark and a sweep of a CPU model pass; bad specs exit 2
+  const Result fp8 = run(bench + "--kv-cache e4m3:0.5 --md " + dir + "/k.md");
+  EXPECT_EQ(fp8.code, 0) << fp8.out << fp8.err;
+  EXPECT_NE(slurp(dir + "/k.md").find("| pass |"), std::string::npos) << slurp(dir + "/k.md");
+  const Result fp8_sweep = run("sweep --kernel cpu.attn_online --dtype bf16 --vary seq_kv=16:256:4 --kv-cache e5m2 --out " + dir + "/ks");
+  EXPECT_EQ(fp8_sweep.code, 0) << fp8_sweep.out << fp8_sweep.err;
+  expect_input_error(run(bench + "--kv-cache fp16"), "--kv-cache 'fp16': 'fp16' is not an FP8 format", "kv format");
+  expect_input_error(run(bench + "--kv-cache e4m3:2"), "--kv-cache 'e4m3:2': '2' is not a fraction in (0, 1]", "kv frac");
+  expect_input_error(run("bench --backward --kernel cpu.attn_bwd_naive --attention 1x2x16x64x32 --kv-cache e4m3"),
+                     "an FP8 K/V cache is for the attention forward", "kv backward");
 }
