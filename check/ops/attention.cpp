@@ -768,11 +768,15 @@ class AttentionModule final : public OpModule {
   // a kernel reading one page too far meets the next entry's keys); pages in a shuffled order,
   // two or three of them in no row (holding the padding poison), rows one entry longer than
   // needed in half (the extra entry pointing at an unused page), and in half of the batched
-  // cases every row sharing batch 0's first pages (a cached prefix).
+  // cases every row sharing batch 0's first pages (a cached prefix); in half of the draws the
+  // queries of a decode or speculative step (seq_q 1 to 16).
   static void draw_paged(Case& c, const Kernel* k, const GenLimits& limits) {
     if (!k || !(k->traits().attention_variants & kAttnPaged) || *gen::pick(std::vector<int>{0, 1}) == 0) return;
     const Case before = c;
     AttentionShape& a = c.attention;
+    // Paged kernels serve decoding: half the draws have the queries of a decode step (seq_q 1)
+    // or of a speculative one (2 to 16) against the keys drawn.
+    if (*gen::pick(std::vector<bool>{false, true})) a.seq_q = *gen::pick(std::vector<std::int64_t>{1, 1, 2, 4, 5, 8, 16});
     // Pages above 128 keys in a third of the cases, on sequences longer than 128 where there are.
     a.page_size = *gen::pick(std::vector<std::int64_t>{1, 3, 16, 64, 100, 128, 256, 256, 256});
     if (a.page_size == 256 && a.seq_kv <= 128) {  // keys beyond slot 127: a longer sequence where it fits
