@@ -13,6 +13,7 @@
 
 #include "core/error.hpp"
 #include "core/file_io.hpp"
+#include "core/rng.hpp"
 
 namespace ulpgate {
 namespace {
@@ -331,13 +332,8 @@ void page_kv(AttentionShape& a, std::int64_t page_size, std::uint64_t seed) {
   a.num_pages = a.batch * need + 1;
   std::vector<std::int64_t> ids(static_cast<std::size_t>(a.num_pages));
   std::iota(ids.begin(), ids.end(), 0);
-  std::uint64_t x = seed;
-  for (std::size_t i = ids.size(); i > 1; --i) {  // Fisher-Yates on splitmix64
-    std::uint64_t z = (x += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    std::swap(ids[i - 1], ids[static_cast<std::size_t>((z ^ (z >> 31)) % i)]);
-  }
+  for (std::size_t i = ids.size(); i > 1; --i)  // Fisher-Yates on the project's counter-based generator
+    std::swap(ids[i - 1], ids[static_cast<std::size_t>(low64(random_block(seed, 0, i)) % i)]);
   a.page_table.assign(ids.begin(), ids.end() - 1);  // the last page: read by no row
 }
 

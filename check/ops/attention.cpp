@@ -100,14 +100,17 @@ struct RowFacts {
   bool sink = false;
 };
 
-// An FP8 K/V cache with a scale: the relative error admitted where the kernel multiplies the
-// scale in. By default the dequantization to the query's format (vLLM's paged attention
-// converts the cache to Q's 16-bit format, scale applied, before the dot products), else one
-// FP32 rounding (the scale folded into the scores or the output). 0 without a scale.
-double kv_dequantization_unit(const Case& c, const char* op) {
-  if (!c.scales.count(op)) return 0.0;
+// An FP8 K/V cache with a scale: the format the default rule lets the kernel dequantize it to.
+// The query's 16-bit format (vLLM's paged attention converts the cache to Q's format, scale
+// applied, before the dot products), else FP32 (the scale folded into the scores or the output).
+Format kv_dequantization_format(const Case& c) {
   const Format q = c.types.at("Q");
-  return std::ldexp(1.0, 1 - info(q == Format::FP16 || q == Format::BF16 ? q : Format::FP32).precision());
+  return q == Format::FP16 || q == Format::BF16 ? q : Format::FP32;
+}
+
+// The relative error admitted for operand op's dequantization; 0 without a scale.
+double kv_dequantization_unit(const Case& c, const char* op) {
+  return c.scales.count(op) ? std::ldexp(1.0, 1 - info(kv_dequantization_format(c)).precision()) : 0.0;
 }
 
 // tanh's relative error admitted under soft-capping: tanh.approx.f32's (FlashAttention-2/3
@@ -461,8 +464,7 @@ class AttentionModule final : public OpModule {
       t.rule += ", P in FP32";
     if (c.attention.softcap != 0) t.rule += ", tanh within 2^-10 relative (soft cap: tanh.approx.f32)";
     if (c.scales.count("K") || c.scales.count("V"))
-      t.rule += fmt::format(", K/V scaled and dequantized to {}", name(c.types.at("Q") == Format::FP16 || c.types.at("Q") == Format::BF16
-                                                                         ? c.types.at("Q") : Format::FP32));
+      t.rule += fmt::format(", K/V scaled and dequantized to {}", name(kv_dequantization_format(c)));
     return t;
   }
 
@@ -522,7 +524,8 @@ class AttentionModule final : public OpModule {
     // (bit for bit from a deterministic kernel). Key shifts and permutations change the keys
     // of one batch at a time: not where a page is shared between rows.
     if (a.paged()) paged_contiguous(ctx, c, inputs, first, out);
-    if (!shares_pages(a)) {  // key shift: every score of query i grows by q_i . shift
+    const bool shared_pages = shares_pages(a);
+    if (!shared_pages) {  // key shift: every score of query i grows by q_i . shift
       Inputs shifted = inputs;
       if (shift_keys(c, shifted)) {
         const RunOutcome r = ctx.run(c, shifted);
@@ -554,7 +557,7 @@ class AttentionModule final : public OpModule {
     }
     // Key permutation within each batch's visible keys (not where masks or ALiBi's biases
     // tell the keys' positions apart).
-    if (!a.causal && !a.windowed() && a.alibi_slopes.empty() && a.seq_kv > 1 && !shares_pages(a)) {
+    if (!a.causal && !a.windowed() && a.alibi_slopes.empty() && a.seq_kv > 1 && !shared_pages) {
       Inputs perm = inputs;
       permute_keys(c, perm);
       const RunOutcome r = ctx.run(c, perm);
@@ -815,11 +818,7 @@ class AttentionModule final : public OpModule {
     const Case before = c;
     const Format f = *gen::pick(std::vector<Format>{Format::E4M3, Format::E5M2});
     const double frac = *gen::pick(std::vector<double>{1.0, 0.5, 0.015625});
-    for (const char* op : {"K", "V"}) {
-      c.types[op] = f;
-      if (const auto it = c.dist.find(op); it != c.dist.end() && !it->second.empty())
-        it->second = fmt::format("amax(frac={},base={})", frac, it->second);
-    }
+    apply_kv_cache(c, fmt::format("{}:{}", name(f), frac), !c.dist.count("K"));  // no K spec: Q's family draws K
     if (k->unsupported(c)) c = before;
   }
 
