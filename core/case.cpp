@@ -300,11 +300,14 @@ unsigned attention_variants(const Case& c) {
   if (!a.sinks.empty()) v |= kAttnSinks;
   if (a.paged()) v |= kAttnPaged;
   if (c.scales.count("K") || c.scales.count("V")) v |= kAttnKvScales;
+  if (!c.head_scales.empty()) v |= kAttnKvHeadScales;
   return v;
 }
 
-double input_scale(const Case& c, std::string_view operand) {
-  const auto it = c.scales.find(std::string(operand));
+double input_scale(const Case& c, std::string_view operand, std::int64_t kv_head) {
+  const std::string op(operand);
+  if (const auto h = c.head_scales.find(op); h != c.head_scales.end()) return h->second.at(static_cast<std::size_t>(kv_head));
+  const auto it = c.scales.find(op);
   return it == c.scales.end() ? 1.0 : it->second;
 }
 
@@ -349,7 +352,8 @@ std::string attention_variant_names(unsigned variants) {
   std::string out;
   for (const auto& [bit, what] : {std::pair{kAttnWindow, "window"}, std::pair{kAttnSoftcap, "soft cap"},
                                   std::pair{kAttnAlibi, "ALiBi"}, std::pair{kAttnSinks, "sinks"},
-                                  std::pair{kAttnPaged, "paged K/V"}, std::pair{kAttnKvScales, "K/V scales"}})
+                                  std::pair{kAttnPaged, "paged K/V"}, std::pair{kAttnKvScales, "K/V scales"},
+                                  std::pair{kAttnKvHeadScales, "per-head K/V scales"}})
     if (variants & bit) out += (out.empty() ? "" : ", ") + std::string(what);
   return out;
 }
@@ -488,26 +492,38 @@ void apply_served_variants(AttentionShape& a, const ServedVariantSpecs& specs) {
 
 void apply_kv_cache(Case& c, const std::string& spec, bool k_drawn_with_q) {
   const auto bad = [&](const std::string& why) {
-    return InputError(fmt::format("--kv-cache '{}': {} (e4m3 or e5m2, optionally :FRAC with FRAC in (0, 1])", spec, why));
+    return InputError(fmt::format("--kv-cache '{}': {} (e4m3 or e5m2, optionally :FRAC with FRAC in (0, 1], then :head for a "
+                                  "scale per K/V head)",
+                                  spec, why));
   };
   if (c.op != Op::Attention) throw bad("an FP8 K/V cache is for the attention forward");
-  const std::size_t colon = spec.find(':');
-  const std::string fmt_name = spec.substr(0, colon);
-  const auto f = parse_format(fmt_name);
-  if (!f || (*f != Format::E4M3 && *f != Format::E5M2)) throw bad(fmt::format("'{}' is not an FP8 format", fmt_name));
+  std::vector<std::string> parts;
+  for (std::size_t at = 0;;) {
+    const std::size_t colon = spec.find(':', at);
+    parts.push_back(spec.substr(at, colon == std::string::npos ? std::string::npos : colon - at));
+    if (colon == std::string::npos) break;
+    at = colon + 1;
+  }
+  const auto f = parse_format(parts[0]);
+  if (!f || (*f != Format::E4M3 && *f != Format::E5M2)) throw bad(fmt::format("'{}' is not an FP8 format", parts[0]));
   double frac = 1.0;
-  if (colon != std::string::npos) {
-    const std::string text = spec.substr(colon + 1);
+  bool per_head = false;
+  if (parts.size() > 3) throw bad("too many ':' parts");
+  if (parts.size() >= 2) {
     char* end = nullptr;
-    frac = std::strtod(text.c_str(), &end);
-    if (text.empty() || *end || !(frac > 0 && frac <= 1)) throw bad(fmt::format("'{}' is not a fraction in (0, 1]", text));
+    frac = std::strtod(parts[1].c_str(), &end);
+    if (parts[1].empty() || *end || !(frac > 0 && frac <= 1)) throw bad(fmt::format("'{}' is not a fraction in (0, 1]", parts[1]));
+  }
+  if (parts.size() == 3) {
+    if (parts[2] != "head") throw bad(fmt::format("'{}' is not 'head'", parts[2]));
+    per_head = true;
   }
   for (const char* op : {"K", "V"}) {
     c.types[op] = *f;
     if (op[0] == 'K' && k_drawn_with_q) continue;
     const auto it = c.dist.find(op);
     const std::string base = it == c.dist.end() || it->second.empty() ? "normal(0,1)" : it->second;
-    c.dist[op] = fmt::format("amax(frac={},base={})", frac, base);
+    c.dist[op] = fmt::format("amax(frac={}{},base={})", frac, per_head ? ",per_head=1,spread=4" : "", base);
   }
 }
 
@@ -662,6 +678,19 @@ void validate(const Case& c) {
       fail("case.scales." + op,
            fmt::format("scales apply only to FP8 operands ({} is {})", op, name(t->second)));
   }
+  for (const auto& [op, v] : c.head_scales) {
+    if (c.op != Op::Attention || (op != "K" && op != "V"))
+      fail("case.head_scales." + op, "unknown scale (per-head scales are the attention forward's K and V, an FP8 K/V cache)");
+    if (c.scales.count(op)) fail("case.head_scales." + op, fmt::format("{} has a tensor scale too (case.scales.{})", op, op));
+    const std::int64_t kv_heads = c.attention.eff_kv_heads();
+    if (static_cast<std::int64_t>(v.size()) != kv_heads)
+      fail("case.head_scales." + op, fmt::format("must have one scale per K/V head ({}), got {}", kv_heads, v.size()));
+    for (std::size_t h = 0; h < v.size(); ++h)
+      if (!(std::isfinite(v[h]) && v[h] > 0))
+        fail(fmt::format("case.head_scales.{}[{}]", op, h), fmt::format("must be finite and > 0, got {}", v[h]));
+    if (!takes_scale(c.types.at(op)))
+      fail("case.head_scales." + op, fmt::format("scales apply only to FP8 operands ({} is {})", op, name(c.types.at(op))));
+  }
   const auto in = c.inputs();
   for (const auto& [op, spec] : c.dist) {
     if (!contains(in, op))
@@ -715,6 +744,7 @@ json to_json(const Case& c) {
   j["beta"] = c.beta;
   j["epilogue"] = name(c.epilogue);
   j["scales"] = c.scales;
+  if (!c.head_scales.empty()) j["head_scales"] = c.head_scales;
   j["dist"] = c.dist;
   j["seed"] = c.seed;
   if (!c.forward_kernel.empty()) j["forward_kernel"] = c.forward_kernel;
@@ -814,6 +844,15 @@ Case case_from_json(const json& j) {
   if (const json* s = r.find("scales")) {
     ObjectReader sr(*s, "case.scales");
     for (const auto& [op, v] : s->items()) c.scales[op] = sr.number(op, 1.0);
+  }
+  if (const json* s = r.find("head_scales")) {
+    ObjectReader sr(*s, "case.head_scales");
+    for (const auto& [op, v] : s->items()) {
+      sr.find(op);
+      if (!v.is_array()) fail(sr.path(op), "must be an array of numbers (one per K/V head)");
+      for (std::size_t i = 0; i < v.size(); ++i)
+        c.head_scales[op].push_back(ObjectReader::finite_number(v[i], fmt::format("{}[{}]", sr.path(op), i)));
+    }
   }
   if (const json* d = r.find("dist")) {
     ObjectReader dr(*d, "case.dist");

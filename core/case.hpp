@@ -128,9 +128,10 @@ enum AttentionVariant : unsigned {
   kAttnSinks = 8u,    ///< AttentionShape::sinks
   kAttnPaged = 16u,   ///< AttentionShape::page_size, num_pages, page_table
   kAttnKvScales = 32u,  ///< Case::scales of K and V: an FP8 K/V cache (docs/concepts/fp8-kv.md)
+  kAttnKvHeadScales = 64u,  ///< Case::head_scales of K and V: the cache scaled per K/V head
 };
 inline constexpr unsigned kAllAttentionVariants =
-    kAttnWindow | kAttnSoftcap | kAttnAlibi | kAttnSinks | kAttnPaged | kAttnKvScales;
+    kAttnWindow | kAttnSoftcap | kAttnAlibi | kAttnSinks | kAttnPaged | kAttnKvScales | kAttnKvHeadScales;
 
 /// Whether an operand of format f may carry a per-tensor scale in Case::scales: FP8 (E4M3,
 /// E5M2) only, as cuBLASLt's A/B/C/D scale pointers. A, B, C: stored x scale = value;
@@ -153,6 +154,9 @@ struct Case {
   double alpha = 1.0, beta = 0.0;
   Epilogue epilogue = Epilogue::None;
   std::map<std::string, double> scales;     ///< per-tensor scales of FP8 A, B, C, D (takes_scale)
+  /// Attention forward: an FP8 K or V scaled per K/V head (one scale per K/V head, stored x
+  /// scale[head] = value), instead of a per-tensor scale in `scales`.
+  std::map<std::string, std::vector<double>> head_scales;
   std::map<std::string, std::string> dist;  ///< input operand -> distribution spec
   std::uint64_t seed = 0;
   /// Attention backward only: the forward kernel whose O and LSE the backward takes (a
@@ -263,8 +267,9 @@ struct PageUse {
   std::vector<std::int64_t> slots, owner;
 };
 PageUse page_use(const AttentionShape& a);
-/// An attention input's value is its stored value times this: case.scales of K or V, else 1.
-double input_scale(const Case& c, std::string_view operand);
+/// An attention input's value is its stored value times this: K or V's scale of K/V head
+/// kv_head (case.head_scales), else its tensor's scale (case.scales), else 1.
+double input_scale(const Case& c, std::string_view operand, std::int64_t kv_head);
 /// Pages a's K/V (AttentionShape::page_size) for its batch and seq_kv: each row takes
 /// ceil(seq_kv / page_size) pages of a pool in an order shuffled by `seed`, and one more page
 /// no row reads. page_size 0 makes K/V contiguous again.
@@ -298,9 +303,10 @@ struct ServedVariantSpecs {
   bool any() const { return !window.empty() || !softcap.empty() || !alibi.empty() || !sinks.empty() || !pages.empty(); }
 };
 /// An FP8 K/V cache as written on a command line (--kv-cache, docs/concepts/fp8-kv.md): "e4m3"
-/// or "e5m2", optionally ":FRAC" in (0, 1] (default 1). K and V of attention forward case c
-/// take the format, and their distributions (normal(0,1) where c has none) are wrapped in
-/// amax(frac=FRAC, ...), which writes their scales when the inputs are filled; K keeps its
+/// or "e5m2", optionally ":FRAC" in (0, 1] (default 1), then ":head" for a scale per K/V head.
+/// K and V of attention forward case c take the format, and their distributions (normal(0,1)
+/// where c has none) are wrapped in amax(frac=FRAC[,per_head=1,spread=4], ...), which writes their
+/// scales when the inputs are filled; K keeps its
 /// (absent) distribution where k_drawn_with_q (Q's family draws it: logits, sink, masked).
 /// Throws InputError naming the flag for anything else.
 void apply_kv_cache(Case& c, const std::string& spec, bool k_drawn_with_q = false);

@@ -62,9 +62,12 @@ std::vector<FamilyInfo> make_families() {
        {P{"rate", 0.001, 0, 1, false, "fraction of elements"}, P{"scale", 100, 0, kBig, false, "factor"}},
        "base with a fraction `rate` of elements multiplied by `scale`", true},
       {"amax",
-       {P{"frac", 1, 1e-30, 1, false, "target max as a fraction of the format's max finite"}},
-       "FP8 per-tensor amax scaling of base: stored = value / scale with max |stored| = "
-       "frac x max finite; scale goes to case.scales (stored x scale = value, as cuBLASLt). "
+       {P{"frac", 1, 1e-30, 1, false, "target max as a fraction of the format's max finite"},
+        P{"per_head", 0, 0, 1, true, "1: a scale per K/V head (attention K, V; case.head_scales)"},
+        P{"spread", 0, 0, 30, false, "per_head=1: head h's values times 2^(spread u_h), u_h uniform in [-1, 1) by the seed"}},
+       "FP8 amax scaling of base: stored = value / scale with max |stored| = "
+       "frac x max finite; scale goes to case.scales (stored x scale = value, as cuBLASLt), "
+       "or one per K/V head to case.head_scales with per_head=1 (heads of ranges up to 2^spread apart). "
        "On a non-FP8 operand: base itself, unscaled (scales are FP8-only)",
        true, Scope::GemmABC},
       {"logits", {P{"std", 1, 0, 1e6, false, "std of the scaled logits"}},

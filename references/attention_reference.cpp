@@ -443,7 +443,10 @@ struct Inputs {
         vt(checked_input(inputs, "V", c.types.at("V"), vv.elements(), kWho)),
         hd(a.head_dim), dv(a.eff_head_dim_v()),
         fast(qt.format() != Format::FP64 && kt.format() != Format::FP64), scale(scale_of(a)),
-        biased(!a.alibi_slopes.empty() || !a.sinks.empty()), k_scale(input_scale(c, "K")), v_scale(input_scale(c, "V")) {}
+        biased(!a.alibi_slopes.empty() || !a.sinks.empty()) {
+    for (std::int64_t hk = 0; hk < a.eff_kv_heads(); ++hk)
+      k_scale.push_back(input_scale(c, "K", hk)), v_scale.push_back(input_scale(c, "V", hk));
+  }
   const AttentionShape& a;
   const AttentionView qv, kv, vv;
   const Tensor& qt;
@@ -453,9 +456,9 @@ struct Inputs {
   const bool fast;  // scores by the superaccumulator; FP64 Q or K take the MPFR oracle
   const Scale scale;
   const bool biased;  // ALiBi or sinks: logits carry exact biases
-  // An FP8 K/V cache's scales (1 without): K's multiplies the exact q . k, V's each value
-  // (an FP8 value times an FP32 scale is exact in a double).
-  const double k_scale, v_scale;
+  // An FP8 K/V cache's scales per K/V head (1 without): K's multiplies the exact q . k, V's
+  // each value (an FP8 value times an FP32 scale is exact in a double).
+  std::vector<double> k_scale, v_scale;
 };
 
 // What one attempt of Ziv's loop computes once for all columns: at precision p, the
@@ -500,7 +503,7 @@ class QueryRow {
     return g * static_cast<std::size_t>(dv_) + static_cast<std::size_t>(d);
   }
   double v_of(std::size_t s, std::int64_t d) const {
-    return keys_[s] < 0 ? 0.0 : in_.vt.value(in_.vv.offset(b_, hk_, keys_[s], d)) * in_.v_scale;
+    return keys_[s] < 0 ? 0.0 : in_.vt.value(in_.vv.offset(b_, hk_, keys_[s], d)) * in_.v_scale[static_cast<std::size_t>(hk_)];
   }
   void decide(std::int64_t d, const RefValue& v) {
     o_[d] = v;
@@ -587,9 +590,10 @@ void QueryRow::exact_scores() {
     } else {
       oracle.dot(*score_[s], q64, k64);
     }
-    if (in_.k_scale != 1.0) {  // exact: 53 more bits than the sum holds
+    const double k_scale = in_.k_scale[static_cast<std::size_t>(hk_)];
+    if (k_scale != 1.0) {  // exact: 53 more bits than the sum holds
       auto scaled = std::make_unique<Mpfr>(mpfr_get_prec(*score_[s]) + 53);
-      mpfr_mul_d(*scaled, *score_[s], in_.k_scale, MPFR_RNDN);
+      mpfr_mul_d(*scaled, *score_[s], k_scale, MPFR_RNDN);
       score_[s] = std::move(scaled);
     }
   }

@@ -110,7 +110,7 @@ Format kv_dequantization_format(const Case& c) {
 
 // The relative error admitted for operand op's dequantization; 0 without a scale.
 double kv_dequantization_unit(const Case& c, const char* op) {
-  return c.scales.count(op) ? std::ldexp(1.0, 1 - info(kv_dequantization_format(c)).precision()) : 0.0;
+  return c.scales.count(op) || c.head_scales.count(op) ? std::ldexp(1.0, 1 - info(kv_dequantization_format(c)).precision()) : 0.0;
 }
 
 // tanh's relative error admitted under soft-capping: tanh.approx.f32's (FlashAttention-2/3
@@ -122,8 +122,8 @@ RowFacts row_facts(const Case& c, const Inputs& in, std::int64_t b, std::int64_t
   const AttentionView qv = attention_view(c, "Q"), kv = attention_view(c, "K");
   const Tensor &q = in.at("Q"), &k = in.at("K");
   RowFacts f;
-  const double sigma = std::fabs(c.attention.scale()) * input_scale(c, "K");
   const std::int64_t hk = a.kv_head(h);
+  const double sigma = std::fabs(c.attention.scale()) * input_scale(c, "K", hk);
   for (std::int64_t j = 0; j < a.seq_kv; ++j) {
     if (!attention_visible(c, b, i, j)) continue;
     f.keys.push_back(j);
@@ -221,7 +221,7 @@ class RowBound {
   RowBound(const Case& c, const Inputs& inputs, const ToleranceModel& tol, const Sampling& sampling,
            const std::vector<char>& poisoned)
       : c_(c), a_(c.attention), tol_(tol), poisoned_(poisoned), v_(inputs.at("V")), vv_(attention_view(c, "V")),
-        inputs_(inputs), dv_(c.attention.eff_head_dim_v()), v_scale_(input_scale(c, "V")),
+        inputs_(inputs), dv_(c.attention.eff_head_dim_v()),
         u_deq_k_(kv_dequantization_unit(c, "K")), u_deq_v_(kv_dequantization_unit(c, "V")),
         u_(std::ldexp(1.0, 1 - tol.accumulator_bits)),
         u_in_(tol.input_bits > 0 ? std::ldexp(1.0, 1 - tol.input_bits) : 0.0),
@@ -229,6 +229,7 @@ class RowBound {
         u_p(tol.p_bits > 0 && tol.p_bits < 24 ? std::ldexp(1.0, 1 - tol.p_bits) : 0.0) {
     const auto& fo = info(c.types.at("O"));
     o_overflow_ = fo.max_finite() + ulp_of(c.types.at("O"), fo.max_finite()) / 2;
+    for (std::int64_t hk = 0; hk < a_.eff_kv_heads(); ++hk) v_scale_.push_back(input_scale(c, "V", hk));
     if (sampling.sampled()) v_head_max_ = v_head_max();
   }
 
@@ -266,7 +267,8 @@ class RowBound {
     for (std::int64_t d = 0; d < dv_; ++d) {
       const std::int64_t e = ref.index(b, h, i, d);
       double vmax = 0;
-      for (std::int64_t j : f.keys) vmax = std::max(vmax, std::fabs(v_.value(vv_.offset(b, a_.kv_head(h), j, d))) * v_scale_);
+      const std::int64_t hk = a_.kv_head(h);
+      for (std::int64_t j : f.keys) vmax = std::max(vmax, std::fabs(v_.value(vv_.offset(b, hk, j, d))) * v_scale(hk));
       o.allowed[e] = rel * o.condition[e] + static_cast<double>(nk) * (eta_p_ + eta) * vmax + 4 * eta;
       // The scores (before and after the scale) are what can overflow the accumulator.
       o.accumulated[e] = std::max(f.s, f.s / std::max(std::fabs(c_.attention.scale()), 0x1p-1000)) + f.bias;
@@ -310,7 +312,7 @@ class RowBound {
         for (std::int64_t j = 0; j < a_.seq_kv; ++j)
           for (std::int64_t d = 0; d < dv_; ++d) {
             double& x = m[static_cast<std::size_t>((b * a_.eff_kv_heads() + hk) * dv_ + d)];
-            x = std::max(x, std::fabs(v_.value(vv_.offset(b, hk, j, d))) * v_scale_);
+            x = std::max(x, std::fabs(v_.value(vv_.offset(b, hk, j, d))) * v_scale(hk));
           }
     return m;
   }
@@ -323,7 +325,10 @@ class RowBound {
   const AttentionView vv_;
   const Inputs& inputs_;
   const std::int64_t dv_;
-  const double v_scale_, u_deq_k_, u_deq_v_;
+  double v_scale(std::int64_t hk) const { return v_scale_[static_cast<std::size_t>(hk)]; }
+
+  std::vector<double> v_scale_;  // V's scale per K/V head (an FP8 K/V cache; 1 without)
+  const double u_deq_k_, u_deq_v_;
   const double u_, u_in_, eta_p_;
   double o_overflow_ = 0;
   std::vector<double> v_head_max_;
@@ -811,14 +816,21 @@ class AttentionModule final : public OpModule {
   // An FP8 K/V cache in one case of three where kernel k applies K/V scales (docs/concepts/
   // fp8-kv.md): Q in FP32, FP16 or BF16 as drawn, K and V in E4M3 or E5M2, each drawn
   // distribution scaled by amax to all, half or 1/64 of the format's range (scales on either
-  // side of 1). A K drawn jointly with Q (logits, sink, masked) is stored unscaled.
+  // side of 1), per tensor or, in two draws of three where k applies them and the case has
+  // two K/V heads or more, per K/V head. A K drawn jointly with Q (logits, sink, masked) is
+  // stored unscaled.
   static void draw_kv_scales(Case& c, const Kernel* k) {
-    if (!k || !(k->traits().attention_variants & kAttnKvScales) || *gen::pick(std::vector<int>{0, 0, 1}) == 0) return;
+    const unsigned variants = k ? k->traits().attention_variants : 0u;
+    if (!(variants & (kAttnKvScales | kAttnKvHeadScales)) || *gen::pick(std::vector<int>{0, 0, 1}) == 0) return;
     if (is_fp8(c.types.at("Q")) || c.types.at("Q") == Format::FP64) return;
     const Case before = c;
     const Format f = *gen::pick(std::vector<Format>{Format::E4M3, Format::E5M2});
     const double frac = *gen::pick(std::vector<double>{1.0, 0.5, 0.015625});
-    apply_kv_cache(c, fmt::format("{}:{}", name(f), frac), !c.dist.count("K"));  // no K spec: Q's family draws K
+    // Per head where there are two K/V heads or more (with one, per head is per tensor).
+    const bool per_head = (variants & kAttnKvHeadScales) && c.attention.eff_kv_heads() > 1 &&
+                          (!(variants & kAttnKvScales) || *gen::pick(std::vector<int>{0, 1, 1}) == 1);
+    apply_kv_cache(c, fmt::format("{}:{}{}", name(f), frac, per_head ? ":head" : ""),
+                   !c.dist.count("K"));  // no K spec: Q's family draws K
     if (k->unsupported(c)) c = before;
   }
 

@@ -35,7 +35,7 @@ struct BenchArgs {
   std::vector<std::string> kernels, gemm_shapes, attention_shapes;
   std::string baseline, shapes_preset, dtype, layout, forward_kernel, json, md, html, seed = "1";
   ServedVariantSpecs variants;  ///< --window, --softcap, --alibi, --sinks, --page-size
-  std::string kv_cache;         ///< --kv-cache FORMAT[:FRAC]
+  std::string kv_cache;         ///< --kv-cache FORMAT[:FRAC][:head]
   bool causal = false, backward = false, no_flush = false, no_check = false;
   int reps = 20, warmup = 3;
 };
@@ -223,7 +223,7 @@ Verb add_bench(CLI::App& app) {
   bench->add_option("--softcap", a->variants.softcap, "Attention: soft cap, each score x becomes cap tanh(x / cap)");
   bench->add_option("--alibi", a->variants.alibi, "Attention: ALiBi, flash or flashinfer (the form) with the standard slopes, or FORM:SLOPE or FORM:S1,S2,... per head");
   bench->add_option("--sinks", a->variants.sinks, "Attention: one sink logit for every head, or S1,S2,... per head (-inf: none)");
-  bench->add_option("--kv-cache", a->kv_cache, "Attention: an FP8 K/V cache, e4m3 or e5m2 with amax scales, :FRAC of the range (default 1; docs/concepts/fp8-kv.md)");
+  bench->add_option("--kv-cache", a->kv_cache, "Attention: an FP8 K/V cache, e4m3 or e5m2 with amax scales, :FRAC of the range (default 1), :head for a scale per K/V head (docs/concepts/fp8-kv.md)");
   bench->add_option("--page-size", a->variants.pages, "Attention: paged K/V, pages of this many keys in a shuffled order (docs/concepts/paged-kv.md)");
   bench->add_option("--window", a->variants.window, "Attention: sliding window, e.g. hf:4096, flash:4095,0, flashinfer:4095 or cudnn:4096,0 (FLOPs: the visible pairs)");
   bench->add_flag("--backward", a->backward, "Attention: time the backward pass (dQ, dK, dV from Q, K, V, dO, O, LSE; "

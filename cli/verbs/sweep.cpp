@@ -44,7 +44,7 @@ struct SweepArgs {
   std::string out_dir;
   std::int64_t seq_q = 16;  ///< attention sweeps: queries per case
   ServedVariantSpecs variants;  ///< attention sweeps: --window, --softcap, --alibi, --sinks, --page-size (core/case.hpp)
-  std::string kv_cache;         ///< attention sweeps: --kv-cache FORMAT[:FRAC]
+  std::string kv_cache;         ///< attention sweeps: --kv-cache FORMAT[:FRAC][:head]
   std::string output;       ///< the output swept (attention backward: dQ, dK or dV); empty: the main one
   std::uint64_t max_memory = 0;  ///< bytes a point may need (--max-memory; 0: the default)
   std::vector<std::string> plugins;
@@ -367,7 +367,7 @@ Verb add_sweep(CLI::App& app) {
   sweep->add_option("--softcap", a.variants.softcap, "Attention: soft cap, each score x becomes cap tanh(x / cap)");
   sweep->add_option("--alibi", a.variants.alibi, "Attention: ALiBi, flash or flashinfer (the form) with the standard slopes, or FORM:SLOPE or FORM:S1,S2,... per head");
   sweep->add_option("--sinks", a.variants.sinks, "Attention: one sink logit for every head, or S1,S2,... per head (-inf: none)");
-  sweep->add_option("--kv-cache", a.kv_cache, "Attention: an FP8 K/V cache, e4m3 or e5m2 with amax scales, :FRAC of the range (default 1; docs/concepts/fp8-kv.md)");
+  sweep->add_option("--kv-cache", a.kv_cache, "Attention: an FP8 K/V cache, e4m3 or e5m2 with amax scales, :FRAC of the range (default 1), :head for a scale per K/V head (docs/concepts/fp8-kv.md)");
   sweep->add_option("--page-size", a.variants.pages, "Attention: paged K/V, pages of this many keys in a shuffled order (docs/concepts/paged-kv.md)");
   sweep->add_option("--window", a.variants.window, "Attention: sliding window, e.g. hf:4096, flash:4095,0, flashinfer:4095 or cudnn:4096,0");
   sweep->add_flag("--in-process", a.in_process, "Run the kernels in this process (default: a worker process)");

@@ -1,4 +1,4 @@
-/* ulpgate plugin C ABI, version 7 (versions 1 to 6 still load: see "Versions" below).
+/* ulpgate plugin C ABI, version 9 (versions 1 to 8 still load: see "Versions" below).
  *
  * A plugin is a shared library that exports one function,
  *
@@ -60,8 +60,10 @@ extern "C" {
    with a variant only where it declares that variant, so older plugins never see one.
    8 appended paged K/V (ulpgate_problem.page_size to page_table, ULPGATE_VARIANT_PAGED)
    and an FP8 K/V cache's scales (scale_k, scale_v, ULPGATE_VARIANT_KV_SCALES); only a
-   version-8 kernel may declare them. */
-#define ULPGATE_PLUGIN_ABI_VERSION 8u
+   version-8 kernel may declare them.
+   9 appended an FP8 K/V cache's per-head scales (head_scale_k, head_scale_v,
+   ULPGATE_VARIANT_KV_HEAD_SCALES); only a version-9 kernel may declare them. */
+#define ULPGATE_PLUGIN_ABI_VERSION 9u
 
 typedef enum {
   ULPGATE_FP64 = 0, ULPGATE_FP32 = 1, ULPGATE_TF32 = 2, ULPGATE_FP16 = 3,
@@ -89,6 +91,7 @@ typedef enum {
 #define ULPGATE_VARIANT_SINKS 8u    /* sinks */
 #define ULPGATE_VARIANT_PAGED 16u   /* version 8: page_size, num_pages, pages_per_seq, page_table */
 #define ULPGATE_VARIANT_KV_SCALES 32u  /* version 8: scale_k, scale_v */
+#define ULPGATE_VARIANT_KV_HEAD_SCALES 64u  /* version 9: head_scale_k, head_scale_v */
 /* How a kernel rounds the inputs it narrows (TF32 compute: FP32 inputs to TF32). */
 typedef enum {
   ULPGATE_INPUTS_ROUND_TO_NEAREST = 0, /* cvt.rna: to nearest, ties away (the default) */
@@ -194,6 +197,13 @@ typedef struct {
      K or V element is its stored value times scale_k or scale_v. Handed only to a kernel that
      declares ULPGATE_VARIANT_KV_SCALES; exactly 1 otherwise. */
   double scale_k, scale_v;
+  /* Version 9. An FP8 K/V cache scaled per K/V head: the value of a K or V element of K/V
+     head h is its stored value times head_scale_k[h] or head_scale_v[h] (kv_heads entries
+     each, host memory; scale_k and scale_v are then 1). Handed only to a kernel that declares
+     ULPGATE_VARIANT_KV_HEAD_SCALES; NULL otherwise, and where that operand has no per-head
+     scales. */
+  const double* head_scale_k;
+  const double* head_scale_v;
 } ulpgate_problem;
 
 typedef struct {

@@ -64,8 +64,6 @@ class EmulatedAttention final : public Kernel {
     const Format fq = c.types.at("Q"), fk = c.types.at("K"), fv = c.types.at("V"), fo = c.types.at("O");
     const std::int64_t hd = a.head_dim, dv = a.eff_head_dim_v();
     const double scale_exact = a.scale();
-    // An FP8 K/V cache's scales: each value dequantized to FP32 (stored x scale, rounded once).
-    const double k_scale = input_scale(c, "K"), v_scale = input_scale(c, "V");
     const float scale = static_cast<float>(scale_exact);
     // Soft cap as FlashAttention computes it, cap tanh(q.k (scale / cap)); with exp2 the
     // scores stay in tanh units and cap log2 e is the exponent's factor. unit: one score unit
@@ -82,6 +80,8 @@ class EmulatedAttention final : public Kernel {
     parallel_for(a.batch * a.heads * a.seq_q, [&](std::int64_t row) {
       const std::int64_t i = row % a.seq_q, h = (row / a.seq_q) % a.heads, b = row / (a.seq_q * a.heads);
       const std::int64_t hk = a.kv_head(h);  // grouped-query: the K/V head query head h reads
+      // An FP8 K/V cache's scales: each value dequantized to FP32 (stored x scale, rounded once).
+      const double k_scale = input_scale(c, "K", hk), v_scale = input_scale(c, "V", hk);
       std::vector<float> q(hd), acc(dv, 0.0f), s, vrow(dv);
       const float slope = a.alibi_slopes.empty() ? 0.0f : static_cast<float>(a.alibi_slopes[static_cast<std::size_t>(h)] / unit_exact);
       const float sink = static_cast<float>(a.sink(h));

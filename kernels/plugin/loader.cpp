@@ -98,17 +98,19 @@ ulpgate_problem to_problem(const Case& c, const KernelIo* io) {
     p.softcap = c.attention.softcap;
     p.alibi_form = c.attention.alibi_form == AlibiForm::Flash ? ULPGATE_ALIBI_FLASH : ULPGATE_ALIBI_FLASHINFER;
     p.page_size = c.attention.page_size, p.num_pages = c.attention.num_pages, p.pages_per_seq = c.attention.pages_per_seq();
-    p.scale_k = input_scale(c, "K"), p.scale_v = input_scale(c, "V");
+    p.scale_k = scale_of(c, "K"), p.scale_v = scale_of(c, "V");
   }
-  return p;  // kv_lengths, alibi_slopes, sinks and page_table: ProblemArrays
+  return p;  // kv_lengths, alibi_slopes, sinks, page_table and head scales: ProblemArrays
 }
 
 // The arrays a problem points to: kv_lengths (one per batch, seq_kv where the case gives
 // none), version 7's per-head slopes and sinks (FP32 values: validate() keeps them so;
-// empty: NULL) and version 8's page table (empty: NULL). Kept alive by the caller for the call.
+// empty: NULL), version 8's page table and version 9's per-head K/V scales (empty: NULL).
+// Kept alive by the caller for the call.
 struct ProblemArrays {
   std::vector<std::int64_t> kv, pages;
   std::vector<float> slopes, sinks;
+  std::vector<double> head_k, head_v;
   explicit ProblemArrays(const Case& c) {
     if (!is_attention(c.op)) return;
     const AttentionShape& a = c.attention;
@@ -116,12 +118,16 @@ struct ProblemArrays {
     slopes.assign(a.alibi_slopes.begin(), a.alibi_slopes.end());
     sinks.assign(a.sinks.begin(), a.sinks.end());
     pages = a.page_table;
+    if (const auto k = c.head_scales.find("K"); k != c.head_scales.end()) head_k = k->second;
+    if (const auto v = c.head_scales.find("V"); v != c.head_scales.end()) head_v = v->second;
   }
   void point(ulpgate_problem& p) const {
     p.attention.kv_lengths = kv.data();
     p.alibi_slopes = slopes.empty() ? nullptr : slopes.data();
     p.sinks = sinks.empty() ? nullptr : sinks.data();
     p.page_table = pages.empty() ? nullptr : pages.data();
+    p.head_scale_k = head_k.empty() ? nullptr : head_k.data();
+    p.head_scale_v = head_v.empty() ? nullptr : head_v.data();
   }
 };
 
@@ -152,7 +158,8 @@ static_assert(offsetof(ulpgate_kernel, atomic_dq) == offsetof(KernelV6, atomic_d
 static_assert(offsetof(ulpgate_kernel, attention_variants) == sizeof(KernelV6));
 static_assert(ULPGATE_VARIANT_WINDOW == kAttnWindow && ULPGATE_VARIANT_SOFTCAP == kAttnSoftcap &&
               ULPGATE_VARIANT_ALIBI == kAttnAlibi && ULPGATE_VARIANT_SINKS == kAttnSinks &&
-              ULPGATE_VARIANT_PAGED == kAttnPaged && ULPGATE_VARIANT_KV_SCALES == kAttnKvScales);
+              ULPGATE_VARIANT_PAGED == kAttnPaged && ULPGATE_VARIANT_KV_SCALES == kAttnKvScales &&
+              ULPGATE_VARIANT_KV_HEAD_SCALES == kAttnKvHeadScales);
 
 // Kernel i of a plugin, read with the descriptor its version has (the fields it lacks 0:
 // nothing declared). A version-3 kernel is asked about every case with the log-sum-exp (its
@@ -187,8 +194,11 @@ std::optional<std::string> bad_declaration(const ulpgate_kernel& k, unsigned abi
   if (k.input_rounding < ULPGATE_INPUTS_ROUND_TO_NEAREST || k.input_rounding > ULPGATE_INPUTS_TIES_TO_EVEN)
     return fmt::format("input_rounding {} (0: to nearest, ties away; 1: truncate; 2: to nearest, ties to even)",
                        k.input_rounding);
-  // Paged K/V and K/V scales came with version 8: an older plugin has no field to read them from.
-  const unsigned known = abi >= 8 ? kAllAttentionVariants : kAttnWindow | kAttnSoftcap | kAttnAlibi | kAttnSinks;
+  // Paged K/V and K/V scales came with version 8, per-head K/V scales with 9: an older plugin
+  // has no field to read them from.
+  const unsigned known = abi >= 9   ? kAllAttentionVariants
+                         : abi >= 8 ? kAllAttentionVariants & ~kAttnKvHeadScales
+                                    : kAttnWindow | kAttnSoftcap | kAttnAlibi | kAttnSinks;
   if (k.attention_variants & ~known)
     return fmt::format("attention_variants {:#x} (ULPGATE_VARIANT_* bits of ABI version {}: at most {:#x})",
                        k.attention_variants, abi, known);

@@ -312,6 +312,9 @@ def numpy_served_attention(x, case, ignore_sinks=False, ignore_scales=False):
     q, k, v = (values(x[n], t[n]) for n in "QKV")
     if not ignore_scales:
         k, v = k * case.scales.get("K", 1.0), v * case.scales.get("V", 1.0)
+        for name, heads in case.head_scales.items():  # one per K/V head (axis 1)
+            per_head = np.array(heads)[None, :, None, None]
+            k, v = (k * per_head, v) if name == "K" else (k, v * per_head)
     s = q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1])
     if a.get("softcap", 0):
         s = a["softcap"] * np.tanh(s / a["softcap"])
@@ -354,3 +357,15 @@ def test_fuzz_kv_scales():
     g = ulpgate.fuzz(lambda x, c: numpy_served_attention(x, c, ignore_scales=True), op="attention", dtype="bf16",
                      cases=12, seed=3, max_k=64, variants=["kv_scales"], metamorphic=False)
     assert g.failures and all(r.case.scales for r in g.failures), g.summary()
+
+
+def test_fuzz_kv_head_scales():
+    # The same with a scale per K/V head declared too: some cases draw per-head scales, the
+    # kernel applying them passes, and leaving them at 1 fails on those cases.
+    f = ulpgate.fuzz(numpy_served_attention, op="attention", dtype="fp16", cases=16, seed=5, max_k=64,
+                     variants=["kv_scales", "kv_head_scales"])
+    assert f.checked and not f.failures, f.summary()
+    assert [r for r in f.results if r.case.head_scales], f.summary()
+    g = ulpgate.fuzz(lambda x, c: numpy_served_attention(x, c, ignore_scales=True), op="attention", dtype="fp16",
+                     cases=16, seed=5, max_k=64, variants=["kv_head_scales"], metamorphic=False)
+    assert g.failures and all(r.case.head_scales for r in g.failures), g.summary()

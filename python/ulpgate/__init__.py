@@ -51,6 +51,7 @@ class Case:
     seed = property(lambda self: self._dict["seed"])
     types = property(lambda self: dict(self._dict["types"]))
     scales = property(lambda self: dict(self._dict["scales"]))
+    head_scales = property(lambda self: {k: list(v) for k, v in self._dict.get("head_scales", {}).items()})
     gemm = property(lambda self: dict(self._dict["gemm"]) if self.op == "gemm" else None)
     attention = property(lambda self: dict(self._dict["attention"]) if self.op == "attention" else None)
     outputs = property(lambda self: _u.outputs_of(self._json))
@@ -382,9 +383,10 @@ def fuzz(kernel, dtype="fp16", op="gemm", cases=20, seed=1, out=None, supports=p
     corpus/ (shrunk failures, replayed first next time) there. lse=True: attention cases may
     ask for the log-sum-exp too (case.outputs has "LSE"; return {"O": ..., "LSE": ...}, FP32
     [batch][heads][seq_q]). variants: the attention variants the kernel applies, any of "window",
-    "softcap", "alibi", "sinks" and "kv_scales" (docs/concepts/): cases draw them only where
-    named, and the kernel reads them from the case (case.json["attention"]; K/V scales of an
-    FP8 cache in case.scales). Paged K/V is not offered: a callable gets logical views."""
+    "softcap", "alibi", "sinks", "kv_scales" and "kv_head_scales" (docs/concepts/): cases draw
+    them only where named, and the kernel reads them from the case (case.json["attention"];
+    K/V scales of an FP8 cache in case.scales, one per K/V head in case.head_scales). Paged
+    K/V is not offered: a callable gets logical views."""
     name = name or _kernel_name(kernel)
     out = "" if out is None else str(out)
 
@@ -394,10 +396,10 @@ def fuzz(kernel, dtype="fp16", op="gemm", cases=20, seed=1, out=None, supports=p
     def why_not(case_json):
         return supports(Case(case_json))
 
-    bits = {"window": 1, "softcap": 2, "alibi": 4, "sinks": 8, "kv_scales": 32}
+    bits = {"window": 1, "softcap": 2, "alibi": 4, "sinks": 8, "kv_scales": 32, "kv_head_scales": 64}
     unknown = [v for v in variants if v not in bits]
     if unknown or isinstance(variants, str):
-        raise ValueError(f"variants {variants!r}: a list of window, softcap, alibi, sinks and kv_scales")
+        raise ValueError(f"variants {variants!r}: a list of window, softcap, alibi, sinks, kv_scales and kv_head_scales")
     rec = _u.fuzz(call, why_not, name, dtype, op, int(cases), int(seed), int(max_k), sizes, float(time),
                   bool(metamorphic), bool(gelu), bool(deterministic), bool(rounds_to_nearest), bool(lse),
                   sum(bits[v] for v in set(variants)), out, progress)

@@ -386,7 +386,9 @@ enum class Bug {
   // An FP8 K/V cache: scales ignored (left at 1), divided instead of multiplied, V's ignored,
   // K and V dequantized to BF16 whatever Q's format; KvDequantToQ dequantizes to Q's own
   // format, as vLLM does (admitted: no bug).
-  KvScalesIgnored, KvScaleInverted, VScaleIgnored, KvDequantBf16, KvDequantToQ
+  KvScalesIgnored, KvScaleInverted, VScaleIgnored, KvDequantBf16, KvDequantToQ,
+  // Per-head K/V scales: head 0's applied to every head, all of them ignored (left at 1).
+  KvHeadScaleFirst, KvHeadScalesIgnored
 };
 
 class BuggyAttention final : public Kernel {
@@ -419,14 +421,31 @@ class BuggyAttention final : public Kernel {
     const Format fq = c.types.at("Q"), fo = c.types.at("O");
     const auto dequantized = [&](const char* op, const AttentionView& view) {
       const Format f = c.types.at(op);
-      double s = input_scale(c, op);
-      if (bug_ == Bug::KvScalesIgnored || (bug_ == Bug::VScaleIgnored && op[0] == 'V')) s = 1.0;
-      if (bug_ == Bug::KvScaleInverted) s = 1.0 / s;
-      const Format to = bug_ == Bug::KvDequantBf16 && s != 1.0 ? Format::BF16
-                        : bug_ == Bug::KvDequantToQ && s != 1.0 ? fq : Format::FP32;
+      const auto scale_of = [&](std::int64_t hk) {
+        double s = input_scale(c, op, bug_ == Bug::KvHeadScaleFirst ? 0 : hk);
+        if (bug_ == Bug::KvScalesIgnored || (bug_ == Bug::VScaleIgnored && op[0] == 'V') ||
+            (bug_ == Bug::KvHeadScalesIgnored && c.head_scales.count(op)))
+          s = 1.0;
+        if (bug_ == Bug::KvScaleInverted) s = 1.0 / s;
+        return s;
+      };
+      const auto value = [&](std::int64_t e, double s) {
+        const Format to = bug_ == Bug::KvDequantBf16 && s != 1.0 ? Format::BF16
+                          : bug_ == Bug::KvDequantToQ && s != 1.0 ? fq : Format::FP32;
+        return static_cast<float>(round_to(to, s * decode(f, load_code(f, io.in.at(op), e))));
+      };
+      // Every element with head 0's scale (pool slots no key owns included), then each key's
+      // with its own head's.
       std::vector<float> out(static_cast<std::size_t>(view.elements()));
-      for (std::size_t e = 0; e < out.size(); ++e)
-        out[e] = static_cast<float>(round_to(to, s * decode(f, load_code(f, io.in.at(op), static_cast<std::int64_t>(e)))));
+      for (std::size_t e = 0; e < out.size(); ++e) out[e] = value(static_cast<std::int64_t>(e), scale_of(0));
+      if (c.head_scales.count(op))
+        for (std::int64_t b = 0; b < a.batch; ++b)
+          for (std::int64_t hk = 0; hk < a.eff_kv_heads(); ++hk)
+            for (std::int64_t j = 0; j < a.seq_kv; ++j)
+              for (std::int64_t d = 0; d < view.dim; ++d) {
+                const std::int64_t e = view.offset(b, hk, j, d);
+                out[static_cast<std::size_t>(e)] = value(e, scale_of(hk));
+              }
       return out;
     };
     std::vector<float> q_values(static_cast<std::size_t>(qv.elements()));
@@ -536,7 +555,9 @@ static void expect_fuzz_finds(std::initializer_list<Bug> bugs, std::int64_t case
     if (bug == Bug::None) {
       for (const auto& c : r.cases) EXPECT_TRUE(c.verdict.passed) << c.family << ": " << c.verdict.reasons.front();
     } else {
-      EXPECT_TRUE(found) << "bug " << static_cast<int>(bug) << " not found in " << r.cases.size() << " cases";
+      std::string drawn;  // the variants each case drew, for the message
+      for (const auto& c : r.cases) drawn += "[" + attention_variant_names(attention_variants(c.spec)) + "]";
+      EXPECT_TRUE(found) << "bug " << static_cast<int>(bug) << " not found in " << r.cases.size() << " cases " << drawn;
     }
   }
 }
@@ -574,8 +595,10 @@ TEST(AttentionOp, FuzzFindsPagedKvBugs) {
 // ignored, K and V dequantized to BF16 under FP32 queries; each found by the default
 // generator, and the kernel dequantizing to FP32 passes every case.
 TEST(AttentionOp, FuzzFindsKvScaleBugs) {
-  expect_fuzz_finds({Bug::None, Bug::KvScalesIgnored, Bug::KvScaleInverted, Bug::VScaleIgnored, Bug::KvDequantBf16},
+  expect_fuzz_finds({Bug::None, Bug::KvScalesIgnored, Bug::KvScaleInverted, Bug::VScaleIgnored, Bug::KvDequantBf16,
+                     Bug::KvHeadScalesIgnored},
                     24, 130);
+  expect_fuzz_finds({Bug::KvHeadScaleFirst}, 40, 130);  // needs a per-head case with two K/V heads or more
 }
 
 // BF16 queries over an E4M3 cache with scales far from 1: the CPU models (dequantizing to
@@ -604,6 +627,31 @@ TEST(AttentionOp, Fp8KvCacheWithScales) {
   EXPECT_EQ(signature(Bug::KvDequantToQ), "");
   EXPECT_NE(signature(Bug::KvScalesIgnored), "");
   EXPECT_NE(signature(Bug::VScaleIgnored), "");
+}
+
+// Per-head scales by hand (grouped heads, FP16 queries over an E5M2 cache): the CPU models
+// pass; head 0's scale applied to every head fails, and so does leaving them at 1.
+TEST(AttentionOp, Fp8KvCacheWithPerHeadScales) {
+  Case c = small_case(Format::FP16, 96, 64);
+  c.attention.heads = 4, c.attention.kv_heads = 2, c.attention.seq_q = 8;
+  c.dist = {{"Q", "normal(0,1)"}, {"K", "normal(0,2)"}, {"V", "normal(1,3)"}};
+  apply_kv_cache(c, "e5m2:0.5:head");
+  c.seed = 4;
+  validate(c);
+  for (auto model : {AttentionModel{}, AttentionModel{AttentionModel::Variant::Flash, 64, Format::FP16}}) {
+    auto k = make_emulated_attention(model);
+    c.kernel = k->name();
+    const Evaluation ev = check(*k, c);
+    EXPECT_TRUE(ev.verdict.passed) << k->name() << ": " << failure_signature(ev.verdict);
+  }
+  Case filled = c;
+  fill_inputs(filled);
+  EXPECT_EQ(attention_variants(filled), kAttnKvHeadScales);
+  ASSERT_EQ(filled.head_scales.at("V").size(), 2u);
+  EXPECT_NE(filled.head_scales.at("V")[0], filled.head_scales.at("V")[1]);
+  EXPECT_EQ(planted_signature(Bug::None, c), "");
+  EXPECT_NE(planted_signature(Bug::KvHeadScaleFirst, c), "");
+  EXPECT_NE(planted_signature(Bug::KvHeadScalesIgnored, c), "");
 }
 
 // A paged case by hand: page size 3 (dividing neither 64 nor 128), pages out of order, batch 1

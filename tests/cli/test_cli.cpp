@@ -1321,6 +1321,11 @@ TEST(CliBadInput, ServedVariantFlags) {
   EXPECT_EQ(fp8_sweep.code, 0) << fp8_sweep.out << fp8_sweep.err;
   expect_input_error(run(bench + "--kv-cache fp16"), "--kv-cache 'fp16': 'fp16' is not an FP8 format", "kv format");
   expect_input_error(run(bench + "--kv-cache e4m3:2"), "--kv-cache 'e4m3:2': '2' is not a fraction in (0, 1]", "kv frac");
+  const Result per_head = run(bench + "--kv-cache e4m3:1:head --md " + dir + "/kh.md");
+  EXPECT_EQ(per_head.code, 0) << per_head.out << per_head.err;
+  EXPECT_NE(slurp(dir + "/kh.md").find("| pass |"), std::string::npos) << slurp(dir + "/kh.md");
+  expect_input_error(run(bench + "--kv-cache e4m3:1:heads"), "--kv-cache 'e4m3:1:heads': 'heads' is not 'head'", "kv head");
+  expect_input_error(run(bench + "--kv-cache e4m3:1:head:x"), "--kv-cache 'e4m3:1:head:x': too many ':' parts", "kv parts");
   expect_input_error(run("bench --backward --kernel cpu.attn_bwd_naive --attention 1x2x16x64x32 --kv-cache e4m3"),
                      "an FP8 K/V cache is for the attention forward", "kv backward");
 }

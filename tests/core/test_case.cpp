@@ -207,6 +207,34 @@ TEST(Case, ScalesOnlyOnFp8Operands) {
                takes_scale(Format::FP32) || takes_scale(Format::FP64));
 }
 
+// Per-head K/V scales: one finite positive scale per K/V head of an FP8 K or V of the
+// attention forward, never beside a tensor scale of the same operand; they survive JSON.
+TEST(Case, HeadScalesOfAnFp8KvCache) {
+  json j = json::parse(R"({"ulpgate_case": 1, "op": "attention",
+    "attention": {"batch": 1, "heads": 4, "kv_heads": 2, "seq_q": 3, "seq_kv": 5, "head_dim": 8},
+    "types": {"Q": "fp16", "K": "e4m3", "V": "e5m2", "O": "fp16", "compute": "fp32"},
+    "head_scales": {"K": [0.5, 0.125], "V": [2, 3]}})");
+  const Case c = case_from_json(j);
+  EXPECT_EQ(input_scale(c, "K", 1), 0.125);
+  EXPECT_EQ(input_scale(c, "V", 0), 2.0);
+  EXPECT_EQ(input_scale(c, "Q", 0), 1.0);
+  EXPECT_EQ(attention_variants(c), kAttnKvHeadScales);
+  EXPECT_EQ(case_from_json(to_json(c)), c);
+  const auto bad = [&](const char* pointer, const json& value) {
+    json k = j;
+    k[json::json_pointer(pointer)] = value;
+    return error_of(k);
+  };
+  EXPECT_EQ(bad("/head_scales/K", json::array({0.5})), "case.head_scales.K: must have one scale per K/V head (2), got 1");
+  EXPECT_EQ(bad("/head_scales/V/1", -1.0), "case.head_scales.V[1]: must be finite and > 0, got -1");
+  EXPECT_EQ(bad("/head_scales/K/0", "x"), "case.head_scales.K[0]: must be a number, got \"x\"");
+  EXPECT_EQ(bad("/head_scales/V", 2.0), "case.head_scales.V: must be an array of numbers (one per K/V head)");
+  EXPECT_EQ(bad("/head_scales/Q", json::array({1, 1})),
+            "case.head_scales.Q: unknown scale (per-head scales are the attention forward's K and V, an FP8 K/V cache)");
+  EXPECT_EQ(bad("/scales/K", 0.5), "case.head_scales.K: K has a tensor scale too (case.scales.K)");
+  EXPECT_EQ(bad("/types/V", "fp16"), "case.head_scales.V: scales apply only to FP8 operands (V is fp16)");
+}
+
 TEST(Case, AttentionValidation) {
   json j = json::parse(R"({"ulpgate_case": 1, "op": "attention",
     "attention": {"batch": 2, "heads": 4, "seq_q": 100, "seq_kv": 130, "head_dim": 80,

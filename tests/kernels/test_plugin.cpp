@@ -126,8 +126,8 @@ TEST(Plugin, AbiVersion1IsNeverHandedGroupedQueryCases) {
     Case gqa = fp32_attention(kv_heads, k->name());
     EXPECT_EQ(k->unsupported(gqa),
               fmt::format("built against plugin ABI version 1, which cannot describe grouped-query attention "
-                          "(kv_heads {} of 4 heads); rebuild it against version 8",
-                          kv_heads));
+                          "(kv_heads {} of 4 heads); rebuild it against version {}",
+                          kv_heads, 9));
     const RunOutcome r = run_kernel(*k, gqa, fill_inputs(gqa));
     EXPECT_EQ(r.status, Disposition::NotSupported);
     EXPECT_NE(r.message.find("ABI version 1"), std::string::npos) << r.message;
@@ -146,12 +146,12 @@ RunRecord small_fp32_campaign(Registry& reg, const char* name, Op op, std::int64
 TEST(Plugin, UnknownAbiVersionIsAnInputError) {
   Registry reg;
   try {
-    load_plugin(ATTENTION_PLUGIN_V9, reg);
-    FAIL() << "a version-9 plugin loaded";
+    load_plugin(ATTENTION_PLUGIN_V10, reg);
+    FAIL() << "a version-10 plugin loaded";
   } catch (const InputError& e) {
-    EXPECT_EQ(std::string(e.what()), fmt::format("--plugin {}: ABI version 9, this ulpgate speaks 1 to 8", ATTENTION_PLUGIN_V9));
+    EXPECT_EQ(std::string(e.what()), fmt::format("--plugin {}: ABI version 10, this ulpgate speaks 1 to 9", ATTENTION_PLUGIN_V10));
   }
-  EXPECT_EQ(reg.find("test.attention_v9"), nullptr);
+  EXPECT_EQ(reg.find("test.attention_v10"), nullptr);
 }
 
 // ABI version 7 hands over the served variants: the plugin that applies them passes a
@@ -190,7 +190,7 @@ TEST(Plugin, AbiVersion8ReadsPagedKv) {
   load_plugin(ATTENTION_PLUGIN_V8, reg);
   load_plugin(ATTENTION_PLUGIN_V7, reg);
   ASSERT_NE(reg.find("test.attention_v8"), nullptr);
-  EXPECT_EQ(reg.find("test.attention_v8")->traits().attention_variants, kAllAttentionVariants & ~kAttnKvScales);
+  EXPECT_EQ(reg.find("test.attention_v8")->traits().attention_variants, kAllAttentionVariants & ~(kAttnKvScales | kAttnKvHeadScales));
   Case c = fp32_attention(2, "test.attention_v7");
   page_kv(c.attention, 3, 1);
   const RunOutcome old = run_kernel(*reg.find("test.attention_v7"), c, fill_inputs(c));
@@ -202,6 +202,30 @@ TEST(Plugin, AbiVersion8ReadsPagedKv) {
     for (const CaseResult& cr : r.cases) failed += !cr.verdict.passed, paged += cr.spec.attention.paged();
     EXPECT_GT(paged, 0) << name;
     if (std::string(name) == "test.attention_v8") EXPECT_EQ(failed, 0) << name;
+    else EXPECT_GT(failed, 0) << name;
+  }
+}
+
+// ABI version 9 hands over an FP8 K/V cache's per-head scales: the plugin that applies them
+// passes a campaign whose cases draw them (per tensor and per head), its twin applying head
+// 0's scale to every head fails it, and the version-8 plugin (which cannot declare them) is
+// never handed a scaled case.
+TEST(Plugin, AbiVersion9ReadsPerHeadKvScales) {
+  Registry reg;
+  load_plugin(ATTENTION_PLUGIN_V9, reg);
+  load_plugin(ATTENTION_PLUGIN_V8, reg);
+  ASSERT_NE(reg.find("test.attention_v9"), nullptr);
+  EXPECT_EQ(reg.find("test.attention_v9")->traits().attention_variants, kAllAttentionVariants);
+  Case c = fp32_attention(2, "test.attention_v8");
+  apply_kv_cache(c, "e4m3:0.5:head");
+  const RunOutcome old = run_kernel(*reg.find("test.attention_v8"), c, fill_inputs(c));
+  EXPECT_EQ(old.status, Disposition::NotSupported);
+  for (const char* name : {"test.attention_v9", "test.attention_v9_head0"}) {
+    const RunRecord r = small_fp32_campaign(reg, name, Op::Attention, 24, 2, 64);
+    int failed = 0, per_head = 0;
+    for (const CaseResult& cr : r.cases) failed += !cr.verdict.passed, per_head += !cr.spec.head_scales.empty();
+    EXPECT_GT(per_head, 0) << name;
+    if (std::string(name) == "test.attention_v9") EXPECT_EQ(failed, 0) << name;
     else EXPECT_GT(failed, 0) << name;
   }
 }
@@ -221,7 +245,7 @@ TEST(Plugin, AbiVersion6RunsAttentionBackward) {
   Case c = op_module(Op::AttentionBackward).basic_case("fp32");
   c.kernel = "test.attention_v5";
   EXPECT_EQ(reg.find("test.attention_v5")->unsupported(c),
-            "built against plugin ABI version 5, which has no attention backward op; rebuild it against version 8");
+            "built against plugin ABI version 5, which has no attention backward op; rebuild it against version 9");
   for (const char* name : {"test.attention_bwd_v6", "test.attention_bwd_v6_no_d"}) {
     const RunRecord r = small_fp32_campaign(reg, name, Op::AttentionBackward, 8, 5, 128);
     int failed = 0, ok = 0;
@@ -248,7 +272,7 @@ TEST(Plugin, AbiVersion3WritesTheLogSumExp) {
   c.types["LSE"] = Format::FP32;
   EXPECT_EQ(v3->unsupported(c), std::nullopt);
   EXPECT_EQ(v2->unsupported(c),
-            "built against plugin ABI version 2, which has no log-sum-exp output; rebuild it against version 8");
+            "built against plugin ABI version 2, which has no log-sum-exp output; rebuild it against version 9");
   const CaseResult r = check_case(*v3, c, EvaluationOptions{});
   EXPECT_TRUE(r.verdict.passed) << fmt::format("{}", fmt::join(r.verdict.reasons, "; "));
   ASSERT_EQ(r.metrics.size(), 2u);

@@ -19,7 +19,10 @@
 //                           "test.attention_v7_no_sink": declares them too, ignores the sinks
 //   ATTENTION_PLUGIN_ABI=8  "test.attention_v8" as version 7, and reads paged K/V, declaring it;
 //                           "test.attention_v8_no_table": declares it too, reads entry e as page e
-//   ATTENTION_PLUGIN_ABI=9  "test.attention_v9": a version this ulpgate does not know
+//   ATTENTION_PLUGIN_ABI=9  "test.attention_v9" as version 8, and takes an FP8 K/V cache (E4M3
+//                           or E5M2) with per-tensor or per-head scales, declaring both;
+//                           "test.attention_v9_head0": applies head 0's scale to every head
+//   ATTENTION_PLUGIN_ABI=10 "test.attention_v10": a version this ulpgate does not know
 // Versions 1 to 4 lay their kernel list out as plugin.h did then (1 to 3: no writes_lse; 4:
 // no declared arithmetic). Written
 // against include/ulpgate/plugin.h only.
@@ -44,12 +47,36 @@ int supports(const ulpgate_problem* p, char* why, size_t why_size) {
     return 0;
   }
   const ulpgate_attention_problem& a = p->attention;
+#if ATTENTION_PLUGIN_ABI >= 9
+  const auto kv_ok = [](int32_t t) { return t == ULPGATE_FP32 || t == ULPGATE_E4M3 || t == ULPGATE_E5M2; };
+  if (a.type_q != ULPGATE_FP32 || !kv_ok(a.type_k) || !kv_ok(a.type_v) || a.type_o != ULPGATE_FP32 ||
+      a.type_compute != ULPGATE_FP32) {
+    std::snprintf(why, why_size, "FP32 Q, O and compute, K and V in FP32 or FP8 only");
+    return 0;
+  }
+#else
   if (a.type_q != ULPGATE_FP32 || a.type_k != ULPGATE_FP32 || a.type_v != ULPGATE_FP32 ||
       a.type_o != ULPGATE_FP32 || a.type_compute != ULPGATE_FP32) {
     std::snprintf(why, why_size, "FP32 Q, K, V, O and compute only");
     return 0;
   }
+#endif
   return 1;
+}
+
+// Element idx of K or V (type t: FP32, or E4M3 / E5M2 bytes) times scale, in FP32.
+float kv_value(const void* base, int32_t t, int64_t idx, double scale) {
+  if (t == ULPGATE_FP32) return static_cast<const float*>(base)[idx];
+  const unsigned x = static_cast<const unsigned char*>(base)[idx];
+  const bool e4m3 = t == ULPGATE_E4M3;
+  const int mant_bits = e4m3 ? 3 : 2, bias = e4m3 ? 7 : 15;
+  const int e = static_cast<int>((x & 0x7Fu) >> mant_bits), m = static_cast<int>(x & ((1u << mant_bits) - 1));
+  double v;
+  if (e4m3 && e == 15 && m == 7) v = NAN;
+  else if (!e4m3 && e == 31) v = m ? NAN : INFINITY;
+  else if (e == 0) v = std::ldexp(m, 1 - bias - mant_bits);
+  else v = std::ldexp(m + (1 << mant_bits), e - bias - mant_bits);
+  return static_cast<float>((x & 0x80u ? -v : v) * scale);
 }
 
 int64_t at(const ulpgate_attention_problem& a, int64_t heads, int64_t seq, int64_t dim, int64_t b, int64_t h,
@@ -76,16 +103,30 @@ int64_t key_at(const ulpgate_problem* p, int64_t kv_heads, int64_t dim, int64_t 
 }
 
 int run_attention(const ulpgate_problem* p, bool write_lse, bool drop_last_key, bool ignore_sinks = false,
-                  bool no_table = false) {
+                  bool no_table = false, bool head0_scale = false) {
   const ulpgate_attention_problem& a = p->attention;
+  // K and V of K/V head hk as FP32 values, an FP8 cache's scales applied (version 9).
+  const auto scale_of = [&](double tensor, const double* heads, int64_t hk) {
+#if ATTENTION_PLUGIN_ABI >= 9
+    return heads ? heads[head0_scale ? 0 : hk] : tensor;
+#else
+    (void)heads, (void)hk, (void)head0_scale;
+    return tensor;
+#endif
+  };
+#if ATTENTION_PLUGIN_ABI >= 9
+  const double scale_k = p->scale_k, scale_v = p->scale_v;
+  const double *head_k = p->head_scale_k, *head_v = p->head_scale_v;
+#else
+  const double scale_k = 1.0, scale_v = 1.0;
+  const double *head_k = nullptr, *head_v = nullptr;
+#endif
 #if ATTENTION_PLUGIN_ABI >= 2
   const int64_t kv_heads = p->kv_heads;
 #else
   const int64_t kv_heads = a.heads;  // version 1: K and V have `heads` heads
 #endif
   const float* Q = static_cast<const float*>(a.q);
-  const float* K = static_cast<const float*>(a.k);
-  const float* V = static_cast<const float*>(a.v);
   float* O = static_cast<float*>(a.o);
   const float scale = static_cast<float>(a.softmax_scale);
   for (int64_t b = 0; b < a.batch; ++b)
@@ -111,7 +152,9 @@ int run_attention(const ulpgate_problem* p, bool write_lse, bool drop_last_key, 
           float dot = 0.0f;
           for (int64_t d = 0; d < a.head_dim; ++d)
             dot = std::fma(Q[at(a, a.heads, a.seq_q, a.head_dim, b, h, i, d)],
-                           K[key_at(p, kv_heads, a.head_dim, b, hk, j, d, no_table)], dot);
+                           kv_value(a.k, a.type_k, key_at(p, kv_heads, a.head_dim, b, hk, j, d, no_table),
+                                    scale_of(scale_k, head_k, hk)),
+                           dot);
           float x = scale * dot;
 #if ATTENTION_PLUGIN_ABI >= 7
           const float cap = static_cast<float>(p->softcap);
@@ -130,7 +173,10 @@ int run_attention(const ulpgate_problem* p, bool write_lse, bool drop_last_key, 
         for (int64_t d = 0; d < a.head_dim_v; ++d) {
           float acc = 0.0f;
           for (size_t t = 0; t < keys.size(); ++t)
-            acc = std::fma(s[t], V[key_at(p, kv_heads, a.head_dim_v, b, hk, keys[t], d, no_table)], acc);
+            acc = std::fma(s[t],
+                           kv_value(a.v, a.type_v, key_at(p, kv_heads, a.head_dim_v, b, hk, keys[t], d, no_table),
+                                    scale_of(scale_v, head_v, hk)),
+                           acc);
           O[at(a, a.heads, a.seq_q, a.head_dim_v, b, h, i, d)] = l > 0.0f ? acc / l : 0.0f;
         }
 #if ATTENTION_PLUGIN_ABI >= 3
@@ -271,9 +317,16 @@ ulpgate_kernel with_variants(ulpgate_kernel k, const char* name, int (*fn)(const
 #if ATTENTION_PLUGIN_ABI >= 8
   k.attention_variants |= ULPGATE_VARIANT_PAGED;
 #endif
+#if ATTENTION_PLUGIN_ABI >= 9
+  k.attention_variants |= ULPGATE_VARIANT_KV_SCALES | ULPGATE_VARIANT_KV_HEAD_SCALES;
+#endif
   return k;
 }
-#if ATTENTION_PLUGIN_ABI >= 8
+#if ATTENTION_PLUGIN_ABI >= 9
+int run_head0(const ulpgate_problem* p, char*, size_t) { return run_attention(p, true, false, false, false, true); }
+const ulpgate_kernel kKernels[] = {with_variants(declared(), NAME, run),
+                                   with_variants(declared(), "test.attention_v9_head0", run_head0)};
+#elif ATTENTION_PLUGIN_ABI >= 8
 int run_no_table(const ulpgate_problem* p, char*, size_t) { return run_attention(p, true, false, false, true); }
 const ulpgate_kernel kKernels[] = {with_variants(declared(), NAME, run),
                                    with_variants(declared(), "test.attention_v8_no_table", run_no_table)};
