@@ -58,7 +58,7 @@ int main(int argc, char** argv) {
   CLI::App app("flash attention backward timing");
   long long batch = 4, heads = 16, seq = 4096, dim = 128;
   int reps = 25, warmup = 3;
-  bool det = false;
+  bool det = false, variants = false;
   std::string json;
   app.add_option("--batch", batch);
   app.add_option("--heads", heads);
@@ -67,6 +67,9 @@ int main(int argc, char** argv) {
   app.add_option("--reps", reps);
   app.add_option("--warmup", warmup);
   app.add_flag("--det", det, "also time the deterministic variant");
+  app.add_flag("--variants", variants,
+               "also time the tilings (a warp per 32 keys x 32 queries, or per 16 keys) with float4 and float2 dQ atomics "
+               "(flash_attention_backward_lab; head_dim 128)");
   app.add_option("--json", json, "write the results here as JSON");
   CLI11_PARSE(app, argc, argv);
 
@@ -108,8 +111,19 @@ int main(int argc, char** argv) {
       io.q = op(q, nullptr), io.k = op(k, nullptr), io.v = op(v, nullptr), io.o = op(o, nullptr), io.dout = op(dout, nullptr);
       io.dq = op(nullptr, dq), io.dk = op(nullptr, dk), io.dv = op(nullptr, dv), io.lse = lse;
       const double flops = 2.5 * 4.0 * batch * heads * static_cast<double>(seq) * seq * dim / (causal ? 2 : 1);
-      for (const bool deterministic : {false, true}) {
-        if (deterministic && !det) continue;
+      // Runs: the registered kernel (atomic, then deterministic with --det), then the lab variants.
+      struct Run {
+        std::string name;
+        bool deterministic, lab, k32, quad;
+      };
+      std::vector<Run> runs{{"ours", false, false, false, false}};
+      if (det) runs.push_back({"ours_det", true, false, false, false});
+      if (variants && dim == 128)
+        for (const bool k32 : {true, false})
+          for (const bool quad : {true, false})
+            runs.push_back({fmt::format("{}.{}", k32 ? "k32" : "k16", quad ? "f4" : "f2"), false, true, k32, quad});
+      for (const Run& run : runs) {
+        const bool deterministic = run.deterministic;
         const std::size_t acc_bytes = static_cast<std::size_t>(flash_backward_workspace_floats(s, deterministic)) * 4;
         if (cudaMalloc(&acc, acc_bytes) != cudaSuccess) {
           std::printf("%s %s%s: no memory for %zu bytes of dQ workspace\n", bf16 ? "bf16" : "fp16", causal ? "causal" : "non-causal",
@@ -120,7 +134,9 @@ int main(int argc, char** argv) {
         std::vector<float> ms;
         for (int r = 0; r < warmup + reps; ++r) {
           check(cudaEventRecord(e0, stream), "record");
-          check(flash_attention_backward(s, io, dsum, acc, deterministic, false, stream), "backward");
+          check(run.lab ? flash_attention_backward_lab(s, io, dsum, acc, run.k32, run.quad, stream)
+                        : flash_attention_backward(s, io, dsum, acc, deterministic, false, stream),
+                "backward");
           check(cudaEventRecord(e1, stream), "record");
           check(cudaEventSynchronize(e1), "sync");
           float t = 0;
@@ -131,7 +147,7 @@ int main(int argc, char** argv) {
         std::sort(ms.begin(), ms.end());
         const double med = ms[ms.size() / 2];
         const double tflops = flops / (med * 1e-3) / 1e12;
-        const std::string name = fmt::format("ours{}", deterministic ? "_det" : "");
+        const std::string& name = run.name;
         std::printf("%-9s %s %-10s B%lld H%lld S%lld D%lld: median %.3f ms (min %.3f, max %.3f, %d reps) %.1f TFLOP/s\n",
                     name.c_str(), bf16 ? "bf16" : "fp16", causal ? "causal" : "non-causal", batch, heads, seq, dim, med, ms.front(),
                     ms.back(), reps, tflops);

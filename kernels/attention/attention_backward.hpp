@@ -43,6 +43,16 @@ cudaError_t naive_attention_backward(const Shape& s, const BackwardOperands& io,
 cudaError_t flash_attention_backward(const Shape& s, const BackwardOperands& io, float* dsum, float* acc, bool deterministic,
                                      bool planted_no_d, cudaStream_t stream);
 
+/// The flash backward's tilings and dQ atomics side by side, for timing them in one run
+/// (dev/bench_attention_backward --variants): warp_keys_32 gives each warp 32 keys x 32 queries
+/// of S^T and dP^T (P^T and dS^T through shared memory), else 16 keys x the block's 64 queries
+/// (P^T and dS^T kept in registers); quad_atomics adds dQ by float4 atomics, else float2.
+/// flash_attention_backward runs one of them (kWarpKeys32 in backward.cu) with float4. head_dim
+/// 128, atomic dQ only (else cudaErrorInvalidValue); operands and workspace as
+/// flash_attention_backward.
+cudaError_t flash_attention_backward_lab(const Shape& s, const BackwardOperands& io, float* dsum, float* acc, bool warp_keys_32,
+                                         bool quad_atomics, cudaStream_t stream);
+
 }  // namespace attn
 
 /// cuda.attn_bwd_naive: FP32 backward (P and dS in FP32, global memory), any head_dim, inputs
