@@ -121,6 +121,18 @@ def main():
     doc, md = report(out / "sdpa-round-p-declared", "sdpa")
     assert rc == 0 and not doc["summary"].startswith("FAIL"), (rc, doc["summary"])
 
+    # flex_attention's served variants: the float64 stand-in of every variant passes (so its
+    # window, soft cap and ALiBi are ulpgate's), and the same without its soft cap fails every
+    # capped case while the script, which expects that, exits 0.
+    flex = [py, EXAMPLES / "check_flex.py", "--backend", "numpy", "--quick", "--ulpgate", ulpgate, "--seq-kv", "64",
+            "--dtype", "fp16"]
+    rc = run(flex + ["--out", out / "flex"])
+    doc, md = report(out / "flex", "flex")
+    assert rc == 0 and {r["outcome"] for r in doc["records"]} == {"pass"} and len(doc["records"]) == 4, doc["summary"]
+    rc = run(flex + ["--variant", "softcap", "--numpy-planted-no-cap", "--out", out / "flex-no-cap"])
+    doc, md = report(out / "flex-no-cap", "flex")
+    assert rc == 0 and {r["outcome"] for r in doc["records"]} == {"fail"}, doc["summary"]
+
     # Without Triton: one line, a record saying so, exit 0.
     if importlib.util.find_spec("triton") is None or importlib.util.find_spec("torch") is None:
         rc = run([py, EXAMPLES / "check_triton.py", "--ulpgate", ulpgate, "--out", out / "triton-missing"])
