@@ -137,6 +137,12 @@ class MappedAttention final : public Kernel {
     Case mha = c;
     mha.attention.kv_heads = 0;
     mha.attention.kv_lengths = kv_lengths(a);
+    for (auto& [op, scales] : mha.head_scales) {  // per-head K/V scales: one per query head now
+      std::vector<double> per_query_head;
+      for (std::int64_t h = 0; h < a.heads; ++h)
+        per_query_head.push_back(scales[static_cast<std::size_t>(kv_head_read(a, h))]);
+      scales = per_query_head;
+    }
     std::map<std::string, Tensor> in, out;
     KernelIo mio;
     for (const char* op : {"Q", "K", "V"}) {
@@ -179,6 +185,11 @@ class MappedAttention final : public Kernel {
     return lens;
   }
 
+  // The K/V head the kernel reads for query head h.
+  std::int64_t kv_head_read(const AttentionShape& a, std::int64_t h) const {
+    return bug_ == AttentionBug::GqaModulo ? h % a.eff_kv_heads() : a.kv_head(h);
+  }
+
   // Where the kernel takes element [b][h][s][d] of operand op, h a query head.
   std::int64_t offset(const Case& c, const std::string& op, std::int64_t b, std::int64_t h, std::int64_t s,
                       std::int64_t d) const {
@@ -186,7 +197,7 @@ class MappedAttention final : public Kernel {
     AttentionView v = attention_view(c, op);
     const std::int64_t n = v.elements();
     const bool kv = op == "K" || op == "V";
-    if (kv) h = bug_ == AttentionBug::GqaModulo ? h % a.eff_kv_heads() : a.kv_head(h);
+    if (kv) h = kv_head_read(a, h);
     if (op == "LSE")
       return bug_ == AttentionBug::LseFollowsLayout && a.layout == AttentionLayout::BSHD ? (b * a.seq_q + s) * a.heads + h
                                                                                         : v.offset(b, h, s, 0);

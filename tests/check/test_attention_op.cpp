@@ -601,6 +601,16 @@ TEST(AttentionOp, FuzzFindsKvScaleBugs) {
   expect_fuzz_finds({Bug::KvHeadScaleFirst}, 40, 130);  // needs a per-head case with two K/V heads or more
 }
 
+// The naive CPU model and the flash one (P rounded to p_format before P V) pass case c.
+static void expect_cpu_models_pass(Case c, Format p_format) {
+  for (auto model : {AttentionModel{}, AttentionModel{AttentionModel::Variant::Flash, 64, p_format}}) {
+    auto k = make_emulated_attention(model);
+    c.kernel = k->name();
+    const Evaluation ev = check(*k, c);
+    EXPECT_TRUE(ev.verdict.passed) << k->name() << ": " << failure_signature(ev.verdict);
+  }
+}
+
 // BF16 queries over an E4M3 cache with scales far from 1: the CPU models (dequantizing to
 // FP32) and a kernel dequantizing the cache to BF16 as vLLM does both pass; ignoring the
 // scales, or V's alone, fails. The fill wrote scales on either side of 1.
@@ -611,12 +621,7 @@ TEST(AttentionOp, Fp8KvCacheWithScales) {
   c.dist = {{"Q", "normal(0,1)"}, {"K", "amax(frac=0.5,base=normal(0,3))"}, {"V", "amax(frac=0.001953125,base=normal(2,1))"}};
   c.seed = 9;
   validate(c);
-  for (auto model : {AttentionModel{}, AttentionModel{AttentionModel::Variant::Flash, 64, Format::BF16}}) {
-    auto k = make_emulated_attention(model);
-    c.kernel = k->name();
-    const Evaluation ev = check(*k, c);
-    EXPECT_TRUE(ev.verdict.passed) << k->name() << ": " << failure_signature(ev.verdict);
-  }
+  expect_cpu_models_pass(c, Format::BF16);
   Case filled = c;
   fill_inputs(filled);
   EXPECT_EQ(attention_variants(filled), kAttnKvScales);
@@ -638,12 +643,7 @@ TEST(AttentionOp, Fp8KvCacheWithPerHeadScales) {
   apply_kv_cache(c, "e5m2:0.5:head");
   c.seed = 4;
   validate(c);
-  for (auto model : {AttentionModel{}, AttentionModel{AttentionModel::Variant::Flash, 64, Format::FP16}}) {
-    auto k = make_emulated_attention(model);
-    c.kernel = k->name();
-    const Evaluation ev = check(*k, c);
-    EXPECT_TRUE(ev.verdict.passed) << k->name() << ": " << failure_signature(ev.verdict);
-  }
+  expect_cpu_models_pass(c, Format::FP16);
   Case filled = c;
   fill_inputs(filled);
   EXPECT_EQ(attention_variants(filled), kAttnKvHeadScales);
