@@ -202,7 +202,7 @@ TEST(Fuzz, ShrinkCandidatesRunWithoutRelationsUnlessTheFailureIsOne) {
   for (const auto& [j, n] : with) {
     if (generated.count(j)) continue;
     if (without.count(j)) ++candidates;  // (a transposed case of a relation runs only with relations on)
-    if (without.count(j)) EXPECT_EQ(n, without.at(j)) << "a shrink candidate ran more often with relations on: " << j;
+    if (without.count(j)) { EXPECT_EQ(n, without.at(j)) << "a shrink candidate ran more often with relations on: " << j; }
   }
   EXPECT_GT(candidates, 5);
 }

@@ -202,7 +202,7 @@ TEST(Probe, FindsALayoutAndKTheKernelTakes) {
     const ProbedAccumulation got = probe_accumulation(kernel_unit(kernel, Format::BF16, mn), 64, 256, 100, Format::BF16);
     EXPECT_EQ(got.block, 16) << mn << ": " << got.describe();
     EXPECT_EQ(got.frac, 13) << mn << ": " << got.describe();
-    if (got.rounding) EXPECT_EQ(got.validated, 100) << mn << ": " << got.describe();
+    if (got.rounding) { EXPECT_EQ(got.validated, 100) << mn << ": " << got.describe(); }
   }
   // Every layout and transpose puts the dot product in D[0][0] (a kernel taking them all).
   AccumulationModel seq;

@@ -225,7 +225,7 @@ TEST(Sweep, PrecisionCliffFailsThePointsOfALessPrecisePath) {
     const bool cliff_check = std::find(r.verdict.checks.begin(), r.verdict.checks.end(), "sweep:precision_cliff") !=
                              r.verdict.checks.end();
     EXPECT_EQ(cliff_check, on_cliff) << "K=" << o.values[i];
-    if (on_cliff) EXPECT_NE(r.verdict.reasons.back().find("the drop starts at K=2048"), std::string::npos);
+    if (on_cliff) { EXPECT_NE(r.verdict.reasons.back().find("the drop starts at K=2048"), std::string::npos); }
   }
   for (const char* model : {"cpu.fp32_seq", "cpu.fp32_pairwise", "cpu.blockfma:block=16,frac=13,round=rz"}) {
     auto k = make_emulated_gemm(*AccumulationModel::parse(model));

@@ -84,8 +84,8 @@ TEST(Analyze, HistogramBins) {
   EXPECT_EQ(ulp_histogram_bin(1e12), kUlpHistogramBins - 1);
   for (int b = 0; b < kUlpHistogramBins; ++b) {
     const auto [lo, hi] = ulp_histogram_edges(b);
-    if (b > 0) EXPECT_EQ(ulp_histogram_bin(std::nextafter(lo, INFINITY)), b) << b;
-    if (std::isfinite(hi)) EXPECT_EQ(ulp_histogram_bin(hi), b) << b;
+    if (b > 0) { EXPECT_EQ(ulp_histogram_bin(std::nextafter(lo, INFINITY)), b) << b; }
+    if (std::isfinite(hi)) { EXPECT_EQ(ulp_histogram_bin(hi), b) << b; }
   }
 }
 

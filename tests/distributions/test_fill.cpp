@@ -76,7 +76,7 @@ TEST(Fill, ValuesDependOnLogicalCoordinatesOnly) {
               for (std::int64_t e = 0; e < v.elements(); ++e) {
                 const bool is_poison = x.code(static_cast<std::size_t>(e)) == padding_poison(Format::FP16);
                 poisoned += is_poison;
-                if (v.is_padding(e)) ASSERT_TRUE(is_poison) << op << " element " << e;
+                if (v.is_padding(e)) { ASSERT_TRUE(is_poison) << op << " element " << e; }
               }
               EXPECT_EQ(poisoned, v.elements() - v.batch * v.rows * v.cols) << op;
             }
@@ -116,7 +116,7 @@ TEST(Fill, RoundedFromTheFp64DrawOfTheSameCoordinates) {
 TEST(Fill, PoisonIsANonCanonicalNaN) {
   for (Format f : kAllFormats) {
     EXPECT_TRUE(is_nan(f, padding_poison(f))) << name(f);
-    if (f != Format::E4M3) EXPECT_NE(padding_poison(f), canonical_nan(f)) << name(f);
+    if (f != Format::E4M3) { EXPECT_NE(padding_poison(f), canonical_nan(f)) << name(f); }
   }
 }
 
@@ -272,7 +272,7 @@ TEST(Fill, ExactByConstructionIsExact) {
           EXPECT_EQ(round_to(Format::FP32, sum), sum);
         }
       // Above E4M3 (4 bits: sums up to 16 only) the bound leaves room for integers beyond +-1.
-      if (f != Format::E4M3) EXPECT_GE(m, k <= 16 ? 2.0 : 1.0) << name(f) << " k=" << k;
+      if (f != Format::E4M3) { EXPECT_GE(m, k <= 16 ? 2.0 : 1.0) << name(f) << " k=" << k; }
     }
   }
 }
@@ -324,9 +324,10 @@ TEST(Fill, MaskedSetsFullyMaskedBatches) {
     EXPECT_GE(std::count(c.attention.kv_lengths.begin(), c.attention.kv_lengths.end(), 0), 1);
     validate(c);
     for (std::int64_t b = 0; b < 8; ++b)
-      if (c.attention.kv_lengths[b] == 0)
+      if (c.attention.kv_lengths[b] == 0) {
         for (std::int64_t i = 0; i < 4; ++i)
           for (std::int64_t j = 0; j < 6; ++j) EXPECT_FALSE(attention_visible(c, b, i, j));
+      }
   }
 }
 

@@ -37,7 +37,7 @@ TEST(Ladder, NamesAndTraits) {
                         : k.name().find("bf16") != std::string::npos ? "cpu.blockfma:block=16,frac=25,round=rz,align=bf16"
                                                                       : "";
     EXPECT_EQ(t.accumulation_model, model) << k.name();
-    if (*model) EXPECT_TRUE(AccumulationModel::parse(model)) << model;
+    if (*model) { EXPECT_TRUE(AccumulationModel::parse(model)) << model; }
   }
 }
 

@@ -55,8 +55,8 @@ TEST(Runner, SeesWhatKernelsDoToMemory) {
     EXPECT_EQ(r.unwritten, e.unwritten) << e.bug;
     EXPECT_EQ(r.padding_written, e.padding) << e.bug;
     EXPECT_EQ(!r.inputs_modified.empty(), e.input) << e.bug;
-    if (e.bug == Planted::Throw) EXPECT_EQ(r.message, "cudaLaunchKernel failed: illegal address");
-    if (e.bug == Planted::Unsupported) EXPECT_EQ(r.message, "never");
+    if (e.bug == Planted::Throw) { EXPECT_EQ(r.message, "cudaLaunchKernel failed: illegal address"); }
+    if (e.bug == Planted::Unsupported) { EXPECT_EQ(r.message, "never"); }
   }
 }
 

@@ -75,7 +75,7 @@ TEST(SlicedGemmGpu, EqualsTheEmulationOnEveryInputFormat) {
       for (auto& x : b) x = draw(bits, f, specials, extremes);
       const SlicedDots g = gpu(a, m, b, n, k), e = cpu_sliced_dots(a, m, b, n, k);
       ASSERT_EQ(compare_elements(g, e), "") << name(f) << " case " << c << ": m " << m << " n " << n << " k " << k;
-      if (c % 10 == 0) ASSERT_EQ(first_difference(g, a, b, k), "") << name(f) << " case " << c;
+      if (c % 10 == 0) { ASSERT_EQ(first_difference(g, a, b, k), "") << name(f) << " case " << c; }
       elements += m * n, certified += m * n - g.recomputed;
     }
   std::printf("%lld elements, %lld certified by the GPU's digit products\n", static_cast<long long>(elements),
