@@ -74,6 +74,9 @@ class TorchFlex:
         if not torch.cuda.is_available():
             raise uc.UlpgateError("torch sees no CUDA device (use --backend numpy to try the loop)", 2)
         self.torch, self.create_block_mask = torch, create_block_mask
+        # Every case brings new score_mod and mask_mod closures (their captures are tensors,
+        # so one compiled kernel per variant and shape serves); room for all of them.
+        torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
         self.flex = flex_attention if eager else torch.compile(flex_attention)
         self.eager = eager
         self.dev = torch.device("cuda")
@@ -89,18 +92,19 @@ class TorchFlex:
         left, cap, slopes, off = variant_parts(case)
         Q, K, V = (uc.torch_to_device(t, self.dev, x, fmt) for x in (q, k, v))
         slope_t = t.tensor(slopes, dtype=t.float32, device=self.dev) if slopes else None
+        off_t = t.tensor(off, dtype=t.int32, device=self.dev)  # the bottom-right diagonal's offset
 
         def score_mod(score, b, h, q_idx, kv_idx):
             if cap:
                 score = cap * t.tanh(score / cap)
             if slope_t is not None:
-                score = score - slope_t[h] * (q_idx + off - kv_idx).abs()
+                score = score - slope_t[h] * (q_idx + off_t - kv_idx).abs()
             return score
 
         block_mask = None
         if left is not None:
             def mask_mod(b, h, q_idx, kv_idx):
-                return (kv_idx <= q_idx + off) & (q_idx + off - kv_idx <= left)
+                return (kv_idx <= q_idx + off_t) & (q_idx + off_t - kv_idx <= left)
             block_mask = self.create_block_mask(mask_mod, None, None, a["seq_q"], a["seq_kv"], device=self.dev)
         o = self.flex(Q, K, V, score_mod=score_mod if (cap or slopes) else None, block_mask=block_mask)
         t.cuda.synchronize()
