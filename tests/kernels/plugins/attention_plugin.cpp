@@ -310,7 +310,7 @@ ulpgate_kernel backward(const char* name, int (*fn)(const ulpgate_problem*, char
 const KernelV6 kKernels[] = {as_v6(declared()), as_v6(backward("test.attention_bwd_v6", run_bwd)),
                              as_v6(backward("test.attention_bwd_v6_no_d", run_bwd_no_d))};
 #elif ATTENTION_PLUGIN_ABI >= 7
-int run_no_sink(const ulpgate_problem* p, char*, size_t) { return run_attention(p, true, false, true); }
+[[maybe_unused]] int run_no_sink(const ulpgate_problem* p, char*, size_t) { return run_attention(p, true, false, true); }
 ulpgate_kernel with_variants(ulpgate_kernel k, const char* name, int (*fn)(const ulpgate_problem*, char*, size_t)) {
   k.name = name, k.run = fn;
   k.attention_variants = ULPGATE_VARIANT_WINDOW | ULPGATE_VARIANT_SOFTCAP | ULPGATE_VARIANT_ALIBI | ULPGATE_VARIANT_SINKS;
