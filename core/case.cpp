@@ -311,6 +311,12 @@ double input_scale(const Case& c, std::string_view operand, std::int64_t kv_head
   return it == c.scales.end() ? 1.0 : it->second;
 }
 
+std::vector<double> kv_head_scales(const Case& c, std::string_view operand) {
+  std::vector<double> out;
+  for (std::int64_t hk = 0; hk < c.attention.eff_kv_heads(); ++hk) out.push_back(input_scale(c, operand, hk));
+  return out;
+}
+
 PageUse page_use(const AttentionShape& a) {
   PageUse u;
   u.slots.assign(static_cast<std::size_t>(a.num_pages), 0);
@@ -664,19 +670,22 @@ void validate(const Case& c) {
   if (!std::isfinite(c.beta)) fail("case.beta", "must be finite");
   if (is_attention(c.op) && c.epilogue != Epilogue::None)
     fail("case.epilogue", "attention takes no epilogue");
+  // A scale's value, and its operand: FP8 only. A kernel for a wider format has no scale to
+  // apply (cuBLASLt's scale pointers are FP8-only, the plugin ABI passes 1): a scale there
+  // would make the reference and the kernel compute different products.
+  const auto positive = [](const std::string& field, double s) {
+    if (!(std::isfinite(s) && s > 0)) fail(field, fmt::format("must be finite and > 0, got {}", s));
+  };
+  const auto fp8_only = [&c](const std::string& field, const std::string& op) {
+    const auto t = c.types.find(op);
+    if (t == c.types.end()) fail(field, fmt::format("scales apply only to FP8 operands (this case has no {})", op));
+    if (!takes_scale(t->second)) fail(field, fmt::format("scales apply only to FP8 operands ({} is {})", op, name(t->second)));
+  };
   for (const auto& [op, s] : c.scales) {
     if (!(c.op == Op::Gemm ? op == "A" || op == "B" || op == "C" || op == "D" : c.op == Op::Attention && (op == "K" || op == "V")))
       fail("case.scales." + op, "unknown scale (GEMM scales are A, B, C, D; attention's K and V, an FP8 K/V cache)");
-    if (!(std::isfinite(s) && s > 0)) fail("case.scales." + op, fmt::format("must be finite and > 0, got {}", s));
-    // A kernel for a wider format has no scale to apply (cuBLASLt's scale pointers are
-    // FP8-only, the plugin ABI passes 1): a scale there would make the reference and the
-    // kernel compute different products.
-    const auto t = c.types.find(op);
-    if (t == c.types.end())
-      fail("case.scales." + op, fmt::format("scales apply only to FP8 operands (this case has no {})", op));
-    if (!takes_scale(t->second))
-      fail("case.scales." + op,
-           fmt::format("scales apply only to FP8 operands ({} is {})", op, name(t->second)));
+    positive("case.scales." + op, s);
+    fp8_only("case.scales." + op, op);
   }
   for (const auto& [op, v] : c.head_scales) {
     if (c.op != Op::Attention || (op != "K" && op != "V"))
@@ -685,11 +694,8 @@ void validate(const Case& c) {
     const std::int64_t kv_heads = c.attention.eff_kv_heads();
     if (static_cast<std::int64_t>(v.size()) != kv_heads)
       fail("case.head_scales." + op, fmt::format("must have one scale per K/V head ({}), got {}", kv_heads, v.size()));
-    for (std::size_t h = 0; h < v.size(); ++h)
-      if (!(std::isfinite(v[h]) && v[h] > 0))
-        fail(fmt::format("case.head_scales.{}[{}]", op, h), fmt::format("must be finite and > 0, got {}", v[h]));
-    if (!takes_scale(c.types.at(op)))
-      fail("case.head_scales." + op, fmt::format("scales apply only to FP8 operands ({} is {})", op, name(c.types.at(op))));
+    for (std::size_t h = 0; h < v.size(); ++h) positive(fmt::format("case.head_scales.{}[{}]", op, h), v[h]);
+    fp8_only("case.head_scales." + op, op);
   }
   const auto in = c.inputs();
   for (const auto& [op, spec] : c.dist) {

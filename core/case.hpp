@@ -270,6 +270,8 @@ PageUse page_use(const AttentionShape& a);
 /// An attention input's value is its stored value times this: K or V's scale of K/V head
 /// kv_head (case.head_scales), else its tensor's scale (case.scales), else 1.
 double input_scale(const Case& c, std::string_view operand, std::int64_t kv_head);
+/// input_scale of K or V for each K/V head of attention case c, head 0 first.
+std::vector<double> kv_head_scales(const Case& c, std::string_view operand);
 /// Pages a's K/V (AttentionShape::page_size) for its batch and seq_kv: each row takes
 /// ceil(seq_kv / page_size) pages of a pool in an order shuffled by `seed`, and one more page
 /// no row reads. page_size 0 makes K/V contiguous again.

@@ -373,43 +373,35 @@ Tensor fill_operand(Case& c, const Operand& o, const DistSpec& spec) {
   // amax is FP8's storage step: any other operand holds its base values, unscaled (scales
   // are FP8-only, takes_scale; a plugin gets 1 there and a kernel would ignore anything else).
   if (spec.family == "amax" && takes_scale(o.format)) {
-    // One scale for the tensor, or one per head (axis 1 of attention's logical order).
+    // One scale for the tensor, or one per head: axis 1 of attention's logical order
+    // [batch][head][seq][dim], so element e is in head (e / (seq dim)) % heads.
     const bool per_head = spec["per_head"] != 0;
-    const double spread = spec["spread"];
-    // Counter indices no element takes (they stay below 2^62), one per head.
-    constexpr std::uint64_t kHeadFactorIndex = std::uint64_t{1} << 62;
     if (per_head && c.op != Op::Attention)
       throw InputError(fmt::format("case.dist.{}: amax per_head=1 is for attention K and V", o.name));
-    const std::int64_t groups = per_head ? o.dims[1] : 1;
-    std::vector<double> scales(static_cast<std::size_t>(groups), 1.0);
-    for (std::int64_t g = 0; g < groups; ++g) {
-      const std::int64_t per_batch = per_head ? o.dims[2] * o.dims[3] : 0;  // attention: [batch][head][seq][dim]
-      const auto each = [&](auto&& f) {
-        if (!per_head)
-          for (double& v : vals) f(v);
-        else
-          for (std::int64_t b = 0; b < o.dims[0]; ++b)
-            for (std::int64_t e = 0; e < per_batch; ++e) f(vals[static_cast<std::size_t>((b * groups + g) * per_batch + e)]);
-      };
-      // Heads of different ranges, as real caches have: head g's values times 2^(spread u).
-      if (per_head && spread > 0) {
-        const double u = 2 * to_unit_closed_open(low64(random_block(seed, o.stream, kHeadFactorIndex + g))) - 1;
-        const double factor = std::exp2(spread * u);
-        each([&](double& v) { v *= factor; });
+    const std::int64_t groups = per_head ? o.dims[1] : 1, run = per_head ? o.dims[2] * o.dims[3] : o.count();
+    const auto group_of = [&](std::size_t e) { return static_cast<std::size_t>(static_cast<std::int64_t>(e) / run % groups); };
+    // Heads of different ranges, as real caches have: head g's values times 2^(spread u_g),
+    // u_g drawn at counter indices no element takes (they stay below 2^62).
+    std::vector<double> factor(static_cast<std::size_t>(groups), 1.0), amax(factor.size(), 0.0), scales(factor.size(), 1.0);
+    if (per_head && spec["spread"] > 0)
+      for (std::int64_t g = 0; g < groups; ++g) {
+        const std::uint64_t index = (std::uint64_t{1} << 62) + static_cast<std::uint64_t>(g);
+        const double u = 2 * to_unit_closed_open(low64(random_block(seed, o.stream, index))) - 1;
+        factor[static_cast<std::size_t>(g)] = std::exp2(spec["spread"] * u);
       }
-      double amax = 0.0;
-      each([&](double v) {
-        if (std::isfinite(v)) amax = std::max(amax, std::fabs(v));
-      });
-      // The scale is an FP32 number, as cuBLASLt's scale pointers; kept in FP32's normal range.
-      // Rounded up, so that amax / scale stays at or below frac * max finite.
-      double scale = 1.0;
-      if (amax > 0.0)
-        scale = std::clamp(round_to(Format::FP32, amax / (spec["frac"] * info(o.format).max_finite()), Rounding::Up),
-                           0x1p-126, 0x1p127);
-      each([&](double& v) { v /= scale; });
-      scales[static_cast<std::size_t>(g)] = scale;
+    for (std::size_t e = 0; e < vals.size(); ++e) {
+      double& v = vals[e];
+      const std::size_t g = group_of(e);
+      v *= factor[g];
+      if (std::isfinite(v)) amax[g] = std::max(amax[g], std::fabs(v));
     }
+    // The scale is an FP32 number, as cuBLASLt's scale pointers; kept in FP32's normal range.
+    // Rounded up, so that amax / scale stays at or below frac * max finite.
+    for (std::size_t g = 0; g < scales.size(); ++g)
+      if (amax[g] > 0.0)
+        scales[g] = std::clamp(round_to(Format::FP32, amax[g] / (spec["frac"] * info(o.format).max_finite()), Rounding::Up),
+                               0x1p-126, 0x1p127);
+    for (std::size_t e = 0; e < vals.size(); ++e) vals[e] /= scales[group_of(e)];
     if (per_head) c.head_scales[o.name] = scales;
     else c.scales[o.name] = scales[0];
   }

@@ -443,10 +443,8 @@ struct Inputs {
         vt(checked_input(inputs, "V", c.types.at("V"), vv.elements(), kWho)),
         hd(a.head_dim), dv(a.eff_head_dim_v()),
         fast(qt.format() != Format::FP64 && kt.format() != Format::FP64), scale(scale_of(a)),
-        biased(!a.alibi_slopes.empty() || !a.sinks.empty()) {
-    for (std::int64_t hk = 0; hk < a.eff_kv_heads(); ++hk)
-      k_scale.push_back(input_scale(c, "K", hk)), v_scale.push_back(input_scale(c, "V", hk));
-  }
+        biased(!a.alibi_slopes.empty() || !a.sinks.empty()),
+        k_scale(kv_head_scales(c, "K")), v_scale(kv_head_scales(c, "V")) {}
   const AttentionShape& a;
   const AttentionView qv, kv, vv;
   const Tensor& qt;
@@ -458,7 +456,7 @@ struct Inputs {
   const bool biased;  // ALiBi or sinks: logits carry exact biases
   // An FP8 K/V cache's scales per K/V head (1 without): K's multiplies the exact q . k, V's
   // each value (an FP8 value times an FP32 scale is exact in a double).
-  std::vector<double> k_scale, v_scale;
+  const std::vector<double> k_scale, v_scale;
 };
 
 // What one attempt of Ziv's loop computes once for all columns: at precision p, the

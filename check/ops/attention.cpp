@@ -221,7 +221,7 @@ class RowBound {
   RowBound(const Case& c, const Inputs& inputs, const ToleranceModel& tol, const Sampling& sampling,
            const std::vector<char>& poisoned)
       : c_(c), a_(c.attention), tol_(tol), poisoned_(poisoned), v_(inputs.at("V")), vv_(attention_view(c, "V")),
-        inputs_(inputs), dv_(c.attention.eff_head_dim_v()),
+        inputs_(inputs), dv_(c.attention.eff_head_dim_v()), v_scale_(kv_head_scales(c, "V")),
         u_deq_k_(kv_dequantization_unit(c, "K")), u_deq_v_(kv_dequantization_unit(c, "V")),
         u_(std::ldexp(1.0, 1 - tol.accumulator_bits)),
         u_in_(tol.input_bits > 0 ? std::ldexp(1.0, 1 - tol.input_bits) : 0.0),
@@ -229,7 +229,6 @@ class RowBound {
         u_p(tol.p_bits > 0 && tol.p_bits < 24 ? std::ldexp(1.0, 1 - tol.p_bits) : 0.0) {
     const auto& fo = info(c.types.at("O"));
     o_overflow_ = fo.max_finite() + ulp_of(c.types.at("O"), fo.max_finite()) / 2;
-    for (std::int64_t hk = 0; hk < a_.eff_kv_heads(); ++hk) v_scale_.push_back(input_scale(c, "V", hk));
     if (sampling.sampled()) v_head_max_ = v_head_max();
   }
 
@@ -327,7 +326,7 @@ class RowBound {
   const std::int64_t dv_;
   double v_scale(std::int64_t hk) const { return v_scale_[static_cast<std::size_t>(hk)]; }
 
-  std::vector<double> v_scale_;  // V's scale per K/V head (an FP8 K/V cache; 1 without)
+  const std::vector<double> v_scale_;  // V's scale per K/V head (an FP8 K/V cache; 1 without)
   const double u_deq_k_, u_deq_v_;
   const double u_, u_in_, eta_p_;
   double o_overflow_ = 0;

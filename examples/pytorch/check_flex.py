@@ -233,13 +233,7 @@ def report_sections(records, seqs):
         for dtype in dict.fromkeys(r["dtype"] for r in records if r["variant"] == variant):
             rs = {r["seq_kv"]: r for r in records if r["variant"] == variant and r["dtype"] == dtype}
             judged = [r for r in rs.values() if r.get("outcome") in ("pass", "fail")]
-            cells = []
-            for s in seqs:
-                r = rs.get(s)
-                o = r.get("outcome") if r else None
-                cells.append("-" if r is None else uc.g(r.get("max_normalised")) if o == "pass"
-                             else f"**FAIL** {uc.g(r.get('max_normalised'))}" if o == "fail" else o)
-            rows.append([variant, dtype] + cells +
+            rows.append([variant, dtype] + [uc.result_cell(rs.get(s)) for s in seqs] +
                         [max((r.get("max_ulp_distance") or 0 for r in judged), default="-")])
     table = uc.md_table(["variant", "dtype"] + [f"kv {s}" for s in seqs] + ["max ULP dist"], rows)
     return [("Largest error |o - x| / sum_j p_j |v_j| per seq_kv", table +

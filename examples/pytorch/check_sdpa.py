@@ -221,17 +221,6 @@ def main():
     return rc
 
 
-def cell(r):
-    if r is None:
-        return "-"
-    o = r.get("outcome")
-    if o == "pass":
-        return uc.g(r.get("max_normalised"))
-    if o == "fail":
-        return f"**FAIL** {uc.g(r.get('max_normalised'))}"
-    return "n/s" if o == "not supported" else "error"
-
-
 def report_sections(records, seqs, backends):
     sections = []
     series_keys = []
@@ -270,7 +259,7 @@ def report_sections(records, seqs, backends):
                                        [pts[s].get("mean_normalised") for s, _ in judged])
             exp = "-" if p is None else (f"{p:+.2f}" + (f" ± {se:.2f}" if se is not None else ""))
             rows.append([dtype, "causal" if causal else "full", "padded" if padded else "-", dist] +
-                        [cell(pts.get(s)) for s in seqs] + [exp, "-" if pm is None else f"{pm:+.2f}"])
+                        [uc.result_cell(pts.get(s)) for s in seqs] + [exp, "-" if pm is None else f"{pm:+.2f}"])
         sections.append((f"{backend}: max |o - x| / sum p|v| against seq_kv", uc.md_table(
             ["dtype", "mask", "padding", "dist"] + [f"{s}" for s in seqs] + ["growth (max)", "growth (mean)"], rows)))
     bad = [r for r in records if r.get("outcome") in ("fail", "error")]

@@ -335,6 +335,18 @@ def judge(rec):
     return rec
 
 
+def result_cell(r):
+    """A record's table cell: its largest normalised error, marked where it failed; '-' for no record."""
+    if r is None:
+        return "-"
+    o = r.get("outcome")
+    if o == "pass":
+        return g(r.get("max_normalised"))
+    if o == "fail":
+        return f"**FAIL** {g(r.get('max_normalised'))}"
+    return "n/s" if o == "not supported" else "error"
+
+
 def growth_exponent(xs, ys):
     """Least-squares slope p of log(y) = a + p log(x), with its standard error (None if < 2 points)."""
     pts = [(math.log(x), math.log(y)) for x, y in zip(xs, ys) if x and y and x > 0 and y > 0]
