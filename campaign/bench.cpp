@@ -35,6 +35,8 @@ double case_flops(const Case& c) {
     return 2.0 * static_cast<double>(c.gemm.batch) * static_cast<double>(c.gemm.m) * static_cast<double>(c.gemm.n) *
            static_cast<double>(c.gemm.k);
   const AttentionShape& a = c.attention;
+  if (c.op == Op::AttentionCombine)  // a multiply-add per partial value
+    return 2.0 * static_cast<double>(a.batch * a.heads * a.seq_q) * static_cast<double>(a.splits * a.head_dim);
   // Visible (query, key) pairs (core/case.hpp attention_visible_count).
   double pairs = 0;
   for (std::int64_t b = 0; b < a.batch; ++b)

@@ -27,7 +27,7 @@ std::optional<E> parse_enum(std::string_view t, const E (&all)[N]) {
   return std::nullopt;
 }
 
-constexpr Op kOps[] = {Op::Gemm, Op::Attention, Op::AttentionBackward};
+constexpr Op kOps[] = {Op::Gemm, Op::Attention, Op::AttentionBackward, Op::AttentionCombine};
 constexpr Layout kLayouts[] = {Layout::RowMajor, Layout::ColMajor};
 constexpr AttentionLayout kAttnLayouts[] = {AttentionLayout::BHSD, AttentionLayout::BSHD};
 constexpr AlibiForm kAlibiForms[] = {AlibiForm::Flash, AlibiForm::FlashInfer};
@@ -124,6 +124,7 @@ class ObjectReader {
 std::vector<std::string> operands_of(Op op) {
   if (op == Op::Gemm) return {"A", "B", "C", "D", "bias"};
   if (op == Op::AttentionBackward) return {"Q", "K", "V", "O", "LSE", "dO", "dQ", "dK", "dV"};
+  if (op == Op::AttentionCombine) return {"O_part", "LSE_part", "O", "LSE"};
   return {"Q", "K", "V", "O", "LSE"};
 }
 
@@ -158,6 +159,37 @@ bool contains(const std::vector<std::string>& v, const std::string& s) {
   return std::find(v.begin(), v.end(), s) != v.end();
 }
 
+// attention_combine: batch, heads, seq_q, head_dim (the rows' width) and splits; every field
+// of the attention forward's own (keys, masks, variants) at its default.
+void validate_combine(const Case& c) {
+  const auto& a = c.attention;
+  for (auto [key, v] : {std::pair{"batch", a.batch}, {"heads", a.heads}, {"seq_q", a.seq_q}, {"head_dim", a.head_dim},
+                        {"splits", a.splits}})
+    if (v < 1) fail(std::string("case.attention.") + key, fmt::format("must be >= 1, got {}", v));
+  check_sizes("case.attention.", {{"batch", a.batch}, {"heads", a.heads}, {"seq_q", a.seq_q}, {"head_dim", a.head_dim},
+                                  {"splits", a.splits}});
+  const AttentionShape none;
+  for (auto [field, set] : {std::pair{"seq_kv", a.seq_kv != none.seq_kv}, {"head_dim_v", a.head_dim_v != 0},
+                            {"kv_heads", a.kv_heads != 0}, {"causal", a.causal}, {"softmax_scale", a.softmax_scale.has_value()},
+                            {"kv_lengths", !a.kv_lengths.empty()}, {"window_left", a.window_left != -1},
+                            {"window_right", a.window_right != -1}, {"softcap", a.softcap != 0},
+                            {"alibi_slopes", !a.alibi_slopes.empty()}, {"sinks", !a.sinks.empty()}, {"page_size", a.paged()},
+                            {"num_pages", a.num_pages != 0}, {"page_table", !a.page_table.empty()}})
+    if (set)
+      fail(std::string("case.attention.") + field,
+           "attention_combine merges partial states: it takes no keys, masks or variants (leave it at its default)");
+  check_buffer("case.attention", "O_part", {{"splits", a.splits}, {"batch", a.batch}, {"heads", a.heads}, {"seq_q", a.seq_q},
+                                            {"head_dim", a.head_dim}});
+  for (const char* op : {"O_part", "O"})
+    if (const auto t = c.types.find(op); t != c.types.end() && t->second != Format::FP32 && t->second != Format::FP16 &&
+                                         t->second != Format::BF16)
+      fail(std::string("case.types.") + op, fmt::format("must be fp32, fp16 or bf16, got {}", name(t->second)));
+  if (const auto t = c.types.find("LSE_part"); t != c.types.end() && t->second != Format::FP32)
+    fail("case.types.LSE_part", fmt::format("the partial log-sum-exps are fp32, got {}", name(t->second)));
+  if (const auto t = c.types.find("compute"); t != c.types.end() && t->second != Format::FP32)
+    fail("case.types.compute", fmt::format("attention_combine computes in fp32, got {}", name(t->second)));
+}
+
 }  // namespace
 
 std::string_view name(Op o) {
@@ -165,6 +197,7 @@ std::string_view name(Op o) {
     case Op::Gemm: return "gemm";
     case Op::Attention: return "attention";
     case Op::AttentionBackward: return "attention_backward";
+    case Op::AttentionCombine: return "attention_combine";
   }
   return "?";
 }
@@ -197,6 +230,7 @@ bool has_gelu(Epilogue e) {
 std::vector<std::string> Case::inputs() const {
   if (op == Op::Attention) return {"Q", "K", "V"};
   if (op == Op::AttentionBackward) return {"Q", "K", "V", "dO"};
+  if (op == Op::AttentionCombine) return {"O_part", "LSE_part"};
   std::vector<std::string> in{"A", "B"};
   if (beta != 0.0) in.push_back("C");
   if (has_bias(epilogue)) in.push_back("bias");
@@ -237,6 +271,13 @@ AttentionView attention_view(const Case& c, std::string_view operand) {
   if (gradient && c.op != Op::AttentionBackward)
     throw InputError(fmt::format("{} has no operand '{}' (attention_backward has)", name(c.op), operand));
   if (gradient) operand.remove_prefix(1);  // dQ, dK, dV, dO: laid out as Q, K, V, O
+  const bool part = operand == "O_part" || operand == "LSE_part";
+  if (part != (c.op == Op::AttentionCombine) && (part || operand != "O" && operand != "LSE"))
+    throw InputError(fmt::format("{} has no operand '{}'", name(c.op), operand));
+  if (part) {  // the forward's O and LSE, splits x batch of them
+    operand.remove_suffix(5);
+    v.batch = a.splits * a.batch;
+  }
   if (operand == "Q") {
     v.seq = a.seq_q;
   } else if (operand == "K") {
@@ -540,6 +581,9 @@ std::string shape_text(const Case& c, bool with_order) {
     return fmt::format("{}{}x{}x{}{}", g.batch > 1 ? fmt::format("{} x ", g.batch) : "", g.m, g.n, g.k, order);
   }
   const AttentionShape& a = c.attention;
+  if (c.op == Op::AttentionCombine)
+    return fmt::format("B{} H{} Sq{} D{} splits {}{}", a.batch, a.heads, a.seq_q, a.head_dim, a.splits,
+                       a.lse_base2 ? " LSE base 2" : "");
   return fmt::format("B{} H{}{} Sq{} Skv{} D{}{}{}", a.batch, a.heads,
                      a.eff_kv_heads() != a.heads ? fmt::format("/{}", a.eff_kv_heads()) : "", a.seq_q, a.seq_kv, a.head_dim,
                      a.eff_head_dim_v() != a.head_dim ? fmt::format("/{}", a.eff_head_dim_v()) : "",
@@ -574,6 +618,8 @@ void validate(const Case& c) {
       const std::int64_t major = g.layout == Layout::RowMajor ? v.rows : v.cols;
       check_buffer("case.gemm", op, {{"batch", v.batch}, {"", major}, {fmt::format("ld{}", char(std::tolower(*op))), v.ld}});
     }
+  } else if (c.op == Op::AttentionCombine) {
+    validate_combine(c);
   } else {
     const auto& a = c.attention;
     for (auto [key, v] : {std::pair{"batch", a.batch}, {"heads", a.heads}, {"seq_q", a.seq_q},
@@ -655,6 +701,7 @@ void validate(const Case& c) {
   std::vector<std::string> required =
       c.op == Op::Gemm                ? std::vector<std::string>{"A", "B", "D", "compute"}
       : c.op == Op::AttentionBackward ? std::vector<std::string>{"Q", "K", "V", "O", "LSE", "dO", "dQ", "dK", "dV", "compute"}
+      : c.op == Op::AttentionCombine  ? std::vector<std::string>{"O_part", "LSE_part", "O", "compute"}
                                       : std::vector<std::string>{"Q", "K", "V", "O", "compute"};
   if (c.op == Op::Gemm && c.beta != 0.0) required.push_back("C");
   if (c.op == Op::Gemm && has_bias(c.epilogue)) required.push_back("bias");
@@ -664,11 +711,14 @@ void validate(const Case& c) {
                                : op == "bias" ? "missing (required by the bias epilogue)"
                                : op == "LSE" && c.op == Op::AttentionBackward ? "missing (the backward pass reads the forward's LSE, fp32)"
                                               : "missing");
+  if (c.op != Op::AttentionCombine && (c.attention.splits != 1 || c.attention.lse_base2))
+    fail(c.attention.splits != 1 ? "case.attention.splits" : "case.attention.lse_base",
+         fmt::format("only attention_combine cases merge splits (this one is {})", name(c.op)));
   if (const auto lse = c.types.find("LSE"); lse != c.types.end() && lse->second != Format::FP32)
     fail("case.types.LSE", fmt::format("the log-sum-exp output is fp32, got {}", name(lse->second)));
   if (!std::isfinite(c.alpha)) fail("case.alpha", "must be finite");
   if (!std::isfinite(c.beta)) fail("case.beta", "must be finite");
-  if (is_attention(c.op) && c.epilogue != Epilogue::None)
+  if (c.op != Op::Gemm && c.epilogue != Epilogue::None)
     fail("case.epilogue", "attention takes no epilogue");
   // A scale's value, and its operand: FP8 only. A kernel for a wider format has no scale to
   // apply (cuBLASLt's scale pointers are FP8-only, the plugin ABI passes 1): a scale there
@@ -742,6 +792,7 @@ json to_json(const Case& c) {
       at["sinks"] = sinks;
     }
     if (a.paged()) at["page_size"] = a.page_size, at["num_pages"] = a.num_pages, at["page_table"] = a.page_table;
+    if (c.op == Op::AttentionCombine) at["splits"] = a.splits, at["lse_base"] = a.lse_base2 ? "2" : "e";
   }
   json types = json::object();
   for (const auto& [op, f] : c.types) types[op] = name(f);
@@ -833,6 +884,12 @@ Case case_from_json(const json& j) {
     s.page_size = a.integer("page_size", 0, 0);  // absent: contiguous K/V
     s.num_pages = a.integer("num_pages", 0, 0);
     integers("page_table", s.page_table);
+    s.splits = a.integer("splits", 1, 1);
+    if (const json* base = a.find("lse_base")) {
+      if (!base->is_string() || (*base != "e" && *base != "2"))
+        fail("case.attention.lse_base", "must be \"e\" (natural log) or \"2\" (log2), got " + shown(*base));
+      s.lse_base2 = *base == "2";
+    }
     a.finish();
   }
   {

@@ -2,6 +2,7 @@
 // the memory contract every kernel and reference follows, made concrete by the views below:
 //   GEMM  D[b] = scale_D ep(alpha scale_A scale_B op(A[b]) op(B[b]) + beta scale_C C[b] + bias)
 //   Attention  O[b,h] = softmax(scale Q K^T + mask) V, optionally with its log-sum-exp LSE
+//   Attention combine  O = sum_s exp(LSE_s - LSE) O_s, LSE = ln sum_s exp(LSE_s) (split-KV)
 // Layouts, transposes, leading dimensions, batches, heads, the mask and LSE: see
 // docs/concepts/cases.md ("Memory interpretation").
 #pragma once
@@ -22,7 +23,7 @@
 
 namespace ulpgate {
 
-enum class Op : std::uint8_t { Gemm, Attention, AttentionBackward };
+enum class Op : std::uint8_t { Gemm, Attention, AttentionBackward, AttentionCombine };
 enum class Layout : std::uint8_t { RowMajor, ColMajor };
 enum class AttentionLayout : std::uint8_t { BHSD, BSHD };
 /// ALiBi's two bias forms (docs/concepts/alibi.md), for query i, key j and a slope per head:
@@ -33,9 +34,11 @@ enum class Epilogue : std::uint8_t {
 };
 
 std::string_view name(Op);
-/// The op named "gemm", "attention" or "attention_backward"; nullopt for any other name.
+/// The op named "gemm", "attention", "attention_backward" or "attention_combine"; nullopt
+/// for any other name.
 std::optional<Op> parse_op(std::string_view name);
-/// Attention forward or backward: the ops that share AttentionShape and attention_view.
+/// Attention forward or backward: the ops of Q, K and V (attention_combine shares
+/// AttentionShape and attention_view but has none of them).
 constexpr bool is_attention(Op o) { return o == Op::Attention || o == Op::AttentionBackward; }
 std::string_view name(Layout);
 std::string_view name(AttentionLayout);
@@ -103,6 +106,11 @@ struct AttentionShape {
   /// of order, be shared by several rows, or be in no row at all. page_size 0: contiguous.
   std::int64_t page_size = 0, num_pages = 0;
   std::vector<std::int64_t> page_table;
+  /// attention_combine (docs/concepts/split-kv.md): the partial states per query row, each an
+  /// O_s of head_dim values and its LSE_s; lse_base2: every LSE (the parts' and the output's)
+  /// is log2 sum 2^x (FlashInfer's) instead of ln sum e^x. The other ops keep 1 and false.
+  std::int64_t splits = 1;
+  bool lse_base2 = false;
   bool paged() const { return page_size > 0; }
   /// Entries per batch in page_table (0 when not paged).
   std::int64_t pages_per_seq() const { return paged() ? static_cast<std::int64_t>(page_table.size()) / batch : 0; }
@@ -144,6 +152,8 @@ constexpr bool takes_scale(Format f) { return f == Format::E4M3 || f == Format::
 /// the visible keys, -inf for a row that sees none. Attention backward: Q, K, V, dO (drawn),
 /// O and LSE (the forward's, derived from them: derived_inputs), dQ, dK, dV (outputs; dK and
 /// dV per K/V head, summed over the query heads that read it).
+/// Attention combine: O_part and LSE_part (drawn), O and optionally LSE (outputs), shaped as
+/// the forward's O and LSE with `splits` partial states, the split index outermost.
 /// types also holds "compute" (the accumulation format).
 struct Case {
   Op op = Op::Gemm;
@@ -204,7 +214,9 @@ inline std::int64_t op_b_offset(const Case& c, const MatrixView& bv, std::int64_
 
 /// Where element [batch][head][position][dim] of attention operand "Q", "K", "V" or "O"
 /// (backward: "dQ", "dK", "dV", "dO" as Q, K, V, O) lives (packed; layout bhsd or bshd);
-/// "LSE" is [batch][head][position] (dim 1, bhsd). heads is the operand's own:
+/// "LSE" is [batch][head][position] (dim 1, bhsd). attention_combine's "O_part" and
+/// "LSE_part" are O and LSE with splits x batch batches: split s of batch b is batch
+/// s * batch + b of the view. heads is the operand's own:
 /// eff_kv_heads() for K and V, so their head index is AttentionShape::kv_head(h) of query
 /// head h. K and V of a paged case live in its page pool (AttentionShape::page_size): the
 /// view holds a copy of the page table and elements() is the whole pool.
@@ -234,7 +246,8 @@ struct AttentionView {
   std::vector<std::int64_t> logical_offsets() const;
 };
 /// The view of attention operand "Q", "K", "V", "O", "LSE", "dO", "dQ", "dK" or "dV"
-/// (backward cases only for the last four); throws InputError otherwise.
+/// (backward cases only for the last four), "O_part" or "LSE_part" (combine cases only);
+/// throws InputError otherwise.
 AttentionView attention_view(const Case& c, std::string_view operand);
 /// Elements of an operand's buffer, padding included (gemm_view or attention_view by c.op).
 std::int64_t operand_elements(const Case& c, std::string_view operand);

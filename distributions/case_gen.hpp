@@ -114,6 +114,7 @@ inline std::vector<std::string> families_for(const Case& c, const std::string& o
       case Scope::GemmAB: ok = joint_allowed && c.op == Op::Gemm && op == "A"; break;
       case Scope::GemmABC: ok = c.op == Op::Gemm && (op == "A" || op == "B" || op == "C"); break;  // attention: draw_kv_scales
       case Scope::AttnQK: ok = joint_allowed && is_attention(c.op) && op == "Q"; break;
+      case Scope::CombineLse: ok = c.op == Op::AttentionCombine && op == "LSE_part"; break;
     }
     if (f.name == "gendot" && ok) {
       // One GenDot pair must fit both A and B, and the request must be reachable at this K.
@@ -190,6 +191,10 @@ inline rc::Gen<std::string> dist_spec(const Case& c, const std::string& op, bool
                          *rc::gen::inRange<std::int64_t>(0, c.attention.seq_kv));
     if (fam == "masked") return fmt::format("masked(frac={})", detail::num(*pick(V{0.25, 0.5})));
     if (fam == "exact") return fmt::format("exact(frac={})", *pick(std::vector<int>{0, 2}));
+    if (fam == "lse")  // equal LSEs (std 0, a step), far-negative rows, exp(LSE) past FP32's range, empty splits
+      return fmt::format("lse(mean={},std={},empty={},step={})", detail::num(*pick(V{4, 0, 20, -1e4, 100, 1000, -100})),
+                         detail::num(*pick(V{4, 0.5, 30, 0, 300})), detail::num(*pick(V{0.1, 0, 0.5, 1})),
+                         detail::num(*pick(V{0, 0, 1, 0.5, 0.25})));
     throw std::logic_error("dist_spec: no generator for family " + fam);
   });
 }

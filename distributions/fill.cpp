@@ -200,6 +200,8 @@ Sampler resolve(const DistSpec& s, const Case& c, const Operand& o) {
     set(Kind::NearOverflow, s["lo"] * fi.max_finite(), s["hi"] * fi.max_finite());
   else if (f == "subnormal")
     set(Kind::Subnormal, s["rate"], fi.min_subnormal(), std::ldexp(1.0, fi.frac_bits), fi.min_normal());
+  else if (f == "lse")
+    set(Kind::Lse, s["mean"], s["std"], s["empty"], s["step"]);
   else if (f == "exact")
     set(Kind::Exact, s["max"] > 0 ? s["max"] : exact_auto_max(c, o.name), std::ldexp(1.0, -static_cast<int>(s["frac"])));
   else
@@ -219,8 +221,11 @@ void check_scope(const DistSpec& s, const Case& c, const std::string& op) {
       if (gemm ? op == "A" || op == "B" || op == "C" : c.op == Op::Attention && (op == "K" || op == "V")) return;
       fail(op, fmt::format("{} is only for GEMM A, B, C and attention K, V (case.scales has no {} scale)", s.family, op));
     case Scope::AttnQK:
-      if (!gemm && (op == "Q" || op == "K")) return;
+      if (is_attention(c.op) && (op == "Q" || op == "K")) return;
       fail(op, fmt::format("{} is only for attention Q and K (it builds them together)", s.family));
+    case Scope::CombineLse:
+      if (c.op == Op::AttentionCombine && op == "LSE_part") return;
+      fail(op, fmt::format("{} is only for attention_combine's LSE_part (partial log-sum-exps)", s.family));
   }
 }
 
@@ -550,6 +555,8 @@ std::uint32_t operand_stream(std::string_view op) {
   if (op == "K") return kStreamK;
   if (op == "V") return kStreamV;
   if (op == "dO") return kStreamDO;
+  if (op == "O_part") return kStreamOPart;
+  if (op == "LSE_part") return kStreamLsePart;
   throw InputError(fmt::format("no input operand \"{}\"", op));
 }
 
@@ -571,7 +578,7 @@ double exact_auto_max(const Case& c, std::string_view op) {
     len = c.gemm.k + 2;  // + C and bias terms, each no larger than one product's bound
   } else {
     p_out = info(c.types.at("compute")).precision();
-    len = op == "V" ? c.attention.seq_kv : c.attention.head_dim;
+    len = c.op == Op::AttentionCombine ? c.attention.splits : op == "V" ? c.attention.seq_kv : c.attention.head_dim;
   }
   const int log_len = static_cast<int>(std::ceil(std::log2(static_cast<double>(len))));
   int e = static_cast<int>(std::floor((p_out - log_len) / 2.0));
@@ -590,7 +597,7 @@ std::map<std::string, Tensor> fill_inputs(Case& c) {
   std::map<std::string, Tensor> out;
   if (c.op == Op::Gemm) {
     if (const DistSpec* g = joint(specs, c, "A", "B", Scope::GemmAB)) fill_gendot(c, *g, out);
-  } else if (const DistSpec* q = joint(specs, c, "Q", "K", Scope::AttnQK)) {
+  } else if (const DistSpec* q = is_attention(c.op) ? joint(specs, c, "Q", "K", Scope::AttnQK) : nullptr) {
     fill_attention_qk(c, *q, out);
   }
   for (const std::string& op : c.inputs()) {

@@ -20,9 +20,10 @@ namespace ulpgate {
 
 inline constexpr std::uint32_t kStreamA = 1, kStreamB = 2, kStreamC = 3, kStreamBias = 4,
                                kStreamQ = 5, kStreamK = 6, kStreamV = 7,
-                               kStreamDO = 8;
+                               kStreamDO = 8, kStreamOPart = 9, kStreamLsePart = 10;
 
-/// The operand stream of "A", "B", "C", "bias", "Q", "K", "V" or "dO"; throws InputError otherwise.
+/// The operand stream of "A", "B", "C", "bias", "Q", "K", "V", "dO", "O_part" or "LSE_part";
+/// throws InputError otherwise.
 std::uint32_t operand_stream(std::string_view operand);
 
 /// The NaN written into padding: a quiet NaN with payload 0x5A5A... (FP64/FP32/TF32/FP16/

@@ -228,6 +228,7 @@ enum class Kind : std::uint8_t {
   NearOverflow,  ///< magnitude uniform in [a, b], random sign
   Subnormal,     ///< a = rate; b = smallest subnormal, c = subnormal codes, d = min normal
   Exact,         ///< integers in [-a, a] times b
+  Lse,           ///< a + b z rounded to a multiple of d (d > 0), -inf w.p. c (an empty split)
 };
 
 /// A family with every parameter resolved to a number (format and shape already folded in)
@@ -325,6 +326,15 @@ ULPGATE_HD double sample_core(const Sampler& s, std::uint64_t seed, std::uint32_
         m = mul(s.d, fma_rn(15.0, to_unit_closed_open(low64(r)), 1.0));
       }
       v = (r.w[2] & 1u) ? -m : m;
+      break;
+    }
+    case Kind::Lse: {
+      if (unit(seed, with_draw(stream, kDrawExtra), index) < s.c) {
+        v = -infinity();
+        break;
+      }
+      v = fma_rn(s.b, normal_from(r), s.a);
+      if (s.d > 0) v = mul(floor(add(div(v, s.d), 0.5)), s.d);
       break;
     }
     case Kind::Exact: {

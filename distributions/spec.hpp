@@ -26,6 +26,7 @@ enum class Scope : unsigned char {
   GemmAB,     ///< GEMM A and B only (gendot builds them together)
   GemmABC,    ///< GEMM A, B, C and attention K, V (amax scaling writes case.scales, which has no Q/bias)
   AttnQK,     ///< attention Q and K (built together)
+  CombineLse, ///< attention_combine's LSE_part (partial log-sum-exps)
 };
 
 /// A distribution family: its name, parameters in positional order, a one-line description.

@@ -2,6 +2,7 @@
 
 #include "core/error.hpp"
 #include "kernels/emulated/attention_backward_models.hpp"
+#include "kernels/emulated/attention_combine_models.hpp"
 #include "kernels/emulated/attention_models.hpp"
 #include "kernels/emulated/gemm_models.hpp"
 
@@ -37,6 +38,11 @@ Kernel* Registry::resolve(const std::string& name) {
   if (auto m = AttentionBackwardModel::parse(name)) {
     if (Kernel* k = find(m->name())) return k;
     add(make_emulated_attention_backward(*m));
+    return kernels_.back().get();
+  }
+  if (auto m = AttentionCombineModel::parse(name)) {
+    if (Kernel* k = find(m->name())) return k;
+    add(make_emulated_attention_combine(*m));
     return kernels_.back().get();
   }
   return nullptr;

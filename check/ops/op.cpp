@@ -10,6 +10,7 @@
 #include "distributions/spec.hpp"
 #include "check/ops/attention.hpp"
 #include "check/ops/attention_backward.hpp"
+#include "check/ops/attention_combine.hpp"
 #include "check/ops/gemm.hpp"
 
 namespace ulpgate {
@@ -19,11 +20,14 @@ const OpModule& op_module(Op op) {
     case Op::Gemm: return gemm_module();
     case Op::Attention: return attention_module();
     case Op::AttentionBackward: return attention_backward_module();
+    case Op::AttentionCombine: return attention_combine_module();
   }
   throw std::logic_error("op_module: unknown op");
 }
 
-std::vector<const OpModule*> all_op_modules() { return {&gemm_module(), &attention_module(), &attention_backward_module()}; }
+std::vector<const OpModule*> all_op_modules() {
+  return {&gemm_module(), &attention_module(), &attention_backward_module(), &attention_combine_module()};
+}
 
 Inputs case_inputs(Case& c) {
   Inputs in = fill_inputs(c);
@@ -69,7 +73,7 @@ ToleranceModel precision_terms(const Case& c, const KernelTraits& traits) {
     case Format::TF32: t.accumulator_bits = 24, t.input_bits = 11; break;
     default: t.accumulator_bits = 24; break;
   }
-  const Format input = c.types.at(c.op == Op::Gemm ? "A" : "Q");  // backward: Q too
+  const Format input = c.types.at(c.op == Op::Gemm ? "A" : c.op == Op::AttentionCombine ? "O_part" : "Q");  // backward: Q too
   const bool declared = traits.accumulator_bits > 0;
   if (declared) t.accumulator_bits = traits.accumulator_bits;
   t.promote = traits.promote;

@@ -16,6 +16,7 @@
 #include "check/check.hpp"
 #include "check/ops/attention.hpp"
 #include "check/ops/attention_backward.hpp"
+#include "check/ops/attention_combine.hpp"
 #include "check/ops/gemm.hpp"
 #include "cli/crash_guard.hpp"
 #include "cli/options.hpp"
@@ -32,7 +33,8 @@ namespace {
 /// Kernels by name (a name ending in '.' is a prefix), cases by GEMM shape or attention
 /// shape, one input type.
 struct BenchArgs {
-  std::vector<std::string> kernels, gemm_shapes, attention_shapes;
+  std::vector<std::string> kernels, gemm_shapes, attention_shapes, combine_shapes;
+  std::string lse_base = "e";  ///< --lse-base of --combine shapes
   std::string baseline, shapes_preset, dtype, layout, forward_kernel, json, md, html, seed = "1";
   ServedVariantSpecs variants;  ///< --window, --softcap, --alibi, --sinks, --page-size
   std::string kv_cache;         ///< --kv-cache FORMAT[:FRAC][:head]
@@ -109,6 +111,20 @@ std::vector<Case> bench_cases(const BenchArgs& a, const std::string& dtype, std:
     c.seed = seed;
     cases.push_back(c);
   }
+  if (a.lse_base != "e" && a.lse_base != "2") throw InputError(fmt::format("--lse-base '{}': e or 2", a.lse_base));
+  for (const std::string& s : a.combine_shapes) {
+    const auto d = dims(s, 5, "--combine", "BxHxSqxDxSPLITS");
+    Case c = dtype_attention_combine_case(dtype);
+    AttentionShape& at = c.attention;
+    at.batch = d[0], at.heads = d[1], at.seq_q = d[2], at.head_dim = d[3], at.splits = d[4];
+    at.lse_base2 = a.lse_base == "2";
+    if (a.layout == "bshd") at.layout = AttentionLayout::BSHD;
+    else if (!a.layout.empty() && a.layout != "bhsd") throw InputError(fmt::format("--layout '{}': bhsd or bshd", a.layout));
+    c.types["LSE"] = Format::FP32;
+    c.dist["LSE_part"] = "lse(mean=4,std=4,empty=0.05)";
+    c.seed = seed;
+    cases.push_back(c);
+  }
   for (Case& c : cases) validate(c);
   return cases;
 }
@@ -151,9 +167,11 @@ Exit bench_command(const BenchArgs& a, const LocalRegistry& local) {
   if (!a.md.empty()) check_output_file("--md", a.md);
   if (!a.html.empty()) check_output_file("--html", a.html);
   if (a.kernels.empty()) throw InputError("bench: give at least one --kernel");
-  const int shape_kinds = !a.gemm_shapes.empty() + !a.shapes_preset.empty() + !a.attention_shapes.empty();
-  if (shape_kinds == 0) throw InputError("bench: give --gemm MxNxK, --shapes square|llm or --attention BxHxSqxSkvxD");
-  if (!a.attention_shapes.empty() && shape_kinds > 1) throw InputError("bench: GEMM and attention shapes in one run");
+  const int shape_kinds = !a.gemm_shapes.empty() + !a.shapes_preset.empty() + !a.attention_shapes.empty() + !a.combine_shapes.empty();
+  if (shape_kinds == 0)
+    throw InputError("bench: give --gemm MxNxK, --shapes square|llm, --attention BxHxSqxSkvxD or --combine BxHxSqxDxSPLITS");
+  if ((!a.attention_shapes.empty() || !a.combine_shapes.empty()) && shape_kinds > 1)
+    throw InputError("bench: one kind of shape per run (GEMM, attention or combine)");
   if (!a.kv_cache.empty() && a.attention_shapes.empty())
     throw InputError("bench: --kv-cache applies to attention shapes (--attention BxHxSqxSkvxD)");
   if (a.variants.any() && a.attention_shapes.empty())
@@ -216,6 +234,9 @@ Verb add_bench(CLI::App& app) {
   bench->add_option("--shapes", a->shapes_preset, "GEMM shape preset: square (1024..8192) or llm")
       ->check(CLI::IsMember({"square", "llm"}));
   bench->add_option("--attention", a->attention_shapes, "Attention shape BxHxSqxSkvxD (repeatable)");
+  bench->add_option("--combine", a->combine_shapes,
+                    "Split-KV combine shape BxHxSqxDxSPLITS (attention_combine; repeatable; docs/concepts/split-kv.md)");
+  bench->add_option("--lse-base", a->lse_base, "--combine: the LSEs' base, e (FlashAttention, cuDNN) or 2 (FlashInfer)");
   bench->add_flag("--causal", a->causal, "Attention: causal mask (FLOPs count the visible pairs only)");
   bench->add_option("--forward-kernel", a->forward_kernel,
                     "Attention --backward: O and LSE from this forward kernel on the same Q, K, V (not judged; default: the exact "
