@@ -170,7 +170,7 @@ std::vector<std::array<std::int64_t, 3>> gemm_shape_preset(const std::string& na
 
 std::string bench_case_text(const Case& c) {
   if (c.op == Op::Gemm) return fmt::format("{} {}", shape_text(c, false), name(c.types.at("A")));
-  return fmt::format("{}{} {}", shape_text(c), c.attention.causal ? " causal" : "", name(c.types.at("Q")));
+  return fmt::format("{}{} {}", shape_text(c), c.attention.causal ? " causal" : "", name(c.types.at(primary_input(c.op))));
 }
 
 std::string bench_markdown(const BenchReport& r) {

@@ -116,7 +116,7 @@ SweepOutcome run_sweep(const SweepOptions& options, const PointChecker& check,
   SweepOutcome out;
   SweepSeries& s = out.series;
   std::vector<std::size_t> point_case;  // per point with a result: its entry in out.cases
-  const char* first = gemm ? "A" : "Q";
+  const std::string first = primary_input(options.base.op);
   s.kernel = options.base.kernel;
   s.format = std::string(name(options.base.types.at(first)));
   s.dist = options.base.dist.count(first) ? options.base.dist.at(first) : std::string(kDefaultDist);

@@ -202,6 +202,7 @@ std::string_view name(Op o) {
   return "?";
 }
 std::optional<Op> parse_op(std::string_view t) { return parse_enum(t, kOps); }
+std::string primary_input(Op op) { return op == Op::Gemm ? "A" : op == Op::AttentionCombine ? "O_part" : "Q"; }
 std::string_view name(Layout l) { return l == Layout::RowMajor ? "row" : "col"; }
 std::string_view name(AttentionLayout l) { return l == AttentionLayout::BHSD ? "bhsd" : "bshd"; }
 std::string_view name(AlibiForm f) { return f == AlibiForm::Flash ? "flash" : "flashinfer"; }

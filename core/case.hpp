@@ -40,6 +40,8 @@ std::optional<Op> parse_op(std::string_view name);
 /// Attention forward or backward: the ops of Q, K and V (attention_combine shares
 /// AttentionShape and attention_view but has none of them).
 constexpr bool is_attention(Op o) { return o == Op::Attention || o == Op::AttentionBackward; }
+/// The input whose format names a case's dtype: GEMM "A", attention "Q", combine "O_part".
+std::string primary_input(Op op);
 std::string_view name(Layout);
 std::string_view name(AttentionLayout);
 std::string_view name(AlibiForm);

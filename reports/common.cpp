@@ -264,7 +264,7 @@ std::vector<TargetSummary> target_summaries(const RunRecord& r) {
     if (c.shrunk()) continue;  // the minimal form of a failure counted already
     std::string dtype = dtype_of(c.target);
     if (dtype.empty()) {
-      const auto t = c.spec.types.find(c.spec.op == Op::Gemm ? "A" : "Q");
+      const auto t = c.spec.types.find(primary_input(c.spec.op));
       dtype = t == c.spec.types.end() ? "?" : std::string(name(t->second));
     }
     TargetSummary& s = row(c.kernel, dtype);

@@ -73,7 +73,7 @@ ToleranceModel precision_terms(const Case& c, const KernelTraits& traits) {
     case Format::TF32: t.accumulator_bits = 24, t.input_bits = 11; break;
     default: t.accumulator_bits = 24; break;
   }
-  const Format input = c.types.at(c.op == Op::Gemm ? "A" : c.op == Op::AttentionCombine ? "O_part" : "Q");  // backward: Q too
+  const Format input = c.types.at(primary_input(c.op));
   const bool declared = traits.accumulator_bits > 0;
   if (declared) t.accumulator_bits = traits.accumulator_bits;
   t.promote = traits.promote;

@@ -33,9 +33,10 @@ const bool kFixedRapidCheckParams = setenv("RC_PARAMS", "seed=20261129 max_succe
 const GenLimits kLimits{65536, true};
 rc::Gen<Case> gemm_case() { return op_module(Op::Gemm).generate("", nullptr, kLimits); }
 rc::Gen<Case> attention_case() { return op_module(Op::Attention).generate("", nullptr, kLimits); }
-rc::Gen<Case> any_case() { return rc::gen::oneOf(gemm_case(), attention_case()); }
+rc::Gen<Case> combine_case() { return op_module(Op::AttentionCombine).generate("", nullptr, kLimits); }
+rc::Gen<Case> any_case() { return rc::gen::oneOf(gemm_case(), attention_case(), combine_case()); }
 
-std::string primary(const Case& c) { return c.op == Op::Gemm ? "A" : "Q"; }
+std::string primary(const Case& c) { return primary_input(c.op); }
 std::string family_of(const Case& c, const std::string& op) {
   auto it = c.dist.find(op);
   return it == c.dist.end() ? "normal" : parse_dist(it->second).family;
@@ -58,6 +59,7 @@ TEST(CaseGen, CoverageOfEveryFamilyAndFormat) {
     const Case c = *any_case();
     const std::string f = family_of(c, primary(c));
     families.insert(f);
+    if (c.op == Op::AttentionCombine) families.insert(family_of(c, "LSE_part"));  // the lse family's only operand
     RC_TAG(f);
   });
   const bool ok_formats = rc::check("format of A / Q (coverage report)", [&] {
@@ -73,6 +75,9 @@ TEST(CaseGen, CoverageOfEveryFamilyAndFormat) {
       if (c.beta != 0 && c.beta != 1) shapes.insert("beta other");
       for (std::int64_t d : {c.gemm.m, c.gemm.n, c.gemm.k})
         if (d == 1 || d == 15 || d == 17 || d == 63 || d == 65 || d == 127 || d == 129) shapes.insert("tile edge " + std::to_string(d));
+    } else if (c.op == Op::AttentionCombine) {
+      if (c.attention.splits == 129) shapes.insert("splits 129");
+      if (c.attention.lse_base2) shapes.insert("LSE base 2");
     } else {
       if (c.attention.causal) shapes.insert("causal");
       if (!c.attention.kv_lengths.empty()) shapes.insert("kv padding");
@@ -87,7 +92,7 @@ TEST(CaseGen, CoverageOfEveryFamilyAndFormat) {
   for (Format f : kAllFormats) EXPECT_TRUE(formats.count(std::string(name(f)))) << name(f) << " never generated";
   for (const char* s : {"batch>1", "K=65536", "padded ld", "alpha other", "beta other", "tile edge 1", "tile edge 17",
                         "tile edge 63", "tile edge 129", "causal", "kv padding", "head_dim 80", "head_dim 96",
-                        "head_dim 111", "seq_kv not a multiple of 64"})
+                        "head_dim 111", "seq_kv not a multiple of 64", "splits 129", "LSE base 2"})
     EXPECT_TRUE(shapes.count(s)) << s << " never generated";
 }
 

@@ -779,6 +779,10 @@ TEST(Cli, BenchTimesAndChecksEveryKernel) {
   const Result attn = run("bench --kernel cpu.attn_naive --attention 1x2x8x8x16 --causal --dtype fp16 --reps 2");
   EXPECT_EQ(attn.code, 0) << attn.err;
   EXPECT_NE(attn.out.find("| cpu.attn_naive | B1 H2 Sq8 Skv8 D16 causal fp16 |"), std::string::npos) << attn.out;
+  // The split-KV combine, checked; its planted no-max-shift bug fails where exp(LSE) overflows.
+  const Result combine = run("bench --kernel cpu.attn_combine --combine 2x3x1x64x16 --lse-base 2 --dtype fp32 --reps 2");
+  EXPECT_EQ(combine.code, 0) << combine.err;
+  EXPECT_NE(combine.out.find("| cpu.attn_combine | B2 H3 Sq1 D64 splits 16 LSE base 2 fp32 |"), std::string::npos) << combine.out;
   // A planted bug fails its check: exit 1, the row says so.
   const Result bug = run("bench --kernel cpu.attn_online:block=4,rescale=off --attention 1x1x16x64x16 --dtype fp32 --reps 2 "
                          "--seed 3");
@@ -789,7 +793,10 @@ TEST(Cli, BenchTimesAndChecksEveryKernel) {
        std::vector<std::pair<std::string, std::string>>{{"bench --kernel nope --gemm 8x8x8", "unknown kernel 'nope' (see ulpgate list)"},
                                                         {"bench --kernel cpu.fp32_seq --gemm 8x8", "--gemm '8x8': expected MxNxK"},
                                                         {"bench --kernel cpu.fp32_seq --gemm 8x0x8", "--gemm '8x0x8': expected MxNxK (positive integers)"},
-                                                        {"bench --kernel cpu.fp32_seq", "bench: give --gemm MxNxK, --shapes square|llm or --attention BxHxSqxSkvxD"}}) {
+                                                        {"bench --kernel cpu.fp32_seq", "bench: give --gemm MxNxK, --shapes square|llm, --attention BxHxSqxSkvxD or --combine BxHxSqxDxSPLITS"},
+                                                        {"bench --kernel cpu.attn_combine --combine 1x2x1x64", "--combine '1x2x1x64': expected BxHxSqxDxSPLITS"},
+                                                        {"bench --kernel cpu.attn_combine --combine 1x2x1x64x4 --lse-base 10", "--lse-base '10': e or 2"},
+                                                        {"bench --kernel cpu.attn_combine --combine 1x2x1x64x4 --gemm 8x8x8", "bench: one kind of shape per run (GEMM, attention or combine)"}}) {
     const Result r = run(args);
     EXPECT_EQ(r.code, 2) << args;
     EXPECT_EQ(r.err, "ulpgate: error: " + message + "\n") << args;

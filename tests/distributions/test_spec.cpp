@@ -84,7 +84,7 @@ TEST(Spec, EveryFamilyParsesWithDefaultsAndIsDescribed) {
   const char* required[] = {"uniform", "normal", "lognormal", "student_t", "cauchy", "activations",
                             "weights", "softmax", "sparse", "relu", "positive", "gendot",
                             "near_overflow", "subnormal", "specials", "outliers", "amax", "logits",
-                            "sink", "masked", "exact"};
+                            "sink", "masked", "exact", "lse"};
   EXPECT_EQ(all_families().size(), std::size(required));
   for (const char* name : required) {
     ASSERT_NE(find_family(name), nullptr) << name;
