@@ -76,11 +76,17 @@ std::optional<PrecisionCliff> precision_cliff(const std::vector<double>& bits, d
   return std::nullopt;
 }
 
+std::string sweep_parameter(Op op) {
+  return op == Op::Gemm ? "K" : op == Op::AttentionCombine ? "splits" : "seq_kv";
+}
+
 Case sweep_point(const SweepOptions& options, std::size_t p) {
   Case c = options.base;
   if (c.op == Op::Gemm) {
     c.gemm.k = options.values.at(p);
     c.gemm.lda = c.gemm.ldb = 0;  // packed: a fixed padding would not fit every K
+  } else if (c.op == Op::AttentionCombine) {
+    c.attention.splits = options.values.at(p);
   } else {
     c.attention.seq_kv = options.values.at(p);
     c.attention.kv_lengths.clear();
@@ -100,8 +106,8 @@ EvaluationOptions sweep_evaluation(const SweepOptions& options) {
 SweepOutcome run_sweep(const SweepOptions& options, const PointChecker& check,
                        const std::function<void(std::size_t, std::size_t)>& progress) {
   const bool gemm = options.base.op == Op::Gemm;
-  if (options.parameter != (gemm ? "K" : "seq_kv"))
-    throw InputError(fmt::format("sweep: {} cases vary {}, not {}", gemm ? "GEMM" : "attention", gemm ? "K" : "seq_kv",
+  if (options.parameter != sweep_parameter(options.base.op))
+    throw InputError(fmt::format("sweep: {} cases vary {}, not {}", name(options.base.op), sweep_parameter(options.base.op),
                                  options.parameter));
   if (gemm && (options.base.alpha != 1.0 || options.base.beta != 0.0 || options.base.epilogue != Epilogue::None))
     throw InputError("sweep: the calibrated precision estimate needs alpha = 1, beta = 0 and no epilogue");
@@ -173,8 +179,9 @@ SweepVary parse_vary(const std::string& text) {
   const std::size_t eq = text.find('=');
   SweepVary v;
   v.parameter = text.substr(0, eq == std::string::npos ? 0 : eq);
-  if (v.parameter != "K" && v.parameter != "seq_kv")
-    throw bad("expected K=FROM:TO[:FACTOR] (GEMM) or seq_kv=FROM:TO[:FACTOR] (attention)");
+  if (v.parameter != "K" && v.parameter != "seq_kv" && v.parameter != "splits")
+    throw bad("expected K=FROM:TO[:FACTOR] (GEMM), seq_kv=FROM:TO[:FACTOR] (attention) or splits=FROM:TO[:FACTOR] "
+              "(attention_combine)");
   std::vector<std::int64_t> parts;
   std::size_t pos = eq + 1;
   while (pos <= text.size()) {

@@ -73,6 +73,9 @@ using PointChecker = std::function<CaseResult(const Case&, const EvaluationOptio
 /// with (effective bits on, relations off): what a process checking points for another
 /// (a rank of `mpirun ulpgate sweep`) needs.
 Case sweep_point(const SweepOptions& options, std::size_t p);
+/// What a sweep of an op's cases varies: GEMM "K", attention (forward and backward)
+/// "seq_kv", attention_combine "splits".
+std::string sweep_parameter(Op op);
 EvaluationOptions sweep_evaluation(const SweepOptions& options);
 
 /// Runs the sweep, each point through `check`; progress(i, n) is called after each point.
@@ -84,7 +87,8 @@ SweepOutcome run_sweep(Kernel& k, const SweepOptions& options, const Registry* r
 /// The most points a sweep has (with FACTOR >= 2 and TO a case size, at most 32 arise).
 inline constexpr std::size_t kMaxSweepPoints = 64;
 
-/// Parses "K=256:65536" (doubling), "K=256:65536:4" (factor 4) or "seq_kv=128:65536";
+/// Parses "K=256:65536" (doubling), "K=256:65536:4" (factor 4), "seq_kv=128:65536" or
+/// "splits=1:256";
 /// values are case sizes (at most kMaxCaseSize), points at most kMaxSweepPoints; throws
 /// InputError naming the problem.
 SweepVary parse_vary(const std::string& text);

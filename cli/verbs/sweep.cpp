@@ -21,6 +21,7 @@
 #include "campaign/sweep.hpp"
 #include "check/ops/attention.hpp"
 #include "check/ops/attention_backward.hpp"
+#include "check/ops/attention_combine.hpp"
 #include "check/ops/op.hpp"
 #include "cli/memory.hpp"
 #include "cli/mpi.hpp"
@@ -37,6 +38,7 @@ struct SweepArgs {
   std::string dtype;      ///< empty: implied by each kernel's name
   std::string out_dtype;  ///< empty: fp32 (fp64 for fp64)
   std::string vary = "K=256:65536:4";
+  std::string lse_base = "e", lse_dist = "lse(mean=4,std=4,empty=0.1)";  ///< --vary splits
   std::vector<std::string> dists = {"normal(0,1)"};
   std::string metric = "mean_normalised";
   std::int64_t mn = 64;
@@ -67,6 +69,7 @@ struct SweepPlan {
   Registry registry;
   SweepVary vary;
   bool gemm = true;
+  bool combine = false;  ///< --vary splits: attention_combine cases
 };
 
 // Under mpirun: the points the ranks checked, by (series, point), and the ranks that failed.
@@ -110,6 +113,17 @@ Series plan_series(const SweepArgs& a, const SweepPlan& p, const std::optional<F
       throw InputError("sweep: --window, --softcap, --alibi, --sinks and --page-size apply to attention sweeps (--vary seq_kv=...)");
     o.base = dtype_gemm_case(dtype, a.mn, a.mn, vary.values.front(), out);
     o.base.dist = {{"A", dist}, {"B", dist}};
+  } else if (p.combine) {
+    if (!a.kv_cache.empty() || a.variants.any())
+      throw InputError("sweep: --kv-cache, --window, --softcap, --alibi, --sinks and --page-size apply to attention sweeps "
+                       "(--vary seq_kv=...)");
+    if (a.lse_base != "e" && a.lse_base != "2") throw InputError(fmt::format("--lse-base '{}': e or 2", a.lse_base));
+    o.base = dtype_attention_combine_case(dtype, out);
+    AttentionShape& at = o.base.attention;
+    at.seq_q = a.seq_q, at.head_dim = 64, at.splits = vary.values.front();
+    at.lse_base2 = a.lse_base == "2";
+    o.base.types["LSE"] = Format::FP32;
+    o.base.dist = {{"O_part", dist}, {"LSE_part", a.lse_dist}};
   } else {
     // A kernel that takes backward cases and no forward ones sweeps the backward.
     const bool backward = !op_module(Op::Attention).supported_output(*k, dtype) &&
@@ -150,6 +164,7 @@ void prepare(SweepPlan& p, const SweepArgs& a, const LocalRegistry& local) {
   if (a.kernels.empty()) throw InputError("sweep: --kernel is required");
   p.vary = parse_vary(a.vary);
   p.gemm = p.vary.parameter == "K";
+  p.combine = p.vary.parameter == "splits";
   if (!a.dtype.empty()) check_dtype(a.dtype);
   check_timeout(a.timeout);
   if (!a.out_dir.empty()) check_out_dir(a.out_dir);
@@ -177,7 +192,8 @@ void prepare(SweepPlan& p, const SweepArgs& a, const LocalRegistry& local) {
   }
   for (Kernel* k : kernels)
     for (const auto& dist : a.dists) p.series.push_back(plan_series(a, p, out, k, dist, max_memory));
-  check_plan(p.series, kernels, p.gemm, p.vary.parameter);
+  if (!p.combine) check_plan(p.series, kernels, p.gemm, p.vary.parameter);
+  else check_plan(p.series, {}, false, p.vary.parameter);  // no op of a kernel's other kind sweeps splits
 }
 
 // Point p of series si: checked here, or (under mpirun) looked up among the ranks' results.
@@ -236,13 +252,13 @@ std::int64_t print_series(const Series& series, const SweepOutcome& s, const Swe
     if (!r.verdict.passed) {
       ++failed_points;
       std::printf("  FAIL %s=%lld: %s\n", p.vary.parameter.c_str(),
-                  static_cast<long long>(p.gemm ? r.spec.gemm.k : r.spec.attention.seq_kv),
+                  static_cast<long long>(p.gemm ? r.spec.gemm.k : p.combine ? r.spec.attention.splits : r.spec.attention.seq_kv),
                   r.verdict.reasons.empty() ? std::string(name(r.status)).c_str() : r.verdict.reasons.front().c_str());
     }
   if (p.gemm) print_gemm_fit(s);
   else
-    std::printf("  growth exponent %.3f +- %.3f (error ~ seq_kv^exponent)\n", s.series.fit.exponent,
-                s.series.fit.exponent_stderr);
+    std::printf("  growth exponent %.3f +- %.3f (error ~ %s^exponent)\n", s.series.fit.exponent,
+                s.series.fit.exponent_stderr, p.vary.parameter.c_str());
   std::fflush(stdout);
   return failed_points;
 }
@@ -355,14 +371,17 @@ Verb add_sweep(CLI::App& app) {
   set_help_footer(sweep,
                 {
                  {"ulpgate sweep --kernel cpu.fp32_seq --vary K=256:65536:4", "error against K, the growth exponent, the effective precision"},
-                 {"ulpgate sweep --kernel cpu.attn_online:block=64 --vary seq_kv=128:8192 --dist 'logits(std=3)'", "attention: error against seq_kv"}},
+                 {"ulpgate sweep --kernel cpu.attn_online:block=64 --vary seq_kv=128:8192 --dist 'logits(std=3)'", "attention: error against seq_kv"},
+                 {"ulpgate sweep --kernel cpu.attn_combine --vary splits=1:256", "split-KV combine: error against the number of splits"}},
                 "0 every point ran and passed its check; 1 a point failed its check; 2 bad usage or bad input (one line on stderr); 3 an internal error");
   sweep->add_option("--kernel", a.kernels, "Kernel (repeatable; see ulpgate list)")->required();
   sweep->add_option("--dtype", a.dtype, "Input type: fp64, fp32, tf32, fp16, bf16, e4m3, e5m2 (default: "
                                         "implied by the kernel)");
   sweep->add_option("--out-dtype", a.out_dtype, "D's format (default fp32)");
-  sweep->add_option("--vary", a.vary, "K=FROM:TO[:FACTOR] (GEMM; default K=256:65536:4) or "
-                                      "seq_kv=FROM:TO[:FACTOR] (attention)");
+  sweep->add_option("--vary", a.vary, "K=FROM:TO[:FACTOR] (GEMM; default K=256:65536:4), "
+                                      "seq_kv=FROM:TO[:FACTOR] (attention) or splits=FROM:TO[:FACTOR] (attention_combine)");
+  sweep->add_option("--lse-base", a.lse_base, "--vary splits: the LSEs' base, e (default) or 2");
+  sweep->add_option("--lse-dist", a.lse_dist, "--vary splits: the partial LSEs' distribution (default lse(mean=4,std=4,empty=0.1))");
   sweep->add_option("--seq-q", a.seq_q, "Attention: queries per case (default 16)")->check(CLI::Range(1, 1 << 20));
   sweep->add_option("--softcap", a.variants.softcap, "Attention: soft cap, each score x becomes cap tanh(x / cap)");
   sweep->add_option("--alibi", a.variants.alibi, "Attention: ALiBi, flash or flashinfer (the form) with the standard slopes, or FORM:SLOPE or FORM:S1,S2,... per head");

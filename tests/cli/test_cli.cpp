@@ -190,6 +190,20 @@ TEST(Cli, SweepExitCodesFollowTheVerdicts) {
   EXPECT_EQ(ok.code, 0) << ok.out << ok.err;
 }
 
+// The split-KV combine sweeps its number of splits; a planted merge that drops the last split
+// fails every point with more than one, and a bad --lse-base is one line.
+TEST(Cli, SweepOfCombineVariesSplits) {
+  const Result ok = run("sweep --kernel cpu.attn_combine --vary splits=1:64:4 --seq-q 2 --lse-base 2");
+  EXPECT_EQ(ok.code, 0) << ok.out << ok.err;
+  EXPECT_NE(ok.out.find("(error ~ splits^exponent)"), std::string::npos) << ok.out;
+  const Result bad = run("sweep --kernel cpu.attn_combine:drop_last --vary splits=1:16:4 --seq-q 2");
+  EXPECT_EQ(bad.code, 1) << bad.out << bad.err;
+  EXPECT_NE(bad.out.find("FAIL splits=16:"), std::string::npos) << bad.out;
+  const Result base = run("sweep --kernel cpu.attn_combine --vary splits=1:4 --lse-base 10");
+  EXPECT_EQ(base.code, 2);
+  EXPECT_EQ(base.err, "ulpgate: error: --lse-base '10': e or 2\n");
+}
+
 // Without a terminal, fuzz prints progress lines to stderr (at least every 10 s; here every
 // case), so CI logs are not silent during a long campaign.
 TEST(Cli, FuzzPrintsProgressWithoutATerminal) {
