@@ -138,7 +138,7 @@ RunOutcome run_poisoned(Kernel& k, const Case& c, const std::map<std::string, Te
     out.message = *why;
     return out;
   }
-  if (c.op == Op::Attention && c.types.count("LSE") && !k.traits().writes_lse) {
+  if ((c.op == Op::Attention || c.op == Op::AttentionCombine) && c.types.count("LSE") && !k.traits().writes_lse) {
     out.status = Disposition::NotSupported;
     out.message = "the kernel does not write the log-sum-exp output (LSE)";
     return out;

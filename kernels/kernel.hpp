@@ -51,9 +51,9 @@ struct KernelTraits {
   /// bits): cvt.rna (to nearest, ties away) unless declared otherwise. The bias test judges
   /// the kernel against the exact result of the inputs rounded this way.
   Rounding input_rounding = Rounding::NearestAway;
-  /// Attention: the kernel writes the log-sum-exp output (core/case.hpp, "LSE") where a case
-  /// asks for it. false: such cases are not supported (the runner says so, and generators
-  /// do not draw them for the kernel).
+  /// Attention and attention combine: the kernel writes the log-sum-exp output (core/case.hpp,
+  /// "LSE") where a case asks for it. false: such cases are not supported (the runner says
+  /// so, and generators do not draw them for the kernel).
   bool writes_lse = false;
   /// Attention: the variants the kernel applies (bits of core/case.hpp AttentionVariant, e.g.
   /// kAttnWindow). A case using one it lacks is not supported (the runner says so), and

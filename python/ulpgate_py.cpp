@@ -23,6 +23,7 @@
 #include "check/ops/op.hpp"
 #include "campaign/record.hpp"
 #include "check/runner.hpp"
+#include "references/attention_combine.hpp"
 #include "references/attention_reference.hpp"
 #include "references/gemm_reference.hpp"
 #include "reports/report.hpp"
@@ -75,7 +76,8 @@ std::map<std::string, Tensor> to_tensors(const Case& c, const py::dict& arrays) 
 
 // Shape and strides (in elements) of an operand's logical view over its buffer: GEMM op(A)
 // (batch, M, K), op(B) (batch, K, N), C and D (batch, M, N), bias (N,); attention
-// (batch, heads, seq, dim) in either layout.
+// (batch, heads, seq, dim) in either layout (LSE: dim 1); attention_combine's O_part and
+// LSE_part (splits, batch, heads, seq_q, dim), the split outermost.
 py::tuple logical_view(const std::string& case_json, const std::string& operand) {
   const Case c = parse_case(case_json);
   std::vector<std::int64_t> shape, strides;
@@ -96,6 +98,11 @@ py::tuple logical_view(const std::string& case_json, const std::string& operand)
     shape = {v.batch, v.heads, v.seq, v.dim};
     strides = v.layout == AttentionLayout::BHSD ? std::vector<std::int64_t>{v.heads * v.seq * v.dim, v.seq * v.dim, v.dim, 1}
                                                 : std::vector<std::int64_t>{v.seq * v.heads * v.dim, v.dim, v.heads * v.dim, 1};
+    if (operand == "O_part" || operand == "LSE_part") {  // view batch s * batch + b: split s of batch b
+      const std::int64_t batch = c.attention.batch;
+      shape[0] = batch, shape.insert(shape.begin(), c.attention.splits);
+      strides.insert(strides.begin(), batch * strides[0]);
+    }
   }
   return py::make_tuple(shape, strides, operand_elements(c, operand), std::string(npy_dtype(c.types.at(operand))));
 }
@@ -110,7 +117,8 @@ py::tuple fill(const std::string& case_json) {
 }
 
 // The exact outputs rounded to double, in logical order and shape. Every element, without
-// the sampling of long attention prefills that checks do (check/ops/attention.cpp).
+// the sampling of long attention prefills that checks do (check/ops/attention.cpp). A combine
+// row with a NaN or Inf in a non-empty split's O_s has NaN outputs (no exact merge).
 py::dict reference(const std::string& case_json) {
   Case c = parse_case(case_json);
   const std::map<std::string, Tensor> inputs = fill_inputs(c);
@@ -123,6 +131,12 @@ py::dict reference(const std::string& case_json) {
       GemmReference r = gemm_reference(c, inputs);
       values.assign(r.values.begin(), r.values.end());
       shape = {c.gemm.batch, c.gemm.m, c.gemm.n}, output = "D";
+    } else if (c.op == Op::AttentionCombine) {
+      CombineReference r = combine_reference(c, inputs);
+      values = std::move(r.values);
+      if (c.types.count("LSE")) lse = std::move(r.lse);
+      const AttentionShape& a = c.attention;
+      shape = {a.batch, a.heads, a.seq_q, a.head_dim}, output = "O";
     } else {
       AttentionReference r = attention_reference(c, inputs);
       values = std::move(r.values);
@@ -277,7 +291,8 @@ std::string fuzz(py::object call, py::object supports, const FuzzArgs& a, const 
   registry.add(std::move(owned));
   FuzzOptions o;
   const std::optional<Op> parsed = parse_op(a.op);
-  if (!parsed) throw InputError(fmt::format("op '{}': expected gemm, attention or attention_backward", a.op));
+  if (!parsed)
+    throw InputError(fmt::format("op '{}': expected gemm, attention, attention_backward or attention_combine", a.op));
   const Op op = *parsed;
   const auto dtypes = op_module(op).dtypes();
   if (std::find(dtypes.begin(), dtypes.end(), a.dtype) == dtypes.end())

@@ -86,7 +86,13 @@ class CombineBound {
     if (!lse) return;
     const auto r = static_cast<std::size_t>(ref.row(b, h, i));
     lse->accumulated[r] = poisoned ? INFINITY : spread;
-    if (used == 0 || poisoned) return;  // -inf exactly (the reference); nothing finite is right
+    if (poisoned) return;
+    if (used == 0) {
+      // No non-empty split: ln 0 = -inf. +inf is FlashAttention's convention (its combine
+      // writes it where the weight sum is 0) and is accepted too; nothing finite is.
+      if (decode(lse->format, lse->got[r]) == INFINITY) lse->exact[r] = RefValue::infinity(false);
+      return;
+    }
     // |LSE~ - LSE| <= eps + the sum's relative error after the log (2 gamma(n + 2), times
     // 1/ln 2 in base 2) + m + log(l) and its roundings, 4 u (M + ln n + 1).
     const double e_sum = (a_.lse_base2 ? 1.5 : 1.0) * 2 * tol_.gamma(used + 2);
@@ -148,7 +154,7 @@ class AttentionCombineModule final : public OpModule {
       const auto layout = *gen::pick(std::vector<AttentionLayout>{AttentionLayout::BHSD, AttentionLayout::BSHD});
       keep_if_supported([&] { a.layout = layout; }, [&] { a.layout = AttentionLayout::BHSD; });
       if (*gen::pick(std::vector<bool>{false, true})) keep_if_supported([&] { a.lse_base2 = true; }, [&] { a.lse_base2 = false; });
-      if (*gen::pick(std::vector<int>{0, 1, 1, 1}))
+      if (*gen::pick(std::vector<int>{0, 1, 1, 1}) && (!k || k->traits().writes_lse))
         keep_if_supported([&] { c.types["LSE"] = Format::FP32; }, [&] { c.types.erase("LSE"); });
       // The partial LSEs from the lse family only: a NaN or +inf LSE is no partial state.
       c.dist["LSE_part"] = *gen::dist_spec(c, "LSE_part", false, non_lse_families());

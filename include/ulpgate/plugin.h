@@ -1,4 +1,4 @@
-/* ulpgate plugin C ABI, version 9 (versions 1 to 8 still load: see "Versions" below).
+/* ulpgate plugin C ABI, version 10 (versions 1 to 9 still load: see "Versions" below).
  *
  * A plugin is a shared library that exports one function,
  *
@@ -27,6 +27,10 @@
  *              dQ = softmax_scale dS K, dK = softmax_scale dS^T Q, with P = exp(softmax_scale
  *              Q K^T - LSE) over the visible keys; dK and dV of a K/V head sum over the query
  *              heads of its group. dO, dQ, dK, dV are laid out as O, Q, K, V.
+ *   Attention combine (version 10): split-KV decoding's merge of partial states, per query
+ *              row LSE = ln sum_s exp(LSE_s), O = sum_s exp(LSE_s - LSE) O_s (log2 and 2^x in
+ *              base 2); a split with LSE_s = -inf is empty. Memory: see
+ *              ulpgate_attention_combine_problem (docs/concepts/split-kv.md).
  * Element storage: FP64/FP32 as IEEE words, TF32 as FP32 words with the low 13 bits zero,
  * FP16/BF16 as 16-bit words, FP8 as bytes (OCP E4M3 "fn" / E5M2).
  * Pointers are host or device pointers as the kernel's `memory` says. Outputs are
@@ -62,15 +66,20 @@ extern "C" {
    and an FP8 K/V cache's scales (scale_k, scale_v, ULPGATE_VARIANT_KV_SCALES); only a
    version-8 kernel may declare them.
    9 appended an FP8 K/V cache's per-head scales (head_scale_k, head_scale_v,
-   ULPGATE_VARIANT_KV_HEAD_SCALES); only a version-9 kernel may declare them. */
-#define ULPGATE_PLUGIN_ABI_VERSION 9u
+   ULPGATE_VARIANT_KV_HEAD_SCALES); only a version-9 kernel may declare them.
+   10 added the attention combine op (ULPGATE_OP_ATTENTION_COMBINE, ulpgate_problem.combine);
+   older plugins are never handed a combine case. */
+#define ULPGATE_PLUGIN_ABI_VERSION 10u
 
 typedef enum {
   ULPGATE_FP64 = 0, ULPGATE_FP32 = 1, ULPGATE_TF32 = 2, ULPGATE_FP16 = 3,
   ULPGATE_BF16 = 4, ULPGATE_E4M3 = 5, ULPGATE_E5M2 = 6
 } ulpgate_format;
 
-typedef enum { ULPGATE_OP_GEMM = 0, ULPGATE_OP_ATTENTION = 1, ULPGATE_OP_ATTENTION_BACKWARD = 2 } ulpgate_op;
+typedef enum {
+  ULPGATE_OP_GEMM = 0, ULPGATE_OP_ATTENTION = 1, ULPGATE_OP_ATTENTION_BACKWARD = 2,
+  ULPGATE_OP_ATTENTION_COMBINE = 3  /* version 10 */
+} ulpgate_op;
 typedef enum { ULPGATE_ROW_MAJOR = 0, ULPGATE_COL_MAJOR = 1 } ulpgate_layout;
 typedef enum { ULPGATE_BHSD = 0, ULPGATE_BSHD = 1 } ulpgate_attention_layout;
 typedef enum {
@@ -145,6 +154,27 @@ typedef struct {
   void* dv;                   /* laid out as V (kv_heads heads) */
 } ulpgate_attention_backward_problem;
 
+/* Version 10: the partial states of an attention combine problem. The shape and the output
+   are in ulpgate_problem.attention: batch, heads, seq_q, head_dim (head_dim_v equal to it),
+   layout, type_o and type_compute (FP32), o, laid out as an attention forward's O; no keys
+   (seq_kv 0, kv_lengths, q, k, v NULL, types -1; ulpgate_problem.kv_heads 0). want_lse and
+   lse: the merged log-sum-exp, an output laid out as the forward's ([b][h][i], FP32, in this
+   problem's base; -inf for a row whose splits are all empty, whose O is then 0).
+     o_part    type_o_part (FP32, FP16 or BF16) elements, split s of batch b laid out as
+               batch s * batch + b of an O with splits * batch batches:
+               [split][batch][heads][seq_q][head_dim] (ULPGATE_BHSD),
+               [split][batch][seq_q][heads][head_dim] (ULPGATE_BSHD)
+     lse_part  FP32, [split][batch][heads][seq_q] whatever the layout
+   A split whose LSE_s is -inf is empty: its weight is 0 and its O_s must not be read (it may
+   hold NaN). Both are inputs, in the kernel's memory as o and lse. */
+typedef struct {
+  int64_t splits;             /* >= 1 partial states per query row */
+  int32_t lse_base;           /* 0: natural log (ln sum e^x); 1: base 2 (log2 sum 2^x), every LSE */
+  int32_t type_o_part;        /* ulpgate_format */
+  const void* o_part;
+  const float* lse_part;
+} ulpgate_attention_combine_problem;
+
 typedef struct {
   uint32_t struct_size;       /* sizeof(ulpgate_problem) of the caller: check it */
   int32_t op;                 /* ulpgate_op: which member below is valid */
@@ -154,9 +184,9 @@ typedef struct {
   /* Version 2. Attention: the heads of K and V (1 <= kv_heads <= heads, heads % kv_heads
      == 0; equal to heads for multi-head attention). GEMM: 0. */
   int64_t kv_heads;
-  /* Version 3. Attention: 1 when the case asks for the log-sum-exp output too (only kernels
-     that set ulpgate_kernel.writes_lse are asked; supports() may still refuse), else 0;
-     GEMM: 0. lse: where to write it
+  /* Version 3. Attention (and, version 10, attention combine): 1 when the case asks for the
+     log-sum-exp output too (only kernels that set ulpgate_kernel.writes_lse are asked;
+     supports() may still refuse), else 0; GEMM: 0. lse: where to write it
      (NULL in supports() and when not asked): FP32, batch x heads x seq_q elements laid out
      [b][h][i] whatever the layout, LSE = ln sum_j exp(softmax_scale q_i . k_j) over the
      visible keys, -inf (or +inf, FlashAttention's convention) for a row without one. In the
@@ -204,6 +234,10 @@ typedef struct {
      scales. */
   const double* head_scale_k;
   const double* head_scale_v;
+  /* Version 10. Attention combine (op ULPGATE_OP_ATTENTION_COMBINE): see above; other ops:
+     zeros. As for the backward op, supports() says whether a kernel takes combine cases
+     (p->op); older plugins are never asked. */
+  ulpgate_attention_combine_problem combine;
 } ulpgate_problem;
 
 typedef struct {
@@ -216,9 +250,10 @@ typedef struct {
   int (*supports)(const ulpgate_problem* p, char* why, size_t why_size);
   /* Runs the problem; returns 0 on success, else nonzero with a message in err. */
   int (*run)(const ulpgate_problem* p, char* err, size_t err_size);
-  /* Version 4. Attention: 1 if run() writes ulpgate_problem.lse when want_lse is 1. 0 (the
-     default of an initializer that leaves it out): the kernel writes O only, and ulpgate
-     never draws or hands it a case that asks for the log-sum-exp. */
+  /* Version 4. Attention (and, version 10, attention combine): 1 if run() writes
+     ulpgate_problem.lse when want_lse is 1. 0 (the default of an initializer that leaves it
+     out): the kernel writes O only, and ulpgate never draws or hands it a case that asks for
+     the log-sum-exp. */
   int32_t writes_lse;
   /* Version 5: the arithmetic the kernel is designed with, where the default rule would
      judge it wrongly (0 everywhere: undeclared, the default rule; docs/concepts/precision.md
@@ -247,7 +282,7 @@ typedef struct {
 } ulpgate_kernel;
 
 typedef struct {
-  uint32_t abi_version;       /* ULPGATE_PLUGIN_ABI_VERSION (1 to 6 are still accepted) */
+  uint32_t abi_version;       /* ULPGATE_PLUGIN_ABI_VERSION (1 to 9 are still accepted) */
   uint32_t kernel_count;
   const ulpgate_kernel* kernels;
 } ulpgate_plugin;

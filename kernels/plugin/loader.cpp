@@ -40,7 +40,10 @@ double scale_of(const Case& c, const char* op) {
 ulpgate_problem to_problem(const Case& c, const KernelIo* io) {
   ulpgate_problem p{};
   p.struct_size = sizeof(ulpgate_problem);
-  p.op = c.op == Op::Gemm ? ULPGATE_OP_GEMM : c.op == Op::Attention ? ULPGATE_OP_ATTENTION : ULPGATE_OP_ATTENTION_BACKWARD;
+  p.op = c.op == Op::Gemm                ? ULPGATE_OP_GEMM
+         : c.op == Op::Attention         ? ULPGATE_OP_ATTENTION
+         : c.op == Op::AttentionBackward ? ULPGATE_OP_ATTENTION_BACKWARD
+                                         : ULPGATE_OP_ATTENTION_COMBINE;
   auto in = [&](const char* op) -> const void* {
     if (!io) return nullptr;
     auto it = io->in.find(op);
@@ -63,6 +66,23 @@ ulpgate_problem to_problem(const Case& c, const KernelIo* io) {
     g.epilogue = static_cast<int32_t>(c.epilogue);
     g.scale_a = scale_of(c, "A"), g.scale_b = scale_of(c, "B"), g.scale_c = scale_of(c, "C"), g.scale_d = scale_of(c, "D");
     g.a = in("A"), g.b = in("B"), g.c = in("C"), g.bias = in("bias"), g.d = io ? out("D") : nullptr;
+  } else if (c.op == Op::AttentionCombine) {
+    // The forward's O and LSE as outputs, no keys; the partial states in p.combine.
+    auto& t = p.attention;
+    const auto& s = c.attention;
+    t.batch = s.batch, t.heads = s.heads, t.seq_q = s.seq_q, t.head_dim = t.head_dim_v = s.head_dim;
+    t.layout = s.layout == AttentionLayout::BHSD ? ULPGATE_BHSD : ULPGATE_BSHD;
+    t.type_q = t.type_k = t.type_v = -1;
+    t.type_o = abi_format(c, "O"), t.type_compute = abi_format(c, "compute");
+    t.o = io ? out("O") : nullptr;
+    p.want_lse = c.types.count("LSE") ? 1 : 0;
+    p.lse = p.want_lse && io ? out("LSE") : nullptr;
+    auto& m = p.combine;
+    m.splits = s.splits;
+    m.lse_base = s.lse_base2 ? 1 : 0;
+    m.type_o_part = abi_format(c, "O_part");
+    m.o_part = in("O_part");
+    m.lse_part = static_cast<const float*>(in("LSE_part"));
   } else {
     auto& t = p.attention;
     const auto& s = c.attention;
@@ -104,9 +124,9 @@ ulpgate_problem to_problem(const Case& c, const KernelIo* io) {
 }
 
 // The arrays a problem points to: kv_lengths (one per batch, seq_kv where the case gives
-// none), version 7's per-head slopes and sinks (FP32 values: validate() keeps them so;
-// empty: NULL), version 8's page table and version 9's per-head K/V scales (empty: NULL).
-// Kept alive by the caller for the call.
+// none; NULL for GEMM and combine), version 7's per-head slopes and sinks (FP32 values:
+// validate() keeps them so; empty: NULL), version 8's page table and version 9's per-head
+// K/V scales (empty: NULL). Kept alive by the caller for the call.
 struct ProblemArrays {
   std::vector<std::int64_t> kv, pages;
   std::vector<float> slopes, sinks;
@@ -122,7 +142,7 @@ struct ProblemArrays {
     if (const auto v = c.head_scales.find("V"); v != c.head_scales.end()) head_v = v->second;
   }
   void point(ulpgate_problem& p) const {
-    p.attention.kv_lengths = kv.data();
+    p.attention.kv_lengths = kv.empty() ? nullptr : kv.data();
     p.alibi_slopes = slopes.empty() ? nullptr : slopes.data();
     p.sinks = sinks.empty() ? nullptr : sinks.data();
     p.page_table = pages.empty() ? nullptr : pages.data();
@@ -260,16 +280,20 @@ class PluginKernel final : public Kernel {
     return std::string(buf, ::strnlen(buf, size));
   }
   // A case the plugin's ABI version cannot describe (version 1 has no kv_heads, and its
-  // kernels would read K and V as having `heads` heads), or an output the kernel does not write.
+  // kernels would read K and V as having `heads` heads; an op newer than the plugin would be
+  // read as another), or an output the kernel does not write.
   std::optional<std::string> beyond_abi(const Case& c) const {
     if (c.op == Op::AttentionBackward && abi_ < 6)
       return fmt::format("built against plugin ABI version {}, which has no attention backward op; rebuild it against "
+                         "version {}", abi_, ULPGATE_PLUGIN_ABI_VERSION);
+    if (c.op == Op::AttentionCombine && abi_ < 10)
+      return fmt::format("built against plugin ABI version {}, which has no attention combine op; rebuild it against "
                          "version {}", abi_, ULPGATE_PLUGIN_ABI_VERSION);
     if (abi_ < 2 && c.op == Op::Attention && c.attention.eff_kv_heads() != c.attention.heads)
       return fmt::format("built against plugin ABI version {}, which cannot describe grouped-query attention "
                          "(kv_heads {} of {} heads); rebuild it against version {}",
                          abi_, c.attention.eff_kv_heads(), c.attention.heads, ULPGATE_PLUGIN_ABI_VERSION);
-    if (c.op != Op::Attention) return std::nullopt;  // backward: LSE is an input
+    if (c.op != Op::Attention && c.op != Op::AttentionCombine) return std::nullopt;  // backward: LSE is an input
     if (abi_ < 3 && c.types.count("LSE"))
       return fmt::format("built against plugin ABI version {}, which has no log-sum-exp output; rebuild it against version {}",
                          abi_, ULPGATE_PLUGIN_ABI_VERSION);

@@ -369,3 +369,87 @@ def test_fuzz_kv_head_scales():
     g = ulpgate.fuzz(lambda x, c: numpy_served_attention(x, c, ignore_scales=True), op="attention", dtype="fp16",
                      cases=16, seed=5, max_k=64, variants=["kv_head_scales"], metamorphic=False)
     assert g.failures and all(r.case.head_scales for r in g.failures), g.summary()
+
+
+def numpy_combine(x, case, dtype=np.float64, max_shift=True, guard=True):
+    """The split-KV merge (docs/concepts/split-kv.md) in dtype, rounded once to O's format: the
+    largest non-empty LSE_s subtracted, weights exp(LSE_s - max) (exp2 in base 2), empty splits
+    (LSE_s = -inf) never read, a row of them O = 0 and LSE = -inf. max_shift=False: exp(LSE_s)
+    as it is; guard=False: empty splits taken into the max and the sums."""
+    t = case.types
+    o = values(x["O_part"], t["O_part"]).astype(dtype)  # (splits, batch, heads, seq_q, head_dim)
+    lse = np.asarray(x["LSE_part"], dtype=dtype)          # (splits, batch, heads, seq_q, 1)
+    exp, log = (np.exp2, np.log2) if case.lse_base == "2" else (np.exp, np.log)
+    live = lse > -np.inf if guard else np.ones(lse.shape, bool)
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        m = np.where(live, lse, -np.inf).max(axis=0) if max_shift else np.zeros(lse.shape[1:], dtype)
+        if guard:
+            m = np.where(m == -np.inf, 0, m)  # a row of empty splits
+        w = np.where(live, exp(lse - m), 0)
+        total = w.sum(axis=0)
+        acc = (w * np.where(live, o, 0)).sum(axis=0)
+        seen = total > 0 if guard else np.ones(total.shape, bool)
+        out = {"O": ulpgate.encode(np.where(seen, acc / np.where(seen, total, 1), 0), t["O"])}
+        if "LSE" in case.outputs:  # [batch][heads][seq_q]
+            merged = np.where(seen, m + log(np.where(seen, total, 1)), -np.inf)
+            out["LSE"] = ulpgate.encode(merged[..., 0], "fp32")
+    return out
+
+
+def test_attention_combine_case_and_check():
+    c = ulpgate.attention_combine_case(5, head_dim=16, batch=2, heads=3, seq_q=2, dtype="bf16", out="fp32",
+                                       layout="bshd", lse_base="2", lse=True, lse_dist="lse(mean=4,std=4,empty=0.3)")
+    assert (c.op, c.splits, c.lse_base, c.outputs) == ("attention_combine", 5, "2", ["O", "LSE"])
+    assert ulpgate.Case.from_json(c.to_json()) == c
+    x = ulpgate.inputs(c)
+    assert x["O_part"].shape == (5, 2, 3, 2, 16) and x["LSE_part"].shape == (5, 2, 3, 2, 1)
+    # Split s of batch b is batch s * batch + b of the flat buffer: BSHD [split][batch][seq_q][heads][dim].
+    flat = ulpgate.inputs(c, flat=True)["O_part"]
+    assert x["O_part"][3, 1, 2, 1, 5] == flat[(((3 * 2 + 1) * 2 + 1) * 3 + 2) * 16 + 5]
+    out = numpy_combine(x, c)
+    ref = ulpgate.reference(c)
+    assert ref["O"].shape == (2, 3, 2, 16) and ref["LSE"].shape == (2, 3, 2)
+    assert np.allclose(ref["O"], values(out["O"], "fp32"), rtol=1e-6, atol=1e-30)
+    assert ulpgate.check(c, out).passed
+    assert ulpgate.run(numpy_combine, c).passed
+    assert not ulpgate.check(c, dict(out, LSE=out["LSE"] + np.float32(0.01))).passed
+
+
+def test_attention_combine_planted_bugs_fail():
+    # LSEs near 100: exp(LSE_s) overflows FP32 (past 88.7) unless the largest is subtracted
+    # first. The FP32 merge with the subtraction passes, the one without fails.
+    big = ulpgate.attention_combine_case(4, head_dim=32, batch=2, heads=2, lse=True,
+                                         lse_dist="lse(mean=100,std=4,empty=0)", seed=3)
+    assert ulpgate.run(lambda x, c: numpy_combine(x, c, dtype=np.float32), big).passed
+    r = ulpgate.run(lambda x, c: numpy_combine(x, c, dtype=np.float32, max_shift=False), big)
+    assert not r.passed and "O:unexpected_nan" in r.signature, r
+    # Every split empty: the merge must give O = 0 and LSE = -inf, not exp(-inf - -inf) = NaN.
+    empty = ulpgate.attention_combine_case(3, head_dim=8, heads=2, lse=True, lse_dist="lse(empty=1)")
+    assert np.all(ulpgate.reference(empty)["O"] == 0) and np.all(ulpgate.reference(empty)["LSE"] == -np.inf)
+    assert ulpgate.run(numpy_combine, empty).passed
+    r = ulpgate.run(lambda x, c: numpy_combine(x, c, guard=False), empty)
+    assert not r.passed and "O:unexpected_nan" in r.signature, r
+
+
+def test_fuzz_attention_combine():
+    f = ulpgate.fuzz(numpy_combine, op="attention_combine", dtype="bf16", cases=12, seed=4, lse=True)
+    assert f.checked and not f.failures and f.passed, f.summary()
+    assert [r for r in f.results if "LSE" in r.case.outputs] and {r.case.lse_base for r in f.results} == {"e", "2"}
+    # Without lse=True no case asks for the LSE, and none is refused for it.
+    g = ulpgate.fuzz(numpy_combine, op="attention_combine", dtype="fp32", cases=6, seed=4)
+    assert g.passed and all(r.case.outputs == ["O"] for r in g.results), g.summary()
+    # Reading an empty split's partial output fails (the empty_split relation appends one of NaN).
+    h = ulpgate.fuzz(lambda x, c: numpy_combine(x, c, guard=False), op="attention_combine", dtype="fp32", cases=6,
+                     seed=4, lse=True)
+    assert h.failures, h.summary()
+
+
+def test_the_combine_example_runs_as_written(capsys):
+    code = python_block("docs/guide/python.md", "## Split-KV combine")
+    old = np.seterr()
+    try:
+        exec(compile(code, "docs/guide/python.md", "exec"), {})
+    finally:
+        np.seterr(**old)
+    printed = capsys.readouterr().out.splitlines()
+    assert printed == [line.split("# ", 1)[1] for line in code.splitlines() if line.startswith("print(")]

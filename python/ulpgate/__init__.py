@@ -15,8 +15,8 @@ import numpy as np
 from . import _ulpgate as _u
 
 __version__ = _u.__version__
-__all__ = ["Case", "Result", "FuzzResult", "read_case", "gemm_case", "attention_case", "inputs", "reference",
-           "check", "run", "fuzz", "encode", "decode", "read_record"]
+__all__ = ["Case", "Result", "FuzzResult", "read_case", "gemm_case", "attention_case", "attention_combine_case",
+           "inputs", "reference", "check", "run", "fuzz", "encode", "decode", "read_record"]
 
 
 class Case:
@@ -53,7 +53,10 @@ class Case:
     scales = property(lambda self: dict(self._dict["scales"]))
     head_scales = property(lambda self: {k: list(v) for k, v in self._dict.get("head_scales", {}).items()})
     gemm = property(lambda self: dict(self._dict["gemm"]) if self.op == "gemm" else None)
-    attention = property(lambda self: dict(self._dict["attention"]) if self.op == "attention" else None)
+    attention = property(lambda self: dict(self._dict["attention"]) if self.op != "gemm" else None)
+    # attention_combine: partial states per query row, and the base of every LSE ("e" or "2").
+    splits = property(lambda self: self._dict["attention"]["splits"] if self.op == "attention_combine" else None)
+    lse_base = property(lambda self: self._dict["attention"]["lse_base"] if self.op == "attention_combine" else None)
     outputs = property(lambda self: _u.outputs_of(self._json))
 
     def __eq__(self, other):
@@ -65,6 +68,10 @@ class Case:
             g = self._dict["gemm"]
             shape = f"{g['batch']}x{g['m']}x{g['n']}x{g['k']}" if g["batch"] > 1 else f"{g['m']}x{g['n']}x{g['k']}"
             io = f"{t['A']}->{t['D']}"
+        elif self.op == "attention_combine":
+            a = self._dict["attention"]
+            shape = f"b{a['batch']} h{a['heads']} q{a['seq_q']} d{a['head_dim']} splits{a['splits']} base {a['lse_base']}"
+            io = f"{t['O_part']}->{t['O']}"
         else:
             a = self._dict["attention"]
             shape = f"b{a['batch']} h{a['heads']} q{a['seq_q']} kv{a['seq_kv']} d{a['head_dim']}"
@@ -137,6 +144,24 @@ def attention_case(seq_q, seq_kv, head_dim=64, batch=1, heads=1, kv_heads=0, hea
                  "dist": _dists(dist, ["Q", "K", "V"]), "attention": a})
 
 
+def attention_combine_case(splits, head_dim=64, batch=1, heads=1, seq_q=1, dtype="fp32", out=None, layout="bhsd",
+                           lse_base="e", lse=False, dist="normal(0,1)", lse_dist="lse(mean=4,std=4,empty=0.1)",
+                           seed=1, kernel=""):
+    """Split-KV decoding's merge of partial states (docs/concepts/split-kv.md): per query row,
+    LSE = ln sum_s exp(LSE_s), O = sum_s exp(LSE_s - LSE) O_s (lse_base "2": log2 and 2^x, every
+    LSE). dtype: O_part's format (fp32, fp16 or bf16); out: O's (default dtype); dist: O_part's
+    distribution; lse_dist: LSE_part's (the lse family: -inf marks an empty split); lse: the
+    case asks for the merged LSE too (FP32, [batch][heads][seq_q])."""
+    types = {"O_part": dtype, "LSE_part": "fp32", "O": out or dtype, "compute": "fp32"}
+    if lse:
+        types["LSE"] = "fp32"
+    return Case({"ulpgate_case": 1, "op": "attention_combine", "kernel": kernel, "alpha": 1.0, "beta": 0.0,
+                 "epilogue": "none", "scales": {}, "seed": int(seed), "types": types,
+                 "dist": {"O_part": dist, "LSE_part": lse_dist},
+                 "attention": {"batch": batch, "heads": heads, "seq_q": seq_q, "head_dim": head_dim,
+                               "splits": splits, "layout": layout, "lse_base": str(lse_base)}})
+
+
 def _view(case_json, operand, buffer):
     """The logical view (read-only) of an operand's flat buffer."""
     shape, strides, _, _ = _u.logical_view(case_json, operand)
@@ -154,7 +179,8 @@ def inputs(case, flat=False):
     """The case's inputs, filled from its seed and distributions: a dict operand -> array of
     exact bits. Default: logical views, GEMM op(A) (batch, M, K), op(B) (batch, K, N), C
     (batch, M, N), bias (N,); attention (batch, heads, seq, dim), whatever the layout,
-    transposes and leading dimensions. flat=True: the whole buffers (padding included, a NaN
+    transposes and leading dimensions; attention_combine O_part (splits, batch, heads, seq_q,
+    head_dim) and LSE_part (splits, batch, heads, seq_q, 1). flat=True: the whole buffers (padding included, a NaN
     poison) exactly as `ulpgate export` writes them. FP8 amax scales and masked kv_lengths
     that filling draws are in filled_case(case)."""
     case = _case(case)
@@ -172,7 +198,8 @@ def filled_case(case):
 
 def reference(case):
     """The exact outputs rounded to float64 (the op's reference, core of every check):
-    {"D": (batch, M, N)} or {"O": (batch, heads, seq_q, head_dim_v)}."""
+    {"D": (batch, M, N)} or {"O": (batch, heads, seq_q, head_dim_v)} (attention_combine:
+    head_dim), and "LSE" (batch, heads, seq_q) where the case asks for it."""
     return _u.reference(_case(case)._json)
 
 
@@ -316,7 +343,10 @@ def plain(case):
     """The cases a plain kernel computes (fuzz's default `supports`): GEMM D = op(A) op(B)
     (alpha 1, beta 0, no epilogue; FP8 cases may carry case.scales all the same: amax inputs);
     attention without causal masking, kv_lengths, grouped K/V heads or a softmax scale other
-    than 1/sqrt(head_dim). None if supported, else why not."""
+    than 1/sqrt(head_dim); every attention_combine case (it has no variants). None if
+    supported, else why not."""
+    if case.op == "attention_combine":
+        return None
     if case.op == "gemm":
         if case._dict["alpha"] != 1 or case._dict["beta"] != 0 or case._dict["epilogue"] != "none":
             return "plain GEMM only (alpha 1, beta 0, no epilogue)"
@@ -380,9 +410,11 @@ def fuzz(kernel, dtype="fp16", op="gemm", cases=20, seed=1, out=None, supports=p
     None or why not: which generated cases the kernel takes (default plain(); everything()
     for a kernel that reads the case). Case i depends only on (seed, name, dtype, op, i) and
     the limits. out: writes fuzz.json, report.md, junit.xml, cases/ (failing cases) and
-    corpus/ (shrunk failures, replayed first next time) there. lse=True: attention cases may
-    ask for the log-sum-exp too (case.outputs has "LSE"; return {"O": ..., "LSE": ...}, FP32
-    [batch][heads][seq_q]). variants: the attention variants the kernel applies, any of "window",
+    corpus/ (shrunk failures, replayed first next time) there. lse=True: attention and
+    attention_combine cases may ask for the log-sum-exp too (case.outputs has "LSE"; return
+    {"O": ..., "LSE": ...}, FP32 [batch][heads][seq_q]). op="attention_combine" (dtype: O_part's
+    format, fp32, fp16 or bf16): the kernel merges inputs["O_part"] and inputs["LSE_part"] as
+    case.lse_base says. variants: the attention variants the kernel applies, any of "window",
     "softcap", "alibi", "sinks", "kv_scales" and "kv_head_scales" (docs/concepts/): cases draw
     them only where named, and the kernel reads them from the case (case.json["attention"];
     K/V scales of an FP8 cache in case.scales, one per K/V head in case.head_scales). Paged

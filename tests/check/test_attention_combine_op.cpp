@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 
 #include "campaign/fuzz.hpp"
 #include "check/check.hpp"
@@ -102,6 +103,45 @@ TEST(AttentionCombineOp, ModelPassesItsCases) {
             EXPECT_TRUE(r.verdict.passed) << dtype << " base2 " << base2 << " " << name(layout) << " " << lse << " splits "
                                           << splits << ": " << reasons(r);
           }
+}
+
+// A row of empty splits: LSE -inf, or +inf as FlashAttention's combine writes it; a NaN or a
+// finite LSE there fails, and so does a NaN O.
+TEST(AttentionCombineOp, EmptyRowsTakeEitherInfinityAsTheirLse) {
+  const Case c = combine_case("fp32", 3, "lse(empty=1)");
+  auto model = make_emulated_attention_combine(AttentionCombineModel{});
+  const auto with_lse = [&](double lse, double o) {
+    class Fixed : public Kernel {
+     public:
+      Fixed(Kernel& inner, double lse, double o) : inner_(inner), lse_(lse), o_(o) {}
+      std::string name() const override { return "fixed"; }
+      std::string description() const override { return "fixed"; }
+      KernelTraits traits() const override { return inner_.traits(); }
+      std::optional<std::string> unsupported(const Case& c) const override { return inner_.unsupported(c); }
+      void run(const Case& c, const KernelIo& io, RunNotes& notes) override {
+        inner_.run(c, io, notes);
+        Tensor l(Format::FP32, static_cast<std::size_t>(operand_elements(c, "LSE")));
+        l.fill_code(encode(Format::FP32, lse_));
+        std::memcpy(io.out.at("LSE"), l.data(), l.size_bytes());
+        if (o_ != 0) {
+          Tensor o(c.types.at("O"), static_cast<std::size_t>(operand_elements(c, "O")));
+          o.fill_code(encode(c.types.at("O"), o_));
+          std::memcpy(io.out.at("O"), o.data(), o.size_bytes());
+        }
+      }
+     private:
+      Kernel& inner_;
+      double lse_, o_;
+    } k(*model, lse, o);
+    Case cc = c;
+    cc.kernel = k.name();
+    return check_case(k, cc, EvaluationOptions{}).verdict.passed;
+  };
+  EXPECT_TRUE(with_lse(-INFINITY, 0));
+  EXPECT_TRUE(with_lse(INFINITY, 0));
+  EXPECT_FALSE(with_lse(NAN, 0));
+  EXPECT_FALSE(with_lse(-1e30, 0));
+  EXPECT_FALSE(with_lse(-INFINITY, NAN));
 }
 
 // Each planted bug fails on a case that exposes it.

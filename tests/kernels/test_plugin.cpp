@@ -9,6 +9,7 @@
 #include "check/check.hpp"
 #include "campaign/fuzz.hpp"
 #include "check/ops/attention.hpp"
+#include "check/ops/op.hpp"
 #include "kernels/emulated/attention_models.hpp"
 #include "check/runner.hpp"
 #include "kernels/emulated/gemm_models.hpp"
@@ -127,7 +128,7 @@ TEST(Plugin, AbiVersion1IsNeverHandedGroupedQueryCases) {
     EXPECT_EQ(k->unsupported(gqa),
               fmt::format("built against plugin ABI version 1, which cannot describe grouped-query attention "
                           "(kv_heads {} of 4 heads); rebuild it against version {}",
-                          kv_heads, 9));
+                          kv_heads, 10));
     const RunOutcome r = run_kernel(*k, gqa, fill_inputs(gqa));
     EXPECT_EQ(r.status, Disposition::NotSupported);
     EXPECT_NE(r.message.find("ABI version 1"), std::string::npos) << r.message;
@@ -146,12 +147,12 @@ RunRecord small_fp32_campaign(Registry& reg, const char* name, Op op, std::int64
 TEST(Plugin, UnknownAbiVersionIsAnInputError) {
   Registry reg;
   try {
-    load_plugin(ATTENTION_PLUGIN_V10, reg);
-    FAIL() << "a version-10 plugin loaded";
+    load_plugin(ATTENTION_PLUGIN_V11, reg);
+    FAIL() << "a version-11 plugin loaded";
   } catch (const InputError& e) {
-    EXPECT_EQ(std::string(e.what()), fmt::format("--plugin {}: ABI version 10, this ulpgate speaks 1 to 9", ATTENTION_PLUGIN_V10));
+    EXPECT_EQ(std::string(e.what()), fmt::format("--plugin {}: ABI version 11, this ulpgate speaks 1 to 10", ATTENTION_PLUGIN_V11));
   }
-  EXPECT_EQ(reg.find("test.attention_v10"), nullptr);
+  EXPECT_EQ(reg.find("test.attention_v11"), nullptr);
 }
 
 // ABI version 7 hands over the served variants: the plugin that applies them passes a
@@ -245,7 +246,7 @@ TEST(Plugin, AbiVersion6RunsAttentionBackward) {
   Case c = op_module(Op::AttentionBackward).basic_case("fp32");
   c.kernel = "test.attention_v5";
   EXPECT_EQ(reg.find("test.attention_v5")->unsupported(c),
-            "built against plugin ABI version 5, which has no attention backward op; rebuild it against version 9");
+            "built against plugin ABI version 5, which has no attention backward op; rebuild it against version 10");
   for (const char* name : {"test.attention_bwd_v6", "test.attention_bwd_v6_no_d"}) {
     const RunRecord r = small_fp32_campaign(reg, name, Op::AttentionBackward, 8, 5, 128);
     int failed = 0, ok = 0;
@@ -256,6 +257,65 @@ TEST(Plugin, AbiVersion6RunsAttentionBackward) {
     else
       EXPECT_GT(failed, 0) << name;
   }
+}
+
+// ABI version 10 hands over attention combine cases: the plugin's combine passes a designed
+// case and campaigns of FP32 and BF16 partial states, its twin without the empty-split guard
+// fails them, and version 9's kernels (which could not tell the op from another) are never
+// handed one.
+TEST(Plugin, AbiVersion10RunsAttentionCombine) {
+  Registry reg;
+  load_plugin(ATTENTION_PLUGIN_V10, reg);
+  load_plugin(ATTENTION_PLUGIN_V9, reg);
+  load_plugin(ATTENTION_PLUGIN_V6, reg);
+  Kernel* good = reg.find("test.attention_combine_v10");
+  Kernel* bad = reg.find("test.attention_combine_v10_no_guard");
+  ASSERT_TRUE(good && bad);
+  EXPECT_TRUE(good->traits().writes_lse);
+  Case basic = op_module(Op::AttentionCombine).basic_case("fp32");
+  for (auto [old, abi] : {std::pair{"test.attention_v9", 9}, {"test.attention_v9_head0", 9}, {"test.attention_bwd_v6", 6}}) {
+    basic.kernel = old;
+    EXPECT_EQ(reg.find(old)->unsupported(basic),
+              fmt::format("built against plugin ABI version {}, which has no attention combine op; rebuild it against "
+                          "version 10", abi));
+    EXPECT_EQ(run_kernel(*reg.find(old), basic, fill_inputs(basic)).status, Disposition::NotSupported) << old;
+  }
+  EXPECT_EQ(reg.find("test.attention_v10")->unsupported(basic), "attention only");  // its supports() says so
+
+  // BF16 partial states in base 2, BSHD, half the splits empty (whole rows too), with the LSE.
+  Case c = op_module(Op::AttentionCombine).basic_case("bf16");
+  AttentionShape& a = c.attention;
+  a.batch = 2, a.heads = 3, a.seq_q = 2, a.head_dim = 16, a.splits = 5, a.layout = AttentionLayout::BSHD, a.lse_base2 = true;
+  c.types["O"] = Format::FP32, c.types["LSE"] = Format::FP32;
+  c.dist["LSE_part"] = "lse(mean=100,std=8,empty=0.5)";
+  c.seed = 3;
+  validate(c);
+  c.kernel = good->name();
+  const CaseResult ok = check_case(*good, c, EvaluationOptions{});
+  EXPECT_TRUE(ok.verdict.passed) << fmt::format("{}", fmt::join(ok.verdict.reasons, "; "));
+  ASSERT_EQ(ok.metrics.size(), 2u);
+  EXPECT_EQ(ok.metrics[1].output, "LSE");
+  c.kernel = bad->name();
+  EXPECT_FALSE(check_case(*bad, c, EvaluationOptions{}).verdict.passed);
+
+  for (const char* dtype : {"fp32", "bf16"})
+    for (Kernel* k : {good, bad}) {
+      FuzzOptions o;
+      o.targets = {{k->name(), dtype, Op::AttentionCombine}};
+      o.cases = 12, o.seed = 4, o.sizes = SizeSchedule::Small;
+      const RunRecord r = run_fuzz(reg, o);
+      int failed = 0, ok_runs = 0, with_lse = 0;
+      for (const CaseResult& cr : r.cases) {
+        failed += !cr.verdict.passed, ok_runs += cr.status == Disposition::Ok;
+        with_lse += cr.spec.types.count("LSE") > 0;
+      }
+      EXPECT_GT(ok_runs, 0) << k->name() << " " << dtype;
+      EXPECT_GT(with_lse, 0) << k->name() << " " << dtype;
+      if (k == good)
+        EXPECT_EQ(failed, 0) << k->name() << " " << dtype;
+      else
+        EXPECT_GT(failed, 0) << k->name() << " " << dtype;
+    }
 }
 
 // ABI version 3 hands over the log-sum-exp output: the plugin writes it where a case asks
@@ -272,7 +332,7 @@ TEST(Plugin, AbiVersion3WritesTheLogSumExp) {
   c.types["LSE"] = Format::FP32;
   EXPECT_EQ(v3->unsupported(c), std::nullopt);
   EXPECT_EQ(v2->unsupported(c),
-            "built against plugin ABI version 2, which has no log-sum-exp output; rebuild it against version 9");
+            "built against plugin ABI version 2, which has no log-sum-exp output; rebuild it against version 10");
   const CaseResult r = check_case(*v3, c, EvaluationOptions{});
   EXPECT_TRUE(r.verdict.passed) << fmt::format("{}", fmt::join(r.verdict.reasons, "; "));
   ASSERT_EQ(r.metrics.size(), 2u);

@@ -22,13 +22,18 @@
 //   ATTENTION_PLUGIN_ABI=9  "test.attention_v9" as version 8, and takes an FP8 K/V cache (E4M3
 //                           or E5M2) with per-tensor or per-head scales, declaring both;
 //                           "test.attention_v9_head0": applies head 0's scale to every head
-//   ATTENTION_PLUGIN_ABI=10 "test.attention_v10": a version this ulpgate does not know
+//   ATTENTION_PLUGIN_ABI=10 "test.attention_v10" as version 9; "test.attention_combine_v10": the
+//                           split-KV combine (the arithmetic of cpu.attn_combine), FP32, FP16 or
+//                           BF16 partial states into FP32 O and LSE, writes_lse;
+//                           "test.attention_combine_v10_no_guard": empty splits not skipped
+//   ATTENTION_PLUGIN_ABI=11 "test.attention_v11": a version this ulpgate does not know
 // Versions 1 to 4 lay their kernel list out as plugin.h did then (1 to 3: no writes_lse; 4:
 // no declared arithmetic). Written
 // against include/ulpgate/plugin.h only.
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <vector>
 
 #include "ulpgate/plugin.h"
@@ -268,6 +273,78 @@ int run_bwd(const ulpgate_problem* p, char*, size_t) { return run_backward(p, tr
 int run_bwd_no_d(const ulpgate_problem* p, char*, size_t) { return run_backward(p, false); }
 #endif
 
+#if ATTENTION_PLUGIN_ABI >= 10
+int supports_combine(const ulpgate_problem* p, char* why, size_t why_size) {
+  if (p->struct_size < sizeof(ulpgate_problem) || p->op != ULPGATE_OP_ATTENTION_COMBINE) {
+    std::snprintf(why, why_size, "attention combine only");
+    return 0;
+  }
+  const int32_t part = p->combine.type_o_part;
+  if ((part != ULPGATE_FP32 && part != ULPGATE_FP16 && part != ULPGATE_BF16) || p->attention.type_o != ULPGATE_FP32 ||
+      p->attention.type_compute != ULPGATE_FP32) {
+    std::snprintf(why, why_size, "FP32, FP16 or BF16 partial states into an FP32 O only");
+    return 0;
+  }
+  return 1;
+}
+
+// Element idx of O_part (FP32, FP16 or BF16 words) as FP32.
+float part_value(const void* base, int32_t t, int64_t idx) {
+  if (t == ULPGATE_FP32) return static_cast<const float*>(base)[idx];
+  const unsigned x = static_cast<const uint16_t*>(base)[idx];
+  if (t == ULPGATE_BF16) {
+    const uint32_t word = x << 16;
+    float f;
+    std::memcpy(&f, &word, sizeof f);
+    return f;
+  }
+  const int e = static_cast<int>((x >> 10) & 31u), m = static_cast<int>(x & 1023u);
+  const double v = e == 31 ? (m ? NAN : INFINITY) : e == 0 ? std::ldexp(m, -24) : std::ldexp(m + 1024, e - 25);
+  return static_cast<float>(x & 0x8000u ? -v : v);
+}
+
+// FP32 per query row: m = the largest LSE_s of the non-empty splits, w_s = exp(LSE_s - m)
+// (exp2 in base 2), l = sum w_s and acc = sum w_s O_s by FMA in split order, O = acc / l,
+// LSE = m + log l; a row of empty splits: O = 0, LSE = -inf. no_guard takes empty splits into
+// the max and the sums (0 x an empty split's NaN, -inf - -inf).
+int run_combine(const ulpgate_problem* p, bool no_guard) {
+  const ulpgate_attention_problem& a = p->attention;
+  const ulpgate_attention_combine_problem& c = p->combine;
+  float* O = static_cast<float*>(a.o);
+  float* L = p->want_lse ? static_cast<float*>(p->lse) : nullptr;
+  const bool base2 = c.lse_base == 1;
+  for (int64_t b = 0; b < a.batch; ++b)
+    for (int64_t h = 0; h < a.heads; ++h)
+      for (int64_t i = 0; i < a.seq_q; ++i) {
+        // Split s of batch b is batch s * batch + b of the partial O and LSE.
+        const auto lse_of = [&](int64_t s) { return c.lse_part[((s * a.batch + b) * a.heads + h) * a.seq_q + i]; };
+        const auto skipped = [&](float x) { return x == -INFINITY && !no_guard; };
+        float m = -INFINITY;
+        bool any = false;
+        for (int64_t s = 0; s < c.splits; ++s)
+          if (const float x = lse_of(s); !skipped(x)) any = true, m = std::fmax(m, x);
+        float l = 0.0f;
+        std::vector<float> acc(static_cast<size_t>(a.head_dim), 0.0f);
+        for (int64_t s = 0; s < c.splits && any; ++s) {
+          const float x = lse_of(s);
+          if (skipped(x)) continue;
+          const float w = base2 ? std::exp2(x - m) : std::exp(x - m);
+          l += w;
+          for (int64_t d = 0; d < a.head_dim; ++d)
+            acc[static_cast<size_t>(d)] = std::fma(
+                w, part_value(c.o_part, c.type_o_part, at(a, a.heads, a.seq_q, a.head_dim, s * a.batch + b, h, i, d)),
+                acc[static_cast<size_t>(d)]);
+        }
+        for (int64_t d = 0; d < a.head_dim; ++d)
+          O[at(a, a.heads, a.seq_q, a.head_dim, b, h, i, d)] = any ? acc[static_cast<size_t>(d)] / l : 0.0f;
+        if (L) L[(b * a.heads + h) * a.seq_q + i] = any ? m + (base2 ? std::log2(l) : std::log(l)) : -INFINITY;
+      }
+  return 0;
+}
+int run_combine_guarded(const ulpgate_problem* p, char*, size_t) { return run_combine(p, false); }
+int run_combine_no_guard(const ulpgate_problem* p, char*, size_t) { return run_combine(p, true); }
+#endif
+
 // The kernel descriptor of plugin.h versions 1 to 3, and of version 4.
 struct KernelBeforeV4 {
   const char* name;
@@ -322,7 +399,18 @@ ulpgate_kernel with_variants(ulpgate_kernel k, const char* name, int (*fn)(const
 #endif
   return k;
 }
-#if ATTENTION_PLUGIN_ABI >= 9
+#if ATTENTION_PLUGIN_ABI >= 10
+ulpgate_kernel combine(const char* name, int (*fn)(const ulpgate_problem*, char*, size_t)) {
+  ulpgate_kernel k{};
+  k.name = name, k.description = "FP32 split-KV combine (as cpu.attn_combine)", k.memory = ULPGATE_HOST_MEMORY;
+  k.deterministic = 1, k.supports = supports_combine, k.run = fn, k.writes_lse = 1;
+  return k;
+}
+const ulpgate_kernel kKernels[] = {with_variants(declared(), NAME, run),
+                                   combine("test.attention_combine_v" STRINGIFY(ATTENTION_PLUGIN_ABI), run_combine_guarded),
+                                   combine("test.attention_combine_v" STRINGIFY(ATTENTION_PLUGIN_ABI) "_no_guard",
+                                           run_combine_no_guard)};
+#elif ATTENTION_PLUGIN_ABI >= 9
 int run_head0(const ulpgate_problem* p, char*, size_t) { return run_attention(p, true, false, false, false, true); }
 const ulpgate_kernel kKernels[] = {with_variants(declared(), NAME, run),
                                    with_variants(declared(), "test.attention_v9_head0", run_head0)};
