@@ -532,9 +532,7 @@ class AttentionModule final : public OpModule {
     if (!shared_pages) {  // key shift: every score of query i grows by q_i . shift
       Inputs shifted = inputs;
       if (shift_keys(c, shifted)) {
-        const RunOutcome r = ctx.run(c, shifted);
-        const std::string why = r.status == Disposition::Ok ? ctx.judge(c, shifted, r)
-                                                            : fmt::format("{}: {}", name(r.status), r.message);
+        const std::string why = ctx.run_and_judge(c, shifted);
         if (!why.empty())
           out.push_back({"key_shift", "the same vector added to every key (scores up by about 100) fails: " + why});
       }
@@ -579,9 +577,7 @@ class AttentionModule final : public OpModule {
         for (const char* op : {"Q", "K", "V"}) {
           slice.emplace(op, gather(c, one, inputs.at(op), op, a.batch - 1));
         }
-        const RunOutcome r = ctx.run(one, slice);
-        const std::string why = r.status == Disposition::Ok ? ctx.judge(one, slice, r)
-                                                            : fmt::format("{}: {}", name(r.status), r.message);
+        const std::string why = ctx.run_and_judge(one, slice);
         if (!why.empty()) out.push_back({"batch_independence", "the last batch run alone fails: " + why});
       }
     }

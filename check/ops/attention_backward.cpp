@@ -413,8 +413,7 @@ class AttentionBackwardModule final : public OpModule {
     Inputs shifted = inputs;
     if (shift_keys_down(c, shifted)) {
       add_forward_outputs(c, shifted);
-      const RunOutcome r = ctx.run(c, shifted);
-      const std::string why = r.status == Disposition::Ok ? ctx.judge(c, shifted, r) : fmt::format("{}: {}", name(r.status), r.message);
+      const std::string why = ctx.run_and_judge(c, shifted);
       if (!why.empty())
         out.push_back({"low_lse", "every score lowered by about 120 (LSE below -88.7) fails: " + why});
     }

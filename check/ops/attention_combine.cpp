@@ -240,9 +240,7 @@ class AttentionCombineModule final : public OpModule {
     std::vector<RelationFailure> out;
     const AttentionShape& a = c.attention;
     const auto check = [&](const char* relation, const std::string& what, const Case& cc, const Inputs& in) {
-      const RunOutcome r = ctx.run(cc, in);
-      const std::string why = r.status == Disposition::Ok ? ctx.judge(cc, in, r) : fmt::format("{}: {}", name(r.status), r.message);
-      if (!why.empty()) out.push_back({relation, what + " fails: " + why});
+      if (const std::string why = ctx.run_and_judge(cc, in); !why.empty()) out.push_back({relation, what + " fails: " + why});
     };
     if (a.splits > 1) {
       Inputs reversed = inputs;

@@ -29,6 +29,11 @@ std::vector<const OpModule*> all_op_modules() {
   return {&gemm_module(), &attention_module(), &attention_backward_module(), &attention_combine_module()};
 }
 
+std::string RelationContext::run_and_judge(const Case& c, const Inputs& inputs) const {
+  const RunOutcome r = run(c, inputs);
+  return r.status == Disposition::Ok ? judge(c, inputs, r) : fmt::format("{}: {}", name(r.status), r.message);
+}
+
 Inputs case_inputs(Case& c) {
   Inputs in = fill_inputs(c);
   op_module(c.op).derive_inputs(c, in);

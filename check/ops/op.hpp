@@ -76,6 +76,9 @@ struct RelationContext {
   /// related case whose exact output is a rearrangement of the first one's, computed without
   /// a new reference. Other outputs (LSE) are not judged.
   std::function<std::string(const Case& c, const RunOutcome& run, OutputComparison reference)> judge_against;
+  /// Runs case c on inputs and judges the run: the verdict's first reason ("" if it passed),
+  /// or the run's status and message where it did not run.
+  std::string run_and_judge(const Case& c, const Inputs& inputs) const;
 };
 
 /// An effective accumulator precision (bits, the implicit one included) with its standard
