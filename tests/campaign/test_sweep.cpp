@@ -43,7 +43,10 @@ TEST(Sweep, ParseVary) {
     }
     return std::string("(accepted)");
   };
-  EXPECT_EQ(msg("N=1:2"), "--vary 'N=1:2': expected K=FROM:TO[:FACTOR] (GEMM) or seq_kv=FROM:TO[:FACTOR] (attention)");
+  EXPECT_EQ(parse_vary("splits=1:64:4").parameter, "splits");
+  EXPECT_EQ(parse_vary("splits=1:64:4").values, (std::vector<std::int64_t>{1, 4, 16, 64}));
+  EXPECT_EQ(msg("N=1:2"), "--vary 'N=1:2': expected K=FROM:TO[:FACTOR] (GEMM), seq_kv=FROM:TO[:FACTOR] (attention) or "
+                          "splits=FROM:TO[:FACTOR] (attention_combine)");
   EXPECT_EQ(msg("K=256"), "--vary 'K=256': expected K=FROM:TO[:FACTOR]");
   EXPECT_EQ(msg("K=4096:256"), "--vary 'K=4096:256': FROM must be <= TO");
   EXPECT_EQ(msg("K=1:x"), "--vary 'K=1:x': 'x' is not a positive integer");
