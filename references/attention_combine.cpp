@@ -18,7 +18,6 @@
 #include "references/attention_combine.hpp"
 
 #include <algorithm>
-#include <climits>
 #include <cmath>
 #include <map>
 #include <memory>
@@ -188,18 +187,6 @@ struct Scratch {
   Mpfr t{64}, sum{2}, x{2}, y{2};
   Mpfr slo{2}, shi{2}, tmp{2}, dlo{2}, dhi{2}, q{2}, xlo{2}, xhi{2}, olo{2}, ohi{2}, a{128}, b{128};
 };
-
-// out = x - y exactly (out distinct from x and y).
-void exact_minus(mpfr_ptr out, mpfr_srcptr x, mpfr_srcptr y) {
-  long hi = LONG_MIN, lo = LONG_MAX;
-  for (mpfr_srcptr v : {x, y}) {
-    if (!mpfr_regular_p(v)) continue;
-    hi = std::max<long>(hi, mpfr_get_exp(v));
-    lo = std::min<long>(lo, mpfr_get_exp(v) - static_cast<long>(mpfr_get_prec(v)));
-  }
-  mpfr_set_prec(out, hi < lo ? 2 : static_cast<mpfr_prec_t>(hi - lo + 4));
-  mpfr_sub(out, x, y, MPFR_RNDN);
-}
 
 // The window of a value known to lie in [lo, hi]: where both ends truncate to the same
 // 128-bit number and the end nearer zero is not itself one, the value is strictly inside.
@@ -455,11 +442,11 @@ std::size_t CombineRow::terms(std::int64_t d) {
   for (std::size_t j = subs_.size() - 1; j >= 1; --j) {
     mpfr_ptr s = *w.s[j];
     if (subs_[0].unit && subs_[j].unit) {
-      exact_minus(s, *w.num[j], *w.num[0]);
+      exact_difference(s, *w.num[j], *w.num[0]);
     } else {
       exact_product(w.x, *w.num[j], *subs_[0].den);
       exact_product(w.y, *subs_[j].den, *w.num[0]);
-      exact_minus(s, w.x, w.y);
+      exact_difference(s, w.x, w.y);
     }
     if (!mpfr_zero_p(s)) top = j;
   }

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <numeric>
 
 #include <fmt/format.h>
 
@@ -67,8 +66,10 @@ class CombineBound {
 
   void row(const CombineReference& ref, std::int64_t b, std::int64_t h, std::int64_t i, OutputComparison& o,
            OutputComparison* lse) const {
-    std::int64_t used = 0;
-    for (std::int64_t s = 0; s < a_.splits; ++s) used += lse_.value(lv_.offset(s * a_.batch + b, h, i, 0)) != -INFINITY;
+    std::vector<std::int64_t> filled;  // the row's non-empty splits, as batches of the views
+    for (std::int64_t s = 0; s < a_.splits; ++s)
+      if (lse_.value(lv_.offset(s * a_.batch + b, h, i, 0)) != -INFINITY) filled.push_back(s * a_.batch + b);
+    const auto used = static_cast<std::int64_t>(filled.size());
     const bool poisoned = !poisoned_.empty() && poisoned_[static_cast<std::size_t>(ref.row(b, h, i))];
     const double spread = ref.lse_spread[static_cast<std::size_t>(ref.row(b, h, i))];
     const double eps = 2 * u_ * (1 + 2 * spread);
@@ -77,9 +78,7 @@ class CombineBound {
     for (std::int64_t d = 0; d < a_.head_dim; ++d) {
       const std::int64_t e = ref.index(b, h, i, d);
       double vmax = 0;  // the largest partial value of a non-empty split: the sums stay within n of it
-      for (std::int64_t s = 0; s < a_.splits; ++s)
-        if (lse_.value(lv_.offset(s * a_.batch + b, h, i, 0)) != -INFINITY)
-          vmax = std::max(vmax, std::fabs(o_.value(ov_.offset(s * a_.batch + b, h, i, d))));
+      for (std::int64_t sb : filled) vmax = std::max(vmax, std::fabs(o_.value(ov_.offset(sb, h, i, d))));
       o.allowed[e] = rel * o.condition[e] + static_cast<double>(used) * eta * vmax + 4 * eta;
       o.accumulated[e] = poisoned ? INFINITY : static_cast<double>(used) * vmax;
     }
@@ -156,7 +155,8 @@ class AttentionCombineModule final : public OpModule {
       if (*gen::pick(std::vector<bool>{false, true})) keep_if_supported([&] { a.lse_base2 = true; }, [&] { a.lse_base2 = false; });
       if (*gen::pick(std::vector<int>{0, 1, 1, 1}) && (!k || k->traits().writes_lse))
         keep_if_supported([&] { c.types["LSE"] = Format::FP32; }, [&] { c.types.erase("LSE"); });
-      // The partial LSEs from the lse family only: a NaN or +inf LSE is no partial state.
+      // The partial LSEs from the lse family or normal (which families_for always offers): no
+      // family that draws NaN or +inf, which no partial state holds.
       c.dist["LSE_part"] = *gen::dist_spec(c, "LSE_part", false, non_lse_families());
       c.dist["O_part"] = *gen::dist_spec(c, "O_part", false, {"near_overflow"});
       c.seed = *rc::gen::arbitrary<std::uint64_t>();
@@ -247,8 +247,9 @@ class AttentionCombineModule final : public OpModule {
       permute_splits(c, inputs, reversed, c, [&](std::int64_t s) { return a.splits - 1 - s; });
       check("split_order", "the splits in reverse order", c, reversed);
     }
-    if (!ctx.kernel.unsupported(with_empty_split(c))) {
-      const Case more = with_empty_split(c);
+    Case more = c;
+    ++more.attention.splits;
+    if (!ctx.kernel.unsupported(more)) {
       Inputs appended{{"O_part", Tensor(c.types.at("O_part"), static_cast<std::size_t>(operand_elements(more, "O_part")))},
                       {"LSE_part", Tensor(Format::FP32, static_cast<std::size_t>(operand_elements(more, "LSE_part")))}};
       permute_splits(c, inputs, appended, more, [](std::int64_t s) { return s; });
@@ -289,12 +290,6 @@ class AttentionCombineModule final : public OpModule {
     for (const FamilyInfo& f : all_families())
       if (f.name != "lse") out.emplace_back(f.name);
     return out;
-  }
-
-  static Case with_empty_split(const Case& c) {
-    Case more = c;
-    ++more.attention.splits;
-    return more;
   }
 
   // Copies split `from(s)` of c's inputs into split s of `to` (shaped as case `into`), for
