@@ -98,6 +98,11 @@ std::vector<Case> bench_cases(const BenchArgs& a, const std::string& dtype, std:
     c.seed = seed;
     cases.push_back(c);
   }
+  const auto layout = [&a] {  // --layout, checked where a shape takes it
+    if (!a.layout.empty() && a.layout != "bhsd" && a.layout != "bshd")
+      throw InputError(fmt::format("--layout '{}': bhsd or bshd", a.layout));
+    return a.layout == "bshd" ? AttentionLayout::BSHD : AttentionLayout::BHSD;
+  };
   for (const std::string& s : a.attention_shapes) {
     const auto d = dims(s, 5, "--attention", "BxHxSqxSkvxD");
     Case c = a.backward ? dtype_attention_backward_case(dtype) : dtype_attention_case(dtype);
@@ -106,8 +111,7 @@ std::vector<Case> bench_cases(const BenchArgs& a, const std::string& dtype, std:
     at.causal = a.causal;
     apply_served_variants(at, a.variants);
     if (!a.kv_cache.empty()) apply_kv_cache(c, a.kv_cache);
-    if (a.layout == "bshd") at.layout = AttentionLayout::BSHD;
-    else if (!a.layout.empty() && a.layout != "bhsd") throw InputError(fmt::format("--layout '{}': bhsd or bshd", a.layout));
+    at.layout = layout();
     c.seed = seed;
     cases.push_back(c);
   }
@@ -118,8 +122,7 @@ std::vector<Case> bench_cases(const BenchArgs& a, const std::string& dtype, std:
     AttentionShape& at = c.attention;
     at.batch = d[0], at.heads = d[1], at.seq_q = d[2], at.head_dim = d[3], at.splits = d[4];
     at.lse_base2 = a.lse_base == "2";
-    if (a.layout == "bshd") at.layout = AttentionLayout::BSHD;
-    else if (!a.layout.empty() && a.layout != "bhsd") throw InputError(fmt::format("--layout '{}': bhsd or bshd", a.layout));
+    at.layout = layout();
     c.types["LSE"] = Format::FP32;
     c.dist["LSE_part"] = "lse(mean=4,std=4,empty=0.05)";
     c.seed = seed;
